@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs exactly the Debian 12 packages that ckpt's build and tests need.
+# Idempotent: when every package is already installed it says so and runs no apt-get at all.
+set -euo pipefail
+
+packages=(
+  # Build system (Bazel 4.2.3, offline) and the JDK it runs on.
+  bazel-bootstrap default-jdk-headless
+  # C++ libraries the code links against.
+  libtorch-dev librocksdb-dev libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev
+  # Real PyTorch as a peer in interop tests (/usr/bin/python3).
+  python3-torch python3-numpy
+  # libFuzzer and the sanitizers for the parser fuzz targets.
+  clang libclang-rt-14-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#packages[@]} packages already installed; nothing to do."
+  exit 0
+fi
+
+echo "install_deps: installing ${#missing[@]} missing package(s): ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install_deps: done."
