@@ -6,8 +6,8 @@ set -euo pipefail
 packages=(
   # Build system (Bazel 4.2.3, offline) and the JDK it runs on.
   bazel-bootstrap default-jdk-headless
-  # C++ libraries the code links against.
-  libtorch-dev librocksdb-dev libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  # C++ libraries the code links against (libgloo-dev: headers that c10d's ProcessGroupGloo.hpp includes).
+  libtorch-dev libgloo-dev librocksdb-dev libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev
   # Real PyTorch as a peer in interop tests (/usr/bin/python3).
   python3-torch python3-numpy

@@ -78,13 +78,17 @@ class StatusIsMatcher {
 }  // namespace internal
 
 // Matches an absl::Status or absl::StatusOr<T> with `code` whose message matches `message`
-// (a matcher, or a plain string meaning "contains this substring").
+// (a matcher, or a plain string -- char* or std::string -- meaning "contains this substring").
 inline internal::StatusIsMatcher StatusIs(absl::StatusCode code,
                                           ::testing::Matcher<const std::string&> message) {
   return internal::StatusIsMatcher(code, std::move(message));
 }
 
 inline internal::StatusIsMatcher StatusIs(absl::StatusCode code, const char* substring) {
+  return internal::StatusIsMatcher(code, ::testing::HasSubstr(substring));
+}
+
+inline internal::StatusIsMatcher StatusIs(absl::StatusCode code, const std::string& substring) {
   return internal::StatusIsMatcher(code, ::testing::HasSubstr(substring));
 }
 

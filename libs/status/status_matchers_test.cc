@@ -21,6 +21,7 @@ TEST(StatusIsTest, MatchesCodeAndMessageOfStatus) {
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kNotFound, StartsWith("model")));
   EXPECT_THAT(status, Not(StatusIs(absl::StatusCode::kInternal)));
   EXPECT_THAT(status, Not(StatusIs(absl::StatusCode::kNotFound, "resnet@8")));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kNotFound, std::string("resnet@9")));
 }
 
 TEST(StatusIsTest, MatchesStatusOr) {
