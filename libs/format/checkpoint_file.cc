@@ -1,0 +1,132 @@
+#include "libs/format/checkpoint_file.h"
+
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "libs/format/safetensors.h"
+#include "libs/format/torch_reader.h"
+#include "libs/format/zip_reader.h"
+#include "libs/status/status_macros.h"
+
+namespace ckpt {
+namespace {
+
+// The root's entry at `path` ("a/b"), or NOT_FOUND listing what exists where the walk stopped.
+absl::StatusOr<const Value*> FindByPath(const Value& root, absl::string_view path) {
+  const Value* current = &root;
+  std::string walked;
+  for (absl::string_view part : absl::StrSplit(path, '/', absl::SkipEmpty())) {
+    const Value* state = current;
+    if (current->is_opaque() && current->opaque_state().is_dict()) state = &current->opaque_state();
+    const Value* next = nullptr;
+    if (state->is_dict()) {
+      next = state->Find(std::string(part));
+      int64_t index = 0;
+      if (next == nullptr && absl::SimpleAtoi(part, &index)) next = state->Find(index);
+    }
+    if (next == nullptr) {
+      std::vector<std::string> keys;
+      if (state->is_dict()) {
+        for (const auto& [key, value] : state->entries()) keys.push_back(key.DebugString());
+      }
+      return absl::NotFoundError(absl::StrCat(
+          "no '", part, "' at '", walked.empty() ? "<root>" : walked, "'",
+          keys.empty() ? std::string(" (not a dict)")
+                       : absl::StrCat("; keys there: ", absl::StrJoin(keys, ", "))));
+    }
+    absl::StrAppend(&walked, walked.empty() ? "" : "/", part);
+    current = next;
+  }
+  return current;
+}
+
+}  // namespace
+
+absl::string_view CheckpointFormatName(CheckpointFormat format) {
+  switch (format) {
+    case CheckpointFormat::kTorchZip:
+      return "torch_zip";
+    case CheckpointFormat::kTorchLegacy:
+      return "torch_legacy";
+    case CheckpointFormat::kSafetensors:
+      return "safetensors";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<CheckpointFormat> DetectCheckpointFormat(const ByteSource& source) {
+  std::string head(std::min<uint64_t>(source.size(), 16), '\0');
+  RETURN_IF_ERROR(source.ReadAt(0, absl::MakeSpan(head)));
+  if (ZipReader::HasZipMagic(head)) return CheckpointFormat::kTorchZip;
+  // Legacy torch.save files begin with a pickle of the magic number: PROTO, then LONG1.
+  if (head.size() >= 2 && head[0] == '\x80' && head[1] >= 2 && head[1] <= 5) {
+    return CheckpointFormat::kTorchLegacy;
+  }
+  if (head.size() >= 9 && head[8] == '{') {
+    uint64_t header_length = 0;
+    std::memcpy(&header_length, head.data(), 8);
+    if (header_length <= source.size() - 8) return CheckpointFormat::kSafetensors;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      source.name(), ": not a checkpoint ckpt can read (expected a torch.save zip or legacy file, "
+                     "or safetensors)"));
+}
+
+absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
+                                                  const ReadCheckpointOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenFileSource(path));
+  CheckpointFile file;
+  file.path = path;
+  file.file_bytes = source->size();
+  ASSIGN_OR_RETURN(file.format, DetectCheckpointFormat(*source));
+  if (file.format == CheckpointFormat::kSafetensors) {
+    ASSIGN_OR_RETURN(SafetensorsFile safetensors, ReadSafetensors(*source));
+    std::vector<Value::Entry> entries;
+    for (const StateDict::Entry& entry : safetensors.tensors) {
+      entries.emplace_back(DictKey(entry.key), Value::Tensor(entry.tensor, entry.original_device));
+    }
+    file.root = Value::Dict(std::move(entries));
+    file.metadata = std::move(safetensors.header.metadata);
+  } else {
+    ASSIGN_OR_RETURN(TorchFile torch, ReadTorchSource(*source));
+    file.root = std::move(torch.root);
+    file.warnings = std::move(torch.warnings);
+  }
+
+  if (options.model_key.empty()) {
+    if (file.root.is_dict() && file.root.entries().empty()) {
+      // An empty state dict is a valid (if useless) checkpoint.
+      file.bundle.extra = Value::Dict();
+    } else {
+      absl::StatusOr<CheckpointBundle> bundle = ExtractCheckpointBundle(file.root);
+      if (!bundle.ok()) {
+        return absl::Status(bundle.status().code(),
+                            absl::StrCat(path, ": ", bundle.status().message()));
+      }
+      file.bundle = *std::move(bundle);
+    }
+  } else {
+    ASSIGN_OR_RETURN(const Value* model, FindByPath(file.root, options.model_key));
+    absl::StatusOr<StateDict> state_dict =
+        IsModuleObject(*model) ? StateDictFromModule(*model, &file.warnings)
+                               : StateDictFromTensorDict(*model);
+    if (!state_dict.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": '", options.model_key,
+                                                     "' is not a model state dict: ",
+                                                     state_dict.status().message()));
+    }
+    file.bundle.model = *std::move(state_dict);
+    file.bundle.model_key_path = options.model_key;
+    file.bundle.extra = file.root;
+  }
+  file.warnings.insert(file.warnings.end(), file.bundle.warnings.begin(),
+                       file.bundle.warnings.end());
+  return file;
+}
+
+}  // namespace ckpt

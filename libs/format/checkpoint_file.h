@@ -1,0 +1,56 @@
+#ifndef CKPT_LIBS_FORMAT_CHECKPOINT_FILE_H_
+#define CKPT_LIBS_FORMAT_CHECKPOINT_FILE_H_
+
+// Reads a checkpoint file of any format ckpt understands -- torch.save zip, legacy torch.save,
+// safetensors -- into one shape: the file's root value plus the checkpoint bundle found in it
+// (model state dict, optimizer, scheduler, epoch / step, everything else). The format is sniffed
+// from the bytes, never taken from the file name.
+//
+// Example:
+//   ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile("ddp_cuda1.pt"));
+//   for (const StateDict::Entry& entry : file.bundle.model) { ... }
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "libs/format/byte_source.h"
+#include "libs/format/module_state.h"
+#include "libs/tensor/value.h"
+
+namespace ckpt {
+
+enum class CheckpointFormat { kTorchZip, kTorchLegacy, kSafetensors };
+
+// "torch_zip", "torch_legacy", "safetensors" (the names VersionMetadata.source_format uses).
+absl::string_view CheckpointFormatName(CheckpointFormat format);
+
+// Sniffs the format from the first bytes. INVALID_ARGUMENT naming the file when it is none of them.
+absl::StatusOr<CheckpointFormat> DetectCheckpointFormat(const ByteSource& source);
+
+struct ReadCheckpointOptions {
+  // Where the model state dict is, as dict keys joined by '/' ("model", "ckpt/state_dict").
+  // Empty: found automatically (ExtractCheckpointBundle).
+  std::string model_key;
+};
+
+struct CheckpointFile {
+  std::string path;
+  CheckpointFormat format = CheckpointFormat::kTorchZip;
+  uint64_t file_bytes = 0;
+  Value root;                                   // What torch.load / safetensors load_file gives.
+  CheckpointBundle bundle;                      // The parts of `root`.
+  std::map<std::string, std::string> metadata;  // safetensors __metadata__.
+  std::vector<std::string> warnings;            // Reader and bundle warnings, in order.
+};
+
+// Errors as the format's reader returns them, plus NOT_FOUND when `options.model_key` names
+// nothing (listing the keys that exist) and INVALID_ARGUMENT when it names no state dict.
+absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
+                                                  const ReadCheckpointOptions& options = {});
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_FORMAT_CHECKPOINT_FILE_H_

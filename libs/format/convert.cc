@@ -1,0 +1,109 @@
+#include "libs/format/convert.h"
+
+#include <map>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "libs/format/checkpoint_file.h"
+#include "libs/format/safetensors.h"
+#include "libs/format/torch_writer.h"
+#include "libs/status/status_macros.h"
+#include "libs/tensor/key_normalization.h"
+
+namespace ckpt {
+namespace {
+
+absl::StatusOr<std::string> ResolveFormat(const std::string& requested, const std::string& out) {
+  if (requested.empty()) {
+    return absl::EndsWith(out, ".safetensors") ? std::string("safetensors") : std::string("torch");
+  }
+  if (requested == "torch" || requested == "safetensors") return requested;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown format '", requested, "'; expected torch or safetensors"));
+}
+
+absl::StatusOr<StateDict> StripPrefix(const StateDict& model, const std::string& mode,
+                                      std::string* stripped) {
+  if (mode == "none") return model;
+  if (mode == "auto") {
+    ASSIGN_OR_RETURN(auto normalized, NormalizeStateDict(model));
+    *stripped = normalized.second.stripped_prefix;
+    return std::move(normalized.first);
+  }
+  std::vector<std::string> keys;
+  keys.reserve(model.size());
+  for (const StateDict::Entry& entry : model) {
+    if (!absl::StartsWith(entry.key, mode) || entry.key.size() == mode.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--strip-prefix '", mode, "': key '", entry.key,
+          "' does not start with it (use 'auto' to detect wrapper prefixes, or 'none')"));
+    }
+    keys.push_back(entry.key.substr(mode.size()));
+  }
+  *stripped = mode;
+  return model.WithKeys(keys);
+}
+
+}  // namespace
+
+absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std::string& out,
+                                                const ConvertOptions& options) {
+  ConvertReport report;
+  ASSIGN_OR_RETURN(report.format, ResolveFormat(options.format, out));
+  ReadCheckpointOptions read_options;
+  read_options.model_key = options.model_key;
+  ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile(in, read_options));
+  report.warnings = file.warnings;
+  if (file.bundle.optimizer.has_value()) report.left_out.push_back("optimizer");
+  if (file.bundle.scheduler.has_value()) report.left_out.push_back("scheduler");
+  if (file.bundle.extra.is_dict()) {
+    for (const auto& [key, value] : file.bundle.extra.entries()) {
+      report.left_out.push_back(key.is_int() ? std::to_string(key.int_key()) : key.string_key());
+    }
+  }
+
+  // A state dict holds plain tensors: parameters of a whole-model pickle lose requires_grad,
+  // as Module.state_dict() detaches them.
+  StateDict detached;
+  for (const StateDict::Entry& entry : file.bundle.model) {
+    RETURN_IF_ERROR(detached.Insert(entry.key, entry.tensor.detach(), entry.original_device));
+  }
+  ASSIGN_OR_RETURN(StateDict model,
+                   StripPrefix(detached, options.strip_prefix, &report.stripped_prefix));
+  if (!options.add_prefix.empty()) {
+    ASSIGN_OR_RETURN(std::vector<std::string> keys,
+                     ApplyKeyPolicy(model.keys(), KeyPolicy::AddPrefix(options.add_prefix), {}));
+    ASSIGN_OR_RETURN(model, model.WithKeys(keys));
+  }
+  report.tensors = model.size();
+  report.tensor_bytes = model.TotalBytes();
+
+  if (report.format == "safetensors") {
+    // safetensors has no shared storage: tied tensors are written once each.
+    absl::flat_hash_map<const void*, std::string> first_user;
+    for (const StateDict::Entry& entry : model) {
+      if (entry.tensor.numel() == 0) continue;
+      auto [it, inserted] = first_user.emplace(entry.tensor.storage().data(), entry.key);
+      if (!inserted) {
+        report.warnings.push_back(absl::StrCat("'", entry.key, "' shares storage with '", it->second,
+                                               "'; safetensors stores a separate copy"));
+      }
+    }
+    std::map<std::string, std::string> metadata = file.metadata;
+    metadata["format"] = "pt";
+    metadata["ckpt.source_format"] = std::string(CheckpointFormatName(file.format));
+    if (!report.stripped_prefix.empty()) metadata["ckpt.stripped_prefix"] = report.stripped_prefix;
+    RETURN_IF_ERROR(WriteSafetensorsFile(out, model, metadata));
+  } else {
+    ASSIGN_OR_RETURN(TorchWriteReport written, WriteTorchFile(out, StateDictToValue(model)));
+    report.warnings.insert(report.warnings.end(), written.warnings.begin(), written.warnings.end());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> written, OpenFileSource(out));
+  report.file_bytes = written->size();
+  return report;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,154 @@
+// ReadCheckpointFile, InspectCheckpoint and ConvertCheckpoint on files real PyTorch wrote, with
+// PyTorch checking what convert writes.
+
+#include "libs/format/convert.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/format/checkpoint_file.h"
+#include "libs/format/inspect.h"
+#include "libs/status/status_matchers.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string Dir() { return std::string(std::getenv("TEST_TMPDIR")); }
+
+std::string RunFixtures(const std::string& args) {
+  const std::string command =
+      "/usr/bin/python3 libs/format/testdata/checkpoint_fixtures.py " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << command << "\n" << output;
+  return output;
+}
+
+class ConvertTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { RunFixtures("make " + Dir()); }
+};
+
+TEST_F(ConvertTest, ReadsADdpCheckpointSavedOnCuda1OnThisCpuMachine) {
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/ddp_cuda1.pt"));
+  EXPECT_EQ(file.format, CheckpointFormat::kTorchZip);
+  ASSERT_EQ(file.bundle.model.size(), 9u);
+  EXPECT_EQ(file.bundle.model.entry(0).key, "module.0.weight");
+  for (const StateDict::Entry& entry : file.bundle.model) {
+    EXPECT_EQ(entry.original_device, "cuda:1") << entry.key;
+    EXPECT_TRUE(entry.tensor.device().is_cpu());
+  }
+}
+
+TEST_F(ConvertTest, DdpOnCuda1BecomesACleanStateDictPythonLoadsStrictly) {
+  const std::string out = Dir() + "/clean.pt";
+  ASSERT_OK_AND_ASSIGN(ConvertReport report,
+                       ConvertCheckpoint(Dir() + "/ddp_cuda1.pt", out, ConvertOptions()));
+  EXPECT_EQ(report.format, "torch");
+  EXPECT_EQ(report.stripped_prefix, "module.");
+  EXPECT_EQ(report.tensors, 9u);
+  EXPECT_EQ(RunFixtures("verify_torch " + out + " " + Dir()), "OK\n");
+  // Torch to torch keeps the model's key order.
+  ASSERT_OK_AND_ASSIGN(CheckpointFile converted, ReadCheckpointFile(out));
+  EXPECT_EQ(converted.bundle.model.entry(0).key, "0.weight");
+  EXPECT_EQ(converted.bundle.model.entry(6).key, "1.num_batches_tracked");
+}
+
+TEST_F(ConvertTest, BundleModelToSafetensorsLeavesTheRestOutAndSaysSo) {
+  const std::string out = Dir() + "/model.safetensors";
+  ASSERT_OK_AND_ASSIGN(ConvertReport report,
+                       ConvertCheckpoint(Dir() + "/bundle.pt", out, ConvertOptions()));
+  EXPECT_EQ(report.format, "safetensors");
+  EXPECT_THAT(report.left_out, ElementsAre("optimizer", "scheduler", "best_acc"));
+  EXPECT_EQ(RunFixtures("verify_safetensors " + out + " " + Dir()), "OK\n");
+  // And back: safetensors in, torch out, still loads strictly.
+  const std::string back = Dir() + "/back.pt";
+  ASSERT_OK(ConvertCheckpoint(out, back, ConvertOptions()).status());
+  EXPECT_EQ(RunFixtures("verify_torch " + back + " " + Dir()), "OK\n");
+}
+
+TEST_F(ConvertTest, LegacyFilesConvertToo) {
+  const std::string out = Dir() + "/from_legacy.pt";
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/legacy.pt"));
+  EXPECT_EQ(file.format, CheckpointFormat::kTorchLegacy);
+  ASSERT_OK(ConvertCheckpoint(Dir() + "/legacy.pt", out, ConvertOptions()).status());
+  EXPECT_EQ(RunFixtures("verify_torch " + out + " " + Dir()), "OK\n");
+}
+
+TEST_F(ConvertTest, PrefixOptions) {
+  ConvertOptions keep;
+  keep.strip_prefix = "none";
+  keep.add_prefix = "wrapped";
+  const std::string out = Dir() + "/prefixed.pt";
+  ASSERT_OK(ConvertCheckpoint(Dir() + "/ddp_cuda1.pt", out, keep).status());
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(out));
+  EXPECT_EQ(file.bundle.model.entry(0).key, "wrapped.module.0.weight");
+
+  ConvertOptions exact;
+  exact.strip_prefix = "module.";
+  exact.model_key = "model";
+  ASSERT_OK(ConvertCheckpoint(Dir() + "/bundle.pt", out, exact).status());
+  EXPECT_EQ(RunFixtures("verify_torch " + out + " " + Dir()), "OK\n");
+
+  ConvertOptions wrong;
+  wrong.strip_prefix = "encoder.";
+  EXPECT_THAT(ConvertCheckpoint(Dir() + "/ddp_cuda1.pt", out, wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument, "key 'module.0.weight' does not start"));
+  ConvertOptions bad_format;
+  bad_format.format = "onnx";
+  EXPECT_THAT(ConvertCheckpoint(Dir() + "/ddp_cuda1.pt", out, bad_format),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown format 'onnx'"));
+  ConvertOptions bad_key;
+  bad_key.model_key = "weights";
+  EXPECT_THAT(ConvertCheckpoint(Dir() + "/bundle.pt", out, bad_key),
+              StatusIs(absl::StatusCode::kNotFound, "keys there: 'epoch', 'model'"));
+}
+
+TEST_F(ConvertTest, InspectDescribesTheBundle) {
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/bundle.pt"));
+  const nlohmann::ordered_json report = InspectCheckpoint(file);
+  EXPECT_EQ(report["format"], "torch_zip");
+  EXPECT_EQ(report["epoch"], 3);
+  EXPECT_EQ(report["model"]["key_path"], "model");
+  EXPECT_EQ(report["model"]["tensors"], 9);
+  EXPECT_EQ(report["model"]["wrapper_prefix"], "module.");
+  EXPECT_EQ(report["model"]["dtypes"]["int64"], 1);
+  EXPECT_EQ(report["model"]["entries"][0]["shape"], nlohmann::ordered_json::array({8, 4}));
+  EXPECT_EQ(report["optimizer"]["param_groups"].size(), 1u);
+  EXPECT_EQ(report["optimizer"]["param_groups"][0]["params"], 6);
+  EXPECT_EQ(report["optimizer"]["param_groups"][0]["lr"], 0.001);
+  EXPECT_EQ(report["optimizer"]["state_fields"],
+            nlohmann::ordered_json::array({"exp_avg", "exp_avg_sq", "step"}));
+  EXPECT_EQ(report["scheduler"]["step_size"], 2);
+  EXPECT_EQ(report["other_entries"]["best_acc"], 0.5);
+
+  const std::string text = RenderInspectText(report);
+  EXPECT_THAT(text, HasSubstr("model state dict at 'model': 9 tensors"));
+  EXPECT_THAT(text, HasSubstr("wrapper prefix: 'module.' (ddp)"));
+  EXPECT_THAT(text, HasSubstr("module.1.num_batches_tracked"));
+  EXPECT_THAT(text, HasSubstr("optimizer: 1 param group(s), 6 parameter states"));
+  EXPECT_THAT(text, HasSubstr("step_size=2"));
+}
+
+TEST_F(ConvertTest, RefusesFilesThatAreNotCheckpoints) {
+  const std::string path = Dir() + "/notes.txt";
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("hello, not a checkpoint", f);
+  fclose(f);
+  EXPECT_THAT(ReadCheckpointFile(path),
+              StatusIs(absl::StatusCode::kInvalidArgument, "notes.txt: not a checkpoint"));
+  EXPECT_THAT(ReadCheckpointFile(Dir() + "/missing.pt"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+}  // namespace
+}  // namespace ckpt

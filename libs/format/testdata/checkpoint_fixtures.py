@@ -1,0 +1,106 @@
+"""Real-PyTorch fixtures and checks for checkpoint_file_test / convert_test / inspect_test.
+
+  make DIR                writes, with Debian's torch 1.13:
+                            ddp_cuda1.pt   DataParallel-wrapped model's state dict ("module." keys)
+                                           with every tensor tagged cuda:1 (torch.load without
+                                           map_location fails on a CPU machine)
+                            bundle.pt      {'epoch','model','optimizer' (Adam),'scheduler' (StepLR),
+                                           'best_acc'}, the model DataParallel-wrapped
+                            legacy.pt      the plain state dict in the pre-1.6 format
+                            reference.pt   the plain state dict (canonical keys) to compare against
+  verify_torch FILE DIR   torch.load(FILE, weights_only=True) loads with strict=True into the
+                          unwrapped model and equals reference.pt; prints OK
+  verify_safetensors FILE DIR   parses FILE by the safetensors spec, same checks; prints OK
+"""
+import copy
+import json
+import struct
+import sys
+
+import torch
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 3))
+
+
+def trained_model():
+    model = make_model()
+    model.train()
+    model(torch.randn(6, 4)).sum().backward()  # BatchNorm running stats and num_batches_tracked move.
+    return model
+
+
+def save_tagged(obj, path, tag):
+    original = torch.serialization.location_tag
+    torch.serialization.location_tag = lambda storage: tag
+    try:
+        torch.save(obj, path)
+    finally:
+        torch.serialization.location_tag = original
+
+
+def make(d):
+    model = trained_model()
+    torch.save(model.state_dict(), f"{d}/reference.pt")
+    torch.save(model.state_dict(), f"{d}/legacy.pt", _use_new_zipfile_serialization=False)
+    wrapped = torch.nn.DataParallel(model)
+    save_tagged(wrapped.state_dict(), f"{d}/ddp_cuda1.pt", "cuda:1")
+    try:
+        torch.load(f"{d}/ddp_cuda1.pt")
+        raise SystemExit("expected torch.load of a cuda:1 file to fail on a CPU machine")
+    except RuntimeError:
+        pass
+    wrapped_state = copy.deepcopy(wrapped.state_dict())  # The weights reference.pt holds.
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    opt.step()
+    sched.step()
+    torch.save({"epoch": 3, "model": wrapped_state, "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "best_acc": 0.5}, f"{d}/bundle.pt")
+
+
+def check(state, d):
+    model = make_model()
+    model.load_state_dict(state, strict=True)
+    reference = torch.load(f"{d}/reference.pt")
+    # Same keys; safetensors files keep them in layout order, not the model's.
+    assert sorted(state) == sorted(reference), (list(state), list(reference))
+    for key, tensor in reference.items():
+        assert state[key].dtype == tensor.dtype and torch.equal(state[key], tensor), key
+    print("OK")
+
+
+def verify_torch(path, d):
+    check(torch.load(path, weights_only=True), d)
+
+
+def verify_safetensors(path, d):
+    dtypes = {"F32": torch.float32, "I64": torch.int64}
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    assert header["__metadata__"]["format"] == "pt"
+    buffer = data[8 + n:]
+    reference = torch.load(f"{d}/reference.pt")
+    state = {}
+    for key in reference:  # In the model's order, as load_state_dict does not care.
+        info = header[key]
+        begin, end = info["data_offsets"]
+        t = torch.frombuffer(bytearray(buffer[begin:end]), dtype=dtypes[info["dtype"]]) \
+            if end > begin else torch.zeros(0, dtype=dtypes[info["dtype"]])
+        state[key] = t.reshape(info["shape"])
+    assert len(header) - 1 == len(reference)
+    check(state, d)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "make":
+        make(sys.argv[2])
+    elif mode == "verify_torch":
+        verify_torch(sys.argv[2], sys.argv[3])
+    else:
+        verify_safetensors(sys.argv[2], sys.argv[3])

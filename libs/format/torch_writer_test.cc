@@ -1,0 +1,160 @@
+#include "libs/format/torch_writer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/status/status_matchers.h"
+#include "libs/tensor/dtype.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::StatusIs;
+
+std::string TmpPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+std::string RunPython(const std::string& args) {
+  const std::string command =
+      "/usr/bin/python3 libs/format/testdata/torch_export_check.py " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << command << "\n" << output;
+  return output;
+}
+
+std::set<std::string> Lines(const std::string& text) {
+  std::set<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) lines.emplace(line);
+  return lines;
+}
+
+std::string Describe(const std::string& key, const at::Tensor& tensor) {
+  const at::Tensor bytes = tensor.detach().contiguous();
+  return absl::StrCat(key, "|torch.", DTypeName(FromScalarType(bytes.scalar_type()).value()), "|",
+                      absl::StrJoin(bytes.sizes(), ","), "|",
+                      absl::BytesToHexString(absl::string_view(
+                          static_cast<const char*>(bytes.data_ptr()), bytes.nbytes())));
+}
+
+TEST(TorchWriterTest, PythonLoadsAStateDictWithWeightsOnlyAndSeesEveryValue) {
+  const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
+  const at::Tensor embedding = at::randn({5, 3});
+  StateDict state;
+  ASSERT_OK(state.Insert("embed.weight", embedding));
+  ASSERT_OK(state.Insert("head.weight", embedding));  // Tied weights.
+  ASSERT_OK(state.Insert("t.transposed", base.t()));
+  ASSERT_OK(state.Insert("t.offset_slice", base.index({at::indexing::Slice(1, 3), 2})));
+  ASSERT_OK(state.Insert("bn.num_batches_tracked", at::scalar_tensor(42, at::kLong)));
+  ASSERT_OK(state.Insert("half", at::randn({3}).to(at::kHalf)));
+  ASSERT_OK(state.Insert("bf16", at::randn({2, 2}).to(at::kBFloat16)));
+  ASSERT_OK(state.Insert("mask", at::tensor({1, 0}, at::kByte).to(at::kBool)));
+  ASSERT_OK(state.Insert("codes", at::tensor({-3, 7}, at::kChar)));
+  ASSERT_OK(state.Insert("wide", at::tensor({1.5, -2.25}, at::kDouble)));
+  ASSERT_OK(state.Insert("phase", at::randn({2}, at::kComplexFloat)));
+  ASSERT_OK(state.Insert("empty", at::zeros({0, 4})));
+  ASSERT_OK(state.Insert("param", at::ones({2}).set_requires_grad(true)));
+  ASSERT_OK(state.Insert("d4", at::arange(16, at::kInt).reshape({1, 2, 2, 4})));
+
+  const std::string path = TmpPath("state.pt");
+  ASSERT_OK_AND_ASSIGN(TorchWriteReport report, WriteTorchFile(path, StateDictToValue(state)));
+  EXPECT_TRUE(report.warnings.empty());
+  EXPECT_EQ(report.storages, static_cast<int64_t>(state.size()) - 2);  // Tied and the slice share.
+
+  std::set<std::string> expected = {"TYPE OrderedDict", "PARAM param True",
+                                    "SHARED embed.weight head.weight",
+                                    "SHARED t.transposed t.offset_slice"};
+  for (const StateDict::Entry& entry : state) expected.insert(Describe(entry.key, entry.tensor));
+  EXPECT_EQ(Lines(RunPython("describe " + path)), expected);
+}
+
+TEST(TorchWriterTest, WritesBundlesWithOnlyAllowedGlobalsAndExactValues) {
+  StateDict model;
+  ASSERT_OK(model.Insert("fc.weight", at::arange(6, at::kFloat).reshape({2, 3})));
+  Value param_state = Value::Dict();
+  param_state.Set("step", Value::Tensor(at::scalar_tensor(5.0)));
+  param_state.Set("exp_avg", Value::Tensor(at::full({2, 3}, 0.5)));
+  Value state = Value::Dict();
+  state.Set(0, param_state);
+  Value group = Value::Dict();
+  group.Set("lr", Value::Float(0.001));
+  group.Set("betas", Value::Tuple({Value::Float(0.9), Value::Float(0.999)}));
+  group.Set("params", Value::List({Value::Int(0)}));
+  Value optimizer = Value::Dict();
+  optimizer.Set("state", state);
+  optimizer.Set("param_groups", Value::List({group}));
+
+  Value bundle = Value::Dict();
+  bundle.Set("epoch", Value::Int(3));
+  bundle.Set("model", StateDictToValue(model));
+  bundle.Set("optimizer", optimizer);
+  bundle.Set("name", Value::String("run-1"));
+  bundle.Set("flags", Value::List({Value::Bool(true), Value::Bool(false), Value::None()}));
+  bundle.Set("blob", Value::Bytes(std::string("\x00\x01\xff", 3)));
+  bundle.Set("big", Value::Int(int64_t{1} << 40));
+  bundle.Set("neg", Value::Int(-7));
+  bundle.Set("ratio", Value::Tuple({Value::Float(std::nan("")),
+                                    Value::Float(-std::numeric_limits<double>::infinity())}));
+  Value thing_state = Value::Dict();
+  thing_state.Set("a", Value::Int(2));
+  bundle.Set("opaque", Value::Opaque("mypkg.Thing", Value::Tuple({Value::Int(1)}), thing_state));
+
+  const std::string path = TmpPath("bundle.pt");
+  ASSERT_OK_AND_ASSIGN(TorchWriteReport report, WriteTorchFile(path, bundle));
+  ASSERT_EQ(report.warnings.size(), 1u);
+  EXPECT_THAT(report.warnings[0], ::testing::HasSubstr("mypkg.Thing"));
+  EXPECT_EQ(RunPython("bundle " + path), "OK\n");
+}
+
+TEST(TorchWriterTest, RecordsAreAlignedAndZip64ReadsInPythonAndTorch) {
+  StateDict state;
+  ASSERT_OK(state.Insert("a", at::randn({7})));
+  ASSERT_OK(state.Insert("b", at::randn({3, 3}).to(at::kDouble)));
+  const std::string plain = TmpPath("aligned.pt");
+  ASSERT_OK(WriteTorchFile(plain, StateDictToValue(state)).status());
+  EXPECT_EQ(RunPython("zip " + plain), "OK\n");
+
+  TorchWriteOptions options;
+  options.zip.force_zip64 = true;
+  const std::string zip64 = TmpPath("zip64.pt");
+  ASSERT_OK(WriteTorchFile(zip64, StateDictToValue(state), options).status());
+  EXPECT_EQ(RunPython("zip " + zip64), "OK\n");
+  std::set<std::string> expected = {"TYPE OrderedDict"};
+  for (const StateDict::Entry& entry : state) expected.insert(Describe(entry.key, entry.tensor));
+  EXPECT_EQ(Lines(RunPython("describe " + zip64)), expected);
+}
+
+TEST(TorchWriterTest, RejectsWhatTheFormatCannotHold) {
+  Value bad_key = Value::Dict();
+  bad_key.Set(std::string("\xff\xfe", 2), Value::Int(1));
+  EXPECT_THAT(WriteTorchFile(TmpPath("bad.pt"), bad_key),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not valid UTF-8"));
+
+  const at::Tensor floats = at::zeros({4});
+  Value mixed = Value::List({Value::Tensor(floats), Value::Tensor(floats.view(at::kInt))});
+  EXPECT_THAT(WriteTorchFile(TmpPath("mixed.pt"), mixed),
+              StatusIs(absl::StatusCode::kInvalidArgument, "view one storage as"));
+
+  const at::Tensor quantized = at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8);
+  EXPECT_THAT(WriteTorchFile(TmpPath("q.pt"), Value::Tensor(quantized)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "quantized"));
+  EXPECT_THAT(WriteTorchFile(TmpPath("no/such/dir/x.pt"), Value::Int(1)),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the parser fuzz targets with clang + libFuzzer + AddressSanitizer + UBSan and runs each
+# for a bounded time on a seed corpus that real PyTorch writes. Prints one summary line per
+# target (executions, coverage, corpus size) and exits non-zero if any target found a crash.
+#
+#   tools/fuzz/run_fuzzers.sh [--seconds N] [TARGET...]
+#
+# TARGET defaults to every target in libs/format/fuzz. Findings (crash-*, leak-*, timeout-*)
+# and the grown corpus stay in $FUZZ_WORK (default ~/.cache/ckpt/fuzz).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+seconds=30
+targets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) seconds="$2"; shift 2 ;;
+    --seconds=*) seconds="${1#*=}"; shift ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors_fuzzer zip_fuzzer pickle_fuzzer torch_reader_fuzzer)
+
+work="${FUZZ_WORK:-$HOME/.cache/ckpt/fuzz}"
+output_base="$HOME/.cache/ckpt/bazel-fuzz"
+mkdir -p "$work/seeds"
+/usr/bin/python3 libs/format/fuzz/make_seeds.py "$work/seeds" >/dev/null
+
+labels=()
+for t in "${targets[@]}"; do labels+=("//libs/format/fuzz:$t"); done
+echo "fuzz: building ${targets[*]} with clang (libFuzzer, ASan, UBSan)"
+bazel --output_base="$output_base" build --config=libfuzzer "${labels[@]}"
+bin="$(bazel --output_base="$output_base" info --config=libfuzzer bazel-bin)/libs/format/fuzz"
+
+# LibTorch is not instrumented: its allocations and ours may pair new/delete across the boundary,
+# and it keeps static allocations alive at exit.
+export ASAN_OPTIONS="alloc_dealloc_mismatch=0:detect_leaks=0:allocator_may_return_null=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+failed=0
+for t in "${targets[@]}"; do
+  corpus="$work/corpus/$t"
+  findings="$work/findings/$t"
+  mkdir -p "$corpus" "$findings"
+  log="$work/$t.log"
+  set +e
+  "$bin/$t" "$corpus" "$work/seeds" -max_total_time="$seconds" -rss_limit_mb=2048 \
+      -timeout=10 -max_len=1048576 -artifact_prefix="$findings/" -print_final_stats=1 >"$log" 2>&1
+  rc=$?
+  set -e
+  runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' || echo "?")
+  cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+' || echo "?")
+  crashes=$(ls "$findings" | wc -l)
+  echo "fuzz: $t: ${seconds}s, $runs executions, coverage $cov edges, corpus $(ls "$corpus" | wc -l) files, findings $crashes (rc $rc)"
+  if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
+    failed=1
+    grep -E "ERROR|SUMMARY|runtime error" "$log" | head -5 || true
+  fi
+done
+exit $failed
