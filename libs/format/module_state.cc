@@ -121,9 +121,17 @@ struct ModelLocation {
 
 bool IsModel(const Value& value) { return IsTensorDict(value) || IsModuleObject(value); }
 
+// An optimizer's state_dict(): its per-parameter `state` entries are dicts of tensors too, but
+// never a model.
+bool IsOptimizerState(const Value& value) {
+  return value.is_dict() && value.Find("param_groups") != nullptr;
+}
+
 std::optional<ModelLocation> FindModel(const Value& value, int depth) {
   if (IsModel(value)) return ModelLocation{{}, &value, nullptr};
-  if (!value.is_dict() || depth >= kMaxSearchDepth) return std::nullopt;
+  if (!value.is_dict() || depth >= kMaxSearchDepth || IsOptimizerState(value)) {
+    return std::nullopt;
+  }
   auto descend = [&](const DictKey& key, const Value& child) -> std::optional<ModelLocation> {
     std::optional<ModelLocation> found = FindModel(child, depth + 1);
     if (!found.has_value()) return std::nullopt;
@@ -137,7 +145,8 @@ std::optional<ModelLocation> FindModel(const Value& value, int depth) {
     }
   }
   for (const auto& [key, child] : value.entries()) {
-    if (IsOneOf(key, kModelKeys) || IsOneOf(key, kOptimizerKeys) || IsOneOf(key, kSchedulerKeys)) {
+    if (key.is_int() || IsOneOf(key, kModelKeys) || IsOneOf(key, kOptimizerKeys) ||
+        IsOneOf(key, kSchedulerKeys)) {
       continue;
     }
     if (!child.is_dict() && !child.is_opaque()) continue;
@@ -194,8 +203,9 @@ bool IsModuleObject(const Value& value) {
 
 bool IsTensorDict(const Value& value) {
   if (!value.is_dict() || value.entries().empty()) return false;
-  return std::all_of(value.entries().begin(), value.entries().end(),
-                     [](const Value::Entry& e) { return e.second.is_tensor(); });
+  return std::all_of(value.entries().begin(), value.entries().end(), [](const Value::Entry& e) {
+    return !e.first.is_int() && e.second.is_tensor();
+  });
 }
 
 absl::StatusOr<StateDict> StateDictFromModule(const Value& module,

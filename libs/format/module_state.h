@@ -20,7 +20,8 @@
 //   - else the value under the first of 'model', 'state_dict', 'model_state_dict',
 //     'model_state', 'module', 'net', 'network', 'weights' that is (or, one or two levels
 //     down, contains) a dict of tensors or a module object;
-//   - else the first other dict entry that contains one (two levels at most).
+//   - else the first other str-keyed dict entry that contains one (two levels at most), never
+//     looking inside an optimizer state dict (a dict with 'param_groups').
 // The optimizer is the value under 'optimizer', 'optim', 'optimizer_state_dict',
 // 'optimizer_state' or (PyTorch Lightning) 'optimizer_states'; the scheduler under 'scheduler',
 // 'lr_scheduler', 'scheduler_state_dict' or 'lr_schedulers'; epoch under 'epoch'; step under
@@ -47,7 +48,7 @@ namespace ckpt {
 // `_parameters`, `_buffers` and `_modules`.
 bool IsModuleObject(const Value& value);
 
-// True for a non-empty dict whose values are all tensors (a state dict).
+// True for a non-empty dict with str keys whose values are all tensors (a state dict).
 bool IsTensorDict(const Value& value);
 
 // What `module`.state_dict() returns in Python. INVALID_ARGUMENT (naming the key) when the

@@ -209,6 +209,17 @@ TEST(ExtractCheckpointBundleTest, ReportsWhatItLookedAtWhenThereIsNoModel) {
               StatusIs(absl::StatusCode::kNotFound, "no model state dict"));
 }
 
+TEST(ExtractCheckpointBundleTest, NeverTakesOptimizerStateForAModel) {
+  Value adam_state = Value::Dict(
+      {{"exp_avg", Value::Tensor(at::zeros({2}))}, {"exp_avg_sq", Value::Tensor(at::zeros({2}))}});
+  Value optimizer =
+      Value::Dict({{"state", Value::Dict({{0, adam_state}})}, {"param_groups", Value::List()}});
+  EXPECT_THAT(ExtractCheckpointBundle(optimizer),
+              StatusIs(absl::StatusCode::kNotFound, "no model state dict"));
+  EXPECT_THAT(ExtractCheckpointBundle(Value::Dict({{"opt", optimizer}})),
+              StatusIs(absl::StatusCode::kNotFound, "no model state dict"));
+}
+
 TEST(ExtractCheckpointBundleTest, AcceptsCountsStoredAsFloatsOrTensors) {
   Value root = Value::Dict({{"net", Value::Dict({{"w", Value::Tensor(at::ones({1}))}})},
                             {"epoch", Value::Float(4.0)},

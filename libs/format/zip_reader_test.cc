@@ -9,7 +9,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/format/byte_source.h"
-#include "libs/format/crc32.h"
 #include "libs/format/testing/zip_builder.h"
 #include "libs/status/status_matchers.h"
 
@@ -40,13 +39,6 @@ ZipBuilder TwoEntries() {
   zip.Add("archive/data.pkl", "pickle bytes");
   zip.Add("archive/data/0", std::string(100, '\x7f'));
   return zip;
-}
-
-TEST(Crc32Test, MatchesTheStandardCheckValue) {
-  EXPECT_EQ(Crc32(0, "123456789"), 0xCBF43926u);
-  EXPECT_EQ(Crc32(0, ""), 0u);
-  const std::string long_text(1000, 'x');
-  EXPECT_EQ(Crc32(Crc32(0, long_text.substr(0, 333)), long_text.substr(333)), Crc32(0, long_text));
 }
 
 TEST(ZipReaderTest, ListsAndReadsStoredEntries) {

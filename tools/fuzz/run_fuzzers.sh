@@ -3,7 +3,10 @@
 # for a bounded time on a seed corpus that real PyTorch writes. Prints one summary line per
 # target (executions, coverage, corpus size) and exits non-zero if any target found a crash.
 #
-#   tools/fuzz/run_fuzzers.sh [--seconds N] [TARGET...]
+#   tools/fuzz/run_fuzzers.sh [--seconds N | --runs N] [TARGET...]
+#
+# --seconds N: each target fuzzes for N seconds (default 30). --runs N: each target runs exactly N
+# inputs from seed 1, so the run repeats exactly (what CI uses).
 #
 # TARGET defaults to every target in libs/format/fuzz. Findings (crash-*, leak-*, timeout-*)
 # and the grown corpus stay in $FUZZ_WORK (default ~/.cache/ckpt/fuzz).
@@ -11,12 +14,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 seconds=30
+runs=""
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --seconds=*) seconds="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --runs=*) runs="${1#*=}"; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -44,14 +50,24 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$findings"
   log="$work/$t.log"
   set +e
-  "$bin/$t" "$corpus" "$work/seeds" -max_total_time="$seconds" -rss_limit_mb=2048 \
+  if [ -n "$runs" ]; then
+    budget=(-runs="$runs" -seed=1)
+    corpus="$work/corpus-ci/$t"  # A fresh corpus, so the run does not depend on earlier ones.
+    rm -rf "$corpus"
+    mkdir -p "$corpus"
+  else
+    budget=(-max_total_time="$seconds")
+  fi
+  "$bin/$t" "$corpus" "$work/seeds" "${budget[@]}" -rss_limit_mb=2048 \
       -timeout=10 -max_len=1048576 -artifact_prefix="$findings/" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   set -e
-  runs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' || echo "?")
+  executed=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' || echo "?")
   cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+' || echo "?")
   crashes=$(ls "$findings" | wc -l)
-  echo "fuzz: $t: ${seconds}s, $runs executions, coverage $cov edges, corpus $(ls "$corpus" | wc -l) files, findings $crashes (rc $rc)"
+  label="${seconds}s"
+  [ -z "$runs" ] || label="$runs runs"
+  echo "fuzz: $t: $label, $executed executions, coverage $cov edges, corpus $(ls "$corpus" | wc -l) files, findings $crashes (rc $rc)"
   if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
     failed=1
     grep -E "ERROR|SUMMARY|runtime error" "$log" | head -5 || true
