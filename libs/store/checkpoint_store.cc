@@ -1,0 +1,338 @@
+#include "libs/store/checkpoint_store.h"
+
+#include <cstring>
+#include <sstream>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/store/chunk_hasher.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/dtype.h"
+#include "libs/tensor/key_normalization.h"
+#include "libs/tensor/value_proto.h"
+
+namespace ckpt {
+namespace {
+
+// Attributes that let a quantized tensor be rebuilt exactly (TensorMeta.attributes).
+constexpr absl::string_view kQScheme = "qscheme";
+constexpr absl::string_view kPerTensorAffine = "per_tensor_affine";
+constexpr absl::string_view kPerChannelAffine = "per_channel_affine";
+
+std::string FormatDouble(double value) { return absl::StrFormat("%.17g", value); }
+
+// Fills dtype, shape, byte length and quantization attributes of `meta` from `tensor`.
+absl::Status DescribeTensor(const at::Tensor& tensor, v1::TensorMeta& meta) {
+  if (!tensor.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", meta.key(), "' is undefined"));
+  }
+  if (tensor.layout() != at::kStrided) {
+    std::ostringstream layout;
+    layout << tensor.layout();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", meta.key(), "' has layout ", layout.str(),
+        "; the store keeps dense tensors (convert with to_dense())"));
+  }
+  ASSIGN_OR_RETURN(DType dtype, FromScalarType(tensor.scalar_type()));
+  meta.set_dtype(DTypeToProto(dtype));
+  for (int64_t size : tensor.sizes()) meta.add_shape(size);
+  ASSIGN_OR_RETURN(int64_t byte_length, ByteLengthOf(dtype, meta.shape()));
+  meta.set_byte_length(byte_length);
+  meta.set_requires_grad(tensor.requires_grad());
+  if (!tensor.is_quantized()) return absl::OkStatus();
+  auto& attributes = *meta.mutable_attributes();
+  absl::StatusOr<absl::Status> described = CatchTorchErrors([&]() -> absl::Status {
+    switch (tensor.qscheme()) {
+      case at::kPerTensorAffine:
+        attributes[std::string(kQScheme)] = std::string(kPerTensorAffine);
+        attributes["scale"] = FormatDouble(tensor.q_scale());
+        attributes["zero_point"] = absl::StrCat(tensor.q_zero_point());
+        return absl::OkStatus();
+      case at::kPerChannelAffine: {
+        attributes[std::string(kQScheme)] = std::string(kPerChannelAffine);
+        attributes["axis"] = absl::StrCat(tensor.q_per_channel_axis());
+        const at::Tensor scales = tensor.q_per_channel_scales().to(at::kDouble).contiguous();
+        const at::Tensor zero_points =
+            tensor.q_per_channel_zero_points().to(at::kLong).contiguous();
+        std::vector<std::string> scale_text, zero_point_text;
+        for (int64_t i = 0; i < scales.numel(); ++i) {
+          scale_text.push_back(FormatDouble(scales.data_ptr<double>()[i]));
+          zero_point_text.push_back(absl::StrCat(zero_points.data_ptr<int64_t>()[i]));
+        }
+        attributes["scales"] = absl::StrJoin(scale_text, ",");
+        attributes["zero_points"] = absl::StrJoin(zero_point_text, ",");
+        return absl::OkStatus();
+      }
+      default:
+        return absl::UnimplementedError(
+            absl::StrCat("quantization scheme ", c10::toString(tensor.qscheme()),
+                         " is not supported by the store"));
+    }
+  });
+  return described.ok() ? *described : described.status();
+}
+
+absl::StatusOr<std::string> Attribute(const v1::TensorMeta& meta, absl::string_view name) {
+  auto it = meta.attributes().find(std::string(name));
+  if (it == meta.attributes().end()) {
+    return absl::DataLossError(absl::StrCat("quantized tensor '", meta.key(),
+                                            "' lacks its '", name, "' attribute"));
+  }
+  return it->second;
+}
+
+// An empty CPU tensor with the dtype, shape (and quantization) `meta` describes.
+absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta) {
+  ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(meta.dtype()));
+  ASSIGN_OR_RETURN(c10::ScalarType scalar_type, ToScalarType(dtype));
+  const std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
+  const at::TensorOptions options = at::TensorOptions().dtype(scalar_type).device(at::kCPU);
+  if (!GetDTypeInfo(dtype).is_quantized) {
+    return CatchTorchErrors([&] { return at::empty(shape, options); });
+  }
+  ASSIGN_OR_RETURN(std::string scheme, Attribute(meta, kQScheme));
+  if (scheme == kPerTensorAffine) {
+    ASSIGN_OR_RETURN(std::string scale_text, Attribute(meta, "scale"));
+    ASSIGN_OR_RETURN(std::string zero_point_text, Attribute(meta, "zero_point"));
+    double scale = 0;
+    int64_t zero_point = 0;
+    if (!absl::SimpleAtod(scale_text, &scale) || !absl::SimpleAtoi(zero_point_text, &zero_point)) {
+      return absl::DataLossError(
+          absl::StrCat("quantized tensor '", meta.key(), "' has unreadable scale / zero point"));
+    }
+    return CatchTorchErrors(
+        [&] { return at::_empty_affine_quantized(shape, options, scale, zero_point); });
+  }
+  if (scheme == kPerChannelAffine) {
+    ASSIGN_OR_RETURN(std::string axis_text, Attribute(meta, "axis"));
+    ASSIGN_OR_RETURN(std::string scales_text, Attribute(meta, "scales"));
+    ASSIGN_OR_RETURN(std::string zero_points_text, Attribute(meta, "zero_points"));
+    int64_t axis = 0;
+    std::vector<double> scales;
+    std::vector<int64_t> zero_points;
+    bool ok = absl::SimpleAtoi(axis_text, &axis);
+    for (absl::string_view part : absl::StrSplit(scales_text, ',', absl::SkipEmpty())) {
+      double value = 0;
+      ok = ok && absl::SimpleAtod(part, &value);
+      scales.push_back(value);
+    }
+    for (absl::string_view part : absl::StrSplit(zero_points_text, ',', absl::SkipEmpty())) {
+      int64_t value = 0;
+      ok = ok && absl::SimpleAtoi(part, &value);
+      zero_points.push_back(value);
+    }
+    if (!ok || scales.size() != zero_points.size()) {
+      return absl::DataLossError(absl::StrCat("quantized tensor '", meta.key(),
+                                              "' has unreadable per-channel parameters"));
+    }
+    return CatchTorchErrors([&] {
+      const at::Tensor scale_tensor =
+          at::tensor(scales, at::TensorOptions().dtype(at::kDouble));
+      const at::Tensor zero_point_tensor =
+          at::tensor(zero_points, at::TensorOptions().dtype(at::kLong));
+      return at::_empty_per_channel_affine_quantized(shape, scale_tensor, zero_point_tensor,
+                                                     axis, options);
+    });
+  }
+  return absl::UnimplementedError(absl::StrCat("quantized tensor '", meta.key(),
+                                               "' uses unsupported scheme '", scheme, "'"));
+}
+
+// Collects the tensors of a value tree as state tensors under "<prefix>/<path>".
+class StateTensorTable {
+ public:
+  absl::StatusOr<v1::Value> Add(absl::string_view prefix, const Value& tree,
+                                v1::Manifest& header) {
+    return ValueToProto(
+        tree, [&](const std::string& path, const at::Tensor& tensor) -> absl::StatusOr<std::string> {
+          std::string key = absl::StrCat(prefix, "/", path);
+          // Distinct paths can print alike (int key 0 and string key "0"): keep keys unique.
+          for (int suffix = 2; keys_.contains(key); ++suffix) {
+            key = absl::StrCat(prefix, "/", path, "#", suffix);
+          }
+          keys_.insert(key);
+          v1::TensorMeta* meta = header.add_state_tensors();
+          meta->set_key(key);
+          meta->set_original_key(absl::StrCat(prefix, "/", path));
+          RETURN_IF_ERROR(DescribeTensor(tensor, *meta));
+          meta->set_original_device(tensor.device().str());
+          tensors_.push_back(tensor);
+          return key;
+        });
+  }
+  const std::vector<at::Tensor>& tensors() const { return tensors_; }
+
+ private:
+  absl::flat_hash_set<std::string> keys_;
+  std::vector<at::Tensor> tensors_;
+};
+
+// Streams `tensor` into `session` as tensor `index`, one contiguous CPU copy at a time.
+absl::Status UploadTensor(UploadSession& session, int index, const at::Tensor& tensor) {
+  absl::StatusOr<at::Tensor> copied = CatchTorchErrors(
+      [&] { return tensor.detach().to(at::kCPU).contiguous(); },
+      absl::StatusCode::kInvalidArgument);
+  if (!copied.ok()) {
+    return absl::Status(copied.status().code(),
+                        absl::StrCat("copying tensor ", index, " (on ", tensor.device().str(),
+                                     ") to the CPU: ", copied.status().message()));
+  }
+  const at::Tensor& cpu = *copied;
+  const int64_t length = static_cast<int64_t>(cpu.nbytes());
+  if (length == 0) return absl::OkStatus();
+  const char* data = static_cast<const char*>(cpu.data_ptr());
+  for (int64_t offset = 0; offset < length; offset += kChunkBytes) {
+    const int64_t size = std::min(kChunkBytes, length - offset);
+    RETURN_IF_ERROR(session.AddTensorData(index, offset, absl::string_view(data + offset, size)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> VersionReader::ReadTensor(const v1::TensorMeta& meta) const {
+  ASSIGN_OR_RETURN(at::Tensor tensor, EmptyTensorFor(meta));
+  if (static_cast<int64_t>(tensor.nbytes()) != meta.byte_length()) {
+    return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ",
+                                            FormatVersionRef(manifest().model(),
+                                                             manifest().version()),
+                                            ": byte_length ", meta.byte_length(),
+                                            " disagrees with its dtype and shape (",
+                                            tensor.nbytes(), " bytes)"));
+  }
+  char* buffer = static_cast<char*>(tensor.data_ptr());
+  RETURN_IF_ERROR(ReadTensorChunks(
+      meta, [&](int64_t offset, absl::string_view bytes) -> absl::Status {
+        // ReadTensorChunks checked the chunk lengths against byte_length.
+        std::memcpy(buffer + offset, bytes.data(), bytes.size());
+        return absl::OkStatus();
+      }));
+  return tensor;
+}
+
+absl::StatusOr<at::Tensor> VersionReader::ReadTensor(absl::string_view key) const {
+  for (const v1::TensorMeta& meta : manifest().tensors()) {
+    if (meta.key() == key) return ReadTensor(meta);
+  }
+  for (const v1::TensorMeta& meta : manifest().state_tensors()) {
+    if (meta.key() == key) return ReadTensor(meta);
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no tensor '", key, "' in ", FormatVersionRef(manifest().model(), manifest().version())));
+}
+
+absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view model,
+                                                               const CheckpointContents& contents,
+                                                               const CommitOptions& options) {
+  v1::Manifest header;
+  *header.mutable_metadata() = contents.metadata;
+
+  // Canonical keys, and the producer's key for each.
+  std::vector<std::string> original_keys = contents.model.keys();
+  std::vector<std::string> keys = original_keys;
+  if (options.normalize_keys) {
+    ASSIGN_OR_RETURN(NormalizedKeys normalized, NormalizeKeys(original_keys));
+    keys = std::move(normalized.keys);
+    if (normalized.normalization.changed_keys() ||
+        !header.metadata().has_key_normalization()) {
+      *header.mutable_metadata()->mutable_key_normalization() =
+          normalized.normalization.ToProto();
+    }
+  }
+  absl::flat_hash_map<std::string, std::string> canonical_of;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const StateDict::Entry& entry = contents.model.entry(i);
+    v1::TensorMeta* meta = header.add_tensors();
+    meta->set_key(keys[i]);
+    meta->set_original_key(entry.key);
+    meta->set_original_device(entry.original_device.empty() ? entry.tensor.device().str()
+                                                            : entry.original_device);
+    RETURN_IF_ERROR(DescribeTensor(entry.tensor, *meta));
+    canonical_of.emplace(entry.key, keys[i]);
+  }
+
+  StateTensorTable state;
+  if (contents.optimizer.has_value()) {
+    ASSIGN_OR_RETURN(*header.mutable_optimizer_state(),
+                     state.Add("optimizer", *contents.optimizer, header));
+  }
+  if (contents.scheduler.has_value()) {
+    ASSIGN_OR_RETURN(*header.mutable_scheduler_state(),
+                     state.Add("scheduler", *contents.scheduler, header));
+  }
+  if (!contents.extra.is_none()) {
+    ASSIGN_OR_RETURN(*header.mutable_extra_state(), state.Add("extra", contents.extra, header));
+  }
+  for (const auto& [index, name] : contents.optimizer_param_names) {
+    auto it = canonical_of.find(name);
+    (*header.mutable_optimizer_param_names())[index] = it == canonical_of.end() ? name : it->second;
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
+                   BeginUpload(model, std::move(header), options));
+  int index = 0;
+  for (const StateDict::Entry& entry : contents.model) {
+    RETURN_IF_ERROR(UploadTensor(*session, index++, entry.tensor));
+  }
+  for (const at::Tensor& tensor : state.tensors()) {
+    RETURN_IF_ERROR(UploadTensor(*session, index++, tensor));
+  }
+  return session->Commit();
+}
+
+absl::StatusOr<at::Tensor> CheckpointStore::ReadTensor(absl::string_view model, int64_t version,
+                                                       absl::string_view key) {
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader,
+                   OpenVersion(MakeVersionRef(model, version)));
+  return reader->ReadTensor(key);
+}
+
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadCheckpoint(const v1::VersionRef& ref) {
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, OpenVersion(ref));
+  LoadedCheckpoint loaded;
+  loaded.manifest = reader->manifest();
+  const v1::Manifest& manifest = loaded.manifest;
+  CheckpointContents& contents = loaded.contents;
+  for (const v1::TensorMeta& meta : manifest.tensors()) {
+    ASSIGN_OR_RETURN(at::Tensor tensor, reader->ReadTensor(meta));
+    RETURN_IF_ERROR(contents.model.Insert(meta.key(), std::move(tensor), meta.original_device()));
+  }
+  absl::flat_hash_map<std::string, const v1::TensorMeta*> state_tensors;
+  for (const v1::TensorMeta& meta : manifest.state_tensors()) {
+    state_tensors.emplace(meta.key(), &meta);
+  }
+  const TensorResolver resolve = [&](absl::string_view key) -> absl::StatusOr<at::Tensor> {
+    auto it = state_tensors.find(key);
+    if (it == state_tensors.end()) {
+      return absl::DataLossError(absl::StrCat(
+          FormatVersionRef(manifest.model(), manifest.version()), ": value tree references state tensor '",
+          key, "', which the manifest lacks"));
+    }
+    return reader->ReadTensor(*it->second);
+  };
+  if (manifest.has_optimizer_state()) {
+    ASSIGN_OR_RETURN(contents.optimizer, ValueFromProto(manifest.optimizer_state(), resolve));
+  }
+  if (manifest.has_scheduler_state()) {
+    ASSIGN_OR_RETURN(contents.scheduler, ValueFromProto(manifest.scheduler_state(), resolve));
+  }
+  if (manifest.has_extra_state()) {
+    ASSIGN_OR_RETURN(contents.extra, ValueFromProto(manifest.extra_state(), resolve));
+  }
+  contents.metadata = manifest.metadata();
+  for (const auto& [index, name] : manifest.optimizer_param_names()) {
+    contents.optimizer_param_names.emplace(index, name);
+  }
+  return loaded;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,259 @@
+#ifndef CKPT_LIBS_STORE_CHECKPOINT_STORE_H_
+#define CKPT_LIBS_STORE_CHECKPOINT_STORE_H_
+
+// CheckpointStore: the versioned, deduplicated, checksummed home of every checkpoint.
+//
+// A store holds models (names); a model holds immutable versions 1, 2, 3, ... Each version is a
+// v1::Manifest (tensor metadata, optimizer / scheduler / extra value trees, metadata) whose tensor
+// bytes live in content-addressed chunks (chunk_hasher.h) shared by every version and model that
+// has the same bytes. Aliases ("best", "production") are movable names for versions; "latest"
+// is implicit. A reference is "MODEL@7", "MODEL@best" or "MODEL" (= latest); see version_ref.h.
+//
+// Writing has one path: BeginUpload() validates a header (manifest_validation.h) and returns an
+// UploadSession; AddTensorData() streams each tensor's bytes (chunks are stored as they fill, so
+// memory stays at one chunk per tensor in flight); Commit() makes the version visible atomically.
+// A session destroyed without Commit() leaves no version; its chunks are reclaimed by
+// GarbageCollect(). CommitCheckpoint() does all of that for an in-memory checkpoint.
+//
+// Reads verify the xxh3 checksum of every chunk: a mismatch is DATA_LOSS naming the chunk and
+// tensor, and the bad bytes are never handed out.
+//
+// Thread-safety: every method of a CheckpointStore may be called concurrently. Two commits to one
+// model get distinct consecutive versions. An UploadSession or VersionReader is used by one thread
+// at a time; many may be open at once.
+//
+// Example:
+//   StoreOptions store_options;
+//   store_options.db_path = "/data/ckpt";
+//   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
+//                    RocksDbCheckpointStore::Open(store_options));
+//   CheckpointContents contents;
+//   contents.model = std::move(state_dict);           // keys may carry "module." etc.
+//   contents.metadata.set_epoch(3);
+//   CommitOptions options;
+//   options.aliases = {"best"};
+//   ASSIGN_OR_RETURN(CommitResult committed,
+//                    store->CommitCheckpoint("resnet18", contents, options));
+//   // committed.version is resnet18@N
+//   ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef("resnet18@best"));
+//   ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store->LoadCheckpoint(ref));
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ATen/core/Tensor.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "libs/tensor/state_dict.h"
+#include "libs/tensor/value.h"
+#include "proto/ckpt/v1/checkpoint_store.pb.h"
+#include "proto/ckpt/v1/types.pb.h"
+
+namespace ckpt {
+
+// How a commit is made.
+struct CommitOptions {
+  // Optimistic concurrency: if > 0, the commit fails with FAILED_PRECONDITION unless the model's
+  // latest version is still this one when the commit applies. 0: no check.
+  int64_t expected_latest_version = 0;
+  // Aliases moved to the new version in the same atomic write ("latest" is implicit and refused).
+  std::vector<std::string> aliases;
+  // CommitCheckpoint only: strip wrapper prefixes ("module.", "_orig_mod.", ...) from the state
+  // dict's keys and record what was stripped in metadata.key_normalization. When false the keys
+  // are stored as given, and metadata.key_normalization as the caller set it.
+  bool normalize_keys = true;
+};
+
+struct CommitResult {
+  v1::VersionRef version;     // always MODEL@N.
+  int64_t logical_bytes = 0;  // tensor bytes the version holds (model and state tensors).
+  int64_t new_bytes = 0;      // bytes of chunks the store did not hold before this commit.
+  std::vector<std::string> warnings;  // also stored in Manifest.warnings.
+};
+
+// One version being written. Obtained from CheckpointStore::BeginUpload. Destroying it without a
+// successful Commit() abandons the upload: no version appears, and GarbageCollect() reclaims the
+// chunks it stored. Not thread-safe: one caller at a time. After any error the session is failed:
+// further calls return FAILED_PRECONDITION and it can only be destroyed.
+class UploadSession {
+ public:
+  virtual ~UploadSession() = default;
+
+  // The validated header: the manifest that Commit() completes.
+  virtual const v1::Manifest& header() const = 0;
+  // Manifest.tensors then Manifest.state_tensors: what tensor_index counts.
+  virtual int tensor_count() const = 0;
+  // Findings of header validation that did not reject it (Manifest.warnings).
+  virtual const std::vector<std::string>& warnings() const = 0;
+
+  // Appends `bytes` to tensor `tensor_index` (model tensors first, then state tensors). Bytes of
+  // one tensor arrive in order: `offset` must equal the bytes already given for it; tensors may
+  // interleave. Full chunks are hashed and stored before this returns. INVALID_ARGUMENT for a bad
+  // index, an out-of-order offset, or bytes beyond the tensor's byte_length; storage errors as
+  // RocksDB reports them.
+  virtual absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) = 0;
+
+  // Makes the version visible: checks every tensor got exactly byte_length bytes (else
+  // INVALID_ARGUMENT naming it), fills content hashes and chunk refs, then writes manifest,
+  // version counter, refcounts and alias moves in one synced batch. FAILED_PRECONDITION if
+  // expected_latest_version no longer holds; DATA_LOSS if a tensor's bytes do not match a
+  // content_hash given in the header.
+  virtual absl::StatusOr<CommitResult> Commit() = 0;
+};
+
+// Called with consecutive pieces of a tensor's bytes: `offset` within the tensor, `bytes` valid
+// only during the call. A non-OK return stops the read and is returned from it.
+using ChunkCallback = std::function<absl::Status(int64_t offset, absl::string_view bytes)>;
+
+// One version, read from a consistent point in time: concurrent deletes and GC do not affect an
+// open reader. Not thread-safe: one caller at a time.
+class VersionReader {
+ public:
+  virtual ~VersionReader() = default;
+
+  // With Manifest.aliases filled.
+  virtual const v1::Manifest& manifest() const = 0;
+
+  // Streams the bytes of `meta` (a tensor of manifest()) chunk by chunk, verifying each chunk's
+  // length and xxh3 before handing it out: DATA_LOSS naming the chunk (hex SHA-256), the tensor
+  // and the version on a mismatch or a missing chunk.
+  virtual absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
+                                        const ChunkCallback& callback) const = 0;
+
+  // The tensor under `key` (model tensors are searched first, then state tensors) as a contiguous
+  // CPU at::Tensor, its bytes streamed straight into the tensor's buffer. NOT_FOUND for an unknown
+  // key; FAILED_PRECONDITION for a dtype LibTorch 1.13 cannot hold (ReadTensorChunks still
+  // works); DATA_LOSS as for ReadTensorChunks.
+  absl::StatusOr<at::Tensor> ReadTensor(absl::string_view key) const;
+  absl::StatusOr<at::Tensor> ReadTensor(const v1::TensorMeta& meta) const;
+};
+
+// A checkpoint in memory: what CommitCheckpoint takes and LoadCheckpoint gives back.
+struct CheckpointContents {
+  // The model's state dict. Any keys (wrapper prefixes are normalized on commit unless
+  // CommitOptions::normalize_keys is false); any device (stored contiguous, on the CPU, with the
+  // original device recorded); dtype kept. Loaded back under canonical keys, on the CPU.
+  StateDict model;
+  // PyTorch optimizer / scheduler state dicts, as value trees.
+  std::optional<Value> optimizer;
+  std::optional<Value> scheduler;
+  // Everything else of a bundle (epoch, RNG state, ...); None when there is nothing.
+  Value extra;
+  // created_unix_micros is set by the store.
+  v1::VersionMetadata metadata;
+  // Optimizer parameter index -> state-dict key (original or canonical; stored canonical).
+  std::map<int64_t, std::string> optimizer_param_names;
+};
+
+struct LoadedCheckpoint {
+  v1::Manifest manifest;  // with version number and aliases.
+  CheckpointContents contents;
+};
+
+class CheckpointStore {
+ public:
+  virtual ~CheckpointStore() = default;
+
+  // ---- Writing.
+
+  // Starts writing a version of `model` described by `header` (a Manifest without version,
+  // chunks or content hashes; content_hash may be given to have the bytes checked against it).
+  // INVALID_ARGUMENT for a bad model or alias name, or a header that fails validation
+  // (manifest_validation.h).
+  virtual absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(
+      absl::string_view model, v1::Manifest header, const CommitOptions& options) = 0;
+
+  // Uploads and commits `contents` through one UploadSession: keys normalized (see
+  // CommitOptions::normalize_keys), tensors made contiguous on the CPU one at a time, optimizer /
+  // scheduler / extra tensors stored as state tensors under "optimizer/<path>",
+  // "scheduler/<path>", "extra/<path>". Errors as BeginUpload and Commit.
+  absl::StatusOr<CommitResult> CommitCheckpoint(absl::string_view model,
+                                                const CheckpointContents& contents,
+                                                const CommitOptions& options = {});
+
+  // Which of `sha256s` (32-byte chunk addresses) the store does not hold committed.
+  virtual absl::StatusOr<std::vector<std::string>> FindMissingChunks(
+      const std::vector<std::string>& sha256s) = 0;
+
+  // ---- Reading.
+
+  // The manifest `ref` names (version number, alias, or latest when neither), with
+  // Manifest.aliases filled. NOT_FOUND naming "MODEL@REF"; INVALID_ARGUMENT for a bad name.
+  virtual absl::StatusOr<v1::Manifest> GetManifest(const v1::VersionRef& ref) = 0;
+
+  // A consistent reader of the version `ref` names. Errors as GetManifest.
+  virtual absl::StatusOr<std::unique_ptr<VersionReader>> OpenVersion(
+      const v1::VersionRef& ref) = 0;
+
+  // Streams `meta`'s bytes from the store's current state (no snapshot: a chunk freed by GC
+  // since `meta` was read is DATA_LOSS). Checks as VersionReader::ReadTensorChunks.
+  virtual absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
+                                        const ChunkCallback& callback) = 0;
+
+  // One tensor of MODEL@VERSION as a CPU tensor. Errors as GetManifest and
+  // VersionReader::ReadTensor.
+  absl::StatusOr<at::Tensor> ReadTensor(absl::string_view model, int64_t version,
+                                        absl::string_view key);
+
+  // The whole checkpoint: the state dict under canonical keys (original devices recorded in the
+  // entries), value trees with their tensors, metadata. Errors as OpenVersion and ReadTensor.
+  absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const v1::VersionRef& ref);
+
+  // ---- Versions and aliases.
+
+  // Every model, by name. A model whose versions were all deleted stays listed (version_count 0)
+  // and keeps its version counter.
+  virtual absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() = 0;
+  // Every version of `model`, oldest first. NOT_FOUND for an unknown model.
+  virtual absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) = 0;
+
+  // Points `alias` at MODEL@version atomically; returns the version it pointed at before (0 if it
+  // is new). With expected_current_version > 0, FAILED_PRECONDITION unless the alias points there
+  // now (compare-and-set). INVALID_ARGUMENT for a bad or reserved alias; NOT_FOUND for a missing
+  // model or version.
+  virtual absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
+                                           int64_t version,
+                                           int64_t expected_current_version = 0) = 0;
+  // NOT_FOUND if the alias does not exist.
+  virtual absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) = 0;
+
+  // Deletes MODEL@version, decrementing its chunks' refcounts in the same batch. Returns the bytes
+  // whose refcount reached zero (freed by the next GarbageCollect). FAILED_PRECONDITION naming the
+  // aliases when aliases point at it and !force (with force they are removed in the same batch);
+  // NOT_FOUND for a missing version. Version numbers are never reused.
+  virtual absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
+                                                bool force) = 0;
+
+  // ---- Retention, garbage collection, verification.
+
+  // Deletes versions outside the policy (keep the newest keep_last, plus every version divisible
+  // by keep_every; never an aliased version or the latest) and drops optimizer state (keeping
+  // weights, scheduler and extra state) from unaliased versions older than the newest
+  // drop_optimizer_state_older_than. All in one batch; dry_run only reports. INVALID_ARGUMENT for
+  // negative policy numbers; NOT_FOUND for an unknown model.
+  virtual absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(
+      absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) = 0;
+
+  // Frees chunks whose refcount is zero and the chunks of abandoned uploads (no live session,
+  // begun longer ago than the store's grace period), and reports logical bytes freed. Never frees
+  // a chunk that an upload in progress has stored or relies on. dry_run only reports.
+  virtual absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) = 0;
+
+  // Re-reads and re-hashes (SHA-256 and xxh3) every chunk of MODEL@version (version 0: every
+  // version of MODEL; empty model: the whole store, which also cross-checks refcounts against
+  // the manifests). Problems are reported, not returned as errors; NOT_FOUND for a missing model
+  // or version.
+  virtual absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) = 0;
+
+  virtual absl::StatusOr<v1::StoreStats> GetStats() = 0;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_STORE_CHECKPOINT_STORE_H_

@@ -1,0 +1,1293 @@
+#include "libs/store/rocksdb_checkpoint_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/status/rocksdb_status.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/chunk_hasher.h"
+#include "libs/store/manifest_validation.h"
+#include "libs/store/rocksdb_schema.h"
+#include "libs/store/store_records.pb.h"
+#include "libs/store/version_ref.h"
+#include "rocksdb/write_batch.h"
+
+namespace ckpt {
+namespace {
+
+using store::ChunkRecord;
+using store::ModelRecord;
+using store::UploadRecord;
+
+rocksdb::Slice ToSlice(absl::string_view bytes) { return rocksdb::Slice(bytes.data(), bytes.size()); }
+absl::string_view ToView(const rocksdb::Slice& slice) {
+  return absl::string_view(slice.data(), slice.size());
+}
+bool StartsWith(const rocksdb::Slice& key, absl::string_view prefix) {
+  return key.size() >= prefix.size() && ToView(key).substr(0, prefix.size()) == prefix;
+}
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+template <typename Proto>
+absl::Status ParseRecord(absl::string_view bytes, Proto& record, absl::string_view what) {
+  if (!record.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError(absl::StrCat("unreadable ", what, " record"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t LogicalBytes(const v1::Manifest& manifest) {
+  int64_t total = 0;
+  for (const v1::TensorMeta& meta : manifest.tensors()) total += meta.byte_length();
+  for (const v1::TensorMeta& meta : manifest.state_tensors()) total += meta.byte_length();
+  return total;
+}
+
+std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
+
+// Per-chunk refcount changes, summed over everything one batch does.
+struct RefDelta {
+  int64_t delta = 0;
+  int64_t length = 0;
+  uint64_t xxh3_64 = 0;
+};
+using RefDeltas = absl::flat_hash_map<std::string, RefDelta>;
+
+void AddTensorRefs(const v1::TensorMeta& meta, int64_t sign, RefDeltas& deltas) {
+  for (const v1::ChunkRef& chunk : meta.chunks()) {
+    RefDelta& delta = deltas[chunk.sha256()];
+    delta.delta += sign;
+    delta.length = chunk.length();
+    delta.xxh3_64 = chunk.xxh3_64();
+  }
+}
+
+void AddManifestRefs(const v1::Manifest& manifest, int64_t sign, RefDeltas& deltas) {
+  for (const v1::TensorMeta& meta : manifest.tensors()) AddTensorRefs(meta, sign, deltas);
+  for (const v1::TensorMeta& meta : manifest.state_tensors()) AddTensorRefs(meta, sign, deltas);
+}
+
+void CollectTensorRefs(const v1::Value& value, absl::flat_hash_set<std::string>& keys) {
+  switch (value.kind_case()) {
+    case v1::Value::kListValue:
+      for (const v1::Value& item : value.list_value().items()) CollectTensorRefs(item, keys);
+      break;
+    case v1::Value::kTupleValue:
+      for (const v1::Value& item : value.tuple_value().items()) CollectTensorRefs(item, keys);
+      break;
+    case v1::Value::kDictValue:
+      for (const v1::DictEntry& entry : value.dict_value().entries()) {
+        CollectTensorRefs(entry.value(), keys);
+      }
+      break;
+    case v1::Value::kTensorValue:
+      keys.insert(value.tensor_value().key());
+      break;
+    case v1::Value::kOpaqueValue:
+      CollectTensorRefs(value.opaque_value().args(), keys);
+      CollectTensorRefs(value.opaque_value().state(), keys);
+      break;
+    default:
+      break;
+  }
+}
+
+// Removes the optimizer state of `manifest` and the state tensors only it references; returns
+// those tensors.
+std::vector<v1::TensorMeta> DropOptimizerState(v1::Manifest& manifest) {
+  absl::flat_hash_set<std::string> optimizer_keys, kept_keys;
+  CollectTensorRefs(manifest.optimizer_state(), optimizer_keys);
+  CollectTensorRefs(manifest.scheduler_state(), kept_keys);
+  CollectTensorRefs(manifest.extra_state(), kept_keys);
+  std::vector<v1::TensorMeta> removed;
+  google::protobuf::RepeatedPtrField<v1::TensorMeta> kept;
+  for (v1::TensorMeta& meta : *manifest.mutable_state_tensors()) {
+    if (optimizer_keys.contains(meta.key()) && !kept_keys.contains(meta.key())) {
+      removed.push_back(std::move(meta));
+    } else {
+      *kept.Add() = std::move(meta);
+    }
+  }
+  manifest.mutable_state_tensors()->Swap(&kept);
+  manifest.clear_optimizer_state();
+  manifest.clear_optimizer_param_names();
+  manifest.add_warnings(absl::StrCat("optimizer state dropped by retention at ",
+                                     absl::FormatTime(absl::Now(), absl::UTCTimeZone())));
+  return removed;
+}
+
+// Releases a RocksDB snapshot when it goes out of scope.
+class SnapshotHolder {
+ public:
+  explicit SnapshotHolder(rocksdb::DB* db) : db_(db), snapshot_(db->GetSnapshot()) {}
+  ~SnapshotHolder() { db_->ReleaseSnapshot(snapshot_); }
+  SnapshotHolder(const SnapshotHolder&) = delete;
+  SnapshotHolder& operator=(const SnapshotHolder&) = delete;
+  const rocksdb::Snapshot* get() const { return snapshot_; }
+
+ private:
+  rocksdb::DB* db_;
+  const rocksdb::Snapshot* snapshot_;
+};
+
+}  // namespace
+
+class RocksDbCheckpointStore::Core {
+ public:
+  Core(StoreOptions options, std::unique_ptr<StoreDb> db)
+      : options_(std::move(options)), store_db_(std::move(db)), db_(store_db_->db()) {
+    std::random_device random;
+    upload_id_base_ = (static_cast<uint64_t>(random()) << 32) ^ random();
+  }
+
+  const StoreOptions& options() const { return options_; }
+  rocksdb::DB* db() const { return db_; }
+  rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const { return store_db_->cf(cf); }
+
+  rocksdb::ReadOptions Read(const rocksdb::Snapshot* snapshot = nullptr) const {
+    rocksdb::ReadOptions read;
+    read.snapshot = snapshot;
+    read.verify_checksums = true;
+    return read;
+  }
+
+  absl::Status Write(rocksdb::WriteBatch& batch, absl::string_view what, bool sync) {
+    rocksdb::WriteOptions write;
+    write.sync = sync && options_.sync_commits;
+    return FromRocksDbStatus(db_->Write(write, &batch), what);
+  }
+
+  // ---- Records.
+
+  absl::StatusOr<std::optional<ModelRecord>> ReadModel(absl::string_view model,
+                                                       const rocksdb::Snapshot* snapshot) const {
+    std::string bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kModels), ToSlice(model),
+                                    &bytes);
+    if (read.IsNotFound()) return std::nullopt;
+    RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading model '", model, "'")));
+    ModelRecord record;
+    RETURN_IF_ERROR(ParseRecord(bytes, record, absl::StrCat("model '", model, "'")));
+    return record;
+  }
+
+  absl::StatusOr<ModelRecord> ReadExistingModel(absl::string_view model,
+                                                const rocksdb::Snapshot* snapshot,
+                                                absl::string_view ref_text) const {
+    ASSIGN_OR_RETURN(std::optional<ModelRecord> record, ReadModel(model, snapshot));
+    if (!record.has_value()) {
+      return absl::NotFoundError(absl::StrCat(ref_text.empty() ? "" : absl::StrCat(ref_text, ": "),
+                                              "no model '", model, "' in the store"));
+    }
+    return *record;
+  }
+
+  // The version `ref` names.
+  absl::StatusOr<int64_t> ResolveVersion(const v1::VersionRef& ref,
+                                         const rocksdb::Snapshot* snapshot) const {
+    RETURN_IF_ERROR(ValidateModelName(ref.model()));
+    const std::string ref_text = FormatVersionRef(ref);
+    ASSIGN_OR_RETURN(ModelRecord record, ReadExistingModel(ref.model(), snapshot, ref_text));
+    if (ref.ref_case() == v1::VersionRef::kVersion) {
+      if (ref.version() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(ref_text, ": versions are numbered from 1"));
+      }
+      return ref.version();
+    }
+    if (ref.alias().empty() || ref.alias() == kLatestAlias) {
+      if (record.latest_version() == 0) {
+        return absl::NotFoundError(absl::StrCat(ref_text, " not found: model '", ref.model(),
+                                                "' has no versions"));
+      }
+      return record.latest_version();
+    }
+    std::string bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kAliases),
+                                    AliasKey(ref.model(), ref.alias()), &bytes);
+    if (read.IsNotFound()) {
+      return absl::NotFoundError(absl::StrCat(ref_text, " not found: model '", ref.model(),
+                                              "' has no alias '", ref.alias(), "'"));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading alias ", ref_text)));
+    absl::StatusOr<uint64_t> version = DecodeBigEndian64(bytes);
+    if (!version.ok()) return absl::DataLossError(absl::StrCat("alias ", ref_text, ": unreadable"));
+    return static_cast<int64_t>(*version);
+  }
+
+  absl::StatusOr<v1::Manifest> ReadManifest(absl::string_view model, int64_t version,
+                                            const rocksdb::Snapshot* snapshot) const {
+    std::string bytes;
+    const std::string ref_text = FormatVersionRef(model, version);
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kVersions),
+                                    VersionKey(model, version), &bytes);
+    if (read.IsNotFound()) return absl::NotFoundError(absl::StrCat(ref_text, " not found"));
+    RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading ", ref_text)));
+    v1::Manifest manifest;
+    RETURN_IF_ERROR(ParseRecord(bytes, manifest, absl::StrCat("manifest of ", ref_text)));
+    return manifest;
+  }
+
+  // version -> aliases (by name) of `model`.
+  absl::StatusOr<std::map<int64_t, std::vector<std::string>>> ReadAliases(
+      absl::string_view model, const rocksdb::Snapshot* snapshot) const {
+    std::map<int64_t, std::vector<std::string>> aliases;
+    const std::string prefix = ModelPrefix(model);
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(snapshot), cf(ColumnFamily::kAliases)));
+    for (it->Seek(prefix); it->Valid() && StartsWith(it->key(), prefix); it->Next()) {
+      absl::StatusOr<uint64_t> version = DecodeBigEndian64(ToView(it->value()));
+      if (!version.ok()) {
+        return absl::DataLossError(absl::StrCat("unreadable alias of model '", model, "'"));
+      }
+      aliases[static_cast<int64_t>(*version)].emplace_back(
+          AliasFromKey(ToView(it->key()), model));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("listing aliases of ", model)));
+    return aliases;
+  }
+
+  // Every (version, manifest) of `model`, oldest first.
+  absl::StatusOr<std::vector<std::pair<int64_t, v1::Manifest>>> ReadAllManifests(
+      absl::string_view model, const rocksdb::Snapshot* snapshot) const {
+    std::vector<std::pair<int64_t, v1::Manifest>> manifests;
+    const std::string prefix = ModelPrefix(model);
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(snapshot), cf(ColumnFamily::kVersions)));
+    for (it->Seek(prefix); it->Valid() && StartsWith(it->key(), prefix); it->Next()) {
+      ASSIGN_OR_RETURN(int64_t version, VersionFromKey(ToView(it->key()), model));
+      v1::Manifest manifest;
+      RETURN_IF_ERROR(ParseRecord(ToView(it->value()), manifest,
+                                  absl::StrCat("manifest of ", FormatVersionRef(model, version))));
+      manifests.emplace_back(version, std::move(manifest));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("listing versions of ", model)));
+    return manifests;
+  }
+
+  // Every model name.
+  absl::StatusOr<std::vector<std::pair<std::string, ModelRecord>>> ReadAllModels(
+      const rocksdb::Snapshot* snapshot) const {
+    std::vector<std::pair<std::string, ModelRecord>> models;
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(snapshot), cf(ColumnFamily::kModels)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      ModelRecord record;
+      RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record,
+                                  absl::StrCat("model '", ToView(it->key()), "'")));
+      models.emplace_back(it->key().ToString(), std::move(record));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing models"));
+    return models;
+  }
+
+  // Newest version of `model` other than those in `excluded`; 0 if none.
+  absl::StatusOr<int64_t> NewestVersionExcept(absl::string_view model,
+                                              const std::set<int64_t>& excluded) const {
+    const std::string prefix = ModelPrefix(model);
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(), cf(ColumnFamily::kVersions)));
+    for (it->SeekForPrev(absl::StrCat(prefix, EncodeBigEndian64(~uint64_t{0})));
+         it->Valid() && StartsWith(it->key(), prefix); it->Prev()) {
+      ASSIGN_OR_RETURN(int64_t version, VersionFromKey(ToView(it->key()), model));
+      if (!excluded.count(version)) return version;
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("listing versions of ", model)));
+    return 0;
+  }
+
+  // Applies summed refcount changes to `batch`. Adds to `*released_bytes` the bytes of chunks
+  // whose count reaches zero and to `*new_bytes` those of chunks counted for the first time.
+  absl::Status ApplyRefDeltas(const RefDeltas& deltas, rocksdb::WriteBatch& batch,
+                              int64_t* released_bytes, int64_t* new_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t now = NowMicros();
+    for (const auto& [sha256, delta] : deltas) {
+      if (delta.delta == 0) continue;
+      std::string bytes;
+      rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kRefs), sha256, &bytes);
+      ChunkRecord record;
+      if (read.IsNotFound()) {
+        if (delta.delta < 0) {
+          return absl::DataLossError(absl::StrCat(
+              "chunk ", HexEncode(sha256),
+              " has no refcount record but a manifest references it; run verify"));
+        }
+        record.set_length(delta.length);
+        record.set_xxh3_64(delta.xxh3_64);
+        record.set_created_unix_micros(now);
+        if (new_bytes != nullptr) *new_bytes += delta.length;
+      } else {
+        RETURN_IF_ERROR(FromRocksDbStatus(read, "reading a chunk refcount"));
+        RETURN_IF_ERROR(ParseRecord(bytes, record, absl::StrCat("refcount of chunk ",
+                                                                HexEncode(sha256))));
+      }
+      const int64_t count = record.refcount() + delta.delta;
+      if (count < 0) {
+        return absl::DataLossError(absl::StrCat("refcount of chunk ", HexEncode(sha256),
+                                                " would drop to ", count, "; run verify"));
+      }
+      if (count == 0 && record.refcount() > 0 && released_bytes != nullptr) {
+        *released_bytes += record.length();
+      }
+      record.set_refcount(count);
+      batch.Put(cf(ColumnFamily::kRefs), sha256, record.SerializeAsString());
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Chunks.
+
+  // Streams the chunks of `meta`, checking each. `where` names the version for messages.
+  absl::Status ReadChunks(const v1::TensorMeta& meta, const ChunkCallback& callback,
+                          const rocksdb::Snapshot* snapshot, absl::string_view where) const {
+    const rocksdb::ReadOptions read = Read(snapshot);
+    const std::string in = where.empty() ? std::string() : absl::StrCat(" of ", where);
+    int64_t offset = 0;
+    rocksdb::PinnableSlice value;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      const std::string name =
+          absl::StrCat("chunk ", HexEncode(chunk.sha256()), " of tensor '", meta.key(), "'", in,
+                       " (bytes ", offset, "..", offset + chunk.length(), ")");
+      value.Reset();
+      rocksdb::Status status =
+          db_->Get(read, cf(ColumnFamily::kChunks), chunk.sha256(), &value);
+      if (status.IsNotFound()) {
+        return absl::DataLossError(absl::StrCat(name, " is missing from the store"));
+      }
+      RETURN_IF_ERROR(FromRocksDbStatus(status, absl::StrCat("reading ", name)));
+      if (static_cast<int64_t>(value.size()) != chunk.length() ||
+          offset + chunk.length() > meta.byte_length()) {
+        return absl::DataLossError(absl::StrCat(name, ": stored ", value.size(),
+                                                " bytes; the manifest says ", chunk.length(),
+                                                " of ", meta.byte_length()));
+      }
+      const uint64_t xxh3 = Xxh3(ToView(value));
+      if (xxh3 != chunk.xxh3_64()) {
+        return absl::DataLossError(absl::StrCat(
+            name, " fails its xxh3 checksum (expected ", Hex64(chunk.xxh3_64()), ", computed ",
+            Hex64(xxh3), "): the stored bytes are corrupt and were not returned"));
+      }
+      RETURN_IF_ERROR(callback(offset, ToView(value)));
+      offset += chunk.length();
+    }
+    if (offset != meta.byte_length()) {
+      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "'", in, ": chunks hold ",
+                                              offset, " bytes, byte_length is ",
+                                              meta.byte_length()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Re-reads one chunk and re-hashes it; "" when it is sound, else what is wrong.
+  std::string CheckChunk(const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot) const {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status status =
+        db_->Get(Read(snapshot), cf(ColumnFamily::kChunks), chunk.sha256(), &value);
+    if (status.IsNotFound()) return "chunk is missing from the store";
+    if (!status.ok()) return absl::StrCat("chunk unreadable: ", status.ToString());
+    if (static_cast<int64_t>(value.size()) != chunk.length()) {
+      return absl::StrCat("chunk holds ", value.size(), " bytes; the manifest says ",
+                          chunk.length());
+    }
+    const uint64_t xxh3 = Xxh3(ToView(value));
+    if (xxh3 != chunk.xxh3_64()) {
+      return absl::StrCat("xxh3 mismatch: expected ", Hex64(chunk.xxh3_64()), ", computed ",
+                          Hex64(xxh3));
+    }
+    const std::string sha256 = Sha256(ToView(value));
+    if (sha256 != chunk.sha256()) {
+      return absl::StrCat("SHA-256 mismatch: the stored bytes hash to ", HexEncode(sha256));
+    }
+    return "";
+  }
+
+  // Pins `digest` for an upload (GC leaves it alone) and stores the chunk unless the store already
+  // holds it committed or this upload wrote it.
+  absl::Status PinAndStoreChunk(absl::string_view upload_id, const ChunkDigest& digest,
+                                absl::string_view bytes, absl::flat_hash_set<std::string>& pinned,
+                                absl::flat_hash_set<std::string>& written) {
+    if (pinned.insert(digest.sha256).second) {
+      absl::MutexLock lock(&mu_);
+      ++pinned_chunks_[digest.sha256];
+    }
+    if (written.contains(digest.sha256)) return absl::OkStatus();
+    // Pinned first, then checked: GC either ran before the pin (and its deletion is visible now)
+    // or runs after it and skips this chunk.
+    std::string record;
+    rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kRefs), digest.sha256, &record);
+    if (read.ok()) return absl::OkStatus();
+    if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk");
+    rocksdb::WriteBatch batch;
+    batch.Put(cf(ColumnFamily::kChunks), digest.sha256, ToSlice(bytes));
+    batch.Put(cf(ColumnFamily::kUploads), UploadChunkKey(upload_id, digest.sha256),
+              EncodeBigEndian64(static_cast<uint64_t>(digest.length)));
+    RETURN_IF_ERROR(Write(batch, absl::StrCat("storing chunk ", HexEncode(digest.sha256)),
+                          /*sync=*/false));
+    written.insert(digest.sha256);
+    return absl::OkStatus();
+  }
+
+  // ---- Uploads.
+
+  std::string NewUploadId() {
+    const uint64_t serial = next_upload_serial_.fetch_add(1);
+    return Hex64(upload_id_base_ + serial * 0x9e3779b97f4a7c15ull);
+  }
+
+  void AddLiveUpload(const std::string& upload_id) {
+    absl::MutexLock lock(&mu_);
+    live_uploads_.insert(upload_id);
+  }
+
+  void EndUploadLocked(const std::string& upload_id,
+                       const absl::flat_hash_set<std::string>& pinned)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    live_uploads_.erase(upload_id);
+    for (const std::string& sha256 : pinned) {
+      auto it = pinned_chunks_.find(sha256);
+      if (it != pinned_chunks_.end() && --it->second == 0) pinned_chunks_.erase(it);
+    }
+  }
+
+  void EndUpload(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned) {
+    absl::MutexLock lock(&mu_);
+    EndUploadLocked(upload_id, pinned);
+  }
+
+  int64_t LiveUploadCount() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int64_t>(live_uploads_.size());
+  }
+
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  const absl::flat_hash_set<std::string>& live_uploads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return live_uploads_;
+  }
+  const absl::flat_hash_map<std::string, int>& pinned_chunks() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pinned_chunks_;
+  }
+
+ private:
+  const StoreOptions options_;
+  const std::unique_ptr<StoreDb> store_db_;
+  rocksdb::DB* const db_;
+  uint64_t upload_id_base_ = 0;
+  std::atomic<uint64_t> next_upload_serial_{0};
+
+  // Serializes every read-modify-write of metadata: commits, alias moves, deletes, retention, GC.
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> live_uploads_ ABSL_GUARDED_BY(mu_);
+  // Chunk -> number of live uploads that stored it or rely on it being present.
+  absl::flat_hash_map<std::string, int> pinned_chunks_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+using Core = RocksDbCheckpointStore::Core;
+
+class RocksDbUploadSession final : public UploadSession {
+ public:
+  RocksDbUploadSession(std::shared_ptr<Core> core, std::string upload_id, v1::Manifest header,
+                       CommitOptions options, std::vector<std::string> warnings)
+      : core_(std::move(core)),
+        upload_id_(std::move(upload_id)),
+        header_(std::move(header)),
+        options_(std::move(options)),
+        warnings_(std::move(warnings)),
+        streams_(header_.tensors_size() + header_.state_tensors_size()) {}
+
+  ~RocksDbUploadSession() override {
+    // Abandoned: the upload record stays for GarbageCollect; only the in-memory pins go.
+    if (!finished_) core_->EndUpload(upload_id_, pinned_);
+  }
+
+  const v1::Manifest& header() const override { return header_; }
+  int tensor_count() const override { return static_cast<int>(streams_.size()); }
+  const std::vector<std::string>& warnings() const override { return warnings_; }
+
+  absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
+    RETURN_IF_ERROR(CheckUsable());
+    if (tensor_index < 0 || tensor_index >= tensor_count()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("tensor index ", tensor_index, " is out of range: the upload has ",
+                       tensor_count(), " tensors")));
+    }
+    v1::TensorMeta& meta = Meta(tensor_index);
+    Stream& stream = streams_[tensor_index];
+    if (offset != stream.received) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          Name(tensor_index), ": data at offset ", offset, ", expected offset ", stream.received,
+          " (a tensor's bytes must arrive in order)")));
+    }
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    if (size > meta.byte_length() - stream.received) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(Name(tensor_index), ": ", stream.received + size,
+                       " bytes sent but its byte_length is ", meta.byte_length())));
+    }
+    if (size == 0) return absl::OkStatus();
+    if (stream.whole == nullptr) stream.whole = std::make_unique<Sha256Hasher>();
+    stream.whole->Update(bytes);
+    stream.received += size;
+    const bool complete = stream.received == meta.byte_length();
+
+    absl::string_view rest = bytes;
+    if (!stream.pending.empty()) {
+      const size_t take = std::min<size_t>(rest.size(), kChunkBytes - stream.pending.size());
+      stream.pending.append(rest.data(), take);
+      rest.remove_prefix(take);
+      if (static_cast<int64_t>(stream.pending.size()) == kChunkBytes || complete) {
+        RETURN_IF_ERROR(StoreChunk(meta, stream.pending));
+        stream.pending.clear();
+      }
+    }
+    while (static_cast<int64_t>(rest.size()) >= kChunkBytes) {
+      RETURN_IF_ERROR(StoreChunk(meta, rest.substr(0, kChunkBytes)));
+      rest.remove_prefix(kChunkBytes);
+    }
+    if (!rest.empty()) {
+      if (complete) {
+        RETURN_IF_ERROR(StoreChunk(meta, rest));
+      } else {
+        if (stream.pending.capacity() < static_cast<size_t>(kChunkBytes)) {
+          stream.pending.reserve(std::min(kChunkBytes, meta.byte_length()));
+        }
+        stream.pending.append(rest.data(), rest.size());
+      }
+    }
+    if (complete) {
+      std::string().swap(stream.pending);
+      RETURN_IF_ERROR(FinishTensor(tensor_index, stream.whole->Finish()));
+      stream.whole.reset();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<CommitResult> Commit() override {
+    RETURN_IF_ERROR(CheckUsable());
+    std::vector<std::string> incomplete;
+    for (int i = 0; i < tensor_count(); ++i) {
+      const v1::TensorMeta& meta = Meta(i);
+      if (streams_[i].received != meta.byte_length()) {
+        incomplete.push_back(absl::StrCat(Name(i), " got ", streams_[i].received, " of ",
+                                          meta.byte_length(), " bytes"));
+      } else if (meta.byte_length() == 0) {
+        RETURN_IF_ERROR(FinishTensor(i, Sha256("")));
+      }
+    }
+    if (!incomplete.empty()) {
+      const size_t shown = std::min<size_t>(incomplete.size(), 3);
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "upload to '", header_.model(), "' is incomplete: ",
+          absl::StrJoin(incomplete.begin(), incomplete.begin() + shown, "; "),
+          incomplete.size() > shown ? absl::StrCat(" (and ", incomplete.size() - shown, " more)")
+                                    : "")));
+    }
+
+    RefDeltas deltas;
+    AddManifestRefs(header_, +1, deltas);
+    const int64_t logical_bytes = LogicalBytes(header_);
+    const std::string& model = header_.model();
+
+    CommitResult result;
+    absl::Status committed = [&]() -> absl::Status {
+      absl::MutexLock lock(&core_->mu());
+      ASSIGN_OR_RETURN(std::optional<ModelRecord> existing, core_->ReadModel(model, nullptr));
+      ModelRecord record = existing.value_or(ModelRecord());
+      if (!existing.has_value()) {
+        record.set_next_version(1);
+        record.set_created_unix_micros(NowMicros());
+      }
+      if (options_.expected_latest_version > 0 &&
+          record.latest_version() != options_.expected_latest_version) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "commit to '", model, "' expected latest version ", options_.expected_latest_version,
+            " but it is ", record.latest_version(), " now"));
+      }
+      const int64_t version = record.next_version();
+      header_.set_version(version);
+      header_.mutable_metadata()->set_created_unix_micros(NowMicros());
+
+      rocksdb::WriteBatch batch;
+      int64_t new_bytes = 0;
+      RETURN_IF_ERROR(core_->ApplyRefDeltas(deltas, batch, nullptr, &new_bytes));
+      for (const std::string& alias : options_.aliases) {
+        batch.Put(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias),
+                  EncodeBigEndian64(static_cast<uint64_t>(version)));
+      }
+      batch.Put(core_->cf(ColumnFamily::kVersions), VersionKey(model, version),
+                header_.SerializeAsString());
+      record.set_latest_version(version);
+      record.set_next_version(version + 1);
+      record.set_version_count(record.version_count() + 1);
+      record.set_logical_bytes(record.logical_bytes() + logical_bytes);
+      batch.Put(core_->cf(ColumnFamily::kModels), model, record.SerializeAsString());
+      batch.Delete(core_->cf(ColumnFamily::kUploads), upload_id_);
+      for (const std::string& sha256 : written_) {
+        batch.Delete(core_->cf(ColumnFamily::kUploads), UploadChunkKey(upload_id_, sha256));
+      }
+      RETURN_IF_ERROR(core_->Write(batch, absl::StrCat("committing ",
+                                                       FormatVersionRef(model, version)),
+                                   /*sync=*/true));
+      core_->EndUploadLocked(upload_id_, pinned_);
+      finished_ = true;
+      result.version = MakeVersionRef(model, version);
+      result.new_bytes = new_bytes;
+      return absl::OkStatus();
+    }();
+    if (!committed.ok()) return Fail(committed);
+    result.logical_bytes = logical_bytes;
+    result.warnings = warnings_;
+    return result;
+  }
+
+ private:
+  struct Stream {
+    int64_t received = 0;
+    std::string pending;  // bytes of the tensor's current, not yet full, chunk.
+    std::unique_ptr<Sha256Hasher> whole;  // while the tensor is in flight.
+  };
+
+  v1::TensorMeta& Meta(int index) {
+    return index < header_.tensors_size()
+               ? *header_.mutable_tensors(index)
+               : *header_.mutable_state_tensors(index - header_.tensors_size());
+  }
+
+  std::string Name(int index) {
+    return absl::StrCat(index < header_.tensors_size() ? "tensor '" : "state tensor '",
+                        Meta(index).key(), "' (index ", index, ")");
+  }
+
+  absl::Status CheckUsable() const {
+    if (finished_) return absl::FailedPreconditionError("the upload is already committed");
+    if (!failed_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the upload failed earlier: ", failed_.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Fail(absl::Status status) {
+    failed_ = status;
+    return status;
+  }
+
+  absl::Status StoreChunk(v1::TensorMeta& meta, absl::string_view bytes) {
+    const ChunkDigest digest = HashChunk(bytes);
+    absl::Status stored = core_->PinAndStoreChunk(upload_id_, digest, bytes, pinned_, written_);
+    if (!stored.ok()) return Fail(stored);
+    v1::ChunkRef* chunk = meta.add_chunks();
+    chunk->set_sha256(digest.sha256);
+    chunk->set_length(digest.length);
+    chunk->set_xxh3_64(digest.xxh3_64);
+    return absl::OkStatus();
+  }
+
+  absl::Status FinishTensor(int index, std::string content_hash) {
+    v1::TensorMeta& meta = Meta(index);
+    if (!meta.content_hash().empty() && meta.content_hash() != content_hash) {
+      return Fail(absl::DataLossError(absl::StrCat(
+          Name(index), ": the bytes received hash to ", HexEncode(content_hash),
+          " but the header's content_hash is ", HexEncode(meta.content_hash()))));
+    }
+    meta.set_content_hash(std::move(content_hash));
+    return absl::OkStatus();
+  }
+
+  const std::shared_ptr<Core> core_;
+  const std::string upload_id_;
+  v1::Manifest header_;
+  const CommitOptions options_;
+  const std::vector<std::string> warnings_;
+  std::vector<Stream> streams_;
+  absl::flat_hash_set<std::string> pinned_;   // chunks this upload stored or relies on.
+  absl::flat_hash_set<std::string> written_;  // chunks this upload stored (upload record keys).
+  absl::Status failed_;
+  bool finished_ = false;
+};
+
+class RocksDbVersionReader final : public VersionReader {
+ public:
+  RocksDbVersionReader(std::shared_ptr<Core> core, const rocksdb::Snapshot* snapshot,
+                       v1::Manifest manifest)
+      : core_(std::move(core)),
+        snapshot_(snapshot),
+        manifest_(std::move(manifest)),
+        where_(FormatVersionRef(manifest_.model(), manifest_.version())) {}
+  ~RocksDbVersionReader() override { core_->db()->ReleaseSnapshot(snapshot_); }
+
+  const v1::Manifest& manifest() const override { return manifest_; }
+
+  absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
+                                const ChunkCallback& callback) const override {
+    return core_->ReadChunks(meta, callback, snapshot_, where_);
+  }
+
+ private:
+  const std::shared_ptr<Core> core_;
+  const rocksdb::Snapshot* const snapshot_;
+  const v1::Manifest manifest_;
+  const std::string where_;
+};
+
+// Reads the manifest `ref` names at `snapshot`, with its aliases filled.
+absl::StatusOr<v1::Manifest> ReadVersion(const Core& core, const v1::VersionRef& ref,
+                                         const rocksdb::Snapshot* snapshot) {
+  ASSIGN_OR_RETURN(int64_t version, core.ResolveVersion(ref, snapshot));
+  absl::StatusOr<v1::Manifest> manifest = core.ReadManifest(ref.model(), version, snapshot);
+  if (absl::IsNotFound(manifest.status()) && ref.ref_case() != v1::VersionRef::kVersion) {
+    return absl::DataLossError(absl::StrCat(FormatVersionRef(ref), " points at version ", version,
+                                            ", which does not exist"));
+  }
+  if (!manifest.ok()) return manifest.status();
+  ASSIGN_OR_RETURN(auto aliases, core.ReadAliases(ref.model(), snapshot));
+  manifest->clear_aliases();
+  for (const std::string& alias : aliases[version]) manifest->add_aliases(alias);
+  return manifest;
+}
+
+}  // namespace
+
+RocksDbCheckpointStore::RocksDbCheckpointStore(std::shared_ptr<Core> core)
+    : core_(std::move(core)) {}
+
+RocksDbCheckpointStore::~RocksDbCheckpointStore() = default;
+
+absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::Open(
+    const StoreOptions& options) {
+  if (options.db_path.empty()) {
+    return absl::InvalidArgumentError("StoreOptions.db_path is empty");
+  }
+  if (options.abandoned_upload_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("StoreOptions.abandoned_upload_grace is negative");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db,
+                   StoreDb::Open(options.db_path, options.create_if_missing));
+  return std::unique_ptr<RocksDbCheckpointStore>(
+      new RocksDbCheckpointStore(std::make_shared<Core>(options, std::move(db))));
+}
+
+const std::string& RocksDbCheckpointStore::db_path() const { return core_->options().db_path; }
+
+absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUpload(
+    absl::string_view model, v1::Manifest header, const CommitOptions& options) {
+  RETURN_IF_ERROR(ValidateModelName(model));
+  if (!header.model().empty() && header.model() != model) {
+    return absl::InvalidArgumentError(absl::StrCat("upload to model '", model,
+                                                   "' has a header for model '", header.model(),
+                                                   "'"));
+  }
+  for (const std::string& alias : options.aliases) RETURN_IF_ERROR(ValidateAliasName(alias));
+  if (options.expected_latest_version < 0) {
+    return absl::InvalidArgumentError("expected_latest_version is negative");
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> validation, ValidateManifestHeader(header));
+  std::vector<std::string> warnings(header.warnings().begin(), header.warnings().end());
+  warnings.insert(warnings.end(), validation.begin(), validation.end());
+  header.set_model(std::string(model));
+  header.set_version(0);
+  header.clear_aliases();
+  header.clear_warnings();
+  for (const std::string& warning : warnings) header.add_warnings(warning);
+
+  // Fail fast, before any bytes flow; Commit checks again atomically.
+  if (options.expected_latest_version > 0) {
+    ASSIGN_OR_RETURN(std::optional<store::ModelRecord> record, core_->ReadModel(model, nullptr));
+    const int64_t latest = record.has_value() ? record->latest_version() : 0;
+    if (latest != options.expected_latest_version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "upload to '", model, "' expects latest version ", options.expected_latest_version,
+          " but it is ", latest));
+    }
+  }
+
+  const std::string upload_id = core_->NewUploadId();
+  store::UploadRecord record;
+  record.set_model(std::string(model));
+  record.set_started_unix_micros(NowMicros());
+  rocksdb::WriteBatch batch;
+  batch.Put(core_->cf(ColumnFamily::kUploads), upload_id, record.SerializeAsString());
+  // Registered live first: the record must never look abandoned while the session exists.
+  core_->AddLiveUpload(upload_id);
+  absl::Status written = core_->Write(batch, "recording an upload", /*sync=*/false);
+  if (!written.ok()) {
+    core_->EndUpload(upload_id, {});
+    return written;
+  }
+  return std::unique_ptr<UploadSession>(new RocksDbUploadSession(
+      core_, upload_id, std::move(header), options, std::move(warnings)));
+}
+
+absl::StatusOr<std::vector<std::string>> RocksDbCheckpointStore::FindMissingChunks(
+    const std::vector<std::string>& sha256s) {
+  std::vector<std::string> missing;
+  for (const std::string& sha256 : sha256s) {
+    if (sha256.size() != kSha256Bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk address has ", sha256.size(),
+                                                     " bytes; a SHA-256 has ", kSha256Bytes));
+    }
+    std::string record;
+    rocksdb::Status read =
+        core_->db()->Get(core_->Read(), core_->cf(ColumnFamily::kRefs), sha256, &record);
+    if (read.IsNotFound()) {
+      missing.push_back(sha256);
+    } else {
+      RETURN_IF_ERROR(FromRocksDbStatus(read, "looking up a chunk"));
+    }
+  }
+  return missing;
+}
+
+absl::StatusOr<v1::Manifest> RocksDbCheckpointStore::GetManifest(const v1::VersionRef& ref) {
+  SnapshotHolder snapshot(core_->db());
+  return ReadVersion(*core_, ref, snapshot.get());
+}
+
+absl::StatusOr<std::unique_ptr<VersionReader>> RocksDbCheckpointStore::OpenVersion(
+    const v1::VersionRef& ref) {
+  const rocksdb::Snapshot* snapshot = core_->db()->GetSnapshot();
+  absl::StatusOr<v1::Manifest> manifest = ReadVersion(*core_, ref, snapshot);
+  if (!manifest.ok()) {
+    core_->db()->ReleaseSnapshot(snapshot);
+    return manifest.status();
+  }
+  return std::unique_ptr<VersionReader>(
+      new RocksDbVersionReader(core_, snapshot, *std::move(manifest)));
+}
+
+absl::Status RocksDbCheckpointStore::ReadTensorChunks(const v1::TensorMeta& meta,
+                                                      const ChunkCallback& callback) {
+  return core_->ReadChunks(meta, callback, nullptr, "");
+}
+
+absl::StatusOr<std::vector<v1::ModelInfo>> RocksDbCheckpointStore::ListModels() {
+  SnapshotHolder snapshot(core_->db());
+  ASSIGN_OR_RETURN(auto models, core_->ReadAllModels(snapshot.get()));
+  std::vector<v1::ModelInfo> infos;
+  for (const auto& [name, record] : models) {
+    v1::ModelInfo& info = infos.emplace_back();
+    info.set_name(name);
+    info.set_latest_version(record.latest_version());
+    info.set_version_count(record.version_count());
+    info.set_logical_bytes(record.logical_bytes());
+    ASSIGN_OR_RETURN(auto aliases, core_->ReadAliases(name, snapshot.get()));
+    for (const auto& [version, names] : aliases) {
+      for (const std::string& alias : names) (*info.mutable_aliases())[alias] = version;
+    }
+  }
+  return infos;
+}
+
+absl::StatusOr<std::vector<v1::VersionInfo>> RocksDbCheckpointStore::ListVersions(
+    absl::string_view model) {
+  RETURN_IF_ERROR(ValidateModelName(model));
+  SnapshotHolder snapshot(core_->db());
+  RETURN_IF_ERROR(core_->ReadExistingModel(model, snapshot.get(), "").status());
+  ASSIGN_OR_RETURN(auto aliases, core_->ReadAliases(model, snapshot.get()));
+  ASSIGN_OR_RETURN(auto manifests, core_->ReadAllManifests(model, snapshot.get()));
+  std::vector<v1::VersionInfo> infos;
+  for (const auto& [version, manifest] : manifests) {
+    v1::VersionInfo& info = infos.emplace_back();
+    info.set_version(version);
+    *info.mutable_metadata() = manifest.metadata();
+    for (const std::string& alias : aliases[version]) info.add_aliases(alias);
+    info.set_logical_bytes(LogicalBytes(manifest));
+    info.set_tensor_count(manifest.tensors_size());
+    info.set_has_optimizer_state(manifest.has_optimizer_state());
+    info.set_has_scheduler_state(manifest.has_scheduler_state());
+  }
+  return infos;
+}
+
+absl::StatusOr<int64_t> RocksDbCheckpointStore::SetAlias(absl::string_view model,
+                                                         absl::string_view alias, int64_t version,
+                                                         int64_t expected_current_version) {
+  RETURN_IF_ERROR(ValidateModelName(model));
+  RETURN_IF_ERROR(ValidateAliasName(alias));
+  if (version < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alias '", alias, "' of '", model, "': versions are numbered from 1"));
+  }
+  absl::MutexLock lock(&core_->mu());
+  RETURN_IF_ERROR(core_->ReadExistingModel(model, nullptr, "").status());
+  RETURN_IF_ERROR(core_->ReadManifest(model, version, nullptr).status());
+  std::string bytes;
+  rocksdb::Status read = core_->db()->Get(core_->Read(), core_->cf(ColumnFamily::kAliases),
+                                          AliasKey(model, alias), &bytes);
+  int64_t previous = 0;
+  if (!read.IsNotFound()) {
+    RETURN_IF_ERROR(FromRocksDbStatus(read, "reading an alias"));
+    absl::StatusOr<uint64_t> decoded = DecodeBigEndian64(bytes);
+    if (!decoded.ok()) return absl::DataLossError(absl::StrCat("alias ", model, "@", alias,
+                                                               " is unreadable"));
+    previous = static_cast<int64_t>(*decoded);
+  }
+  if (expected_current_version > 0 && previous != expected_current_version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "alias ", model, "@", alias, " ",
+        previous == 0 ? std::string("does not exist") : absl::StrCat("points at version ", previous),
+        "; expected version ", expected_current_version));
+  }
+  rocksdb::WriteBatch batch;
+  batch.Put(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias),
+            EncodeBigEndian64(static_cast<uint64_t>(version)));
+  RETURN_IF_ERROR(core_->Write(batch, "setting an alias", /*sync=*/true));
+  return previous;
+}
+
+absl::Status RocksDbCheckpointStore::DeleteAlias(absl::string_view model,
+                                                 absl::string_view alias) {
+  RETURN_IF_ERROR(ValidateModelName(model));
+  RETURN_IF_ERROR(ValidateAliasName(alias));
+  absl::MutexLock lock(&core_->mu());
+  std::string bytes;
+  rocksdb::Status read = core_->db()->Get(core_->Read(), core_->cf(ColumnFamily::kAliases),
+                                          AliasKey(model, alias), &bytes);
+  if (read.IsNotFound()) {
+    return absl::NotFoundError(absl::StrCat("model '", model, "' has no alias '", alias, "'"));
+  }
+  RETURN_IF_ERROR(FromRocksDbStatus(read, "reading an alias"));
+  rocksdb::WriteBatch batch;
+  batch.Delete(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias));
+  return core_->Write(batch, "deleting an alias", /*sync=*/true);
+}
+
+absl::StatusOr<int64_t> RocksDbCheckpointStore::DeleteVersion(absl::string_view model,
+                                                              int64_t version, bool force) {
+  RETURN_IF_ERROR(ValidateModelName(model));
+  const std::string ref_text = FormatVersionRef(model, version);
+  absl::MutexLock lock(&core_->mu());
+  ASSIGN_OR_RETURN(ModelRecord record, core_->ReadExistingModel(model, nullptr, ref_text));
+  ASSIGN_OR_RETURN(v1::Manifest manifest, core_->ReadManifest(model, version, nullptr));
+  ASSIGN_OR_RETURN(auto aliases, core_->ReadAliases(model, nullptr));
+  const std::vector<std::string>& pointing = aliases[version];
+  if (!pointing.empty() && !force) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ref_text, " has aliases ", absl::StrJoin(pointing, ", "),
+                     "; move or delete them first, or force the delete"));
+  }
+  rocksdb::WriteBatch batch;
+  RefDeltas deltas;
+  AddManifestRefs(manifest, -1, deltas);
+  int64_t released = 0;
+  RETURN_IF_ERROR(core_->ApplyRefDeltas(deltas, batch, &released, nullptr));
+  batch.Delete(core_->cf(ColumnFamily::kVersions), VersionKey(model, version));
+  for (const std::string& alias : pointing) {
+    batch.Delete(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias));
+  }
+  record.set_version_count(record.version_count() - 1);
+  record.set_logical_bytes(record.logical_bytes() - LogicalBytes(manifest));
+  if (record.latest_version() == version) {
+    ASSIGN_OR_RETURN(int64_t newest, core_->NewestVersionExcept(model, {version}));
+    record.set_latest_version(newest);
+  }
+  batch.Put(core_->cf(ColumnFamily::kModels), ToSlice(model), record.SerializeAsString());
+  RETURN_IF_ERROR(core_->Write(batch, absl::StrCat("deleting ", ref_text), /*sync=*/true));
+  return released;
+}
+
+absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetention(
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+  RETURN_IF_ERROR(ValidateModelName(model));
+  if (policy.keep_last() < 0 || policy.keep_every() < 0 ||
+      policy.drop_optimizer_state_older_than() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retention policy numbers must be >= 0; got keep_last ", policy.keep_last(),
+        ", keep_every ", policy.keep_every(), ", drop_optimizer_state_older_than ",
+        policy.drop_optimizer_state_older_than()));
+  }
+  absl::MutexLock lock(&core_->mu());
+  ASSIGN_OR_RETURN(ModelRecord record, core_->ReadExistingModel(model, nullptr, ""));
+  ASSIGN_OR_RETURN(auto aliases, core_->ReadAliases(model, nullptr));
+  ASSIGN_OR_RETURN(auto manifests, core_->ReadAllManifests(model, nullptr));
+
+  // Newest first.
+  std::reverse(manifests.begin(), manifests.end());
+  v1::ApplyRetentionResponse response;
+  std::vector<size_t> to_delete, to_drop;
+  for (size_t rank = 0; rank < manifests.size(); ++rank) {
+    const int64_t version = manifests[rank].first;
+    const bool aliased = aliases.count(version) > 0 && !aliases[version].empty();
+    const bool protected_version = aliased || version == record.latest_version();
+    const bool kept = policy.keep_last() == 0 ||
+                      rank < static_cast<size_t>(policy.keep_last()) ||
+                      (policy.keep_every() > 0 && version % policy.keep_every() == 0) ||
+                      protected_version;
+    if (!kept) {
+      to_delete.push_back(rank);
+      continue;
+    }
+    if (policy.drop_optimizer_state_older_than() > 0 && !protected_version &&
+        rank >= static_cast<size_t>(policy.drop_optimizer_state_older_than()) &&
+        manifests[rank].second.has_optimizer_state()) {
+      to_drop.push_back(rank);
+    }
+  }
+  for (auto it = to_delete.rbegin(); it != to_delete.rend(); ++it) {
+    response.add_deleted_versions(manifests[*it].first);
+  }
+  for (auto it = to_drop.rbegin(); it != to_drop.rend(); ++it) {
+    response.add_optimizer_state_dropped(manifests[*it].first);
+  }
+  if (dry_run || (to_delete.empty() && to_drop.empty())) return response;
+
+  rocksdb::WriteBatch batch;
+  RefDeltas deltas;
+  for (size_t rank : to_delete) {
+    const auto& [version, manifest] = manifests[rank];
+    AddManifestRefs(manifest, -1, deltas);
+    batch.Delete(core_->cf(ColumnFamily::kVersions), VersionKey(model, version));
+    record.set_version_count(record.version_count() - 1);
+    record.set_logical_bytes(record.logical_bytes() - LogicalBytes(manifest));
+  }
+  for (size_t rank : to_drop) {
+    auto& [version, manifest] = manifests[rank];
+    for (const v1::TensorMeta& removed : DropOptimizerState(manifest)) {
+      AddTensorRefs(removed, -1, deltas);
+      record.set_logical_bytes(record.logical_bytes() - removed.byte_length());
+    }
+    batch.Put(core_->cf(ColumnFamily::kVersions), VersionKey(model, version),
+              manifest.SerializeAsString());
+  }
+  RETURN_IF_ERROR(core_->ApplyRefDeltas(deltas, batch, nullptr, nullptr));
+  batch.Put(core_->cf(ColumnFamily::kModels), ToSlice(model), record.SerializeAsString());
+  RETURN_IF_ERROR(core_->Write(batch, absl::StrCat("applying retention to '", model, "'"),
+                               /*sync=*/true));
+  return response;
+}
+
+absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollect(bool dry_run) {
+  absl::MutexLock lock(&core_->mu());
+  rocksdb::DB* db = core_->db();
+  absl::flat_hash_set<std::string> protected_chunks;
+  for (const auto& [sha256, count] : core_->pinned_chunks()) protected_chunks.insert(sha256);
+
+  // Upload records: id -> (record, pinned chunk -> length).
+  struct Upload {
+    std::optional<store::UploadRecord> record;
+    std::vector<std::pair<std::string, int64_t>> chunks;
+  };
+  std::map<std::string, Upload> uploads;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(
+        db->NewIterator(core_->Read(), core_->cf(ColumnFamily::kUploads)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const absl::string_view key = ToView(it->key());
+      if (key.size() < kUploadIdLength) continue;
+      Upload& upload = uploads[std::string(key.substr(0, kUploadIdLength))];
+      if (key.size() == kUploadIdLength) {
+        store::UploadRecord record;
+        RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record, "upload"));
+        upload.record = std::move(record);
+      } else {
+        absl::StatusOr<uint64_t> length = DecodeBigEndian64(ToView(it->value()));
+        upload.chunks.emplace_back(std::string(key.substr(kUploadIdLength)),
+                                   length.ok() ? static_cast<int64_t>(*length) : 0);
+      }
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing uploads"));
+  }
+  const int64_t cutoff = absl::ToUnixMicros(absl::Now() - core_->options().abandoned_upload_grace);
+  std::vector<const std::string*> abandoned;
+  for (const auto& [id, upload] : uploads) {
+    const bool live = core_->live_uploads().contains(id);
+    // Pins without a header record belong to an upload whose record is already gone.
+    const int64_t started = upload.record.has_value() ? upload.record->started_unix_micros() : 0;
+    if (!live && started <= cutoff) {
+      abandoned.push_back(&id);
+    } else {
+      for (const auto& [sha256, length] : upload.chunks) protected_chunks.insert(sha256);
+    }
+  }
+
+  rocksdb::WriteBatch batch;
+  absl::flat_hash_map<std::string, int64_t> freed;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(
+        db->NewIterator(core_->Read(), core_->cf(ColumnFamily::kRefs)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      ChunkRecord record;
+      RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record, "chunk refcount"));
+      if (record.refcount() != 0) continue;
+      std::string sha256 = it->key().ToString();
+      if (protected_chunks.contains(sha256)) continue;
+      batch.Delete(core_->cf(ColumnFamily::kRefs), sha256);
+      batch.Delete(core_->cf(ColumnFamily::kChunks), sha256);
+      freed.emplace(std::move(sha256), record.length());
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk refcounts"));
+  }
+  for (const std::string* id : abandoned) {
+    const Upload& upload = uploads[*id];
+    for (const auto& [sha256, length] : upload.chunks) {
+      batch.Delete(core_->cf(ColumnFamily::kUploads), UploadChunkKey(*id, sha256));
+      if (protected_chunks.contains(sha256) || freed.contains(sha256)) continue;
+      std::string record;
+      rocksdb::Status read = db->Get(core_->Read(), core_->cf(ColumnFamily::kRefs), sha256, &record);
+      if (read.ok()) continue;  // committed by some version since: not ours to free.
+      if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk");
+      batch.Delete(core_->cf(ColumnFamily::kChunks), sha256);
+      freed.emplace(sha256, length);
+    }
+    batch.Delete(core_->cf(ColumnFamily::kUploads), *id);
+  }
+
+  v1::GarbageCollectResponse response;
+  response.set_chunks_freed(static_cast<int64_t>(freed.size()));
+  int64_t bytes = 0;
+  for (const auto& [sha256, length] : freed) bytes += length;
+  response.set_bytes_freed(bytes);
+  response.set_abandoned_uploads_reclaimed(static_cast<int64_t>(abandoned.size()));
+  if (!dry_run && batch.Count() > 0) {
+    // Deleted chunk values leave blob files as garbage; blob GC during compaction returns the
+    // space (rocksdb_schema.cc).
+    RETURN_IF_ERROR(core_->Write(batch, "collecting garbage", /*sync=*/true));
+  }
+  return response;
+}
+
+absl::StatusOr<v1::VerifyResponse> RocksDbCheckpointStore::Verify(absl::string_view model,
+                                                                  int64_t version) {
+  SnapshotHolder snapshot(core_->db());
+  const rocksdb::Snapshot* snap = snapshot.get();
+  const bool whole_store = model.empty();
+  if (version < 0) return absl::InvalidArgumentError("Verify: version must be >= 0");
+  if (whole_store && version != 0) {
+    return absl::InvalidArgumentError("Verify: a version needs a model");
+  }
+
+  std::vector<std::string> models;
+  if (whole_store) {
+    ASSIGN_OR_RETURN(auto records, core_->ReadAllModels(snap));
+    for (auto& [name, record] : records) models.push_back(name);
+  } else {
+    RETURN_IF_ERROR(ValidateModelName(model));
+    RETURN_IF_ERROR(core_->ReadExistingModel(model, snap, "").status());
+    models.emplace_back(model);
+  }
+
+  v1::VerifyResponse response;
+  absl::flat_hash_map<std::string, std::string> checked;  // chunk -> problem ("" if sound).
+  absl::flat_hash_map<std::string, int64_t> references;   // chunk -> ChunkRefs seen.
+  auto add_problem = [&](absl::string_view model_name, int64_t problem_version,
+                         absl::string_view tensor_key, absl::string_view sha256,
+                         std::string message) {
+    v1::VerifyProblem* problem = response.add_problems();
+    problem->set_model(std::string(model_name));
+    problem->set_version(problem_version);
+    problem->set_tensor_key(std::string(tensor_key));
+    problem->set_chunk_sha256(std::string(sha256));
+    problem->set_message(std::move(message));
+  };
+  auto verify_manifest = [&](const std::string& model_name, int64_t manifest_version,
+                             const v1::Manifest& manifest) {
+    const std::string where = FormatVersionRef(model_name, manifest_version);
+    auto verify_tensor = [&](const v1::TensorMeta& meta) {
+      int64_t total = 0;
+      for (const v1::ChunkRef& chunk : meta.chunks()) {
+        total += chunk.length();
+        ++references[chunk.sha256()];
+        auto [it, first] = checked.try_emplace(chunk.sha256());
+        if (first) {
+          it->second = core_->CheckChunk(chunk, snap);
+          response.set_chunks_checked(response.chunks_checked() + 1);
+          response.set_bytes_checked(response.bytes_checked() + chunk.length());
+        }
+        if (!it->second.empty()) {
+          add_problem(model_name, manifest_version, meta.key(), chunk.sha256(),
+                      absl::StrCat(where, " tensor '", meta.key(), "' chunk ",
+                                   HexEncode(chunk.sha256()), ": ", it->second));
+        }
+      }
+      if (total != meta.byte_length()) {
+        add_problem(model_name, manifest_version, meta.key(), "",
+                    absl::StrCat(where, " tensor '", meta.key(), "': chunks hold ", total,
+                                 " bytes, byte_length is ", meta.byte_length()));
+      }
+    };
+    for (const v1::TensorMeta& meta : manifest.tensors()) verify_tensor(meta);
+    for (const v1::TensorMeta& meta : manifest.state_tensors()) verify_tensor(meta);
+  };
+
+  for (const std::string& model_name : models) {
+    if (version > 0) {
+      ASSIGN_OR_RETURN(v1::Manifest manifest, core_->ReadManifest(model_name, version, snap));
+      verify_manifest(model_name, version, manifest);
+      continue;
+    }
+    ASSIGN_OR_RETURN(auto manifests, core_->ReadAllManifests(model_name, snap));
+    for (const auto& [manifest_version, manifest] : manifests) {
+      verify_manifest(model_name, manifest_version, manifest);
+    }
+  }
+
+  if (whole_store) {
+    // Refcounts must equal the ChunkRefs of all manifests.
+    std::unique_ptr<rocksdb::Iterator> it(
+        core_->db()->NewIterator(core_->Read(snap), core_->cf(ColumnFamily::kRefs)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const std::string sha256 = it->key().ToString();
+      ChunkRecord record;
+      if (!ParseRecord(ToView(it->value()), record, "refcount").ok()) {
+        add_problem("", 0, "", sha256,
+                    absl::StrCat("chunk ", HexEncode(sha256), ": unreadable refcount record"));
+        continue;
+      }
+      auto found = references.find(sha256);
+      const int64_t expected = found == references.end() ? 0 : found->second;
+      if (record.refcount() != expected) {
+        add_problem("", 0, "", sha256,
+                    absl::StrCat("chunk ", HexEncode(sha256), ": refcount ", record.refcount(),
+                                 " recorded, but manifests reference it ", expected, " times"));
+      }
+      if (found != references.end()) references.erase(found);
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk refcounts"));
+    for (const auto& [sha256, count] : references) {
+      add_problem("", 0, "", sha256,
+                  absl::StrCat("chunk ", HexEncode(sha256), ": manifests reference it ", count,
+                               " times, but it has no refcount record"));
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::StoreStats> RocksDbCheckpointStore::GetStats() {
+  SnapshotHolder snapshot(core_->db());
+  v1::StoreStats stats;
+  ASSIGN_OR_RETURN(auto models, core_->ReadAllModels(snapshot.get()));
+  for (const auto& [name, record] : models) {
+    stats.set_models(stats.models() + 1);
+    stats.set_versions(stats.versions() + record.version_count());
+    stats.set_logical_bytes(stats.logical_bytes() + record.logical_bytes());
+  }
+  std::unique_ptr<rocksdb::Iterator> it(
+      core_->db()->NewIterator(core_->Read(snapshot.get()), core_->cf(ColumnFamily::kRefs)));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    ChunkRecord record;
+    RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record, "chunk refcount"));
+    stats.set_chunks(stats.chunks() + 1);
+    stats.set_physical_bytes(stats.physical_bytes() + record.length());
+  }
+  RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk refcounts"));
+  stats.set_uploads_in_progress(core_->LiveUploadCount());
+  return stats;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,102 @@
+#ifndef CKPT_LIBS_STORE_ROCKSDB_CHECKPOINT_STORE_H_
+#define CKPT_LIBS_STORE_ROCKSDB_CHECKPOINT_STORE_H_
+
+// The CheckpointStore on a local RocksDB database (schema: rocksdb_schema.h).
+//
+// Durability: chunk bytes are written (not synced) as uploads stream; a commit is one synced
+// WriteBatch holding the manifest, the model record (version counter), refcount increments, alias
+// moves and the removal of the upload record. RocksDB's WAL is one ordered log, so syncing it at
+// commit also makes every earlier chunk write durable; recovery replays a prefix of the log, so a
+// crash at any instant leaves each version either wholly present or absent.
+//
+// Concurrency: metadata changes (commit, alias, delete, retention, GC) serialize on one mutex and
+// are read-modify-write under it; chunk hashing and chunk writes of uploads run outside it, in
+// parallel. Readers never take it: they read from RocksDB snapshots. Uploads in progress are
+// tracked in memory (the DB's lock file guarantees one process), so GC never frees a chunk that a
+// live upload has stored or found already present.
+//
+// Lifetime: sessions and readers keep the database open; it closes when the store and the last
+// of them are gone.
+//
+// Example:
+//   StoreOptions options;
+//   options.db_path = "/data/ckpt";
+//   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
+//                    RocksDbCheckpointStore::Open(options));
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "libs/store/checkpoint_store.h"
+
+namespace ckpt {
+
+struct StoreOptions {
+  // Directory of the RocksDB database. Required.
+  std::string db_path;
+  // Create the database when `db_path` holds none. When false, opening a missing store is
+  // NOT_FOUND.
+  bool create_if_missing = true;
+  // fsync the WAL on every commit and metadata change. Without it a power failure (not a process
+  // crash) can lose the most recent acknowledged commits. Default true.
+  bool sync_commits = true;
+  // GarbageCollect leaves the chunks of an upload abandoned less than this long ago, so a client
+  // that reconnects can still find them (FindMissingChunks). Uploads with a live session are
+  // never collected, whatever their age. Default 1 hour.
+  absl::Duration abandoned_upload_grace = absl::Hours(1);
+};
+
+class RocksDbCheckpointStore final : public CheckpointStore {
+ public:
+  // Opens or creates the store. INVALID_ARGUMENT for an empty db_path; NOT_FOUND when the store
+  // does not exist and !create_if_missing; UNAVAILABLE when another process holds it open;
+  // FAILED_PRECONDITION for an unknown schema version; DATA_LOSS for corrupt files.
+  static absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> Open(const StoreOptions& options);
+
+  ~RocksDbCheckpointStore() override;
+  RocksDbCheckpointStore(const RocksDbCheckpointStore&) = delete;
+  RocksDbCheckpointStore& operator=(const RocksDbCheckpointStore&) = delete;
+
+  absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
+                                                             v1::Manifest header,
+                                                             const CommitOptions& options) override;
+  absl::StatusOr<std::vector<std::string>> FindMissingChunks(
+      const std::vector<std::string>& sha256s) override;
+
+  absl::StatusOr<v1::Manifest> GetManifest(const v1::VersionRef& ref) override;
+  absl::StatusOr<std::unique_ptr<VersionReader>> OpenVersion(const v1::VersionRef& ref) override;
+  absl::Status ReadTensorChunks(const v1::TensorMeta& meta, const ChunkCallback& callback) override;
+
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override;
+  absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override;
+  absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
+                                   int64_t version, int64_t expected_current_version) override;
+  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) override;
+  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
+                                        bool force) override;
+
+  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(absl::string_view model,
+                                                            const v1::RetentionPolicy& policy,
+                                                            bool dry_run) override;
+  absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
+  absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
+  absl::StatusOr<v1::StoreStats> GetStats() override;
+
+  const std::string& db_path() const;
+
+  // Internal state shared with sessions and readers (defined in the .cc).
+  class Core;
+
+ private:
+  explicit RocksDbCheckpointStore(std::shared_ptr<Core> core);
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_STORE_ROCKSDB_CHECKPOINT_STORE_H_

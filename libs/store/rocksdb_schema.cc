@@ -1,0 +1,223 @@
+#include "libs/store/rocksdb_schema.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "libs/status/rocksdb_status.h"
+#include "rocksdb/convenience.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/table.h"
+
+namespace ckpt {
+namespace {
+
+constexpr absl::string_view kColumnFamilyNames[kColumnFamilyCount] = {
+    "default", "models", "versions", "aliases", "chunks", "refs", "uploads",
+};
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+
+bool ZstdSupported() {
+  const std::vector<rocksdb::CompressionType> supported = rocksdb::GetSupportedCompressions();
+  return std::find(supported.begin(), supported.end(), rocksdb::kZSTD) != supported.end();
+}
+
+// Point lookups by SHA-256 (does this chunk exist?) dominate `refs`: a bloom filter answers
+// "absent" without reading a block. Random hashes do not compress; leave compression off.
+void UseBloomFilter(rocksdb::ColumnFamilyOptions& options) {
+  rocksdb::BlockBasedTableOptions table;
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+}
+
+bool FileExists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+}  // namespace
+
+absl::string_view ColumnFamilyName(ColumnFamily cf) {
+  return kColumnFamilyNames[static_cast<int>(cf)];
+}
+
+std::string EncodeBigEndian64(uint64_t value) {
+  std::string bytes(8, '\0');
+  for (int i = 7; i >= 0; --i) {
+    bytes[i] = static_cast<char>(value & 0xff);
+    value >>= 8;
+  }
+  return bytes;
+}
+
+absl::StatusOr<uint64_t> DecodeBigEndian64(absl::string_view bytes) {
+  if (bytes.size() != 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected an 8-byte big-endian integer, found ", bytes.size(), " bytes"));
+  }
+  uint64_t value = 0;
+  for (unsigned char c : bytes) value = (value << 8) | c;
+  return value;
+}
+
+std::string ModelPrefix(absl::string_view model) {
+  std::string prefix(model);
+  prefix.push_back('\0');
+  return prefix;
+}
+
+std::string VersionKey(absl::string_view model, int64_t version) {
+  return absl::StrCat(ModelPrefix(model), EncodeBigEndian64(static_cast<uint64_t>(version)));
+}
+
+absl::StatusOr<int64_t> VersionFromKey(absl::string_view key, absl::string_view model) {
+  if (key.size() != model.size() + 9 || key.substr(0, model.size()) != model ||
+      key[model.size()] != '\0') {
+    return absl::DataLossError(absl::StrCat("malformed version key for model '", model, "' (",
+                                            key.size(), " bytes)"));
+  }
+  absl::StatusOr<uint64_t> version = DecodeBigEndian64(key.substr(model.size() + 1));
+  if (!version.ok()) return absl::DataLossError(version.status().message());
+  return static_cast<int64_t>(*version);
+}
+
+std::string AliasKey(absl::string_view model, absl::string_view alias) {
+  return absl::StrCat(ModelPrefix(model), alias);
+}
+
+absl::string_view AliasFromKey(absl::string_view key, absl::string_view model) {
+  return key.size() > model.size() + 1 ? key.substr(model.size() + 1) : absl::string_view();
+}
+
+std::string UploadChunkKey(absl::string_view upload_id, absl::string_view sha256) {
+  return absl::StrCat(upload_id, sha256);
+}
+
+rocksdb::DBOptions MakeDbOptions(bool create_if_missing) {
+  rocksdb::DBOptions options;
+  options.create_if_missing = create_if_missing;
+  options.create_missing_column_families = true;
+  // Refuse to open, rather than silently drop, a database whose files fail their checksums.
+  options.paranoid_checks = true;
+  // One flush and one compaction at a time: the machines have 2 cores, and chunk writes and
+  // SHA-256 hashing need them too.
+  options.max_background_jobs = 2;
+  // Chunk bytes pass through the WAL before their memtable is flushed to a blob file. Bound the
+  // WAL so old logs are released by flushing the column families that pin them.
+  options.max_total_wal_size = 256 * kMiB;
+  // Write back blob / SST files and the WAL in 1 MiB steps, so the synced commit and flushes do
+  // not stall behind hundreds of MB of dirty pages.
+  options.bytes_per_sync = 1 * kMiB;
+  options.wal_bytes_per_sync = 1 * kMiB;
+  // All memtables together; the chunks CF's 64 MiB buffers dominate.
+  options.db_write_buffer_size = 256 * kMiB;
+  options.keep_log_file_num = 4;
+  options.max_manifest_file_size = 64 * kMiB;
+  options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  return options;
+}
+
+rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
+  rocksdb::ColumnFamilyOptions options;
+  switch (cf) {
+    case ColumnFamily::kChunks:
+      // Tensor chunks: up to 4 MiB each, written once, read whole, never overwritten with other
+      // content (the key is their hash). Integrated blob files keep them out of the LSM tree, so
+      // compaction moves 40-byte blob indexes instead of rewriting MBs of tensor bytes.
+      options.enable_blob_files = true;
+      // Everything but tiny tensors' chunks (biases, scalars) goes to blob files; values under
+      // 64 KiB are cheaper inline in SST blocks.
+      options.min_blob_size = 64 * kKiB;
+      options.blob_file_size = 256 * kMiB;
+      // Float tensor bytes are near-random: compression would cost CPU and save ~nothing.
+      options.blob_compression_type = rocksdb::kNoCompression;
+      options.compression = rocksdb::kNoCompression;
+      // Space of deleted chunks comes back through blob GC during compaction: live blobs in the
+      // oldest quarter of blob files are relocated, and once half of those files is garbage a
+      // compaction is forced to reclaim them.
+      options.enable_blob_garbage_collection = true;
+      options.blob_garbage_collection_age_cutoff = 0.25;
+      options.blob_garbage_collection_force_threshold = 0.5;
+      options.blob_compaction_readahead_size = 2 * kMiB;
+      // 16 chunks per memtable: few, large, sequential blob file writes on flush.
+      options.write_buffer_size = 64 * kMiB;
+      options.max_write_buffer_number = 3;
+      break;
+    case ColumnFamily::kVersions:
+      // Manifests: keys, shapes and chunk hashes. Key strings repeat across versions; zstd
+      // shrinks them where the build has it.
+      options.compression = ZstdSupported() ? rocksdb::kZSTD : rocksdb::kNoCompression;
+      options.write_buffer_size = 16 * kMiB;
+      break;
+    case ColumnFamily::kRefs:
+      UseBloomFilter(options);
+      options.compression = rocksdb::kNoCompression;
+      options.write_buffer_size = 16 * kMiB;
+      break;
+    case ColumnFamily::kDefault:
+    case ColumnFamily::kModels:
+    case ColumnFamily::kAliases:
+    case ColumnFamily::kUploads:
+      // Small and few records.
+      options.compression = rocksdb::kNoCompression;
+      options.write_buffer_size = 4 * kMiB;
+      break;
+  }
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
+                                                       bool create_if_missing) {
+  if (!create_if_missing && !FileExists(path + "/CURRENT")) {
+    return absl::NotFoundError(
+        absl::StrCat("no checkpoint store at '", path, "' (and create_if_missing is false)"));
+  }
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (int i = 0; i < kColumnFamilyCount; ++i) {
+    const ColumnFamily cf = static_cast<ColumnFamily>(i);
+    descriptors.emplace_back(std::string(ColumnFamilyName(cf)), MakeColumnFamilyOptions(cf));
+  }
+  std::unique_ptr<StoreDb> store(new StoreDb());
+  store->path_ = path;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status opened = rocksdb::DB::Open(MakeDbOptions(create_if_missing), path, descriptors,
+                                             &store->handles_, &db);
+  if (!opened.ok()) {
+    return FromRocksDbStatus(opened, absl::StrCat("opening checkpoint store '", path, "'"));
+  }
+  store->db_.reset(db);
+
+  rocksdb::ColumnFamilyHandle* meta = store->cf(ColumnFamily::kDefault);
+  std::string schema_version;
+  rocksdb::Status read =
+      db->Get(rocksdb::ReadOptions(), meta, std::string(kSchemaVersionKey), &schema_version);
+  if (read.IsNotFound()) {
+    rocksdb::WriteOptions sync;
+    sync.sync = true;
+    rocksdb::Status written =
+        db->Put(sync, meta, std::string(kSchemaVersionKey), std::string(kSchemaVersion));
+    if (!written.ok()) return FromRocksDbStatus(written, "writing the schema version");
+  } else if (!read.ok()) {
+    return FromRocksDbStatus(read, "reading the schema version");
+  } else if (schema_version != kSchemaVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint store '", path, "' has schema version ", schema_version,
+                     "; this build reads version ", kSchemaVersion));
+  }
+  return store;
+}
+
+StoreDb::~StoreDb() {
+  if (db_ != nullptr) {
+    for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+      db_->DestroyColumnFamilyHandle(handle);
+    }
+    db_->Close();
+  }
+}
+
+}  // namespace ckpt

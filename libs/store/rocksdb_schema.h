@@ -1,0 +1,111 @@
+#ifndef CKPT_LIBS_STORE_ROCKSDB_SCHEMA_H_
+#define CKPT_LIBS_STORE_ROCKSDB_SCHEMA_H_
+
+// The checkpoint store's RocksDB layout: column families, key encodings and options.
+//
+//   column family  key                                     value
+//   -------------  --------------------------------------  --------------------------------------
+//   default        "schema_version"                        "1"
+//   models         MODEL                                   store.ModelRecord
+//   versions       MODEL '\0' uint64 big-endian VERSION    v1.Manifest (with chunks, hashes)
+//   aliases        MODEL '\0' ALIAS                        uint64 big-endian VERSION
+//   chunks         SHA-256 (32 raw bytes)                  the chunk's bytes (in blob files)
+//   refs           SHA-256 (32 raw bytes)                  store.ChunkRecord (refcount, length, xxh3)
+//   uploads        UPLOAD_ID (16 hex digits)               store.UploadRecord
+//   uploads        UPLOAD_ID SHA-256                       uint64 big-endian chunk length
+//
+// '\0' cannot occur in model names (version_ref.h), so "a\0..." and "ab\0..." never interleave,
+// and big-endian versions iterate in numeric order, so the newest version of a model is the last
+// key with its prefix. Chunks live apart from their refcounts so that counting, GC scans and
+// existence checks touch only the small `refs` records, never multi-MB values.
+//
+// Example (what a test does to corrupt a chunk on purpose):
+//   ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, /*create_if_missing=*/false));
+//   db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), sha256, bad_bytes);
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+
+namespace ckpt {
+
+enum class ColumnFamily : int {
+  kDefault = 0,
+  kModels,
+  kVersions,
+  kAliases,
+  kChunks,
+  kRefs,
+  kUploads,
+};
+inline constexpr int kColumnFamilyCount = 7;
+
+// RocksDB's name for `cf` ("default", "models", ...).
+absl::string_view ColumnFamilyName(ColumnFamily cf);
+
+// The on-disk schema version this build reads and writes, stored under "schema_version" in the
+// default column family.
+inline constexpr absl::string_view kSchemaVersionKey = "schema_version";
+inline constexpr absl::string_view kSchemaVersion = "1";
+
+// Upload ids are 16 lowercase hex digits.
+inline constexpr size_t kUploadIdLength = 16;
+
+// 8 bytes, big-endian, so byte order is numeric order.
+std::string EncodeBigEndian64(uint64_t value);
+// INVALID_ARGUMENT (DATA_LOSS is the caller's call) unless `bytes` is exactly 8 bytes.
+absl::StatusOr<uint64_t> DecodeBigEndian64(absl::string_view bytes);
+
+// MODEL '\0': every key of a model in `versions` and `aliases` starts with it.
+std::string ModelPrefix(absl::string_view model);
+std::string VersionKey(absl::string_view model, int64_t version);
+// The version of a `versions` key that starts with ModelPrefix(model); DATA_LOSS otherwise.
+absl::StatusOr<int64_t> VersionFromKey(absl::string_view key, absl::string_view model);
+std::string AliasKey(absl::string_view model, absl::string_view alias);
+// The alias of an `aliases` key that starts with ModelPrefix(model).
+absl::string_view AliasFromKey(absl::string_view key, absl::string_view model);
+std::string UploadChunkKey(absl::string_view upload_id, absl::string_view sha256);
+
+// DB-wide options: 2 background jobs (the build and serving machines have 2 cores), WAL and
+// blob-file writeback smoothed with *_bytes_per_sync, memtables capped store-wide.
+rocksdb::DBOptions MakeDbOptions(bool create_if_missing);
+
+// Per column family options; see rocksdb_schema.cc for the reasons behind each.
+rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf);
+
+// An open store database: the DB and one handle per column family. Owns both; closes on
+// destruction. Thread-safe as rocksdb::DB is.
+class StoreDb {
+ public:
+  // Opens (or with `create_if_missing`, creates) the database at `path` with every column family
+  // of the schema. NOT_FOUND when `path` holds no database and !create_if_missing;
+  // FAILED_PRECONDITION when it holds a database of another schema version; other RocksDB
+  // errors as FromRocksDbStatus maps them (a second process holding the lock: UNAVAILABLE).
+  static absl::StatusOr<std::unique_ptr<StoreDb>> Open(const std::string& path,
+                                                       bool create_if_missing);
+  ~StoreDb();
+  StoreDb(const StoreDb&) = delete;
+  StoreDb& operator=(const StoreDb&) = delete;
+
+  rocksdb::DB* db() const { return db_.get(); }
+  rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const {
+    return handles_[static_cast<int>(cf)];
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  StoreDb() = default;
+  std::string path_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_STORE_ROCKSDB_SCHEMA_H_

@@ -1,0 +1,97 @@
+#include "libs/store/rocksdb_schema.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/status/status_matchers.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::StatusIs;
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+}
+
+TEST(RocksDbSchemaTest, VersionKeysSortNumericallyAndModelsDoNotInterleave) {
+  EXPECT_LT(VersionKey("m", 2), VersionKey("m", 10));
+  EXPECT_LT(VersionKey("m", 255), VersionKey("m", 256));
+  // Every key of "a" sorts before every key of "ab": '\0' ends the model name.
+  EXPECT_LT(VersionKey("a", 1u << 30), VersionKey("ab", 1));
+  EXPECT_EQ(VersionKey("m", 1).substr(0, 2), ModelPrefix("m"));
+}
+
+TEST(RocksDbSchemaTest, VersionKeyRoundTripsAndRejectsOtherModels) {
+  ASSERT_OK_AND_ASSIGN(int64_t version, VersionFromKey(VersionKey("model", 123456789), "model"));
+  EXPECT_EQ(version, 123456789);
+  EXPECT_THAT(VersionFromKey(VersionKey("other", 1), "model"),
+              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(AliasFromKey(AliasKey("model", "best"), "model"), "best");
+}
+
+TEST(RocksDbSchemaTest, BigEndianRoundTrips) {
+  for (uint64_t value : {uint64_t{0}, uint64_t{1}, uint64_t{0x0102030405060708}, ~uint64_t{0}}) {
+    ASSERT_OK_AND_ASSIGN(uint64_t decoded, DecodeBigEndian64(EncodeBigEndian64(value)));
+    EXPECT_EQ(decoded, value);
+  }
+  EXPECT_EQ(EncodeBigEndian64(1), std::string("\0\0\0\0\0\0\0\x01", 8));
+  EXPECT_THAT(DecodeBigEndian64("abc"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(RocksDbSchemaTest, ChunksLiveInBlobFilesUncompressed) {
+  const rocksdb::ColumnFamilyOptions chunks = MakeColumnFamilyOptions(ColumnFamily::kChunks);
+  EXPECT_TRUE(chunks.enable_blob_files);
+  EXPECT_TRUE(chunks.enable_blob_garbage_collection);
+  EXPECT_EQ(chunks.min_blob_size, 64u * 1024);
+  EXPECT_EQ(chunks.blob_compression_type, rocksdb::kNoCompression);
+  EXPECT_FALSE(MakeColumnFamilyOptions(ColumnFamily::kRefs).enable_blob_files);
+  EXPECT_EQ(MakeDbOptions(true).max_background_jobs, 2);
+}
+
+TEST(RocksDbSchemaTest, OpensEveryColumnFamilyAndReopens) {
+  const std::string path = TestDir("schema_reopen");
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, true));
+    for (int i = 0; i < kColumnFamilyCount; ++i) {
+      const ColumnFamily cf = static_cast<ColumnFamily>(i);
+      ASSERT_NE(db->cf(cf), nullptr);
+      EXPECT_EQ(db->cf(cf)->GetName(), ColumnFamilyName(cf));
+    }
+    ASSERT_TRUE(db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kModels), "m", "x").ok());
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, false));
+  std::string value;
+  ASSERT_TRUE(db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kModels), "m", &value).ok());
+  EXPECT_EQ(value, "x");
+}
+
+TEST(RocksDbSchemaTest, MissingStoreIsNotFoundWithoutCreate) {
+  EXPECT_THAT(StoreDb::Open(TestDir("schema_missing"), false),
+              StatusIs(absl::StatusCode::kNotFound, "schema_missing"));
+}
+
+TEST(RocksDbSchemaTest, RefusesAnotherSchemaVersion) {
+  const std::string path = TestDir("schema_version");
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, true));
+    ASSERT_TRUE(db->db()
+                    ->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kDefault),
+                          std::string(kSchemaVersionKey), "99")
+                    .ok());
+  }
+  EXPECT_THAT(StoreDb::Open(path, false),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "schema version 99"));
+}
+
+TEST(RocksDbSchemaTest, SecondOpenOfOneStoreFails) {
+  const std::string path = TestDir("schema_locked");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, true));
+  EXPECT_FALSE(StoreDb::Open(path, true).ok());
+}
+
+}  // namespace
+}  // namespace ckpt
