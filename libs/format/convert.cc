@@ -33,18 +33,14 @@ absl::StatusOr<StateDict> StripPrefix(const StateDict& model, const std::string&
     *stripped = normalized.second.stripped_prefix;
     return std::move(normalized.first);
   }
-  std::vector<std::string> keys;
-  keys.reserve(model.size());
-  for (const StateDict::Entry& entry : model) {
-    if (!absl::StartsWith(entry.key, mode) || entry.key.size() == mode.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--strip-prefix '", mode, "': key '", entry.key,
-          "' does not start with it (use 'auto' to detect wrapper prefixes, or 'none')"));
-    }
-    keys.push_back(entry.key.substr(mode.size()));
+  absl::StatusOr<StateDict> exact = StripExactPrefix(model, mode);
+  if (!exact.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--strip-prefix: ", exact.status().message(),
+        " (use 'auto' to detect wrapper prefixes, or 'none')"));
   }
   *stripped = mode;
-  return model.WithKeys(keys);
+  return exact;
 }
 
 }  // namespace

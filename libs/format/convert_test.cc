@@ -103,7 +103,8 @@ TEST_F(ConvertTest, PrefixOptions) {
   ConvertOptions wrong;
   wrong.strip_prefix = "encoder.";
   EXPECT_THAT(ConvertCheckpoint(Dir() + "/ddp_cuda1.pt", out, wrong),
-              StatusIs(absl::StatusCode::kInvalidArgument, "key 'module.0.weight' does not start"));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "key 'module.0.weight' does not start with the prefix 'encoder.'"));
   ConvertOptions bad_format;
   bad_format.format = "onnx";
   EXPECT_THAT(ConvertCheckpoint(Dir() + "/ddp_cuda1.pt", out, bad_format),

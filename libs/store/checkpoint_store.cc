@@ -279,13 +279,18 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
 
   ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
                    BeginUpload(model, std::move(header), options));
+  int64_t bytes_total = 0, bytes_done = 0;
+  for (const StateDict::Entry& entry : contents.model) bytes_total += entry.tensor.nbytes();
+  for (const at::Tensor& tensor : state.tensors()) bytes_total += tensor.nbytes();
+  auto upload = [&](int index, const at::Tensor& tensor) -> absl::Status {
+    RETURN_IF_ERROR(UploadTensor(*session, index, tensor));
+    bytes_done += tensor.nbytes();
+    if (options.progress) options.progress(bytes_done, bytes_total);
+    return absl::OkStatus();
+  };
   int index = 0;
-  for (const StateDict::Entry& entry : contents.model) {
-    RETURN_IF_ERROR(UploadTensor(*session, index++, entry.tensor));
-  }
-  for (const at::Tensor& tensor : state.tensors()) {
-    RETURN_IF_ERROR(UploadTensor(*session, index++, tensor));
-  }
+  for (const StateDict::Entry& entry : contents.model) RETURN_IF_ERROR(upload(index++, entry.tensor));
+  for (const at::Tensor& tensor : state.tensors()) RETURN_IF_ERROR(upload(index++, tensor));
   return session->Commit();
 }
 

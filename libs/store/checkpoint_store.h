@@ -68,6 +68,9 @@ struct CommitOptions {
   // dict's keys and record what was stripped in metadata.key_normalization. When false the keys
   // are stored as given, and metadata.key_normalization as the caller set it.
   bool normalize_keys = true;
+  // CommitCheckpoint only: called after each tensor is stored with the tensor bytes stored so far
+  // and in all, for progress bars. May be empty.
+  std::function<void(int64_t bytes_done, int64_t bytes_total)> progress;
 };
 
 struct CommitResult {

@@ -132,6 +132,20 @@ absl::StatusOr<std::pair<StateDict, KeyNormalization>> NormalizeStateDict(
   return std::make_pair(*std::move(renamed), std::move(normalized->normalization));
 }
 
+absl::StatusOr<StateDict> StripExactPrefix(const StateDict& state_dict, absl::string_view prefix) {
+  std::vector<std::string> keys;
+  keys.reserve(state_dict.size());
+  for (const StateDict::Entry& entry : state_dict) {
+    if (!absl::StartsWith(entry.key, prefix) || entry.key.size() == prefix.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", entry.key,
+                                                     "' does not start with the prefix '", prefix,
+                                                     "' to strip"));
+    }
+    keys.push_back(entry.key.substr(prefix.size()));
+  }
+  return state_dict.WithKeys(keys);
+}
+
 KeyPolicy KeyPolicy::AddPrefix(absl::string_view prefix) {
   std::string with_dot(prefix);
   if (!with_dot.empty() && with_dot.back() != '.') with_dot += '.';

@@ -72,6 +72,10 @@ absl::StatusOr<NormalizedKeys> NormalizeKeys(const std::vector<std::string>& key
 absl::StatusOr<std::pair<StateDict, KeyNormalization>> NormalizeStateDict(
     const StateDict& state_dict);
 
+// `state_dict` with `prefix` removed from the front of every key. INVALID_ARGUMENT naming the
+// first key that does not start with it (or is nothing but the prefix).
+absl::StatusOr<StateDict> StripExactPrefix(const StateDict& state_dict, absl::string_view prefix);
+
 // How a consumer wants its keys.
 class KeyPolicy {
  public:

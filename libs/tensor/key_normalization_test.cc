@@ -160,5 +160,16 @@ TEST(NormalizeStateDictTest, RenamesTensorsAndKeepsThem) {
   EXPECT_EQ(normalized.second.stripped_prefix, "module.");
 }
 
+TEST(StripExactPrefixTest, StripsFromEveryKeyOrNamesTheKeyWithout) {
+  StateDict dict;
+  ASSERT_OK(dict.Insert("model.fc.weight", at::ones({1})));
+  ASSERT_OK(dict.Insert("model.fc.bias", at::ones({1})));
+  ASSERT_OK_AND_ASSIGN(StateDict stripped, StripExactPrefix(dict, "model."));
+  EXPECT_THAT(stripped.keys(), ElementsAre("fc.weight", "fc.bias"));
+  EXPECT_THAT(StripExactPrefix(dict, "model.fc.w"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "key 'model.fc.bias' does not start with the prefix 'model.fc.w'"));
+}
+
 }  // namespace
 }  // namespace ckpt

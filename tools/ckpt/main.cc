@@ -3,10 +3,15 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <memory>
+
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
+#include <algorithm>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -14,17 +19,32 @@
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/format/inspect.h"
+#include "libs/status/status_macros.h"
+#include "libs/tensor/dtype.h"
+#include "libs/store/checkpoint_import.h"
+#include "libs/store/checkpoint_store.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/version_diff.h"
+#include "libs/store/version_ref.h"
+#include "google/protobuf/util/json_util.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "tools/ckpt/command_line.h"
 
 namespace ckpt {
 namespace {
 
 constexpr char kDescription[] =
-    "Read, convert and version PyTorch checkpoints from C++: torch.save files (zip and legacy,\n"
-    "read without running any pickled code), whole pickled models, safetensors.";
+    "Read, convert and version PyTorch checkpoints: torch.save files (zip and legacy, read\n"
+    "without running any pickled code), whole pickled models, bundles, safetensors; a versioned,\n"
+    "deduplicated, checksummed store of them (embedded in --store_dir).";
 
 const std::vector<cli::OptionSpec>& GlobalOptions() {
-  static const auto* options = new std::vector<cli::OptionSpec>{};
+  static const auto* options = new std::vector<cli::OptionSpec>{
+      {"store_dir", "DIR", "open the checkpoint store in DIR in-process (embedded)",
+       "./ckpt-data"},
+  };
   return *options;
 }
 
@@ -48,8 +68,386 @@ const std::vector<cli::CommandSpec>& Commands() {
          "auto strips wrapper prefixes (module., _orig_mod., FSDP, checkpointing)", "auto"},
         {"add-prefix", "PREFIX", "prefix added to every key after stripping, e.g. module.", ""},
         {"key", "PATH", "where the model state dict is, e.g. model", "auto"}}},
+      {"import",
+       "FILE",
+       "Store FILE (torch .pt zip or legacy, whole pickled model, bundle, safetensors) as a new "
+       "version of --model.",
+       1,
+       1,
+       {{"model", "NAME", "model to add the version to ([A-Za-z0-9._-], required)", ""},
+        {"alias", "A[,B]", "aliases to point at the new version", ""},
+        {"strip-prefix", "auto|none|PREFIX", "wrapper prefixes to strip (recorded)", "auto"},
+        {"key", "PATH", "where the model state dict is in FILE", "auto"},
+        {"description", "TEXT", "free text stored with the version", ""}}},
+      {"ls", "[MODEL]", "List models, or the versions of MODEL.", 0, 1, {}},
+      {"show",
+       "MODEL[@REF]",
+       "Show a version's manifest: metadata, tensors, optimizer and scheduler state.",
+       1,
+       1,
+       {{"json", "", "print the manifest as JSON", ""}}},
+      {"tag", "MODEL@VERSION ALIAS", "Point ALIAS at MODEL@VERSION (moves it if it exists).", 2, 2,
+       {}},
+      {"untag", "MODEL ALIAS", "Delete an alias.", 2, 2, {}},
+      {"rm",
+       "MODEL@VERSION",
+       "Delete a version (its bytes are freed by the next gc).",
+       1,
+       1,
+       {{"force", "", "also when aliases point at it (they are removed)", ""}}},
+      {"retain",
+       "MODEL",
+       "Apply a retention policy: delete versions outside it, never aliased or latest ones.",
+       1,
+       1,
+       {{"keep-last", "N", "keep the newest N versions (0 keeps all)", "0"},
+        {"keep-every", "K", "also keep every version divisible by K", "0"},
+        {"drop-optimizer-after", "N",
+         "drop optimizer state (keep weights) from versions older than the newest N", "0"},
+        {"dry-run", "", "report what would happen, change nothing", ""}}},
+      {"gc", "", "Free chunks no version references, and abandoned uploads.", 0, 0,
+       {{"dry-run", "", "report what would be freed, change nothing", ""}}},
+      {"verify", "[MODEL[@REF]]",
+       "Re-hash every chunk of a version, a model or the whole store; exit 1 on problems.", 0, 1,
+       {}},
+      {"diff", "MODEL@A MODEL@B",
+       "Model tensors added, removed and changed between two versions.", 2, 2, {}},
+      {"stats", "", "Models, versions, logical vs physical bytes, dedup ratio.", 0, 0, {}},
   };
   return *commands;
+}
+
+// ---- Output helpers.
+
+bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) == 1; }
+
+// A one-line progress bar, redrawn in place; only on a terminal.
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::string label) : label_(std::move(label)), enabled_(StdoutIsTerminal()) {}
+  ~ProgressBar() {
+    if (enabled_ && drawn_) std::cout << "\n" << std::flush;
+  }
+  void Update(int64_t done, int64_t total, const std::string& unit_text) {
+    if (!enabled_ || total <= 0) return;
+    const int width = 30;
+    const int filled = static_cast<int>(width * done / total);
+    std::cout << "\r" << label_ << " [" << std::string(filled, '=')
+              << std::string(width - filled, ' ') << "] " << (100 * done / total) << "% "
+              << unit_text << std::flush;
+    drawn_ = true;
+  }
+
+ private:
+  std::string label_;
+  bool enabled_;
+  bool drawn_ = false;
+};
+
+std::string TimeText(int64_t unix_micros) {
+  if (unix_micros <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMicros(unix_micros),
+                          absl::LocalTimeZone());
+}
+
+absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
+  ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(text));
+  if (ref.ref_case() != v1::VersionRef::kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' must name a version number, e.g. MODEL@7"));
+  }
+  return ref;
+}
+
+// ---- Store commands.
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
+                                                           bool create) {
+  StoreOptions options;
+  options.db_path = line.Get("store_dir");
+  options.create_if_missing = create;
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+      RocksDbCheckpointStore::Open(options);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("opening the store in ", options.db_path, ": ",
+                                     store.status().message(),
+                                     create ? "" : " (import a checkpoint first, or pass --store_dir)"));
+  }
+  return std::unique_ptr<CheckpointStore>(std::move(*store));
+}
+
+absl::Status RunImport(const cli::ParsedCommandLine& line) {
+  if (line.Get("model").empty()) {
+    return absl::InvalidArgumentError("import needs --model NAME");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, /*create=*/true));
+  ImportOptions options;
+  options.strip_prefix = line.Get("strip-prefix");
+  options.model_key = line.Has("key") ? line.Get("key") : "";
+  options.description = line.Get("description");
+  if (line.Has("alias")) {
+    options.aliases = absl::StrSplit(line.Get("alias"), ',', absl::SkipEmpty());
+  }
+  ProgressBar bar("importing");
+  options.progress = [&](int64_t done, int64_t total) {
+    bar.Update(done, total, absl::StrCat(HumanBytes(done), " / ", HumanBytes(total)));
+  };
+  ASSIGN_OR_RETURN(ImportResult result,
+                   ImportCheckpointFile(*store, line.arguments()[0], line.Get("model"), options));
+  std::cout << "imported " << line.arguments()[0] << " (" << result.source_format << ") as "
+            << FormatVersionRef(result.commit.version) << ": "
+            << HumanBytes(result.commit.logical_bytes) << ", "
+            << HumanBytes(result.commit.new_bytes) << " new after dedup\n";
+  if (!result.stripped_prefix.empty()) {
+    std::cout << "stripped wrapper prefix '" << result.stripped_prefix << "' (recorded)\n";
+  }
+  for (const std::string& warning : result.warnings) std::cerr << "warning: " << warning << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunList(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  if (line.arguments().empty()) {
+    ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store->ListModels());
+    std::cout << absl::StrFormat("%-32s %8s %7s %12s  %s\n", "MODEL", "VERSIONS", "LATEST",
+                                 "BYTES", "ALIASES");
+    for (const v1::ModelInfo& model : models) {
+      std::vector<std::string> aliases;
+      for (const auto& [alias, version] : model.aliases()) {
+        aliases.push_back(absl::StrCat(alias, "=", version));
+      }
+      std::sort(aliases.begin(), aliases.end());
+      std::cout << absl::StrFormat("%-32s %8d %7d %12s  %s\n", model.name(),
+                                   model.version_count(), model.latest_version(),
+                                   HumanBytes(model.logical_bytes()), absl::StrJoin(aliases, " "));
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions,
+                   store->ListVersions(line.arguments()[0]));
+  std::cout << absl::StrFormat("%-8s %-19s %6s %8s %8s %10s %7s %-5s %s\n", "VERSION", "CREATED",
+                               "EPOCH", "STEP", "TENSORS", "BYTES", "OPTIM", "SCHED", "ALIASES");
+  for (const v1::VersionInfo& version : versions) {
+    std::cout << absl::StrFormat(
+        "%-8d %-19s %6d %8d %8d %10s %7s %-5s %s\n", version.version(),
+        TimeText(version.metadata().created_unix_micros()), version.metadata().epoch(),
+        version.metadata().global_step(), version.tensor_count(),
+        HumanBytes(version.logical_bytes()), version.has_optimizer_state() ? "yes" : "-",
+        version.has_scheduler_state() ? "yes" : "-", absl::StrJoin(version.aliases(), " "));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunShow(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(line.arguments()[0]));
+  ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
+  if (line.Has("json")) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.preserve_proto_field_names = true;
+    const auto status = google::protobuf::util::MessageToJsonString(manifest, &json, options);
+    if (!status.ok()) return absl::InternalError(status.ToString());
+    std::cout << json << "\n";
+    return absl::OkStatus();
+  }
+  const v1::VersionMetadata& metadata = manifest.metadata();
+  int64_t model_bytes = 0, state_bytes = 0;
+  for (const v1::TensorMeta& meta : manifest.tensors()) model_bytes += meta.byte_length();
+  for (const v1::TensorMeta& meta : manifest.state_tensors()) state_bytes += meta.byte_length();
+  std::cout << FormatVersionRef(manifest.model(), manifest.version())
+            << (manifest.aliases().empty()
+                    ? ""
+                    : absl::StrCat(" (", absl::StrJoin(manifest.aliases(), ", "), ")"))
+            << "\ncreated: " << TimeText(metadata.created_unix_micros())
+            << "\nsource: " << metadata.source_format() << " by " << metadata.producer();
+  if (metadata.labels().count("source_file")) {
+    std::cout << " from " << metadata.labels().at("source_file");
+  }
+  std::cout << "\nepoch: " << metadata.epoch() << ", step: " << metadata.global_step() << "\n";
+  for (const auto& [name, value] : metadata.metrics()) std::cout << name << ": " << value << "\n";
+  if (!metadata.key_normalization().stripped_prefix().empty() ||
+      !metadata.key_normalization().wrappers().empty()) {
+    std::cout << "normalized: stripped '" << metadata.key_normalization().stripped_prefix()
+              << "' (" << absl::StrJoin(metadata.key_normalization().wrappers(), ", ") << ")\n";
+  }
+  std::cout << "model: " << manifest.tensors_size() << " tensors, " << HumanBytes(model_bytes)
+            << "\n";
+  size_t width = 3;
+  for (const v1::TensorMeta& meta : manifest.tensors()) width = std::max(width, meta.key().size());
+  for (const v1::TensorMeta& meta : manifest.tensors()) {
+    std::cout << absl::StrFormat("  %-*s  %-9s  %-18s  %10s  %s\n", width, meta.key(),
+                                 DTypeName(static_cast<DType>(meta.dtype())),
+                                 absl::StrCat("[", absl::StrJoin(meta.shape(), ", "), "]"),
+                                 HumanBytes(meta.byte_length()),
+                                 meta.original_device().empty() ? "" : meta.original_device());
+  }
+  std::cout << "optimizer state: " << (manifest.has_optimizer_state() ? "yes" : "none")
+            << ", scheduler state: " << (manifest.has_scheduler_state() ? "yes" : "none")
+            << ", " << manifest.state_tensors_size() << " state tensors ("
+            << HumanBytes(state_bytes) << ")\n";
+  for (const std::string& warning : manifest.warnings()) std::cout << "warning: " << warning << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunTag(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  ASSIGN_OR_RETURN(v1::VersionRef ref, RefWithVersion(line.arguments()[0]));
+  const std::string& alias = line.arguments()[1];
+  ASSIGN_OR_RETURN(int64_t previous, store->SetAlias(ref.model(), alias, ref.version()));
+  std::cout << ref.model() << "@" << alias << " -> " << ref.version()
+            << (previous > 0 ? absl::StrCat(" (was ", previous, ")") : std::string()) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunUntag(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  RETURN_IF_ERROR(store->DeleteAlias(line.arguments()[0], line.arguments()[1]));
+  std::cout << "removed alias " << line.arguments()[0] << "@" << line.arguments()[1] << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunRemove(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  ASSIGN_OR_RETURN(v1::VersionRef ref, RefWithVersion(line.arguments()[0]));
+  ASSIGN_OR_RETURN(int64_t released,
+                   store->DeleteVersion(ref.model(), ref.version(), line.Has("force")));
+  std::cout << "deleted " << FormatVersionRef(ref) << "; " << HumanBytes(released)
+            << " no longer referenced (freed by ckpt gc)\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunRetain(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  v1::RetentionPolicy policy;
+  ASSIGN_OR_RETURN(int64_t keep_last, line.GetInt("keep-last"));
+  ASSIGN_OR_RETURN(int64_t keep_every, line.GetInt("keep-every"));
+  ASSIGN_OR_RETURN(int64_t drop_after, line.GetInt("drop-optimizer-after"));
+  if (keep_last < 0 || keep_every < 0 || drop_after < 0) {
+    return absl::InvalidArgumentError("retention numbers must not be negative");
+  }
+  if (keep_last == 0 && drop_after == 0) {
+    return absl::InvalidArgumentError(
+        "give --keep-last N and/or --drop-optimizer-after N (nothing to do otherwise)");
+  }
+  policy.set_keep_last(static_cast<int32_t>(keep_last));
+  policy.set_keep_every(static_cast<int32_t>(keep_every));
+  policy.set_drop_optimizer_state_older_than(static_cast<int32_t>(drop_after));
+  const bool dry_run = line.Has("dry-run");
+  ASSIGN_OR_RETURN(v1::ApplyRetentionResponse response,
+                   store->ApplyRetention(line.arguments()[0], policy, dry_run));
+  const char* verb = dry_run ? "would delete" : "deleted";
+  std::cout << verb << " versions: "
+            << (response.deleted_versions().empty() ? "none"
+                                                    : absl::StrJoin(response.deleted_versions(), " "))
+            << "\n"
+            << (dry_run ? "would drop" : "dropped") << " optimizer state of versions: "
+            << (response.optimizer_state_dropped().empty()
+                    ? "none"
+                    : absl::StrJoin(response.optimizer_state_dropped(), " "))
+            << "\n";
+  if (!dry_run) std::cout << "run ckpt gc to free their bytes\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunGc(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  const bool dry_run = line.Has("dry-run");
+  ASSIGN_OR_RETURN(v1::GarbageCollectResponse response, store->GarbageCollect(dry_run));
+  std::cout << (dry_run ? "would free " : "freed ") << response.chunks_freed() << " chunks, "
+            << HumanBytes(response.bytes_freed()) << "; abandoned uploads reclaimed: "
+            << response.abandoned_uploads_reclaimed() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunVerify(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  v1::VerifyResponse total;
+  auto add = [&](const v1::VerifyResponse& part) {
+    total.set_chunks_checked(total.chunks_checked() + part.chunks_checked());
+    total.set_bytes_checked(total.bytes_checked() + part.bytes_checked());
+    for (const v1::VerifyProblem& problem : part.problems()) *total.add_problems() = problem;
+  };
+  std::string scope = "the whole store";
+  if (line.arguments().empty()) {
+    // One call checks chunks and refcounts store-wide.
+    if (StdoutIsTerminal()) std::cout << "verifying the whole store...\n";
+    ASSIGN_OR_RETURN(v1::VerifyResponse response, store->Verify("", 0));
+    add(response);
+  } else {
+    ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(line.arguments()[0]));
+    std::vector<int64_t> versions;
+    if (absl::StrContains(line.arguments()[0], '@')) {
+      ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
+      versions.push_back(manifest.version());
+      scope = FormatVersionRef(ref.model(), manifest.version());
+    } else {
+      ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> infos, store->ListVersions(ref.model()));
+      for (const v1::VersionInfo& info : infos) versions.push_back(info.version());
+      scope = absl::StrCat(ref.model(), " (", versions.size(), " versions)");
+    }
+    ProgressBar bar("verifying");
+    for (size_t i = 0; i < versions.size(); ++i) {
+      ASSIGN_OR_RETURN(v1::VerifyResponse response, store->Verify(ref.model(), versions[i]));
+      add(response);
+      bar.Update(i + 1, versions.size(), absl::StrCat(i + 1, "/", versions.size(), " versions"));
+    }
+  }
+  std::cout << "verified " << scope << ": " << total.chunks_checked() << " chunks, "
+            << HumanBytes(total.bytes_checked()) << ", " << total.problems_size() << " problems\n";
+  for (const v1::VerifyProblem& problem : total.problems()) {
+    std::cout << "  " << FormatVersionRef(problem.model(), problem.version()) << " "
+              << problem.tensor_key() << ": " << problem.message() << "\n";
+  }
+  if (total.problems_size() > 0) {
+    return absl::DataLossError(absl::StrCat(total.problems_size(), " problems found"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunDiff(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  ASSIGN_OR_RETURN(v1::VersionRef a, ParseVersionRef(line.arguments()[0]));
+  ASSIGN_OR_RETURN(v1::VersionRef b, ParseVersionRef(line.arguments()[1]));
+  ASSIGN_OR_RETURN(VersionDiff diff, DiffVersions(*store, a, b));
+  std::cout << diff.a << " -> " << diff.b << ": " << diff.added.size() << " added, "
+            << diff.removed.size() << " removed, " << diff.changed.size() << " changed, "
+            << diff.unchanged << " unchanged\n";
+  for (const std::string& key : diff.added) std::cout << "+ " << key << "\n";
+  for (const std::string& key : diff.removed) std::cout << "- " << key << "\n";
+  for (const TensorChange& change : diff.changed) {
+    std::cout << "~ " << change.key;
+    if (change.shape_a != change.shape_b) {
+      std::cout << "  shape [" << absl::StrJoin(change.shape_a, ", ") << "] -> ["
+                << absl::StrJoin(change.shape_b, ", ") << "]";
+    }
+    if (change.dtype_a != change.dtype_b) {
+      std::cout << "  dtype " << change.dtype_a << " -> " << change.dtype_b;
+    }
+    if (change.max_abs_difference.has_value()) {
+      std::cout << "  max |diff| " << *change.max_abs_difference;
+    }
+    std::cout << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunStats(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  ASSIGN_OR_RETURN(v1::StoreStats stats, store->GetStats());
+  std::cout << "models: " << stats.models() << "\nversions: " << stats.versions()
+            << "\nchunks: " << stats.chunks()
+            << "\nlogical bytes: " << HumanBytes(stats.logical_bytes()) << " ("
+            << stats.logical_bytes() << ")\nphysical bytes: " << HumanBytes(stats.physical_bytes())
+            << " (" << stats.physical_bytes() << ")\ndedup ratio: "
+            << (stats.physical_bytes() > 0
+                    ? absl::StrFormat("%.2f", static_cast<double>(stats.logical_bytes()) /
+                                                  stats.physical_bytes())
+                    : std::string("-"))
+            << "\nuploads in progress: " << stats.uploads_in_progress() << "\n";
+  return absl::OkStatus();
 }
 
 std::string ModelKey(const cli::ParsedCommandLine& line) {
@@ -91,6 +489,10 @@ absl::Status RunConvert(const cli::ParsedCommandLine& line) {
 }
 
 int Main(int argc, char** argv) {
+  // Under `bazel run`, relative paths (FILEs, --store_dir) mean the caller's directory.
+  if (const char* caller = std::getenv("BUILD_WORKING_DIRECTORY"); caller != nullptr) {
+    if (chdir(caller) != 0) std::perror("ckpt: chdir to BUILD_WORKING_DIRECTORY");
+  }
   const std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<cli::ParsedCommandLine> line =
       cli::ParseCommandLine(Commands(), GlobalOptions(), args);
@@ -108,12 +510,15 @@ int Main(int argc, char** argv) {
       return 0;
     }
   }
-  absl::Status status;
-  if (line->command() == "inspect") {
-    status = RunInspect(*line);
-  } else if (line->command() == "convert") {
-    status = RunConvert(*line);
-  }
+  using Runner = absl::Status (*)(const cli::ParsedCommandLine&);
+  static const std::map<std::string, Runner>* runners = new std::map<std::string, Runner>{
+      {"inspect", RunInspect}, {"convert", RunConvert}, {"import", RunImport},
+      {"ls", RunList},         {"show", RunShow},       {"tag", RunTag},
+      {"untag", RunUntag},     {"rm", RunRemove},       {"retain", RunRetain},
+      {"gc", RunGc},           {"verify", RunVerify},   {"diff", RunDiff},
+      {"stats", RunStats},
+  };
+  const absl::Status status = runners->at(line->command())(*line);
   if (!status.ok()) {
     std::cerr << "ckpt " << line->command() << ": " << absl::StatusCodeToString(status.code())
               << ": " << status.message() << "\n";

@@ -8,6 +8,9 @@
                                            'best_acc'}, the model DataParallel-wrapped
                             legacy.pt      the plain state dict in the pre-1.6 format
                             reference.pt   the plain state dict (canonical keys) to compare against
+                            whole_model.pt torch.save(model) of a class whose module file is then
+                                           deleted (Python can no longer load it), and
+                            whole_reference.pt  that model's state_dict()
   verify_torch FILE DIR   torch.load(FILE, weights_only=True) loads with strict=True into the
                           unwrapped model and equals reference.pt; prints OK
   verify_safetensors FILE DIR   parses FILE by the safetensors spec, same checks; prints OK
@@ -42,7 +45,45 @@ def save_tagged(obj, path, tag):
         torch.serialization.location_tag = original
 
 
+NET_SOURCE = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+        self.head = torch.nn.Linear(8, 3)
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+"""
+
+
+def make_whole_model(d):
+    import importlib
+    import os
+    sys.path.insert(0, d)
+    with open(f"{d}/renamed_pkg_models.py", "w") as f:
+        f.write(NET_SOURCE)
+    module = importlib.import_module("renamed_pkg_models")
+    torch.manual_seed(1)
+    net = module.Net()
+    net(torch.randn(3, 4))
+    torch.save(net, f"{d}/whole_model.pt")
+    torch.save(net.state_dict(), f"{d}/whole_reference.pt")
+    os.remove(f"{d}/renamed_pkg_models.py")
+    del sys.modules["renamed_pkg_models"]
+    sys.path.remove(d)
+    try:
+        torch.load(f"{d}/whole_model.pt")
+        raise SystemExit("expected torch.load of the whole model to fail without its module")
+    except ModuleNotFoundError:
+        pass
+
+
 def make(d):
+    make_whole_model(d)
     model = trained_model()
     torch.save(model.state_dict(), f"{d}/reference.pt")
     torch.save(model.state_dict(), f"{d}/legacy.pt", _use_new_zipfile_serialization=False)

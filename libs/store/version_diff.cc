@@ -1,0 +1,78 @@
+#include "libs/store/version_diff.h"
+
+#include <map>
+
+#include "ATen/ATen.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/dtype.h"
+
+namespace ckpt {
+namespace {
+
+std::string DTypeText(v1::DType dtype) {
+  return std::string(DTypeName(static_cast<DType>(dtype)));
+}
+
+}  // namespace
+
+absl::StatusOr<VersionDiff> DiffVersions(CheckpointStore& store, const v1::VersionRef& a,
+                                         const v1::VersionRef& b) {
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader_a, store.OpenVersion(a));
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader_b, store.OpenVersion(b));
+  const v1::Manifest& manifest_a = reader_a->manifest();
+  const v1::Manifest& manifest_b = reader_b->manifest();
+  VersionDiff diff;
+  diff.a = FormatVersionRef(manifest_a.model(), manifest_a.version());
+  diff.b = FormatVersionRef(manifest_b.model(), manifest_b.version());
+
+  std::map<std::string, const v1::TensorMeta*> in_b;
+  for (const v1::TensorMeta& meta : manifest_b.tensors()) in_b[meta.key()] = &meta;
+  std::map<std::string, bool> seen_in_a;
+  for (const v1::TensorMeta& meta_a : manifest_a.tensors()) {
+    seen_in_a[meta_a.key()] = true;
+    auto it = in_b.find(meta_a.key());
+    if (it == in_b.end()) {
+      diff.removed.push_back(meta_a.key());
+      continue;
+    }
+    const v1::TensorMeta& meta_b = *it->second;
+    const bool same_layout = meta_a.dtype() == meta_b.dtype() &&
+                             std::equal(meta_a.shape().begin(), meta_a.shape().end(),
+                                        meta_b.shape().begin(), meta_b.shape().end());
+    if (same_layout && meta_a.content_hash() == meta_b.content_hash()) {
+      ++diff.unchanged;
+      continue;
+    }
+    TensorChange change;
+    change.key = meta_a.key();
+    change.shape_a.assign(meta_a.shape().begin(), meta_a.shape().end());
+    change.shape_b.assign(meta_b.shape().begin(), meta_b.shape().end());
+    change.dtype_a = DTypeText(meta_a.dtype());
+    change.dtype_b = DTypeText(meta_b.dtype());
+    const DTypeInfo& info = GetDTypeInfo(static_cast<DType>(meta_a.dtype()));
+    if (same_layout && info.scalar_type.has_value() && !info.is_quantized) {
+      ASSIGN_OR_RETURN(at::Tensor tensor_a, reader_a->ReadTensor(meta_a));
+      ASSIGN_OR_RETURN(at::Tensor tensor_b, reader_b->ReadTensor(meta_b));
+      ASSIGN_OR_RETURN(double max_difference, CatchTorchErrors([&] {
+                         if (tensor_a.numel() == 0) return 0.0;
+                         if (info.is_complex) {
+                           return (tensor_a - tensor_b).abs().max().item<double>();
+                         }
+                         return (tensor_a.to(at::kDouble) - tensor_b.to(at::kDouble))
+                             .abs()
+                             .max()
+                             .item<double>();
+                       }));
+      change.max_abs_difference = max_difference;
+    }
+    diff.changed.push_back(std::move(change));
+  }
+  for (const v1::TensorMeta& meta_b : manifest_b.tensors()) {
+    if (!seen_in_a.count(meta_b.key())) diff.added.push_back(meta_b.key());
+  }
+  return diff;
+}
+
+}  // namespace ckpt
