@@ -13,6 +13,7 @@
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/inspect.h"
 #include "libs/status/status_matchers.h"
+#include "libs/testing/python_runner.h"
 
 namespace ckpt {
 namespace {
@@ -24,14 +25,7 @@ using ::testing::HasSubstr;
 std::string Dir() { return std::string(std::getenv("TEST_TMPDIR")); }
 
 std::string RunFixtures(const std::string& args) {
-  const std::string command =
-      "/usr/bin/python3 libs/format/testdata/checkpoint_fixtures.py " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  EXPECT_EQ(pclose(pipe), 0) << command << "\n" << output;
-  return output;
+  return ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/checkpoint_fixtures.py", args);
 }
 
 class ConvertTest : public ::testing::Test {

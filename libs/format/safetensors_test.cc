@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/testing/python_runner.h"
 
 namespace ckpt {
 namespace {
@@ -35,15 +36,7 @@ std::string ReadFile(const std::string& path) {
 
 // Runs the Python peer (real PyTorch) and returns its stdout; fails the test on a non-zero exit.
 std::string RunPeer(const std::string& args) {
-  const std::string command =
-      "/usr/bin/python3 libs/format/testdata/safetensors_fixture.py " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  EXPECT_EQ(status, 0) << command << "\n" << output;
-  return output;
+  return ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/safetensors_fixture.py", args);
 }
 
 std::set<std::string> Lines(const std::string& text) {

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/testing/python_runner.h"
 #include "libs/tensor/dtype.h"
 
 namespace ckpt {
@@ -27,14 +28,7 @@ std::string TmpPath(const std::string& name) {
 }
 
 std::string RunPython(const std::string& args) {
-  const std::string command =
-      "/usr/bin/python3 libs/format/testdata/torch_export_check.py " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  EXPECT_EQ(pclose(pipe), 0) << command << "\n" << output;
-  return output;
+  return ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/torch_export_check.py", args);
 }
 
 std::set<std::string> Lines(const std::string& text) {

@@ -15,6 +15,7 @@
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/status/status_matchers.h"
+#include "libs/testing/python_runner.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 
@@ -28,9 +29,8 @@ std::string Dir() { return std::string(std::getenv("TEST_TMPDIR")); }
 class CheckpointImportTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string command = "/usr/bin/python3 libs/format/testdata/checkpoint_fixtures.py make " +
-                                Dir() + " > " + Dir() + "/fixtures.log 2>&1";
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/checkpoint_fixtures.py",
+                                           "make " + Dir());
   }
 
   void SetUp() override {
