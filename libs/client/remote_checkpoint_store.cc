@@ -1,0 +1,706 @@
+#include "libs/client/remote_checkpoint_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "libs/status/grpc_status.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/chunk_hasher.h"
+#include "libs/store/version_ref.h"
+#include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
+
+namespace ckpt {
+namespace {
+
+// Wire facts shared with //services/checkpoint_store (store_service.h documents them; the tests
+// here run against the real service, so a mismatch fails them).
+constexpr int kMaxTensorDataBytes = 1 << 20;
+constexpr char kUploadAcceptedMetadata[] = "ckpt-upload-accepted";
+constexpr char kUploadWarningMetadata[] = "ckpt-upload-warning-bin";
+// Listing pages asked for: the service's maximum.
+constexpr int kListPageSize = 1000;
+
+using Stub = v1::CheckpointStore::Stub;
+
+const v1::TensorMeta& TensorAt(const v1::Manifest& manifest, int index) {
+  return index < manifest.tensors_size() ? manifest.tensors(index)
+                                         : manifest.state_tensors(index - manifest.tensors_size());
+}
+
+std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.size()); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+class RemoteCheckpointStore::Connection {
+ public:
+  Connection(RemoteStoreOptions options, std::shared_ptr<grpc::Channel> channel)
+      : options_(std::move(options)),
+        channel_(std::move(channel)),
+        stub_(v1::CheckpointStore::NewStub(channel_)) {}
+
+  const RemoteStoreOptions& options() const { return options_; }
+  Stub& stub() const { return *stub_; }
+
+  // A context for a call that must end by `deadline`, carrying the bearer token.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(deadline));
+    if (!options_.auth_token.empty()) {
+      context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+    }
+    return context;
+  }
+
+  // OK once the channel is connected; UNAVAILABLE when it is not within connect_timeout (or by
+  // `deadline`, if sooner). Nothing has been sent when this fails.
+  absl::Status WaitUntilConnected(absl::Time deadline) const {
+    if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+      return absl::OkStatus();
+    }
+    const absl::Time limit = std::min(deadline, absl::Now() + options_.connect_timeout);
+    if (channel_->WaitForConnected(absl::ToChronoTime(limit))) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat("cannot connect to the checkpoint store at ",
+                                               options_.address, " within ",
+                                               absl::FormatDuration(options_.connect_timeout)));
+  }
+
+  // UNAVAILABLE statuses name the server (the client's own, e.g. "connection refused", do not).
+  absl::Status FromCall(const grpc::Status& status) const {
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return FromGrpcStatus(status);
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint store at ", options_.address, ": ", status.error_message()));
+  }
+
+  enum class Effect { kReadOnly, kChangesStore };
+
+  // One unary call with a deadline of `timeout` from now. Read-only calls are retried on
+  // UNAVAILABLE with exponential backoff while the deadline allows; calls that change the store
+  // are sent once, after the channel is connected.
+  template <typename Request, typename Response>
+  absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response, Effect effect,
+                    absl::Duration timeout) const {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Duration backoff = options_.initial_backoff;
+    for (int attempt = 0;; ++attempt) {
+      if (effect == Effect::kChangesStore) RETURN_IF_ERROR(WaitUntilConnected(deadline));
+      std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
+      response->Clear();
+      const grpc::Status status = (stub_.get()->*method)(context.get(), request, response);
+      if (status.ok()) return absl::OkStatus();
+      if (effect == Effect::kChangesStore || status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          attempt >= options_.max_retries || absl::Now() + backoff >= deadline) {
+        return FromCall(status);
+      }
+      absl::SleepFor(backoff);
+      backoff = backoff * 2;
+    }
+  }
+
+ private:
+  const RemoteStoreOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<Stub> stub_;
+};
+
+using Connection = RemoteCheckpointStore::Connection;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// One Upload stream.
+class RemoteUploadSession final : public UploadSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<UploadSession>> Start(
+      std::shared_ptr<const Connection> connection, absl::string_view model, v1::Manifest header,
+      const CommitOptions& options) {
+    const RemoteStoreOptions& remote = connection->options();
+    RETURN_IF_ERROR(connection->WaitUntilConnected(absl::Now() + remote.connect_timeout));
+    std::unique_ptr<RemoteUploadSession> session(new RemoteUploadSession(std::move(connection)));
+    RETURN_IF_ERROR(session->SendHeader(model, std::move(header), options));
+    return std::unique_ptr<UploadSession>(std::move(session));
+  }
+
+  ~RemoteUploadSession() override {
+    if (stream_open_) {
+      // Abandons the upload: the server destroys its session, nothing becomes visible.
+      context_->TryCancel();
+      writer_->Finish();
+    }
+  }
+
+  const v1::Manifest& header() const override { return header_; }
+  int tensor_count() const override { return static_cast<int>(received_.size()); }
+  const std::vector<std::string>& warnings() const override { return warnings_; }
+
+  absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
+    RETURN_IF_ERROR(CheckUsable());
+    if (tensor_index < 0 || tensor_index >= tensor_count()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor index ", tensor_index,
+                                                          " is out of range: the upload has ",
+                                                          tensor_count(), " tensors")));
+    }
+    const v1::TensorMeta& meta = TensorAt(header_, tensor_index);
+    int64_t& received = received_[tensor_index];
+    if (offset != received) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", meta.key(), "' (index ", tensor_index, "): data at offset ", offset,
+          ", expected offset ", received, " (a tensor's bytes must arrive in order)")));
+    }
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    if (size > meta.byte_length() - received) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("tensor '", meta.key(), "' (index ", tensor_index, "): ", received + size,
+                       " bytes sent but its byte_length is ", meta.byte_length())));
+    }
+    for (int64_t sent = 0; sent < size; sent += kMaxTensorDataBytes) {
+      const int64_t piece = std::min<int64_t>(kMaxTensorDataBytes, size - sent);
+      request_.Clear();
+      v1::TensorData* data = request_.mutable_data();
+      data->set_tensor_index(tensor_index);
+      data->set_offset(offset + sent);
+      data->set_data(bytes.data() + sent, piece);
+      if (!writer_->Write(request_)) return Fail(StreamEnded());
+    }
+    received += size;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<CommitResult> Commit() override {
+    RETURN_IF_ERROR(CheckUsable());
+    request_.Clear();
+    // The aliases travelled in the header; an empty UploadCommit.aliases keeps them.
+    request_.mutable_commit();
+    // Sent once: if the stream breaks now the server may or may not have committed, and only a
+    // look at the model (ListVersions) can tell; a blind retry could commit twice.
+    if (!writer_->Write(request_)) return Fail(StreamEnded());
+    writer_->WritesDone();
+    const grpc::Status status = writer_->Finish();
+    stream_open_ = false;
+    if (!status.ok()) return Fail(connection_->FromCall(status));
+    committed_ = true;
+    CommitResult result;
+    result.version = response_.version();
+    result.logical_bytes = response_.logical_bytes();
+    result.new_bytes = response_.new_bytes();
+    result.warnings.assign(response_.warnings().begin(), response_.warnings().end());
+    return result;
+  }
+
+ private:
+  explicit RemoteUploadSession(std::shared_ptr<const Connection> connection)
+      : connection_(std::move(connection)) {}
+
+  absl::Status SendHeader(absl::string_view model, v1::Manifest header,
+                          const CommitOptions& options) {
+    context_ = connection_->NewContext(absl::Now() + connection_->options().long_call_deadline);
+    writer_ = connection_->stub().Upload(context_.get(), &response_);
+    stream_open_ = true;
+    v1::UploadHeader* upload = request_.mutable_header();
+    upload->set_model(std::string(model));
+    *upload->mutable_manifest() = header;
+    upload->set_expected_latest_version(options.expected_latest_version);
+    for (const std::string& alias : options.aliases) upload->add_aliases(alias);
+    if (!writer_->Write(request_)) return StreamEnded();
+    // The server sends initial metadata once it accepted the header; when it rejects the header
+    // it ends the call instead, and Finish has its status.
+    writer_->WaitForInitialMetadata();
+    const auto& metadata = context_->GetServerInitialMetadata();
+    if (metadata.find(kUploadAcceptedMetadata) == metadata.end()) return StreamEnded();
+    auto [begin, end] = metadata.equal_range(kUploadWarningMetadata);
+    for (auto it = begin; it != end; ++it) warnings_.push_back(ToString(it->second));
+
+    header_ = std::move(header);
+    header_.set_model(std::string(model));
+    header_.set_version(0);
+    header_.clear_aliases();
+    header_.clear_warnings();
+    for (const std::string& warning : warnings_) header_.add_warnings(warning);
+    received_.assign(header_.tensors_size() + header_.state_tensors_size(), 0);
+    return absl::OkStatus();
+  }
+
+  // The status that ended the stream (a Write failed, or the server ended it early).
+  absl::Status StreamEnded() {
+    const grpc::Status status = writer_->Finish();
+    stream_open_ = false;
+    if (status.ok()) {
+      return absl::InternalError(absl::StrCat("the checkpoint store at ",
+                                              connection_->options().address,
+                                              " ended the upload early without an error"));
+    }
+    return connection_->FromCall(status);
+  }
+
+  absl::Status CheckUsable() const {
+    if (committed_) return absl::FailedPreconditionError("the upload is already committed");
+    if (!failed_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the upload failed earlier: ", failed_.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Fail(absl::Status status) {
+    failed_ = status;
+    if (stream_open_) {
+      context_->TryCancel();
+      writer_->Finish();
+      stream_open_ = false;
+    }
+    return status;
+  }
+
+  const std::shared_ptr<const Connection> connection_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer_;
+  bool stream_open_ = false;  // Finish not called yet.
+  v1::UploadRequest request_;
+  v1::UploadResponse response_;
+  v1::Manifest header_;
+  std::vector<std::string> warnings_;
+  std::vector<int64_t> received_;  // bytes sent per tensor.
+  absl::Status failed_;
+  bool committed_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One Download stream, positioned after its manifest.
+class DownloadStream {
+ public:
+  // Starts the download and reads the manifest. UNAVAILABLE before the manifest arrived is
+  // retried like a read-only call: nothing was consumed yet.
+  static absl::StatusOr<std::unique_ptr<DownloadStream>> Open(
+      std::shared_ptr<const Connection> connection, const v1::DownloadRequest& request) {
+    const RemoteStoreOptions& options = connection->options();
+    absl::Duration backoff = options.initial_backoff;
+    for (int attempt = 0;; ++attempt) {
+      std::unique_ptr<DownloadStream> stream(new DownloadStream(connection));
+      stream->context_ = connection->NewContext(absl::Now() + options.long_call_deadline);
+      stream->reader_ = connection->stub().Download(stream->context_.get(), request);
+      stream->open_ = true;
+      if (stream->reader_->Read(&stream->message_)) {
+        if (!stream->message_.has_manifest()) {
+          return absl::InternalError(absl::StrCat("the checkpoint store at ", options.address,
+                                                  " began a download without its manifest"));
+        }
+        stream->manifest_ = std::move(*stream->message_.mutable_manifest());
+        return stream;
+      }
+      const grpc::Status status = stream->reader_->Finish();
+      stream->open_ = false;
+      if (status.ok()) {
+        return absl::InternalError(
+            absl::StrCat("the checkpoint store at ", options.address, " sent an empty download"));
+      }
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= options.max_retries) {
+        return connection->FromCall(status);
+      }
+      absl::SleepFor(backoff);
+      backoff = backoff * 2;
+    }
+  }
+
+  ~DownloadStream() {
+    if (open_) {
+      context_->TryCancel();
+      reader_->Finish();
+    }
+  }
+
+  v1::Manifest& manifest() { return manifest_; }
+
+  // Streams tensor `index` (described by `meta`, from the manifest) to `callback` one store chunk
+  // at a time, each checked against its ChunkRef. The tensor's data must be the next on the
+  // stream, apart from data of earlier tensors, which is skipped. After an error the stream is
+  // mid-tensor and must not be read again.
+  absl::Status ReadTensor(int index, const v1::TensorMeta& meta, const ChunkCallback& callback,
+                          absl::string_view where) {
+    const int64_t length = meta.byte_length();
+    int64_t chunk_bytes = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) chunk_bytes += chunk.length();
+    if (chunk_bytes != length) {
+      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
+                                              ": its chunks hold ", chunk_bytes,
+                                              " bytes, its byte_length is ", length));
+    }
+    int64_t received = 0;
+    int chunk_index = 0;
+    int64_t chunk_offset = 0;
+    std::string chunk;
+    while (received < length) {
+      if (!reader_->Read(&message_)) {
+        const grpc::Status status = reader_->Finish();
+        open_ = false;
+        if (!status.ok()) return connection_->FromCall(status);
+        return absl::DataLossError(absl::StrCat("the download of ", where, " ended after ",
+                                                received, " of ", length, " bytes of tensor '",
+                                                meta.key(), "'"));
+      }
+      if (!message_.has_data()) {
+        return absl::InternalError(
+            absl::StrCat("the download of ", where, " sent a second manifest"));
+      }
+      const v1::TensorData& data = message_.data();
+      if (data.tensor_index() < index && received == 0) continue;  // Not asked for: skipped.
+      if (data.tensor_index() != index || data.offset() != received) {
+        return absl::InternalError(absl::StrCat(
+            "the download of ", where, " sent tensor ", data.tensor_index(), " at offset ",
+            data.offset(), " where tensor ", index, " at offset ", received, " was due"));
+      }
+      absl::string_view bytes = data.data();
+      if (static_cast<int64_t>(bytes.size()) > length - received) {
+        return absl::DataLossError(absl::StrCat("the download of ", where, " sent ",
+                                                received + bytes.size(), " bytes of tensor '",
+                                                meta.key(), "', whose byte_length is ", length));
+      }
+      while (!bytes.empty()) {
+        const v1::ChunkRef& ref = meta.chunks(chunk_index);
+        if (chunk.capacity() < static_cast<size_t>(ref.length())) chunk.reserve(ref.length());
+        const size_t take =
+            std::min(bytes.size(), static_cast<size_t>(ref.length()) - chunk.size());
+        chunk.append(bytes.data(), take);
+        bytes.remove_prefix(take);
+        received += static_cast<int64_t>(take);
+        if (static_cast<int64_t>(chunk.size()) < ref.length()) continue;
+        const uint64_t xxh3 = Xxh3(chunk);
+        if (xxh3 != ref.xxh3_64()) {
+          return absl::DataLossError(
+              absl::StrCat("chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ",
+                           where, " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
+                           ") arrived with a wrong xxh3 checksum; its bytes were not returned"));
+        }
+        RETURN_IF_ERROR(callback(chunk_offset, chunk));
+        chunk_offset += ref.length();
+        ++chunk_index;
+        chunk.clear();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit DownloadStream(std::shared_ptr<const Connection> connection)
+      : connection_(std::move(connection)) {}
+
+  const std::shared_ptr<const Connection> connection_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader_;
+  bool open_ = false;  // Finish not called yet.
+  v1::Manifest manifest_;
+  v1::DownloadResponse message_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A version read through one main Download stream (in manifest order) plus one-off Downloads
+// for tensors read out of order.
+class RemoteVersionReader final : public VersionReader {
+ public:
+  RemoteVersionReader(std::shared_ptr<const Connection> connection,
+                      std::unique_ptr<DownloadStream> main)
+      : connection_(std::move(connection)),
+        main_(std::move(main)),
+        manifest_(std::move(main_->manifest())),
+        where_(FormatVersionRef(manifest_.model(), manifest_.version())) {
+    for (int i = 0; i < manifest_.tensors_size(); ++i) {
+      model_index_.emplace(manifest_.tensors(i).key(), i);
+    }
+    for (int i = 0; i < manifest_.state_tensors_size(); ++i) {
+      state_index_.emplace(manifest_.state_tensors(i).key(), manifest_.tensors_size() + i);
+    }
+  }
+
+  const v1::Manifest& manifest() const override { return manifest_; }
+
+  absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
+                                const ChunkCallback& callback) const override {
+    ASSIGN_OR_RETURN(const int index, IndexOf(meta));
+    const v1::TensorMeta& stored = TensorAt(manifest_, index);
+    if (stored.byte_length() != meta.byte_length()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", meta.key(), "' has byte_length ",
+                                                     meta.byte_length(), " but ", where_,
+                                                     " holds it with ", stored.byte_length()));
+    }
+    if (stored.byte_length() == 0) return absl::OkStatus();
+    if (main_ != nullptr && index == NextOnMainStream()) {
+      absl::Status status = main_->ReadTensor(index, stored, callback, where_);
+      main_position_ = index + 1;
+      if (!status.ok()) main_.reset();  // Mid-tensor now: later reads go one-off.
+      return status;
+    }
+    v1::DownloadRequest request;
+    *request.mutable_ref() = MakeVersionRef(manifest_.model(), manifest_.version());
+    request.add_keys(stored.key());
+    request.set_include_state(index >= manifest_.tensors_size());
+    ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
+                     DownloadStream::Open(connection_, request));
+    return stream->ReadTensor(index, stored, callback, where_);
+  }
+
+ private:
+  // The index of `meta` in manifest order: the very entry when `meta` is one of manifest()'s,
+  // else by key, model tensors first (as ReadTensor(key) searches).
+  absl::StatusOr<int> IndexOf(const v1::TensorMeta& meta) const {
+    auto state = state_index_.find(meta.key());
+    if (state != state_index_.end() && &TensorAt(manifest_, state->second) == &meta) {
+      return state->second;
+    }
+    auto model = model_index_.find(meta.key());
+    if (model != model_index_.end()) return model->second;
+    if (state != state_index_.end()) return state->second;
+    return absl::NotFoundError(absl::StrCat("no tensor '", meta.key(), "' in ", where_));
+  }
+
+  // The tensor whose bytes the main stream delivers next (tensors of 0 bytes send none).
+  int NextOnMainStream() const {
+    const int count = manifest_.tensors_size() + manifest_.state_tensors_size();
+    int index = main_position_;
+    while (index < count && TensorAt(manifest_, index).byte_length() == 0) ++index;
+    return index;
+  }
+
+  const std::shared_ptr<const Connection> connection_;
+  // Reading changes stream positions, while VersionReader's reads are const; a reader is used
+  // by one thread at a time, as the interface requires.
+  mutable std::unique_ptr<DownloadStream> main_;  // null once it failed.
+  mutable int main_position_ = 0;                 // tensors before this were consumed.
+  const v1::Manifest manifest_;
+  const std::string where_;
+  absl::flat_hash_map<std::string, int> model_index_;
+  absl::flat_hash_map<std::string, int> state_index_;
+};
+
+absl::Status ValidateOptions(const RemoteStoreOptions& options) {
+  if (options.address.empty()) {
+    return absl::InvalidArgumentError("RemoteStoreOptions.address is empty (want HOST:PORT)");
+  }
+  for (char c : options.auth_token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          "RemoteStoreOptions.auth_token holds whitespace, control or non-ASCII characters");
+    }
+  }
+  if (options.deadline <= absl::ZeroDuration() ||
+      options.long_call_deadline <= absl::ZeroDuration() ||
+      options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "RemoteStoreOptions deadline, long_call_deadline and connect_timeout must be positive");
+  }
+  if (options.max_retries < 0 || options.initial_backoff < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "RemoteStoreOptions max_retries and initial_backoff must not be negative");
+  }
+  if (options.max_receive_message_bytes <= kMaxTensorDataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RemoteStoreOptions.max_receive_message_bytes must exceed ", kMaxTensorDataBytes,
+        " (a TensorData message), got ", options.max_receive_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<RemoteCheckpointStore>> RemoteCheckpointStore::Connect(
+    const RemoteStoreOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  // Reconnect about as fast as calls retry, so a restarted server is found within the retries.
+  const int backoff_ms = static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(options.initial_backoff), 10, 1000));
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, backoff_ms);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), arguments);
+  auto connection = std::make_shared<Connection>(options, std::move(channel));
+  RETURN_IF_ERROR(connection->WaitUntilConnected(absl::Now() + options.connect_timeout));
+  return std::unique_ptr<RemoteCheckpointStore>(new RemoteCheckpointStore(std::move(connection)));
+}
+
+RemoteCheckpointStore::RemoteCheckpointStore(std::shared_ptr<Connection> connection)
+    : connection_(std::move(connection)) {}
+
+RemoteCheckpointStore::~RemoteCheckpointStore() = default;
+
+const std::string& RemoteCheckpointStore::address() const { return connection_->options().address; }
+
+absl::StatusOr<std::unique_ptr<UploadSession>> RemoteCheckpointStore::BeginUpload(
+    absl::string_view model, v1::Manifest header, const CommitOptions& options) {
+  return RemoteUploadSession::Start(connection_, model, std::move(header), options);
+}
+
+absl::StatusOr<std::vector<std::string>> RemoteCheckpointStore::FindMissingChunks(
+    const std::vector<std::string>& sha256s) {
+  v1::FindMissingChunksRequest request;
+  for (const std::string& sha256 : sha256s) request.add_sha256(sha256);
+  v1::FindMissingChunksResponse response;
+  RETURN_IF_ERROR(connection_->Call(&Stub::FindMissingChunks, request, &response,
+                                    Connection::Effect::kReadOnly,
+                                    connection_->options().deadline));
+  return std::vector<std::string>(response.missing_sha256().begin(),
+                                  response.missing_sha256().end());
+}
+
+absl::StatusOr<v1::Manifest> RemoteCheckpointStore::GetManifest(const v1::VersionRef& ref) {
+  v1::GetManifestRequest request;
+  *request.mutable_ref() = ref;
+  v1::Manifest manifest;
+  RETURN_IF_ERROR(connection_->Call(&Stub::GetManifest, request, &manifest,
+                                    Connection::Effect::kReadOnly,
+                                    connection_->options().deadline));
+  return manifest;
+}
+
+absl::StatusOr<std::unique_ptr<VersionReader>> RemoteCheckpointStore::OpenVersion(
+    const v1::VersionRef& ref) {
+  v1::DownloadRequest request;
+  *request.mutable_ref() = ref;
+  request.set_include_state(true);
+  ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
+                   DownloadStream::Open(connection_, request));
+  return std::unique_ptr<VersionReader>(new RemoteVersionReader(connection_, std::move(stream)));
+}
+
+absl::Status RemoteCheckpointStore::ReadTensorChunks(const v1::TensorMeta& meta,
+                                                     const ChunkCallback&) {
+  return absl::UnimplementedError(
+      absl::StrCat("a remote checkpoint store cannot read tensor '", meta.key(),
+                   "' by its chunk list: the wire API reads tensors of a version; use "
+                   "OpenVersion(MODEL@N)->ReadTensorChunks"));
+}
+
+absl::StatusOr<std::vector<v1::ModelInfo>> RemoteCheckpointStore::ListModels() {
+  std::vector<v1::ModelInfo> models;
+  v1::ListModelsRequest request;
+  request.set_page_size(kListPageSize);
+  do {
+    v1::ListModelsResponse response;
+    RETURN_IF_ERROR(connection_->Call(&Stub::ListModels, request, &response,
+                                      Connection::Effect::kReadOnly,
+                                      connection_->options().deadline));
+    for (v1::ModelInfo& model : *response.mutable_models()) models.push_back(std::move(model));
+    if (!response.next_page_token().empty() && response.next_page_token() == request.page_token()) {
+      return absl::InternalError("ListModels returned the same page token twice");
+    }
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return models;
+}
+
+absl::StatusOr<std::vector<v1::VersionInfo>> RemoteCheckpointStore::ListVersions(
+    absl::string_view model) {
+  std::vector<v1::VersionInfo> versions;
+  v1::ListVersionsRequest request;
+  request.set_model(std::string(model));
+  request.set_page_size(kListPageSize);
+  do {
+    v1::ListVersionsResponse response;
+    RETURN_IF_ERROR(connection_->Call(&Stub::ListVersions, request, &response,
+                                      Connection::Effect::kReadOnly,
+                                      connection_->options().deadline));
+    for (v1::VersionInfo& version : *response.mutable_versions()) {
+      versions.push_back(std::move(version));
+    }
+    if (!response.next_page_token().empty() && response.next_page_token() == request.page_token()) {
+      return absl::InternalError("ListVersions returned the same page token twice");
+    }
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return versions;
+}
+
+absl::StatusOr<int64_t> RemoteCheckpointStore::SetAlias(absl::string_view model,
+                                                        absl::string_view alias, int64_t version,
+                                                        int64_t expected_current_version) {
+  v1::SetAliasRequest request;
+  request.set_model(std::string(model));
+  request.set_alias(std::string(alias));
+  request.set_version(version);
+  request.set_expected_current_version(expected_current_version);
+  v1::SetAliasResponse response;
+  RETURN_IF_ERROR(connection_->Call(&Stub::SetAlias, request, &response,
+                                    Connection::Effect::kChangesStore,
+                                    connection_->options().deadline));
+  return response.previous_version();
+}
+
+absl::Status RemoteCheckpointStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
+  v1::DeleteAliasRequest request;
+  request.set_model(std::string(model));
+  request.set_alias(std::string(alias));
+  v1::DeleteAliasResponse response;
+  return connection_->Call(&Stub::DeleteAlias, request, &response,
+                           Connection::Effect::kChangesStore, connection_->options().deadline);
+}
+
+absl::StatusOr<int64_t> RemoteCheckpointStore::DeleteVersion(absl::string_view model,
+                                                             int64_t version, bool force) {
+  v1::DeleteVersionRequest request;
+  request.set_model(std::string(model));
+  request.set_version(version);
+  request.set_force(force);
+  v1::DeleteVersionResponse response;
+  RETURN_IF_ERROR(connection_->Call(&Stub::DeleteVersion, request, &response,
+                                    Connection::Effect::kChangesStore,
+                                    connection_->options().deadline));
+  return response.bytes_released();
+}
+
+absl::StatusOr<v1::ApplyRetentionResponse> RemoteCheckpointStore::ApplyRetention(
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+  v1::ApplyRetentionRequest request;
+  request.set_model(std::string(model));
+  *request.mutable_policy() = policy;
+  request.set_dry_run(dry_run);
+  v1::ApplyRetentionResponse response;
+  RETURN_IF_ERROR(
+      connection_->Call(&Stub::ApplyRetention, request, &response,
+                        dry_run ? Connection::Effect::kReadOnly : Connection::Effect::kChangesStore,
+                        connection_->options().long_call_deadline));
+  return response;
+}
+
+absl::StatusOr<v1::GarbageCollectResponse> RemoteCheckpointStore::GarbageCollect(bool dry_run) {
+  v1::GarbageCollectRequest request;
+  request.set_dry_run(dry_run);
+  v1::GarbageCollectResponse response;
+  RETURN_IF_ERROR(
+      connection_->Call(&Stub::GarbageCollect, request, &response,
+                        dry_run ? Connection::Effect::kReadOnly : Connection::Effect::kChangesStore,
+                        connection_->options().long_call_deadline));
+  return response;
+}
+
+absl::StatusOr<v1::VerifyResponse> RemoteCheckpointStore::Verify(absl::string_view model,
+                                                                 int64_t version) {
+  v1::VerifyRequest request;
+  request.set_model(std::string(model));
+  request.set_version(version);
+  v1::VerifyResponse response;
+  RETURN_IF_ERROR(connection_->Call(&Stub::Verify, request, &response,
+                                    Connection::Effect::kReadOnly,
+                                    connection_->options().long_call_deadline));
+  return response;
+}
+
+absl::StatusOr<v1::StoreStats> RemoteCheckpointStore::GetStats() {
+  v1::GetStatsRequest request;
+  v1::StoreStats stats;
+  RETURN_IF_ERROR(connection_->Call(&Stub::GetStats, request, &stats, Connection::Effect::kReadOnly,
+                                    connection_->options().deadline));
+  return stats;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,690 @@
+#include "libs/client/remote_checkpoint_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "libs/rpc/grpc_server.h"
+#include "libs/status/status_matchers.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/state_dict.h"
+#include "libs/tensor/value.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "services/checkpoint_store/store_service.h"
+#include "services/checkpoint_store/testing/instrumented_store.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::StatusIs;
+using ::google::protobuf::util::MessageDifferencer;
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr int64_t kMiB = 1 << 20;
+
+v1::VersionRef Ref(absl::string_view text) {
+  absl::StatusOr<v1::VersionRef> ref = ParseVersionRef(text);
+  EXPECT_OK(ref.status());
+  return ref.value_or(v1::VersionRef());
+}
+
+at::Tensor Seeded(std::vector<int64_t> shape, uint64_t seed) {
+  at::manual_seed(seed);
+  return at::randn(shape);
+}
+
+// Every byte, dtype and shape equal.
+void ExpectSameTensor(const at::Tensor& actual, const at::Tensor& expected,
+                      const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what;
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const at::Tensor a = actual.contiguous();
+  const at::Tensor b = expected.contiguous();
+  ASSERT_EQ(a.nbytes(), b.nbytes()) << what;
+  if (a.nbytes() > 0) {
+    EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << what;
+  }
+}
+
+Value AdamState(const std::vector<at::Tensor>& params, uint64_t seed) {
+  Value state = Value::Dict();
+  std::vector<Value> indices;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Value per_param = Value::Dict();
+    per_param.Set("step", Value::Tensor(at::full({}, 100.0)));
+    per_param.Set("exp_avg", Value::Tensor(Seeded(params[i].sizes().vec(), seed + i)));
+    per_param.Set("exp_avg_sq",
+                  Value::Tensor(Seeded(params[i].sizes().vec(), seed + 50 + i).abs()));
+    state.Set(static_cast<int64_t>(i), per_param);
+    indices.push_back(Value::Int(static_cast<int64_t>(i)));
+  }
+  Value group = Value::Dict();
+  group.Set("lr", Value::Float(1e-3));
+  group.Set("betas", Value::Tuple({Value::Float(0.9), Value::Float(0.999)}));
+  group.Set("params", Value::List(indices));
+  Value optimizer = Value::Dict();
+  optimizer.Set("state", state);
+  optimizer.Set("param_groups", Value::List({group}));
+  return optimizer;
+}
+
+Value StepLrState(int64_t last_epoch) {
+  Value scheduler = Value::Dict();
+  scheduler.Set("step_size", Value::Int(30));
+  scheduler.Set("gamma", Value::Float(0.1));
+  scheduler.Set("base_lrs", Value::List({Value::Float(1e-3)}));
+  scheduler.Set("last_epoch", Value::Int(last_epoch));
+  return scheduler;
+}
+
+// A DDP-wrapped model of mixed dtypes whose first tensor (4.7 MiB) spans two store chunks, with
+// Adam state, a StepLR scheduler and extra bundle entries.
+CheckpointContents FullCheckpoint(uint64_t seed) {
+  const at::Tensor encoder_weight = Seeded({1200, 1024}, seed);
+  const at::Tensor encoder_bias = Seeded({1024}, seed + 1);
+  const at::Tensor head_weight = Seeded({10, 1024}, seed + 2).to(at::kHalf);
+  const at::Tensor head_bias = Seeded({10}, seed + 3).to(at::kBFloat16);
+  CheckpointContents contents;
+  EXPECT_OK(contents.model.Insert("module.encoder.weight", encoder_weight));
+  EXPECT_OK(contents.model.Insert("module.encoder.bias", encoder_bias));
+  EXPECT_OK(contents.model.Insert("module.head.weight", head_weight));
+  EXPECT_OK(contents.model.Insert("module.head.bias", head_bias));
+  EXPECT_OK(contents.model.Insert("module.bn.num_batches_tracked",
+                                  at::full({}, static_cast<int64_t>(seed), at::kLong)));
+  EXPECT_OK(contents.model.Insert("module.mask", Seeded({33}, seed + 4).gt(0)));
+  EXPECT_OK(contents.model.Insert("module.codebook",
+                                  at::arange(257, at::kInt).remainder(251).to(at::kByte)));
+  EXPECT_OK(contents.model.Insert("module.empty", at::empty({0, 4})));
+  contents.optimizer = AdamState({encoder_weight, encoder_bias, head_weight, head_bias}, seed);
+  contents.optimizer_param_names = {{0, "module.encoder.weight"},
+                                    {1, "module.encoder.bias"},
+                                    {2, "module.head.weight"},
+                                    {3, "module.head.bias"}};
+  contents.scheduler = StepLrState(static_cast<int64_t>(seed));
+  Value extra = Value::Dict();
+  extra.Set("epoch", Value::Int(7));
+  extra.Set("rng_state", Value::Tensor(at::arange(16, at::kInt).to(at::kByte)));
+  contents.extra = extra;
+  contents.metadata.set_epoch(7);
+  contents.metadata.set_global_step(7000);
+  (*contents.metadata.mutable_metrics())["loss"] = 0.25;
+  return contents;
+}
+
+CheckpointContents SmallCheckpoint(uint64_t seed) {
+  CheckpointContents contents;
+  EXPECT_OK(contents.model.Insert("fc.weight", Seeded({16, 8}, seed)));
+  EXPECT_OK(contents.model.Insert("fc.bias", Seeded({16}, seed + 1)));
+  return contents;
+}
+
+// The canonical key of a "module."-prefixed key.
+std::string Canonical(const std::string& key) {
+  return key.rfind("module.", 0) == 0 ? key.substr(7) : key;
+}
+
+void ExpectSameCheckpoint(const CheckpointContents& loaded, const CheckpointContents& original) {
+  ASSERT_EQ(loaded.model.size(), original.model.size());
+  for (size_t i = 0; i < original.model.size(); ++i) {
+    const StateDict::Entry& expected = original.model.entry(i);
+    const StateDict::Entry& actual = loaded.model.entry(i);
+    EXPECT_EQ(actual.key, Canonical(expected.key));
+    ExpectSameTensor(actual.tensor, expected.tensor, expected.key);
+  }
+  ASSERT_EQ(loaded.optimizer.has_value(), original.optimizer.has_value());
+  if (original.optimizer.has_value()) {
+    EXPECT_TRUE(*loaded.optimizer == *original.optimizer);
+  }
+  ASSERT_EQ(loaded.scheduler.has_value(), original.scheduler.has_value());
+  if (original.scheduler.has_value()) {
+    EXPECT_TRUE(*loaded.scheduler == *original.scheduler);
+  }
+  EXPECT_TRUE(loaded.extra == original.extra);
+  EXPECT_EQ(loaded.metadata.epoch(), original.metadata.epoch());
+  EXPECT_EQ(loaded.metadata.global_step(), original.metadata.global_step());
+}
+
+// A header for one float32 tensor "w" of `floats` elements.
+v1::Manifest OneTensorHeader(int64_t floats) {
+  v1::Manifest header;
+  v1::TensorMeta* meta = header.add_tensors();
+  meta->set_key("w");
+  meta->set_dtype(v1::DTYPE_FLOAT32);
+  meta->add_shape(floats);
+  meta->set_byte_length(floats * 4);
+  return header;
+}
+
+std::string Bytes(int64_t size, char seed) {
+  std::string bytes(size, '\0');
+  for (int64_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(seed + i * 31 + (i >> 12));
+  return bytes;
+}
+
+// Polls `condition` until it holds or `timeout` passes (for effects that land asynchronously
+// on the server, such as an abandoned session being destroyed).
+template <typename Condition>
+bool Eventually(Condition condition, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return condition();
+}
+
+class RemoteCheckpointStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    StoreOptions options;
+    options.db_path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
+                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    options.abandoned_upload_grace = absl::ZeroDuration();
+    ASSERT_OK_AND_ASSIGN(local_, RocksDbCheckpointStore::Open(options));
+    instrumented_ = std::make_unique<InstrumentedStore>(local_.get());
+    instrumented_->set_hook([this](absl::string_view method) {
+      if (method == "GetStats" && hold_get_stats_.load()) release_get_stats_.WaitForNotification();
+    });
+  }
+
+  void TearDown() override {
+    if (!release_get_stats_.HasBeenNotified()) release_get_stats_.Notify();
+    StopServer();
+  }
+
+  void StartServer(const std::string& token = "") {
+    StoreServiceOptions options;
+    options.auth_token = token;
+    options.worker_threads = 4;
+    ASSERT_OK_AND_ASSIGN(service_, StoreService::Create(instrumented_.get(), options));
+    ASSERT_OK_AND_ASSIGN(
+        server_,
+        GrpcServer::Start({}, {{service_.get(), v1::CheckpointStore::service_full_name()}}));
+  }
+
+  void StopServer(absl::Duration grace = absl::ZeroDuration()) {
+    if (server_ != nullptr) {
+      server_->Shutdown(grace);
+      server_->Wait();
+    }
+    server_.reset();
+    service_.reset();
+  }
+
+  RemoteStoreOptions Options(const std::string& token = "") const {
+    RemoteStoreOptions options;
+    options.address = server_->address();
+    options.auth_token = token;
+    options.deadline = absl::Seconds(20);
+    options.connect_timeout = absl::Seconds(5);
+    options.initial_backoff = absl::Milliseconds(20);
+    return options;
+  }
+
+  std::unique_ptr<RemoteCheckpointStore> MustConnect(const std::string& token = "") {
+    absl::StatusOr<std::unique_ptr<RemoteCheckpointStore>> remote =
+        RemoteCheckpointStore::Connect(Options(token));
+    EXPECT_OK(remote.status());
+    return remote.ok() ? *std::move(remote) : nullptr;
+  }
+
+  grpc::Status CheckHealth(HealthCheckResponse* response) const {
+    auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    auto stub = grpc::health::v1::Health::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    HealthCheckRequest request;
+    request.set_service(v1::CheckpointStore::service_full_name());
+    return stub->Check(&context, request, response);
+  }
+
+  std::unique_ptr<RocksDbCheckpointStore> local_;
+  std::unique_ptr<InstrumentedStore> instrumented_;
+  std::unique_ptr<StoreService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::atomic<bool> hold_get_stats_{false};
+  absl::Notification release_get_stats_;
+};
+
+TEST_F(RemoteCheckpointStoreTest, RoundTripsAFullCheckpointByteForByte) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const CheckpointContents original = FullCheckpoint(1);
+  CommitOptions options;
+  options.aliases = {"best"};
+  ASSERT_OK_AND_ASSIGN(CommitResult committed,
+                       remote->CommitCheckpoint("resnet", original, options));
+  EXPECT_EQ(FormatVersionRef(committed.version), "resnet@1");
+  EXPECT_GT(committed.logical_bytes, 3 * 4 * kMiB);
+  EXPECT_GT(committed.new_bytes, 0);
+
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("resnet@best")));
+  ExpectSameCheckpoint(loaded.contents, original);
+  EXPECT_THAT(loaded.manifest.aliases(), ElementsAre("best"));
+  EXPECT_EQ(loaded.contents.optimizer_param_names.at(0), "encoder.weight");
+  EXPECT_EQ(loaded.manifest.metadata().key_normalization().stripped_prefix(), "module.");
+
+  // What went over the wire is what the store holds.
+  ASSERT_OK_AND_ASSIGN(v1::Manifest stored, local_->GetManifest(Ref("resnet@1")));
+  EXPECT_TRUE(MessageDifferencer::Equals(loaded.manifest, stored));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint from_disk, local_->LoadCheckpoint(Ref("resnet@1")));
+  ExpectSameCheckpoint(from_disk.contents, original);
+}
+
+TEST_F(RemoteCheckpointStoreTest, ReadsTensorsOutOfOrderRepeatedAndChunkByChunk) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const CheckpointContents original = FullCheckpoint(2);
+  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, remote->OpenVersion(Ref("m")));
+  EXPECT_EQ(reader->manifest().version(), 1);
+  // Behind, ahead and repeated reads, by key and by meta.
+  for (const char* key : {"head.bias", "encoder.weight", "encoder.weight", "module.missing", "mask",
+                          "encoder.bias"}) {
+    absl::StatusOr<at::Tensor> tensor = reader->ReadTensor(key);
+    const at::Tensor* expected = original.model.Find(absl::StrCat("module.", key));
+    if (expected == nullptr) {
+      EXPECT_THAT(tensor, StatusIs(absl::StatusCode::kNotFound, "module.missing"));
+      continue;
+    }
+    ASSERT_OK(tensor.status()) << key;
+    ExpectSameTensor(*tensor, *expected, key);
+  }
+  const v1::TensorMeta& state = reader->manifest().state_tensors(0);
+  ASSERT_OK_AND_ASSIGN(at::Tensor from_wire, reader->ReadTensor(state));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> disk, local_->OpenVersion(Ref("m@1")));
+  ASSERT_OK_AND_ASSIGN(at::Tensor from_disk, disk->ReadTensor(state.key()));
+  ExpectSameTensor(from_wire, from_disk, state.key());
+
+  // One callback per verified 4 MiB store chunk, at its offset.
+  const v1::TensorMeta& big = reader->manifest().tensors(0);
+  ASSERT_EQ(big.byte_length(), 1200 * 1024 * 4);
+  std::vector<std::pair<int64_t, size_t>> pieces;
+  ASSERT_OK(reader->ReadTensorChunks(big, [&](int64_t offset, absl::string_view bytes) {
+    pieces.emplace_back(offset, bytes.size());
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(pieces,
+              ElementsAre(std::make_pair(int64_t{0}, size_t{4 * kMiB}),
+                          std::make_pair(int64_t{4 * kMiB}, size_t{1200 * 1024 * 4 - 4 * kMiB})));
+  // A callback's error stops the read and comes back unchanged.
+  EXPECT_THAT(reader->ReadTensorChunks(
+                  big, [](int64_t, absl::string_view) { return absl::AbortedError("enough"); }),
+              StatusIs(absl::StatusCode::kAborted, "enough"));
+
+  // Reading by chunk list outside a version is not something the wire offers.
+  EXPECT_THAT(
+      remote->ReadTensorChunks(big, [](int64_t, absl::string_view) { return absl::OkStatus(); }),
+      StatusIs(absl::StatusCode::kUnimplemented, "OpenVersion"));
+}
+
+TEST_F(RemoteCheckpointStoreTest, ManagesVersionsAliasesRetentionAndGcThroughTheWire) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  for (int i = 1; i <= 5; ++i) {
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, remote->CommitCheckpoint("m", SmallCheckpoint(i)));
+    EXPECT_EQ(committed.version.version(), i);
+  }
+  ASSERT_OK(remote->CommitCheckpoint("other", SmallCheckpoint(100)).status());
+
+  ASSERT_OK_AND_ASSIGN(int64_t previous, remote->SetAlias("m", "best", 2));
+  EXPECT_EQ(previous, 0);
+  ASSERT_OK_AND_ASSIGN(previous, remote->SetAlias("m", "best", 3, 2));
+  EXPECT_EQ(previous, 2);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, remote->ListModels());
+  ASSERT_EQ(models.size(), 2u);
+  EXPECT_EQ(models[0].name(), "m");
+  EXPECT_EQ(models[0].latest_version(), 5);
+  EXPECT_EQ(models[0].version_count(), 5);
+  EXPECT_EQ(models[0].aliases().at("best"), 3);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, remote->ListVersions("m"));
+  ASSERT_EQ(versions.size(), 5u);
+  EXPECT_THAT(versions[2].aliases(), ElementsAre("best"));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest best, remote->GetManifest(Ref("m@best")));
+  EXPECT_EQ(best.version(), 3);
+
+  ASSERT_OK(remote->DeleteAlias("m", "best"));
+  EXPECT_THAT(remote->DeleteAlias("m", "best"), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(remote->SetAlias("m", "production", 1).status());
+  EXPECT_THAT(remote->DeleteVersion("m", 1, /*force=*/false),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "production"));
+  ASSERT_OK_AND_ASSIGN(int64_t released, remote->DeleteVersion("m", 1, /*force=*/true));
+  EXPECT_GT(released, 0);
+
+  v1::RetentionPolicy policy;
+  policy.set_keep_last(2);
+  ASSERT_OK_AND_ASSIGN(v1::ApplyRetentionResponse dry, remote->ApplyRetention("m", policy, true));
+  EXPECT_THAT(dry.deleted_versions(), ElementsAre(2, 3));
+  ASSERT_OK_AND_ASSIGN(versions, remote->ListVersions("m"));
+  EXPECT_EQ(versions.size(), 4u);
+  ASSERT_OK_AND_ASSIGN(v1::ApplyRetentionResponse applied,
+                       remote->ApplyRetention("m", policy, false));
+  EXPECT_THAT(applied.deleted_versions(), ElementsAre(2, 3));
+  ASSERT_OK_AND_ASSIGN(versions, remote->ListVersions("m"));
+  ASSERT_EQ(versions.size(), 2u);
+  EXPECT_EQ(versions[0].version(), 4);
+
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse would, remote->GarbageCollect(true));
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, remote->GarbageCollect(false));
+  EXPECT_GT(collected.bytes_freed(), 0);
+  EXPECT_EQ(would.bytes_freed(), collected.bytes_freed());
+
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, remote->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+  EXPECT_GT(verified.chunks_checked(), 0);
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, remote->GetStats());
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats local_stats, local_->GetStats());
+  EXPECT_TRUE(MessageDifferencer::Equals(stats, local_stats));
+  EXPECT_EQ(stats.versions(), 3);
+
+  ASSERT_OK_AND_ASSIGN(v1::Manifest latest, remote->GetManifest(Ref("m")));
+  const std::string known = latest.tensors(0).chunks(0).sha256();
+  const std::string unknown(32, 'x');
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> missing,
+                       remote->FindMissingChunks({known, unknown}));
+  EXPECT_THAT(missing, ElementsAre(unknown));
+}
+
+TEST_F(RemoteCheckpointStoreTest, StoreErrorsPassThroughUnchanged) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1)).status());
+  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(2)).status());
+
+  const absl::Status local_missing = local_->GetManifest(Ref("m@9")).status();
+  ASSERT_EQ(local_missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(remote->GetManifest(Ref("m@9")).status(), local_missing);
+  EXPECT_EQ(remote->OpenVersion(Ref("m@9")).status(), local_missing);
+  EXPECT_EQ(remote->ListVersions("nope").status(), local_->ListVersions("nope").status());
+  EXPECT_THAT(remote->SetAlias("m", "best", 1, /*expected_current_version=*/2),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(remote->FindMissingChunks({"short"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "SHA-256"));
+
+  // Header problems come from BeginUpload, before any byte is sent.
+  CommitOptions stale;
+  stale.expected_latest_version = 1;
+  EXPECT_THAT(remote->CommitCheckpoint("m", SmallCheckpoint(3), stale),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "expects latest version 1"));
+  CommitOptions reserved;
+  reserved.aliases = {"latest"};
+  EXPECT_THAT(remote->BeginUpload("m", OneTensorHeader(4), reserved),
+              StatusIs(absl::StatusCode::kInvalidArgument, "latest"));
+  EXPECT_THAT(remote->BeginUpload("bad name", OneTensorHeader(4), {}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+
+  // Session misuse fails locally, as the store's sessions do; an incomplete commit fails there.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       remote->BeginUpload("m", OneTensorHeader(4), {}));
+  EXPECT_EQ(session->tensor_count(), 1);
+  EXPECT_THAT(session->AddTensorData(0, 4, "abcd"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "expected offset 0"));
+  EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kFailedPrecondition, "failed earlier"));
+  ASSERT_OK_AND_ASSIGN(session, remote->BeginUpload("m", OneTensorHeader(4), {}));
+  ASSERT_OK(session->AddTensorData(0, 0, "abcd"));
+  EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kInvalidArgument, "incomplete"));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, local_->ListVersions("m"));
+  EXPECT_EQ(versions.size(), 2u);
+}
+
+TEST_F(RemoteCheckpointStoreTest, RequiresTheConfiguredBearerTokenButHealthStaysOpen) {
+  StartServer("s3cret-token");
+  HealthCheckResponse health;
+  ASSERT_TRUE(CheckHealth(&health).ok());
+  EXPECT_EQ(health.status(), HealthCheckResponse::SERVING);
+
+  for (const std::string token : {"", "wrong-token", "s3cret-tokenX", "s3cret-toke"}) {
+    std::unique_ptr<RemoteCheckpointStore> remote = MustConnect(token);
+    ASSERT_NE(remote, nullptr);
+    EXPECT_THAT(remote->GetStats(), StatusIs(absl::StatusCode::kUnauthenticated)) << token;
+    EXPECT_THAT(remote->ListModels(), StatusIs(absl::StatusCode::kUnauthenticated)) << token;
+    EXPECT_THAT(remote->SetAlias("m", "a", 1), StatusIs(absl::StatusCode::kUnauthenticated));
+    EXPECT_THAT(remote->CommitCheckpoint("m", SmallCheckpoint(1)),
+                StatusIs(absl::StatusCode::kUnauthenticated));
+    EXPECT_THAT(remote->OpenVersion(Ref("m")), StatusIs(absl::StatusCode::kUnauthenticated));
+  }
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect("s3cret-token");
+  ASSERT_NE(remote, nullptr);
+  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1)).status());
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m")));
+  ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, remote->GetStats());
+  EXPECT_EQ(stats.versions(), 1);
+}
+
+TEST_F(RemoteCheckpointStoreTest, AbandonedUploadLeavesNoVersionAndGcReclaimsIt) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const int64_t floats = 3 * kMiB / 2;  // 6 MiB: one full chunk stored before the cancel.
+  const std::string bytes = Bytes(floats * 4, 7);
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                         remote->BeginUpload("abandoned", OneTensorHeader(floats), {}));
+    ASSERT_OK(session->AddTensorData(0, 0, absl::string_view(bytes).substr(0, 5 * kMiB)));
+    ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, remote->GetStats());
+    EXPECT_EQ(stats.uploads_in_progress(), 1);
+    // A remote AddTensorData returns once the bytes are sent; wait until the server stored them.
+    EXPECT_TRUE(Eventually([&] { return instrumented_->uploaded_bytes() == 5 * kMiB; }));
+  }  // Destroyed mid-way: the stream is cancelled.
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<v1::StoreStats> stats = local_->GetStats();
+    return stats.ok() && stats->uploads_in_progress() == 0;
+  }));
+  EXPECT_THAT(remote->ListVersions("abandoned"), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, remote->GarbageCollect(false));
+  EXPECT_EQ(collected.abandoned_uploads_reclaimed(), 1);
+  EXPECT_EQ(collected.bytes_freed(), 4 * kMiB);
+}
+
+TEST_F(RemoteCheckpointStoreTest, ConcurrentWritersOnOneModelGetDistinctVersions) {
+  StartServer();
+  constexpr int kWriters = 3;
+  constexpr int kCommitsEach = 3;
+  // LibTorch's generator is global: make every checkpoint before the threads start.
+  std::vector<std::vector<CheckpointContents>> contents(kWriters);
+  for (int w = 0; w < kWriters; ++w) {
+    for (int i = 0; i < kCommitsEach; ++i) contents[w].push_back(SmallCheckpoint(w * 10 + i));
+  }
+  std::vector<std::vector<int64_t>> versions(kWriters);
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+      if (remote == nullptr) return;
+      for (int i = 0; i < kCommitsEach; ++i) {
+        absl::StatusOr<CommitResult> committed = remote->CommitCheckpoint("shared", contents[w][i]);
+        EXPECT_OK(committed.status());
+        if (committed.ok()) versions[w].push_back(committed->version.version());
+      }
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+  std::vector<int64_t> all;
+  for (const auto& mine : versions) all.insert(all.end(), mine.begin(), mine.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_THAT(all, ElementsAre(1, 2, 3, 4, 5, 6, 7, 8, 9));
+  // Each writer's version holds that writer's bytes.
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  for (int w = 0; w < kWriters; ++w) {
+    for (int i = 0; i < static_cast<int>(versions[w].size()); ++i) {
+      ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
+                           remote->LoadCheckpoint(MakeVersionRef("shared", versions[w][i])));
+      ExpectSameCheckpoint(loaded.contents, contents[w][i]);
+    }
+  }
+}
+
+TEST_F(RemoteCheckpointStoreTest, ConcurrentReadersOfOneVersionSeeTheSameBytes) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const CheckpointContents original = FullCheckpoint(3);
+  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 4; ++r) {
+    readers.emplace_back([&] {
+      absl::StatusOr<LoadedCheckpoint> loaded = remote->LoadCheckpoint(Ref("m@1"));
+      ASSERT_OK(loaded.status());
+      ExpectSameCheckpoint(loaded->contents, original);
+    });
+  }
+  for (std::thread& reader : readers) reader.join();
+}
+
+TEST_F(RemoteCheckpointStoreTest, ShutdownAbortsAnUnfinishedUploadLeavingNothing) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const int64_t floats = kMiB;
+  const std::string bytes = Bytes(floats * 4, 3);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       remote->BeginUpload("m", OneTensorHeader(floats), {}));
+  ASSERT_OK(session->AddTensorData(0, 0, absl::string_view(bytes).substr(0, 2 * kMiB)));
+  // The grace passes without a commit: the server cancels the upload.
+  StopServer(absl::Milliseconds(200));
+  absl::Status late =
+      session->AddTensorData(0, 2 * kMiB, absl::string_view(bytes).substr(2 * kMiB));
+  if (late.ok()) late = session->Commit().status();
+  EXPECT_FALSE(late.ok());
+  session.reset();
+  EXPECT_THAT(local_->ListVersions("m"), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, local_->GetStats());
+  EXPECT_EQ(stats.uploads_in_progress(), 0);
+  EXPECT_EQ(stats.versions(), 0);
+}
+
+TEST_F(RemoteCheckpointStoreTest, ShutdownLetsAnUploadCommitWithinTheGrace) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const int64_t floats = kMiB;
+  const std::string bytes = Bytes(floats * 4, 5);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       remote->BeginUpload("m", OneTensorHeader(floats), {}));
+  ASSERT_OK(session->AddTensorData(0, 0, absl::string_view(bytes).substr(0, 2 * kMiB)));
+  std::thread shutdown([this] { server_->Shutdown(absl::Seconds(15)); });
+  // Shutdown has begun once health stops answering SERVING.
+  EXPECT_TRUE(Eventually([&] {
+    HealthCheckResponse health;
+    return !CheckHealth(&health).ok() || health.status() != HealthCheckResponse::SERVING;
+  }));
+  absl::Status finished =
+      session->AddTensorData(0, 2 * kMiB, absl::string_view(bytes).substr(2 * kMiB));
+  absl::StatusOr<CommitResult> committed =
+      finished.ok() ? session->Commit() : absl::StatusOr<CommitResult>(finished);
+  shutdown.join();
+  StopServer();
+  // Either the whole version, or nothing: never a partial one.
+  EXPECT_OK(committed.status());
+  if (committed.ok()) {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, local_->OpenVersion(Ref("m@1")));
+    std::string read;
+    ASSERT_OK(reader->ReadTensorChunks(reader->manifest().tensors(0),
+                                       [&](int64_t, absl::string_view piece) {
+                                         read.append(piece.data(), piece.size());
+                                         return absl::OkStatus();
+                                       }));
+    EXPECT_TRUE(read == bytes);
+  } else {
+    EXPECT_THAT(local_->ListVersions("m"), StatusIs(absl::StatusCode::kNotFound));
+  }
+}
+
+TEST_F(RemoteCheckpointStoreTest, SlowServerCallSurfacesDeadlineExceeded) {
+  StartServer();
+  RemoteStoreOptions options = Options();
+  options.deadline = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> remote,
+                       RemoteCheckpointStore::Connect(options));
+  hold_get_stats_.store(true);
+  EXPECT_THAT(remote->GetStats(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  release_get_stats_.Notify();
+  hold_get_stats_.store(false);
+  EXPECT_OK(remote->GetStats().status());
+}
+
+TEST_F(RemoteCheckpointStoreTest, UnreachableServerIsUnavailableNamingTheAddress) {
+  StartServer();
+  const std::string address = server_->address();
+  RemoteStoreOptions options = Options();
+  options.connect_timeout = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> remote,
+                       RemoteCheckpointStore::Connect(options));
+  StopServer();
+  // Read-only calls retry, then give up; calls that change the store never send.
+  EXPECT_THAT(remote->GetStats(), StatusIs(absl::StatusCode::kUnavailable, address));
+  EXPECT_THAT(remote->DeleteAlias("m", "best"), StatusIs(absl::StatusCode::kUnavailable, address));
+
+  EXPECT_THAT(RemoteCheckpointStore::Connect(options),
+              StatusIs(absl::StatusCode::kUnavailable, address));
+}
+
+TEST_F(RemoteCheckpointStoreTest, ARestartedServerIsFoundAgainWithoutErrors) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1)).status());
+  const std::string address = server_->address();
+  StopServer();
+  // The same store served again on the same port: reads retry until the channel reconnects,
+  // writes wait for it.
+  StoreServiceOptions service_options;
+  ASSERT_OK_AND_ASSIGN(service_, StoreService::Create(instrumented_.get(), service_options));
+  GrpcServerOptions server_options;
+  server_options.listen_address = address;
+  ASSERT_OK_AND_ASSIGN(
+      server_, GrpcServer::Start(server_options,
+                                 {{service_.get(), v1::CheckpointStore::service_full_name()}}));
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, remote->GetStats());
+  EXPECT_EQ(stats.versions(), 1);
+  ASSERT_OK(remote->SetAlias("m", "best", 1).status());
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@best")));
+  ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
+}
+
+TEST(RemoteStoreOptionsTest, BadOptionsAreInvalidArguments) {
+  RemoteStoreOptions options;
+  EXPECT_THAT(RemoteCheckpointStore::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "address"));
+  options.address = "127.0.0.1:1";
+  options.auth_token = "two words";
+  EXPECT_THAT(RemoteCheckpointStore::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "auth_token"));
+  options.auth_token = "";
+  options.deadline = absl::ZeroDuration();
+  EXPECT_THAT(RemoteCheckpointStore::Connect(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "deadline"));
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -1,0 +1,234 @@
+// checkpoint_store: serves a RocksDB checkpoint store over gRPC (ckpt.v1.CheckpointStore plus
+// grpc.health.v1.Health).
+//
+//   bazel run //services/checkpoint_store -- --db_path=/data/ckpt --listen=127.0.0.1:50051
+//
+// Prints "checkpoint store serving DB on ADDRESS" once serving (and, with --port_file, writes the
+// port there first). SIGINT / SIGTERM shut down gracefully: health turns NOT_SERVING, new calls
+// are refused, in-flight calls get --shutdown_grace to finish and are then cancelled (an upload
+// that did not commit by then leaves nothing visible; a store operation already running, such as
+// a commit or a verify, completes first, since the store cannot interrupt it); exit status 0. Bad flags exit 2, a store or
+// address that cannot be opened exits 1.
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "libs/io/atomic_file.h"
+#include "libs/rpc/grpc_server.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "services/checkpoint_store/store_service.h"
+
+ABSL_FLAG(std::string, db_path, "",
+          "Directory of the store's RocksDB database; created if it does not exist. Required.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "HOST:PORT to serve on. Port 0 picks a free port (see --port_file). Default "
+          "127.0.0.1:0: loopback only; serving other machines (0.0.0.0:PORT) is an explicit "
+          "choice.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the port actually bound is written to this file (decimal, one line), "
+          "atomically, once the server is serving, for scripts that start it on port 0. "
+          "Default: none.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token every call must present as metadata 'authorization: "
+          "Bearer <token>' (surrounding whitespace is ignored; health checks stay open). "
+          "Default: none, calls are not authenticated.");
+ABSL_FLAG(int, max_message_bytes, 16 << 20,
+          "Largest gRPC message received or sent, in bytes. Tensor bytes move in pieces of at "
+          "most 1 MiB, so this bounds manifests and listings; at least 1114112 (1 MiB + 64 KiB). "
+          "Default 16777216 (16 MiB).");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
+          "On SIGINT / SIGTERM, how long in-flight calls may run before they are cancelled; an "
+          "upload not committed by then leaves nothing visible. A duration such as 10s or 500ms. "
+          "Default 10s.");
+ABSL_FLAG(absl::Duration, abandoned_upload_grace, absl::Hours(1),
+          "Garbage collection leaves the chunks of an upload abandoned less than this long ago, "
+          "so a client that reconnects can reuse them; uploads in progress are never collected. "
+          "A duration such as 1h or 90m. Default 1h.");
+ABSL_FLAG(int, worker_threads, 8,
+          "Threads that run store work (RocksDB reads and writes, hashing, fsync) off gRPC's "
+          "threads; calls beyond this many wait in a queue. Default 8.");
+
+namespace ckpt {
+namespace {
+
+constexpr int kExitBadFlags = 2;
+constexpr int kExitFailure = 1;
+constexpr int kMinMaxMessageBytes = kMaxTensorDataBytes + (64 << 10);
+
+struct ServerConfig {
+  StoreOptions store;
+  StoreServiceOptions service;
+  GrpcServerOptions server;
+  std::string port_file;
+  absl::Duration shutdown_grace;
+};
+
+// The token in `path`, without surrounding whitespace. INVALID_ARGUMENT when the file cannot be
+// read, is empty, or holds characters that cannot travel in gRPC metadata.
+absl::StatusOr<std::string> ReadAuthToken(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read --auth_token_file=", path, ": ", std::strerror(errno)));
+  }
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  if (file.bad()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read --auth_token_file=", path, ": ", std::strerror(errno)));
+  }
+  const std::string token(absl::StripAsciiWhitespace(contents.str()));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--auth_token_file=", path,
+        " is empty; an empty token cannot authenticate anyone (drop the flag to serve without "
+        "authentication)"));
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--auth_token_file=", path,
+          " holds a token with whitespace, control or non-ASCII characters, which cannot travel "
+          "in an 'authorization' header; use printable ASCII"));
+    }
+  }
+  return token;
+}
+
+absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positional) {
+  if (positional.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", positional[1], "'; every setting is a --flag"));
+  }
+  ServerConfig config;
+  config.store.db_path = absl::GetFlag(FLAGS_db_path);
+  if (config.store.db_path.empty()) {
+    return absl::InvalidArgumentError("--db_path is required: the store's database directory");
+  }
+  config.store.abandoned_upload_grace = absl::GetFlag(FLAGS_abandoned_upload_grace);
+  if (config.store.abandoned_upload_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--abandoned_upload_grace must not be negative");
+  }
+  config.server.listen_address = absl::GetFlag(FLAGS_listen);
+  config.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (config.server.max_message_bytes < kMinMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes=", config.server.max_message_bytes,
+        " is too small: a TensorData message carries up to 1 MiB of tensor bytes; use at least ",
+        kMinMaxMessageBytes));
+  }
+  config.service.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  if (config.service.worker_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_threads must be at least 1, got ", config.service.worker_threads));
+  }
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadAuthToken(token_file);
+    if (!token.ok()) return token.status();
+    config.service.auth_token = *std::move(token);
+  }
+  config.port_file = absl::GetFlag(FLAGS_port_file);
+  config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  if (config.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--shutdown_grace must not be negative");
+  }
+  return config;
+}
+
+int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+      RocksDbCheckpointStore::Open(config.store);
+  if (!store.ok()) {
+    std::cerr << "checkpoint_store: cannot open the store at " << config.store.db_path << ": "
+              << store.status() << "\n";
+    return kExitFailure;
+  }
+  absl::StatusOr<std::unique_ptr<StoreService>> service =
+      StoreService::Create(store->get(), config.service);
+  if (!service.ok()) {
+    std::cerr << "checkpoint_store: " << service.status() << "\n";
+    return kExitFailure;
+  }
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(
+      config.server, {{service->get(), v1::CheckpointStore::service_full_name()}});
+  if (!server.ok()) {
+    std::cerr << "checkpoint_store: " << server.status() << "\n";
+    return kExitFailure;
+  }
+  if (!config.port_file.empty()) {
+    absl::Status written =
+        WriteFileAtomically(config.port_file, absl::StrCat((*server)->port(), "\n"));
+    if (!written.ok()) {
+      std::cerr << "checkpoint_store: writing --port_file: " << written << "\n";
+      (*server)->Shutdown(absl::ZeroDuration());
+      (*server)->Wait();
+      return kExitFailure;
+    }
+  }
+  std::cout << "checkpoint store serving " << config.store.db_path << " on " << (*server)->address()
+            << std::endl;
+
+  int signal_number = 0;
+  if (sigwait(&stop_signals, &signal_number) != 0) {
+    std::cerr << "checkpoint_store: sigwait failed; shutting down\n";
+  } else {
+    std::cerr << "checkpoint_store: " << strsignal(signal_number) << "; shutting down (grace "
+              << absl::FormatDuration(config.shutdown_grace) << ")" << std::endl;
+  }
+  (*server)->Shutdown(config.shutdown_grace);
+  (*server)->Wait();
+  server->reset();
+  service->reset();  // Waits for the last call, joins its threads.
+  store->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves a ckpt checkpoint store over gRPC.\n"
+      "  checkpoint_store --db_path=DIR [--listen=127.0.0.1:0] [--port_file=FILE]\n"
+      "                   [--auth_token_file=FILE] [--shutdown_grace=10s]");
+  // --help lists the flags of this file (Abseil's default looks for a file named after the binary).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "services/checkpoint_store/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<ckpt::ServerConfig> config = ckpt::ConfigFromFlags(positional);
+  if (!config.ok()) {
+    std::cerr << "checkpoint_store: " << config.status().message() << " (see --help)\n";
+    return ckpt::kExitBadFlags;
+  }
+  // Blocked before any thread exists (RocksDB and gRPC start theirs), so every thread inherits
+  // the mask and the signals wait for sigwait in Serve instead of killing the process.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return ckpt::Serve(*config, stop_signals);
+}

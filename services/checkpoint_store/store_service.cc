@@ -1,0 +1,625 @@
+#include "services/checkpoint_store/store_service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "libs/status/grpc_status.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/version_ref.h"
+#include "services/checkpoint_store/internal/work_queue.h"
+
+namespace ckpt {
+namespace {
+
+using store_service_internal::WorkQueue;
+
+constexpr absl::string_view kBearerPrefix = "Bearer ";
+// Warnings travel in initial metadata, whose size gRPC limits (8 KiB by default); the complete
+// list comes with the commit's UploadResponse.
+constexpr size_t kMaxWarningMetadataBytes = 4096;
+
+// Compares a presented token with the configured one in time that depends only on the configured
+// token's length, so response times do not reveal how many leading bytes were right.
+bool TokensEqual(absl::string_view presented, absl::string_view expected) {
+  unsigned char difference = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char given = i < presented.size() ? presented[i] : 0;
+    difference |= static_cast<unsigned char>(given ^ static_cast<unsigned char>(expected[i]));
+  }
+  return difference == 0;
+}
+
+grpc::Status Cancelled() {
+  return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
+}
+
+// The tensor `index` counts: Manifest.tensors first, then state_tensors.
+const v1::TensorMeta& TensorAt(const v1::Manifest& manifest, int index) {
+  return index < manifest.tensors_size() ? manifest.tensors(index)
+                                         : manifest.state_tensors(index - manifest.tensors_size());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Upload: header, data..., commit. Each received message is handled on the work queue; the next
+// read starts only after it was handled, so the session sees one caller at a time and gRPC's flow
+// control pushes back on a client that sends faster than the store stores.
+class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+ public:
+  UploadReactor(StoreService* service, grpc::CallbackServerContext* context,
+                v1::UploadResponse* response)
+      : service_(*service), context_(*context), response_(*response) {
+    service_.StreamStarted();
+    if (absl::Status authorized = service_.Authorize(context_); !authorized.ok()) {
+      Finish(ToGrpcStatus(authorized));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client half-closed, was cancelled, or the server is shutting down: no commit came.
+      service_.Schedule([this] { EndWithoutCommit(); });
+      return;
+    }
+    service_.Schedule([this] { HandleRequest(); });
+  }
+
+  void OnCancel() override { cancelled_.store(true); }
+
+  void OnDone() override {
+    StoreService& service = service_;
+    delete this;
+    service.StreamDone();
+  }
+
+ private:
+  // On the work queue. The last statement of every path starts a read or finishes the call; after
+  // either, another thread may run this reactor's next reaction (or delete it).
+  void HandleRequest() {
+    if (cancelled_.load()) {
+      session_.reset();  // Abandoned: nothing becomes visible.
+      Finish(Cancelled());
+      return;
+    }
+    bool accepted_header = false;
+    absl::Status status = Handle(accepted_header);
+    if (!status.ok()) {
+      session_.reset();
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    if (committed_) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (accepted_header) {
+      context_.AddInitialMetadata(kUploadAcceptedMetadata, "1");
+      size_t metadata_bytes = 0;
+      for (const std::string& warning : session_->warnings()) {
+        metadata_bytes += warning.size();
+        if (metadata_bytes > kMaxWarningMetadataBytes) break;
+        context_.AddInitialMetadata(kUploadWarningMetadata, warning);
+      }
+      StartSendInitialMetadata();
+    }
+    StartRead(&request_);
+  }
+
+  absl::Status Handle(bool& accepted_header) {
+    switch (request_.part_case()) {
+      case v1::UploadRequest::kHeader: {
+        if (session_ != nullptr) {
+          return absl::InvalidArgumentError("the Upload stream sent a second UploadHeader");
+        }
+        const v1::UploadHeader& header = request_.header();
+        CommitOptions options;
+        options.expected_latest_version = header.expected_latest_version();
+        options.aliases.assign(header.aliases().begin(), header.aliases().end());
+        ASSIGN_OR_RETURN(session_,
+                         service_.store_.BeginUpload(header.model(), header.manifest(), options));
+        aliases_ = std::set<std::string>(header.aliases().begin(), header.aliases().end());
+        accepted_header = true;
+        return absl::OkStatus();
+      }
+      case v1::UploadRequest::kData: {
+        const v1::TensorData& data = request_.data();
+        if (session_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "the first message of an Upload must be an UploadHeader; got TensorData");
+        }
+        if (data.data().size() > static_cast<size_t>(kMaxTensorDataBytes)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("TensorData for tensor ", data.tensor_index(), " at offset ",
+                           data.offset(), " holds ", data.data().size(),
+                           " bytes; a message may hold at most ", kMaxTensorDataBytes, " (1 MiB)"));
+        }
+        return session_->AddTensorData(data.tensor_index(), data.offset(), data.data());
+      }
+      case v1::UploadRequest::kCommit: {
+        if (session_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "the first message of an Upload must be an UploadHeader; got UploadCommit");
+        }
+        const auto& commit_aliases = request_.commit().aliases();
+        const std::set<std::string> at_commit(commit_aliases.begin(), commit_aliases.end());
+        if (!at_commit.empty() && at_commit != aliases_) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "UploadCommit.aliases [", absl::StrJoin(at_commit, ", "),
+              "] differ from UploadHeader.aliases [", absl::StrJoin(aliases_, ", "),
+              "]: aliases are fixed when the upload begins; send them in UploadHeader.aliases"));
+        }
+        ASSIGN_OR_RETURN(CommitResult result, session_->Commit());
+        session_.reset();
+        *response_.mutable_version() = result.version;
+        response_.set_logical_bytes(result.logical_bytes);
+        response_.set_new_bytes(result.new_bytes);
+        for (std::string& warning : result.warnings) response_.add_warnings(std::move(warning));
+        committed_ = true;
+        return absl::OkStatus();
+      }
+      case v1::UploadRequest::PART_NOT_SET:
+        break;
+    }
+    return absl::InvalidArgumentError("an UploadRequest holds no header, data or commit");
+  }
+
+  void EndWithoutCommit() {
+    const bool had_session = session_ != nullptr;
+    session_.reset();
+    if (cancelled_.load() || context_.IsCancelled()) {
+      Finish(Cancelled());
+      return;
+    }
+    Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        had_session ? "the Upload stream ended without an UploadCommit; nothing "
+                                      "was stored"
+                                    : "the Upload stream ended before its UploadHeader"));
+  }
+
+  StoreService& service_;
+  grpc::CallbackServerContext& context_;
+  v1::UploadResponse& response_;
+  std::atomic<bool> cancelled_{false};
+  v1::UploadRequest request_;
+  std::unique_ptr<UploadSession> session_;
+  std::set<std::string> aliases_;
+  bool committed_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Download: the manifest, then the selected tensors' bytes. Reading a chunk happens on the work
+// queue; slicing a chunk that is already in memory into messages happens in OnWriteDone. Exactly
+// one of {a write in flight, a task on the queue} exists at any time.
+class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+ public:
+  DownloadReactor(StoreService* service, grpc::CallbackServerContext* context,
+                  const v1::DownloadRequest* request)
+      : service_(*service), context_(*context), request_(*request) {
+    service_.StreamStarted();
+    if (absl::Status authorized = service_.Authorize(context_); !authorized.ok()) {
+      Finish(ToGrpcStatus(authorized));
+      return;
+    }
+    service_.Schedule([this] { Open(); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the download stream broke"));
+      return;
+    }
+    if (buffer_position_ < buffer_.size()) {
+      WriteNextPiece();
+      return;
+    }
+    service_.Schedule([this] { ReadNextChunk(); });
+  }
+
+  void OnCancel() override { cancelled_.store(true); }
+
+  void OnDone() override {
+    StoreService& service = service_;
+    delete this;
+    service.StreamDone();
+  }
+
+ private:
+  // On the work queue.
+  void Open() {
+    if (cancelled_.load()) {
+      Finish(Cancelled());
+      return;
+    }
+    if (absl::Status planned = Plan(); !planned.ok()) {
+      Finish(ToGrpcStatus(planned));
+      return;
+    }
+    *response_.mutable_manifest() = reader_->manifest();
+    StartWrite(&response_);
+  }
+
+  // Opens the version and decides what to send.
+  absl::Status Plan() {
+    if (request_.max_message_bytes() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("DownloadRequest.max_message_bytes is ",
+                                                     request_.max_message_bytes(),
+                                                     "; use 0 for the default (1 MiB)"));
+    }
+    piece_bytes_ = request_.max_message_bytes() == 0
+                       ? kMaxTensorDataBytes
+                       : std::min(request_.max_message_bytes(), kMaxTensorDataBytes);
+    ASSIGN_OR_RETURN(reader_, service_.store_.OpenVersion(request_.ref()));
+    const v1::Manifest& manifest = reader_->manifest();
+    const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+    const absl::flat_hash_set<std::string> keys(request_.keys().begin(), request_.keys().end());
+    const bool everything = keys.empty() && request_.key_prefixes().empty();
+    const int candidates =
+        manifest.tensors_size() + (request_.include_state() ? manifest.state_tensors_size() : 0);
+    absl::flat_hash_set<std::string> found;
+    for (int index = 0; index < candidates; ++index) {
+      const v1::TensorMeta& meta = TensorAt(manifest, index);
+      bool selected = everything || keys.contains(meta.key());
+      for (const std::string& prefix : request_.key_prefixes()) {
+        selected = selected || absl::StartsWith(meta.key(), prefix);
+      }
+      if (!selected) continue;
+      if (keys.contains(meta.key())) found.insert(meta.key());
+      int64_t chunk_bytes = 0;
+      for (const v1::ChunkRef& chunk : meta.chunks()) chunk_bytes += chunk.length();
+      if (chunk_bytes != meta.byte_length()) {
+        return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
+                                                ": its chunks hold ", chunk_bytes,
+                                                " bytes, its byte_length is ", meta.byte_length()));
+      }
+      plan_.push_back(index);
+    }
+    for (const std::string& key : request_.keys()) {
+      if (found.contains(key)) continue;
+      const bool is_state =
+          std::any_of(manifest.state_tensors().begin(), manifest.state_tensors().end(),
+                      [&](const v1::TensorMeta& meta) { return meta.key() == key; });
+      return absl::NotFoundError(absl::StrCat(
+          "no tensor '", key, "' in ", where,
+          is_state ? " among the model tensors (it is a state tensor: set include_state)" : ""));
+    }
+    return absl::OkStatus();
+  }
+
+  // On the work queue: reads the next chunk of the plan into buffer_ and writes its first piece,
+  // or finishes when the plan is done.
+  void ReadNextChunk() {
+    while (true) {
+      if (cancelled_.load()) {
+        Finish(Cancelled());
+        return;
+      }
+      while (plan_position_ < plan_.size() &&
+             chunk_index_ >= TensorAt(reader_->manifest(), plan_[plan_position_]).chunks_size()) {
+        ++plan_position_;
+        chunk_index_ = 0;
+        tensor_offset_ = 0;
+      }
+      if (plan_position_ == plan_.size()) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      const v1::TensorMeta& meta = TensorAt(reader_->manifest(), plan_[plan_position_]);
+      const v1::ChunkRef& chunk = meta.chunks(chunk_index_);
+      // The store reads whole tensors; a one-chunk view of the tensor reads (and verifies)
+      // just this chunk, so the reactor holds one chunk whatever the tensor's size.
+      v1::TensorMeta one_chunk;
+      one_chunk.set_key(meta.key());
+      one_chunk.set_byte_length(chunk.length());
+      *one_chunk.add_chunks() = chunk;
+      buffer_.clear();
+      buffer_.reserve(chunk.length());
+      absl::Status read =
+          reader_->ReadTensorChunks(one_chunk, [this](int64_t, absl::string_view bytes) {
+            buffer_.append(bytes.data(), bytes.size());
+            return absl::OkStatus();
+          });
+      if (!read.ok()) {
+        Finish(ToGrpcStatus(absl::Status(
+            read.code(),
+            absl::StrCat("reading bytes ", tensor_offset_, "..", tensor_offset_ + chunk.length(),
+                         " of tensor '", meta.key(), "': ", read.message()))));
+        return;
+      }
+      ++chunk_index_;
+      buffer_position_ = 0;
+      buffer_offset_ = tensor_offset_;
+      tensor_offset_ += chunk.length();
+      if (!buffer_.empty()) break;
+    }
+    WriteNextPiece();
+  }
+
+  void WriteNextPiece() {
+    const size_t size =
+        std::min(buffer_.size() - buffer_position_, static_cast<size_t>(piece_bytes_));
+    v1::TensorData* data = response_.mutable_data();
+    data->set_tensor_index(plan_[plan_position_]);
+    data->set_offset(buffer_offset_ + static_cast<int64_t>(buffer_position_));
+    data->set_data(buffer_.data() + buffer_position_, size);
+    buffer_position_ += size;
+    StartWrite(&response_);
+  }
+
+  StoreService& service_;
+  grpc::CallbackServerContext& context_;
+  const v1::DownloadRequest request_;
+  std::atomic<bool> cancelled_{false};
+  std::unique_ptr<VersionReader> reader_;
+  int piece_bytes_ = kMaxTensorDataBytes;
+  std::vector<int> plan_;       // tensor indices to send, in manifest order.
+  size_t plan_position_ = 0;    // the tensor being sent.
+  int chunk_index_ = 0;         // its next chunk to read.
+  int64_t tensor_offset_ = 0;   // where that chunk starts in the tensor.
+  std::string buffer_;          // the chunk being sent...
+  size_t buffer_position_ = 0;  // ...how much of it was sent...
+  int64_t buffer_offset_ = 0;   // ...and where it starts in the tensor.
+  v1::DownloadResponse response_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<StoreService>> StoreService::Create(CheckpointStore* store,
+                                                                   StoreServiceOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("StoreService needs a store");
+  if (options.worker_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StoreServiceOptions.worker_threads must be at least 1, got ", options.worker_threads));
+  }
+  return std::unique_ptr<StoreService>(new StoreService(store, std::move(options)));
+}
+
+StoreService::StoreService(CheckpointStore* store, StoreServiceOptions options)
+    : store_(*store),
+      options_(std::move(options)),
+      work_queue_(std::make_unique<WorkQueue>(options_.worker_threads)) {}
+
+StoreService::~StoreService() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* active) { return *active == 0; }, &active_streams_));
+  }
+  work_queue_.reset();  // Runs what is queued, joins.
+}
+
+absl::Status StoreService::Authorize(const grpc::CallbackServerContext& context) const {
+  if (options_.auth_token.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "this checkpoint store requires 'authorization: Bearer <token>' metadata on every call");
+  }
+  const absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::StartsWithIgnoreCase(value, kBearerPrefix)) {
+    return absl::UnauthenticatedError(
+        "the 'authorization' metadata is not of the form 'Bearer <token>'");
+  }
+  if (!TokensEqual(value.substr(kBearerPrefix.size()), options_.auth_token)) {
+    return absl::UnauthenticatedError("the bearer token is not valid for this checkpoint store");
+  }
+  return absl::OkStatus();
+}
+
+void StoreService::Schedule(std::function<void()> work) { work_queue_->Schedule(std::move(work)); }
+
+void StoreService::StreamStarted() {
+  absl::MutexLock lock(&mu_);
+  ++active_streams_;
+}
+
+void StoreService::StreamDone() {
+  absl::MutexLock lock(&mu_);
+  --active_streams_;
+}
+
+grpc::ServerUnaryReactor* StoreService::RunUnary(grpc::CallbackServerContext* context,
+                                                 std::function<absl::Status()> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
+    reactor->Finish(ToGrpcStatus(authorized));
+    return reactor;
+  }
+  Schedule([context, reactor, work = std::move(work)] {
+    // A call whose deadline passed while it waited in the queue is not run at all.
+    if (context->IsCancelled()) {
+      reactor->Finish(Cancelled());
+      return;
+    }
+    reactor->Finish(ToGrpcStatus(work()));
+  });
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::UploadRequest>* StoreService::Upload(
+    grpc::CallbackServerContext* context, v1::UploadResponse* response) {
+  return new UploadReactor(this, context, response);
+}
+
+grpc::ServerWriteReactor<v1::DownloadResponse>* StoreService::Download(
+    grpc::CallbackServerContext* context, const v1::DownloadRequest* request) {
+  return new DownloadReactor(this, context, request);
+}
+
+grpc::ServerUnaryReactor* StoreService::FindMissingChunks(
+    grpc::CallbackServerContext* context, const v1::FindMissingChunksRequest* request,
+    v1::FindMissingChunksResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::vector<std::string> missing,
+                     store_.FindMissingChunks(std::vector<std::string>(request->sha256().begin(),
+                                                                       request->sha256().end())));
+    for (std::string& sha256 : missing) response->add_missing_sha256(std::move(sha256));
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+
+// The page size a request asks for: 0 is the default, more than the maximum is capped.
+absl::StatusOr<int> PageSize(int requested) {
+  if (requested < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size is ", requested, "; use 0 for the default (", kDefaultPageSize, ")"));
+  }
+  return requested == 0 ? kDefaultPageSize : std::min(requested, kMaxPageSize);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StoreService::ListModels(grpc::CallbackServerContext* context,
+                                                   const v1::ListModelsRequest* request,
+                                                   v1::ListModelsResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
+    // The token is the last model name of the previous page: models created or deleted between
+    // pages neither repeat nor shift the listing.
+    const std::string& after = request->page_token();
+    if (!after.empty() && !ValidateModelName(after).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_token '", after, "' is not one that ListModels returned"));
+    }
+    ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store_.ListModels());
+    std::sort(models.begin(), models.end(),
+              [](const v1::ModelInfo& a, const v1::ModelInfo& b) { return a.name() < b.name(); });
+    auto it = after.empty()
+                  ? models.begin()
+                  : std::upper_bound(models.begin(), models.end(), after,
+                                     [](const std::string& name, const v1::ModelInfo& model) {
+                                       return name < model.name();
+                                     });
+    for (; it != models.end() && response->models_size() < page_size; ++it) {
+      *response->add_models() = std::move(*it);
+    }
+    if (it != models.end()) {
+      response->set_next_page_token(response->models(response->models_size() - 1).name());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::ListVersions(grpc::CallbackServerContext* context,
+                                                     const v1::ListVersionsRequest* request,
+                                                     v1::ListVersionsResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
+    int64_t after = 0;  // The last version of the previous page.
+    if (!request->page_token().empty() &&
+        (!absl::SimpleAtoi(request->page_token(), &after) || after < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("page_token '", request->page_token(),
+                                                     "' is not one that ListVersions returned"));
+    }
+    ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions, store_.ListVersions(request->model()));
+    std::sort(versions.begin(), versions.end(),
+              [](const v1::VersionInfo& a, const v1::VersionInfo& b) {
+                return a.version() < b.version();
+              });
+    auto it = std::upper_bound(
+        versions.begin(), versions.end(), after,
+        [](int64_t version, const v1::VersionInfo& info) { return version < info.version(); });
+    for (; it != versions.end() && response->versions_size() < page_size; ++it) {
+      *response->add_versions() = std::move(*it);
+    }
+    if (it != versions.end()) {
+      response->set_next_page_token(
+          absl::StrCat(response->versions(response->versions_size() - 1).version()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::GetManifest(grpc::CallbackServerContext* context,
+                                                    const v1::GetManifestRequest* request,
+                                                    v1::Manifest* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, store_.GetManifest(request->ref()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::SetAlias(grpc::CallbackServerContext* context,
+                                                 const v1::SetAliasRequest* request,
+                                                 v1::SetAliasResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(const int64_t previous,
+                     store_.SetAlias(request->model(), request->alias(), request->version(),
+                                     request->expected_current_version()));
+    response->set_previous_version(previous);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::DeleteAlias(grpc::CallbackServerContext* context,
+                                                    const v1::DeleteAliasRequest* request,
+                                                    v1::DeleteAliasResponse*) {
+  return RunUnary(context, [this, request]() -> absl::Status {
+    return store_.DeleteAlias(request->model(), request->alias());
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::DeleteVersion(grpc::CallbackServerContext* context,
+                                                      const v1::DeleteVersionRequest* request,
+                                                      v1::DeleteVersionResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(const int64_t released,
+                     store_.DeleteVersion(request->model(), request->version(), request->force()));
+    response->set_bytes_released(released);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::ApplyRetention(grpc::CallbackServerContext* context,
+                                                       const v1::ApplyRetentionRequest* request,
+                                                       v1::ApplyRetentionResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(
+        *response, store_.ApplyRetention(request->model(), request->policy(), request->dry_run()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::GarbageCollect(grpc::CallbackServerContext* context,
+                                                       const v1::GarbageCollectRequest* request,
+                                                       v1::GarbageCollectResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, store_.GarbageCollect(request->dry_run()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::Verify(grpc::CallbackServerContext* context,
+                                               const v1::VerifyRequest* request,
+                                               v1::VerifyResponse* response) {
+  return RunUnary(context, [this, request, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, store_.Verify(request->model(), request->version()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::GetStats(grpc::CallbackServerContext* context,
+                                                 const v1::GetStatsRequest*,
+                                                 v1::StoreStats* response) {
+  return RunUnary(context, [this, response]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, store_.GetStats());
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace ckpt

@@ -1,0 +1,165 @@
+#ifndef CKPT_SERVICES_CHECKPOINT_STORE_STORE_SERVICE_H_
+#define CKPT_SERVICES_CHECKPOINT_STORE_STORE_SERVICE_H_
+
+// StoreService: the ckpt.v1.CheckpointStore gRPC service, a thin adapter that forwards each call
+// to a CheckpointStore (libs/store) and translates statuses with ToGrpcStatus. All logic lives in
+// the store; this file only speaks the wire protocol:
+//
+//  - Upload (client stream): an UploadHeader first (else INVALID_ARGUMENT), then TensorData
+//    messages of at most kMaxTensorDataBytes each (else INVALID_ARGUMENT) fed to
+//    UploadSession::AddTensorData, then an UploadCommit that calls Commit(). Once the header is
+//    accepted the server sends initial metadata "ckpt-upload-accepted: 1" (plus the header's
+//    validation warnings as "ckpt-upload-warning-bin" entries), so a client can report header
+//    errors before streaming any byte. A stream that ends or is cancelled without a commit
+//    destroys the session: nothing becomes visible and GarbageCollect reclaims its chunks.
+//  - Download (server stream): the version is opened once (OpenVersion, a consistent snapshot);
+//    the full Manifest goes first, then TensorData for the selected tensors in manifest order
+//    (tensor_index counts Manifest.tensors, then state_tensors). Tensors of zero bytes send no
+//    TensorData. One store chunk (4 MiB) is read at a time and sent in pieces of at most
+//    min(1 MiB, DownloadRequest.max_message_bytes); the next piece is written only after the
+//    previous write completed, so a slow reader holds the server at one chunk, not the checkpoint.
+//    A cancelled call stops reading chunks.
+//  - ListModels / ListVersions page in the adapter: page_size 0 means kDefaultPageSize, larger
+//    than kMaxPageSize is capped; page_token is the last name (version) of the previous page.
+//  - Every other call is unary and forwards one store method.
+//
+// Authentication: with StoreServiceOptions::auth_token set, every call of this service must carry
+// the metadata "authorization: Bearer <token>" (compared in constant time), else UNAUTHENTICATED
+// before any work is done. The check sits at the top of each method / reactor rather than in a
+// server interceptor: gRPC's C++ interceptor API is experimental, and here the standard
+// grpc.health.v1 service (registered by GrpcServer) stays open to load balancers for free.
+//
+// Threading: gRPC's callback threads only parse, check auth and hand off. Every store call runs on
+// the service's own WorkQueue (worker_threads threads): RocksDB reads may miss the cache, commits
+// fsync, and uploads hash megabytes, and gRPC asks that reactions not block. Each stream has at
+// most one piece of work in flight, so its UploadSession / VersionReader is used by one thread at
+// a time, as the store requires.
+//
+// Lifetime: the store must outlive the service, and the service must outlive the server that
+// serves it. Destroy the service only after the server has shut down (GrpcServer::Shutdown and
+// Wait): its destructor waits for the last call to finish, then joins its threads.
+//
+// Example:
+//   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
+//                    RocksDbCheckpointStore::Open(store_options));
+//   StoreServiceOptions service_options;
+//   service_options.auth_token = token;  // "" serves without authentication
+//   ASSIGN_OR_RETURN(std::unique_ptr<StoreService> service,
+//                    StoreService::Create(store.get(), service_options));
+//   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,  // 127.0.0.1:0 by default
+//                    GrpcServer::Start({}, {{service.get(), "ckpt.v1.CheckpointStore"}}));
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/support/server_callback.h"
+#include "libs/store/checkpoint_store.h"
+#include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
+
+namespace ckpt {
+
+namespace store_service_internal {
+class WorkQueue;
+}  // namespace store_service_internal
+
+// Bytes of tensor data one TensorData message may carry, in either direction (1 MiB).
+inline constexpr int kMaxTensorDataBytes = 1 << 20;
+// Page sizes of ListModels / ListVersions when the request says 0, and the most one page holds.
+inline constexpr int kDefaultPageSize = 100;
+inline constexpr int kMaxPageSize = 1000;
+
+// Metadata of the Upload protocol (see above).
+inline constexpr char kUploadAcceptedMetadata[] = "ckpt-upload-accepted";
+inline constexpr char kUploadWarningMetadata[] = "ckpt-upload-warning-bin";
+
+struct StoreServiceOptions {
+  // When non-empty, every call must carry "authorization: Bearer <auth_token>"; calls without it,
+  // or with another token, fail with UNAUTHENTICATED. Empty (the default): no authentication.
+  std::string auth_token;
+  // Threads that run store work (RocksDB reads and writes, hashing, fsync). Calls beyond this
+  // many wait in a queue; streams take a thread only while a chunk is read or stored. Default 8.
+  int worker_threads = 8;
+};
+
+class StoreService final : public v1::CheckpointStore::CallbackService {
+ public:
+  // `store` is not owned and must outlive the service. INVALID_ARGUMENT for worker_threads < 1.
+  static absl::StatusOr<std::unique_ptr<StoreService>> Create(CheckpointStore* store,
+                                                              StoreServiceOptions options);
+
+  ~StoreService() override;
+  StoreService(const StoreService&) = delete;
+  StoreService& operator=(const StoreService&) = delete;
+
+  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* context,
+                                                     v1::UploadResponse* response) override;
+  grpc::ServerUnaryReactor* FindMissingChunks(grpc::CallbackServerContext* context,
+                                              const v1::FindMissingChunksRequest* request,
+                                              v1::FindMissingChunksResponse* response) override;
+  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(
+      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* ListVersions(grpc::CallbackServerContext* context,
+                                         const v1::ListVersionsRequest* request,
+                                         v1::ListVersionsResponse* response) override;
+  grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* context,
+                                        const v1::GetManifestRequest* request,
+                                        v1::Manifest* response) override;
+  grpc::ServerUnaryReactor* SetAlias(grpc::CallbackServerContext* context,
+                                     const v1::SetAliasRequest* request,
+                                     v1::SetAliasResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteAlias(grpc::CallbackServerContext* context,
+                                        const v1::DeleteAliasRequest* request,
+                                        v1::DeleteAliasResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteVersion(grpc::CallbackServerContext* context,
+                                          const v1::DeleteVersionRequest* request,
+                                          v1::DeleteVersionResponse* response) override;
+  grpc::ServerUnaryReactor* ApplyRetention(grpc::CallbackServerContext* context,
+                                           const v1::ApplyRetentionRequest* request,
+                                           v1::ApplyRetentionResponse* response) override;
+  grpc::ServerUnaryReactor* GarbageCollect(grpc::CallbackServerContext* context,
+                                           const v1::GarbageCollectRequest* request,
+                                           v1::GarbageCollectResponse* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::StoreStats* response) override;
+
+ private:
+  class UploadReactor;
+  class DownloadReactor;
+
+  StoreService(CheckpointStore* store, StoreServiceOptions options);
+
+  // OK, or UNAUTHENTICATED when a token is configured and the call does not carry it.
+  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
+
+  // Runs `work` on the work queue and finishes the call with its status.
+  grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
+                                     std::function<absl::Status()> work);
+
+  void Schedule(std::function<void()> work);
+  void StreamStarted();
+  void StreamDone();
+
+  CheckpointStore& store_;
+  const StoreServiceOptions options_;
+
+  absl::Mutex mu_;
+  int active_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Upload / Download reactors not yet done.
+
+  // Last member: destroyed (drained and joined) first.
+  std::unique_ptr<store_service_internal::WorkQueue> work_queue_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICES_CHECKPOINT_STORE_STORE_SERVICE_H_

@@ -1,0 +1,571 @@
+// The wire protocol of StoreService, driven with raw gRPC stubs against a real server on loopback
+// over a RocksDB store in TEST_TMPDIR. (libs/client's tests drive it through the
+// CheckpointStore interface.)
+
+#include "services/checkpoint_store/store_service.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "gtest/gtest.h"
+#include "libs/rpc/grpc_server.h"
+#include "libs/status/grpc_status.h"
+#include "libs/status/status_matchers.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/state_dict.h"
+#include "libs/tensor/value.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "services/checkpoint_store/testing/instrumented_store.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::StatusIs;
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int64_t kMiB = 1 << 20;
+constexpr char kToken[] = "0123456789abcdef-token";
+
+v1::VersionRef Ref(absl::string_view text) {
+  absl::StatusOr<v1::VersionRef> ref = ParseVersionRef(text);
+  EXPECT_OK(ref.status());
+  return ref.value_or(v1::VersionRef());
+}
+
+// A header for one float32 tensor "w" of `floats` elements.
+v1::Manifest OneTensorHeader(int64_t floats) {
+  v1::Manifest header;
+  v1::TensorMeta* meta = header.add_tensors();
+  meta->set_key("w");
+  meta->set_dtype(v1::DTYPE_FLOAT32);
+  meta->add_shape(floats);
+  meta->set_byte_length(floats * 4);
+  return header;
+}
+
+v1::UploadRequest HeaderRequest(const std::string& model, v1::Manifest manifest,
+                                std::vector<std::string> aliases = {}) {
+  v1::UploadRequest request;
+  request.mutable_header()->set_model(model);
+  *request.mutable_header()->mutable_manifest() = std::move(manifest);
+  for (const std::string& alias : aliases) request.mutable_header()->add_aliases(alias);
+  return request;
+}
+
+v1::UploadRequest DataRequest(int index, int64_t offset, std::string bytes) {
+  v1::UploadRequest request;
+  request.mutable_data()->set_tensor_index(index);
+  request.mutable_data()->set_offset(offset);
+  request.mutable_data()->set_data(std::move(bytes));
+  return request;
+}
+
+v1::UploadRequest CommitRequest(std::vector<std::string> aliases = {}) {
+  v1::UploadRequest request;
+  request.mutable_commit();
+  for (const std::string& alias : aliases) request.mutable_commit()->add_aliases(alias);
+  return request;
+}
+
+std::string TensorBytes(const at::Tensor& tensor) {
+  const at::Tensor contiguous = tensor.contiguous();
+  return std::string(static_cast<const char*>(contiguous.data_ptr()), contiguous.nbytes());
+}
+
+class StoreServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    StoreOptions options;
+    options.db_path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
+                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    ASSERT_OK_AND_ASSIGN(local_, RocksDbCheckpointStore::Open(options));
+    instrumented_ = std::make_unique<InstrumentedStore>(local_.get());
+    instrumented_->set_hook([this](absl::string_view method) {
+      if (method != "ReadTensorChunks") return;
+      absl::MutexLock lock(&mu_);
+      ++chunk_reads_;
+    });
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) {
+      server_->Shutdown(absl::ZeroDuration());
+      server_->Wait();
+    }
+    server_.reset();
+    service_.reset();
+  }
+
+  void StartServer(const std::string& token = "") {
+    StoreServiceOptions options;
+    options.auth_token = token;
+    options.worker_threads = 2;
+    ASSERT_OK_AND_ASSIGN(service_, StoreService::Create(instrumented_.get(), options));
+    ASSERT_OK_AND_ASSIGN(
+        server_,
+        GrpcServer::Start({}, {{service_.get(), v1::CheckpointStore::service_full_name()}}));
+    stub_ = NewStub();
+  }
+
+  std::unique_ptr<v1::CheckpointStore::Stub> NewStub(
+      const grpc::ChannelArguments& arguments = grpc::ChannelArguments()) const {
+    return v1::CheckpointStore::NewStub(grpc::CreateCustomChannel(
+        server_->address(), grpc::InsecureChannelCredentials(), arguments));
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Context(const std::string& authorization = "") {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    if (!authorization.empty()) context->AddMetadata("authorization", authorization);
+    return context;
+  }
+
+  // Sends `requests` on one Upload stream (stopping at the first failed write), half-closes and
+  // returns the call's status.
+  absl::Status Upload(const std::vector<v1::UploadRequest>& requests,
+                      v1::UploadResponse* response = nullptr) {
+    v1::UploadResponse ignored;
+    std::unique_ptr<grpc::ClientContext> context = Context();
+    auto writer = stub_->Upload(context.get(), response != nullptr ? response : &ignored);
+    for (const v1::UploadRequest& request : requests) {
+      if (!writer->Write(request)) break;
+    }
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  }
+
+  // Reads a whole Download: the manifest and every TensorData.
+  absl::Status Download(const v1::DownloadRequest& request, v1::Manifest* manifest,
+                        std::vector<v1::TensorData>* data) {
+    std::unique_ptr<grpc::ClientContext> context = Context();
+    auto reader = stub_->Download(context.get(), request);
+    v1::DownloadResponse response;
+    bool first = true;
+    while (reader->Read(&response)) {
+      EXPECT_EQ(response.has_manifest(), first);
+      if (response.has_manifest()) *manifest = response.manifest();
+      if (response.has_data()) data->push_back(response.data());
+      first = false;
+    }
+    return FromGrpcStatus(reader->Finish());
+  }
+
+  bool NoUploadInProgress() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<v1::StoreStats> stats = local_->GetStats();
+      if (stats.ok() && stats->uploads_in_progress() == 0) return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
+
+  std::unique_ptr<RocksDbCheckpointStore> local_;
+  std::unique_ptr<InstrumentedStore> instrumented_;
+  std::unique_ptr<StoreService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<v1::CheckpointStore::Stub> stub_;
+  absl::Mutex mu_;
+  int64_t chunk_reads_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TEST_F(StoreServiceTest, UploadMustBeginWithAHeader) {
+  StartServer();
+  EXPECT_THAT(Upload({DataRequest(0, 0, "abcd")}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be an UploadHeader"));
+  EXPECT_THAT(Upload({CommitRequest()}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be an UploadHeader"));
+  EXPECT_THAT(Upload({v1::UploadRequest()}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no header, data or commit"));
+  EXPECT_THAT(
+      Upload({HeaderRequest("m", OneTensorHeader(1)), HeaderRequest("m", OneTensorHeader(1))}),
+      StatusIs(absl::StatusCode::kInvalidArgument, "second UploadHeader"));
+  EXPECT_THAT(Upload({}), StatusIs(absl::StatusCode::kInvalidArgument, "before its UploadHeader"));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, local_->ListModels());
+  EXPECT_THAT(models, ::testing::IsEmpty());
+}
+
+TEST_F(StoreServiceTest, TensorDataOverOneMiBIsRejectedAndNothingIsStored) {
+  StartServer();
+  EXPECT_THAT(Upload({HeaderRequest("m", OneTensorHeader(kMiB)),
+                      DataRequest(0, 0, std::string(kMiB + 1, 'x'))}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "at most 1048576"));
+  EXPECT_TRUE(NoUploadInProgress());
+  EXPECT_THAT(local_->ListVersions("m"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(StoreServiceTest, UploadEndingWithoutCommitStoresNothing) {
+  StartServer();
+  EXPECT_THAT(
+      Upload({HeaderRequest("m", OneTensorHeader(4)), DataRequest(0, 0, std::string(16, 'a'))}),
+      StatusIs(absl::StatusCode::kInvalidArgument, "without an UploadCommit"));
+  EXPECT_TRUE(NoUploadInProgress());
+  EXPECT_THAT(local_->ListVersions("m"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(StoreServiceTest, UploadCommitsWithHeaderAliasesAndRejectsOtherCommitAliases) {
+  StartServer();
+  const std::string bytes(16, 'b');
+  v1::UploadResponse response;
+  ASSERT_OK(Upload({HeaderRequest("m", OneTensorHeader(4), {"best"}), DataRequest(0, 0, bytes),
+                    CommitRequest({"best"})},
+                   &response));
+  EXPECT_EQ(FormatVersionRef(response.version()), "m@1");
+  EXPECT_EQ(response.logical_bytes(), 16);
+  ASSERT_OK_AND_ASSIGN(v1::Manifest best, local_->GetManifest(Ref("m@best")));
+  EXPECT_EQ(best.version(), 1);
+
+  EXPECT_THAT(Upload({HeaderRequest("m", OneTensorHeader(4), {"best"}), DataRequest(0, 0, bytes),
+                      CommitRequest({"production"})}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "UploadHeader.aliases"));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, local_->ListVersions("m"));
+  EXPECT_EQ(versions.size(), 1u);
+  // Store errors keep their codes: a bad byte count at commit, a stale expected version.
+  EXPECT_THAT(
+      Upload({HeaderRequest("m", OneTensorHeader(4)), DataRequest(0, 0, "short"), CommitRequest()}),
+      StatusIs(absl::StatusCode::kInvalidArgument, "incomplete"));
+  v1::UploadRequest stale = HeaderRequest("m", OneTensorHeader(4));
+  stale.mutable_header()->set_expected_latest_version(7);
+  EXPECT_THAT(Upload({stale}), StatusIs(absl::StatusCode::kFailedPrecondition, "latest version 7"));
+}
+
+TEST_F(StoreServiceTest, AcceptedHeaderIsAcknowledgedWithItsWarnings) {
+  StartServer();
+  v1::Manifest header = OneTensorHeader(4);
+  v1::TensorMeta* orphan = header.add_state_tensors();
+  orphan->set_key("extra/orphan");
+  orphan->set_dtype(v1::DTYPE_FLOAT32);
+  orphan->add_shape(1);
+  orphan->set_byte_length(4);
+  std::unique_ptr<grpc::ClientContext> context = Context();
+  v1::UploadResponse response;
+  auto writer = stub_->Upload(context.get(), &response);
+  ASSERT_TRUE(writer->Write(HeaderRequest("m", header)));
+  writer->WaitForInitialMetadata();
+  const auto& metadata = context->GetServerInitialMetadata();
+  EXPECT_EQ(metadata.count(kUploadAcceptedMetadata), 1u);
+  auto warning = metadata.find(kUploadWarningMetadata);
+  ASSERT_NE(warning, metadata.end());
+  EXPECT_THAT(std::string(warning->second.data(), warning->second.size()),
+              HasSubstr("extra/orphan"));
+  context->TryCancel();
+  EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(NoUploadInProgress());
+}
+
+class DownloadTest : public StoreServiceTest {
+ protected:
+  void SetUp() override {
+    StoreServiceTest::SetUp();
+    CheckpointContents contents;
+    at::manual_seed(7);
+    ASSERT_OK(contents.model.Insert("a.weight", at::randn({1200, 1024})));  // two chunks
+    ASSERT_OK(contents.model.Insert("a.bias", at::randn({1024})));
+    ASSERT_OK(contents.model.Insert("empty", at::empty({0})));
+    ASSERT_OK(contents.model.Insert("b.weight", at::randn({3, 5}).to(at::kHalf)));
+    Value extra = Value::Dict();
+    extra.Set("rng", Value::Tensor(at::arange(10, at::kLong)));
+    contents.extra = extra;
+    ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
+    for (const StateDict::Entry& entry : contents.model) {
+      expected_.push_back(TensorBytes(entry.tensor));
+    }
+    expected_.push_back(TensorBytes(extra.Find("rng")->tensor()));
+    StartServer();
+  }
+
+  // Checks that `data` carries whole tensors `indices`, in order, in pieces of at most `piece`.
+  void ExpectTensors(const std::vector<v1::TensorData>& data, std::vector<int> indices,
+                     size_t piece) {
+    std::vector<int> seen;
+    std::vector<std::string> bytes;
+    for (const v1::TensorData& message : data) {
+      EXPECT_LE(message.data().size(), piece);
+      EXPECT_GT(message.data().size(), 0u);
+      if (seen.empty() || seen.back() != message.tensor_index()) {
+        seen.push_back(message.tensor_index());
+        bytes.emplace_back();
+      }
+      EXPECT_EQ(message.offset(), static_cast<int64_t>(bytes.back().size()));
+      bytes.back() += message.data();
+    }
+    ASSERT_EQ(seen, indices);
+    for (size_t i = 0; i < seen.size(); ++i) {
+      EXPECT_TRUE(bytes[i] == expected_[seen[i]]) << "tensor " << seen[i];
+    }
+  }
+
+  std::vector<std::string> expected_;  // bytes by tensor index.
+};
+
+TEST_F(DownloadTest, SendsTheManifestThenEveryTensorInManifestOrderInBoundedPieces) {
+  v1::DownloadRequest request;
+  *request.mutable_ref() = Ref("m");
+  request.set_include_state(true);
+  request.set_max_message_bytes(300000);
+  v1::Manifest manifest;
+  std::vector<v1::TensorData> data;
+  ASSERT_OK(Download(request, &manifest, &data));
+  EXPECT_EQ(manifest.version(), 1);
+  ASSERT_EQ(manifest.tensors_size(), 4);
+  ASSERT_EQ(manifest.state_tensors_size(), 1);
+  // Index 2 ("empty") has no bytes, so no TensorData.
+  ExpectTensors(data, {0, 1, 3, 4}, 300000);
+
+  // Without include_state, and with a limit above 1 MiB (capped).
+  request.set_include_state(false);
+  request.set_max_message_bytes(8 * kMiB);
+  data.clear();
+  ASSERT_OK(Download(request, &manifest, &data));
+  ExpectTensors(data, {0, 1, 3}, kMiB);
+  EXPECT_EQ(data.size(), 5u + 1u + 1u);  // 4.7 MiB in 1 MiB pieces, then two small tensors.
+}
+
+TEST_F(DownloadTest, SendsOnlyTheSelectedKeysAndPrefixes) {
+  v1::DownloadRequest request;
+  *request.mutable_ref() = Ref("m@1");
+  request.add_keys("b.weight");
+  v1::Manifest manifest;
+  std::vector<v1::TensorData> data;
+  ASSERT_OK(Download(request, &manifest, &data));
+  EXPECT_EQ(manifest.tensors_size(), 4);  // The manifest is always whole.
+  ExpectTensors(data, {3}, kMiB);
+
+  request.clear_keys();
+  request.add_key_prefixes("a.");
+  request.add_key_prefixes("extra/");
+  request.set_include_state(true);
+  data.clear();
+  ASSERT_OK(Download(request, &manifest, &data));
+  ExpectTensors(data, {0, 1, 4}, kMiB);
+
+  request.clear_key_prefixes();
+  request.add_keys("extra/rng");
+  request.set_include_state(false);
+  EXPECT_THAT(Download(request, &manifest, &data),
+              StatusIs(absl::StatusCode::kNotFound, "set include_state"));
+  request.set_keys(0, "nope");
+  EXPECT_THAT(Download(request, &manifest, &data),
+              StatusIs(absl::StatusCode::kNotFound, "no tensor 'nope' in m@1"));
+  request.clear_keys();
+  request.set_max_message_bytes(-1);
+  EXPECT_THAT(Download(request, &manifest, &data),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_message_bytes"));
+  *request.mutable_ref() = Ref("m@5");
+  request.set_max_message_bytes(0);
+  EXPECT_THAT(Download(request, &manifest, &data), StatusIs(absl::StatusCode::kNotFound, "m@5"));
+}
+
+// Flow control: a client that stops reading holds the server at a chunk or two, it does not
+// make it read (and buffer) the rest of the checkpoint; reading on resumes it; a cancel stops it.
+TEST_F(StoreServiceTest, SlowReaderHoldsTheServerAtAFewChunks) {
+  constexpr int kChunks = 10;
+  CheckpointContents contents;
+  at::manual_seed(3);
+  ASSERT_OK(contents.model.Insert("big", at::randn({kChunks * kMiB})));  // 10 chunks of 4 MiB.
+  ASSERT_OK(local_->CommitCheckpoint("big", contents).status());
+  StartServer();
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // Keep the client's window at its default.
+  std::unique_ptr<v1::CheckpointStore::Stub> stub = NewStub(arguments);
+  v1::DownloadRequest request;
+  *request.mutable_ref() = Ref("big");
+
+  for (bool cancel : {false, true}) {
+    {
+      absl::MutexLock lock(&mu_);
+      chunk_reads_ = 0;
+    }
+    std::unique_ptr<grpc::ClientContext> context = Context();
+    auto reader = stub->Download(context.get(), request);
+    v1::DownloadResponse response;
+    ASSERT_TRUE(reader->Read(&response));
+    ASSERT_TRUE(response.has_manifest());
+    ASSERT_TRUE(reader->Read(&response));
+    ASSERT_TRUE(response.has_data());
+    // Waits for the server to read more than 3 chunks; it must not while the client is stalled.
+    constexpr int kMostReadAhead = 3;
+    mu_.Lock();
+    const bool ran_ahead = mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](int64_t* reads) { return *reads > kMostReadAhead; }, &chunk_reads_),
+        absl::Milliseconds(500));
+    const int64_t reads_while_stalled = chunk_reads_;
+    mu_.Unlock();
+    EXPECT_FALSE(ran_ahead) << reads_while_stalled << " chunks read for a stalled client";
+
+    if (cancel) {
+      context->TryCancel();
+      EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+      server_->Shutdown(absl::ZeroDuration());
+      server_->Wait();
+      server_.reset();
+      service_.reset();  // Waits for the download's reactor to finish.
+      absl::MutexLock lock(&mu_);
+      EXPECT_LE(chunk_reads_, kMostReadAhead + 1);
+      break;
+    }
+    int64_t received = response.data().data().size();
+    while (reader->Read(&response)) received += response.data().data().size();
+    EXPECT_OK(FromGrpcStatus(reader->Finish()));
+    EXPECT_EQ(received, kChunks * 4 * kMiB);
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(chunk_reads_, kChunks);
+  }
+}
+
+TEST_F(StoreServiceTest, ListModelsAndListVersionsPageByName) {
+  for (const char* model : {"m3", "m0", "m4", "m1", "m2"}) {
+    CheckpointContents contents;
+    ASSERT_OK(contents.model.Insert("w", at::ones({2})));
+    ASSERT_OK(local_->CommitCheckpoint(model, contents).status());
+    if (std::string(model) == "m2") {
+      for (int i = 0; i < 4; ++i) ASSERT_OK(local_->CommitCheckpoint(model, contents).status());
+    }
+  }
+  StartServer();
+  std::vector<std::vector<std::string>> pages;
+  v1::ListModelsRequest models_request;
+  models_request.set_page_size(2);
+  do {
+    v1::ListModelsResponse response;
+    ASSERT_TRUE(stub_->ListModels(Context().get(), models_request, &response).ok());
+    pages.emplace_back();
+    for (const v1::ModelInfo& model : response.models()) pages.back().push_back(model.name());
+    models_request.set_page_token(response.next_page_token());
+  } while (!models_request.page_token().empty() && pages.size() < 10);
+  EXPECT_THAT(pages,
+              ElementsAre(ElementsAre("m0", "m1"), ElementsAre("m2", "m3"), ElementsAre("m4")));
+
+  std::vector<int64_t> versions;
+  v1::ListVersionsRequest versions_request;
+  versions_request.set_model("m2");
+  versions_request.set_page_size(2);
+  int calls = 0;
+  do {
+    v1::ListVersionsResponse response;
+    ASSERT_TRUE(stub_->ListVersions(Context().get(), versions_request, &response).ok());
+    EXPECT_LE(response.versions_size(), 2);
+    for (const v1::VersionInfo& version : response.versions())
+      versions.push_back(version.version());
+    versions_request.set_page_token(response.next_page_token());
+  } while (!versions_request.page_token().empty() && ++calls < 10);
+  EXPECT_THAT(versions, ElementsAre(1, 2, 3, 4, 5));
+
+  v1::ListModelsResponse models_response;
+  models_request.set_page_token("not a name!");
+  EXPECT_EQ(stub_->ListModels(Context().get(), models_request, &models_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  models_request.set_page_token("");
+  models_request.set_page_size(-1);
+  EXPECT_EQ(stub_->ListModels(Context().get(), models_request, &models_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::ListVersionsResponse versions_response;
+  versions_request.set_page_token("x");
+  EXPECT_EQ(stub_->ListVersions(Context().get(), versions_request, &versions_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  versions_request.set_page_token("");
+  versions_request.set_model("nope");
+  EXPECT_EQ(stub_->ListVersions(Context().get(), versions_request, &versions_response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(StoreServiceTest, EveryCallNeedsTheBearerTokenButHealthChecksDoNot) {
+  StartServer(kToken);
+  const std::string right = std::string("Bearer ") + kToken;
+  for (const std::string& authorization :
+       {std::string(), std::string("Bearer wrong"), std::string("Basic ") + kToken,
+        std::string(kToken), right + "x"}) {
+    SCOPED_TRACE(authorization);
+    v1::StoreStats stats;
+    EXPECT_EQ(stub_->GetStats(Context(authorization).get(), {}, &stats).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::FindMissingChunksResponse missing;
+    EXPECT_EQ(stub_->FindMissingChunks(Context(authorization).get(), {}, &missing).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListModelsResponse models;
+    EXPECT_EQ(stub_->ListModels(Context(authorization).get(), {}, &models).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListVersionsResponse versions;
+    EXPECT_EQ(stub_->ListVersions(Context(authorization).get(), {}, &versions).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::Manifest manifest;
+    EXPECT_EQ(stub_->GetManifest(Context(authorization).get(), {}, &manifest).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::SetAliasResponse set_alias;
+    EXPECT_EQ(stub_->SetAlias(Context(authorization).get(), {}, &set_alias).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::DeleteAliasResponse delete_alias;
+    EXPECT_EQ(stub_->DeleteAlias(Context(authorization).get(), {}, &delete_alias).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::DeleteVersionResponse delete_version;
+    EXPECT_EQ(stub_->DeleteVersion(Context(authorization).get(), {}, &delete_version).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ApplyRetentionResponse retention;
+    EXPECT_EQ(stub_->ApplyRetention(Context(authorization).get(), {}, &retention).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::GarbageCollectResponse gc;
+    EXPECT_EQ(stub_->GarbageCollect(Context(authorization).get(), {}, &gc).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::VerifyResponse verify;
+    EXPECT_EQ(stub_->Verify(Context(authorization).get(), {}, &verify).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+
+    std::unique_ptr<grpc::ClientContext> upload_context = Context(authorization);
+    v1::UploadResponse uploaded;
+    auto writer = stub_->Upload(upload_context.get(), &uploaded);
+    writer->Write(HeaderRequest("m", OneTensorHeader(1)));
+    writer->WritesDone();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    std::unique_ptr<grpc::ClientContext> download_context = Context(authorization);
+    v1::DownloadRequest download;
+    *download.mutable_ref() = Ref("m");
+    auto reader = stub_->Download(download_context.get(), download);
+    v1::DownloadResponse part;
+    EXPECT_FALSE(reader->Read(&part));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The scheme is case-insensitive (RFC 7235); the token is not.
+  v1::StoreStats stats;
+  EXPECT_TRUE(stub_->GetStats(Context(right).get(), {}, &stats).ok());
+  EXPECT_TRUE(stub_->GetStats(Context(std::string("bearer ") + kToken).get(), {}, &stats).ok());
+
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  HealthCheckRequest health_request;
+  health_request.set_service(v1::CheckpointStore::service_full_name());
+  HealthCheckResponse health_response;
+  ASSERT_TRUE(health->Check(Context().get(), health_request, &health_response).ok());
+  EXPECT_EQ(health_response.status(), HealthCheckResponse::SERVING);
+}
+
+TEST(StoreServiceCreateTest, RejectsMissingStoreAndZeroThreads) {
+  EXPECT_THAT(StoreService::Create(nullptr, {}), StatusIs(absl::StatusCode::kInvalidArgument));
+  StoreOptions options;
+  options.db_path = std::string(std::getenv("TEST_TMPDIR")) + "/create";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RocksDbCheckpointStore> store,
+                       RocksDbCheckpointStore::Open(options));
+  StoreServiceOptions service_options;
+  service_options.worker_threads = 0;
+  EXPECT_THAT(StoreService::Create(store.get(), service_options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "worker_threads"));
+}
+
+}  // namespace
+}  // namespace ckpt

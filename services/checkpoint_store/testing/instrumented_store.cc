@@ -1,0 +1,137 @@
+#include "services/checkpoint_store/testing/instrumented_store.h"
+
+#include <utility>
+
+#include "libs/status/status_macros.h"
+
+namespace ckpt {
+
+class InstrumentedStore::Reader final : public VersionReader {
+ public:
+  Reader(const InstrumentedStore& store, std::unique_ptr<VersionReader> base)
+      : store_(store), base_(std::move(base)) {}
+
+  const v1::Manifest& manifest() const override { return base_->manifest(); }
+
+  absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
+                                const ChunkCallback& callback) const override {
+    store_.Called("ReadTensorChunks");
+    store_.reader_chunk_reads_.fetch_add(1);
+    return base_->ReadTensorChunks(meta, callback);
+  }
+
+ private:
+  const InstrumentedStore& store_;
+  const std::unique_ptr<VersionReader> base_;
+};
+
+class InstrumentedStore::Session final : public UploadSession {
+ public:
+  Session(InstrumentedStore& store, std::unique_ptr<UploadSession> base)
+      : store_(store), base_(std::move(base)) {}
+
+  const v1::Manifest& header() const override { return base_->header(); }
+  int tensor_count() const override { return base_->tensor_count(); }
+  const std::vector<std::string>& warnings() const override { return base_->warnings(); }
+
+  absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
+    store_.Called("AddTensorData");
+    absl::Status added = base_->AddTensorData(tensor_index, offset, bytes);
+    store_.uploaded_bytes_.fetch_add(static_cast<int64_t>(bytes.size()));
+    return added;
+  }
+
+  absl::StatusOr<CommitResult> Commit() override {
+    store_.Called("Commit");
+    return base_->Commit();
+  }
+
+ private:
+  InstrumentedStore& store_;
+  const std::unique_ptr<UploadSession> base_;
+};
+
+absl::StatusOr<std::unique_ptr<UploadSession>> InstrumentedStore::BeginUpload(
+    absl::string_view model, v1::Manifest header, const CommitOptions& options) {
+  Called("BeginUpload");
+  ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
+                   base_.BeginUpload(model, std::move(header), options));
+  return std::unique_ptr<UploadSession>(new Session(*this, std::move(session)));
+}
+
+absl::StatusOr<std::vector<std::string>> InstrumentedStore::FindMissingChunks(
+    const std::vector<std::string>& sha256s) {
+  Called("FindMissingChunks");
+  return base_.FindMissingChunks(sha256s);
+}
+
+absl::StatusOr<v1::Manifest> InstrumentedStore::GetManifest(const v1::VersionRef& ref) {
+  Called("GetManifest");
+  return base_.GetManifest(ref);
+}
+
+absl::StatusOr<std::unique_ptr<VersionReader>> InstrumentedStore::OpenVersion(
+    const v1::VersionRef& ref) {
+  Called("OpenVersion");
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, base_.OpenVersion(ref));
+  return std::unique_ptr<VersionReader>(new Reader(*this, std::move(reader)));
+}
+
+absl::Status InstrumentedStore::ReadTensorChunks(const v1::TensorMeta& meta,
+                                                 const ChunkCallback& callback) {
+  Called("ReadTensorChunks");
+  return base_.ReadTensorChunks(meta, callback);
+}
+
+absl::StatusOr<std::vector<v1::ModelInfo>> InstrumentedStore::ListModels() {
+  Called("ListModels");
+  return base_.ListModels();
+}
+
+absl::StatusOr<std::vector<v1::VersionInfo>> InstrumentedStore::ListVersions(
+    absl::string_view model) {
+  Called("ListVersions");
+  return base_.ListVersions(model);
+}
+
+absl::StatusOr<int64_t> InstrumentedStore::SetAlias(absl::string_view model,
+                                                    absl::string_view alias, int64_t version,
+                                                    int64_t expected_current_version) {
+  Called("SetAlias");
+  return base_.SetAlias(model, alias, version, expected_current_version);
+}
+
+absl::Status InstrumentedStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
+  Called("DeleteAlias");
+  return base_.DeleteAlias(model, alias);
+}
+
+absl::StatusOr<int64_t> InstrumentedStore::DeleteVersion(absl::string_view model, int64_t version,
+                                                         bool force) {
+  Called("DeleteVersion");
+  return base_.DeleteVersion(model, version, force);
+}
+
+absl::StatusOr<v1::ApplyRetentionResponse> InstrumentedStore::ApplyRetention(
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+  Called("ApplyRetention");
+  return base_.ApplyRetention(model, policy, dry_run);
+}
+
+absl::StatusOr<v1::GarbageCollectResponse> InstrumentedStore::GarbageCollect(bool dry_run) {
+  Called("GarbageCollect");
+  return base_.GarbageCollect(dry_run);
+}
+
+absl::StatusOr<v1::VerifyResponse> InstrumentedStore::Verify(absl::string_view model,
+                                                             int64_t version) {
+  Called("Verify");
+  return base_.Verify(model, version);
+}
+
+absl::StatusOr<v1::StoreStats> InstrumentedStore::GetStats() {
+  Called("GetStats");
+  return base_.GetStats();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,82 @@
+#ifndef CKPT_SERVICES_CHECKPOINT_STORE_TESTING_INSTRUMENTED_STORE_H_
+#define CKPT_SERVICES_CHECKPOINT_STORE_TESTING_INSTRUMENTED_STORE_H_
+
+// InstrumentedStore (testonly): a CheckpointStore that forwards every call to another store and
+// lets a test watch or hold calls: a hook runs at the start of each method, and of each chunk read
+// through a VersionReader it opened and of each UploadSession call, with the method's name
+// ("GetStats", "BeginUpload", "ReadTensorChunks", "AddTensorData", "Commit", ...). A hook that
+// blocks holds the call there, which is how tests make a server call outlast a client deadline
+// without sleeping.
+//
+// Thread-safe as the wrapped store is; set the hook before the store is used.
+//
+// Example:
+//   InstrumentedStore store(rocksdb_store.get());
+//   absl::Notification release;
+//   store.set_hook([&](absl::string_view method) {
+//     if (method == "GetStats") release.WaitForNotification();
+//   });
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "libs/store/checkpoint_store.h"
+
+namespace ckpt {
+
+class InstrumentedStore final : public CheckpointStore {
+ public:
+  using Hook = std::function<void(absl::string_view method)>;
+
+  // `base` is not owned and must outlive this store and every reader it returns.
+  explicit InstrumentedStore(CheckpointStore* base) : base_(*base) {}
+
+  void set_hook(Hook hook) { hook_ = std::move(hook); }
+  // Chunk reads made through readers from OpenVersion (one per ReadTensorChunks call).
+  int64_t reader_chunk_reads() const { return reader_chunk_reads_.load(); }
+  // Bytes given to AddTensorData of sessions from BeginUpload (accepted or not).
+  int64_t uploaded_bytes() const { return uploaded_bytes_.load(); }
+
+  absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
+                                                             v1::Manifest header,
+                                                             const CommitOptions& options) override;
+  absl::StatusOr<std::vector<std::string>> FindMissingChunks(
+      const std::vector<std::string>& sha256s) override;
+  absl::StatusOr<v1::Manifest> GetManifest(const v1::VersionRef& ref) override;
+  absl::StatusOr<std::unique_ptr<VersionReader>> OpenVersion(const v1::VersionRef& ref) override;
+  absl::Status ReadTensorChunks(const v1::TensorMeta& meta, const ChunkCallback& callback) override;
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override;
+  absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override;
+  absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
+                                   int64_t version, int64_t expected_current_version) override;
+  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) override;
+  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
+                                        bool force) override;
+  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(absl::string_view model,
+                                                            const v1::RetentionPolicy& policy,
+                                                            bool dry_run) override;
+  absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
+  absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
+  absl::StatusOr<v1::StoreStats> GetStats() override;
+
+ private:
+  class Reader;
+  class Session;
+
+  void Called(absl::string_view method) const {
+    if (hook_) hook_(method);
+  }
+
+  CheckpointStore& base_;
+  Hook hook_;
+  mutable std::atomic<int64_t> reader_chunk_reads_{0};
+  std::atomic<int64_t> uploaded_bytes_{0};
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_SERVICES_CHECKPOINT_STORE_TESTING_INSTRUMENTED_STORE_H_
