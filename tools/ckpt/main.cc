@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <memory>
 
 #include <cstdio>
@@ -21,6 +23,7 @@
 #include "libs/format/inspect.h"
 #include "libs/status/status_macros.h"
 #include "libs/tensor/dtype.h"
+#include "libs/client/remote_checkpoint_store.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
@@ -29,6 +32,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "tools/ckpt/command_line.h"
 
@@ -38,12 +43,16 @@ namespace {
 constexpr char kDescription[] =
     "Read, convert and version PyTorch checkpoints: torch.save files (zip and legacy, read\n"
     "without running any pickled code), whole pickled models, bundles, safetensors; a versioned,\n"
-    "deduplicated, checksummed store of them (embedded in --store_dir).";
+    "deduplicated, checksummed store of them (embedded in --store_dir, or a checkpoint_store\n"
+    "service with --store=HOST:PORT).";
 
 const std::vector<cli::OptionSpec>& GlobalOptions() {
   static const auto* options = new std::vector<cli::OptionSpec>{
       {"store_dir", "DIR", "open the checkpoint store in DIR in-process (embedded)",
        "./ckpt-data"},
+      {"store", "HOST:PORT",
+       "talk to a checkpoint_store service instead of opening --store_dir", ""},
+      {"auth_token_file", "FILE", "bearer token for --store (whitespace around it ignored)", ""},
   };
   return *options;
 }
@@ -161,8 +170,34 @@ absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
 
 // ---- Store commands.
 
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --auth_token_file=", path));
+  std::stringstream contents;
+  contents << in.rdbuf();
+  const std::string token(absl::StripAsciiWhitespace(contents.str()));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--auth_token_file=", path, " is empty"));
+  }
+  return token;
+}
+
+// The store the command works on: a service (--store) or a database opened in-process.
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
                                                            bool create) {
+  if (line.Has("store")) {
+    RemoteStoreOptions remote;
+    remote.address = line.Get("store");
+    if (line.Has("auth_token_file")) {
+      ASSIGN_OR_RETURN(remote.auth_token, ReadToken(line.Get("auth_token_file")));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> store,
+                     RemoteCheckpointStore::Connect(remote));
+    return std::unique_ptr<CheckpointStore>(std::move(store));
+  }
+  if (line.Has("auth_token_file")) {
+    return absl::InvalidArgumentError("--auth_token_file needs --store=HOST:PORT");
+  }
   StoreOptions options;
   options.db_path = line.Get("store_dir");
   options.create_if_missing = create;

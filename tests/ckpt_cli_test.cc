@@ -1,0 +1,141 @@
+// The `ckpt` binary as users run it: on files real PyTorch wrote, against an embedded store and
+// against a real checkpoint_store server with a token. Checks output, exit codes and errors.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/testing/python_runner.h"
+#include "nlohmann/json.hpp"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr.
+};
+
+std::string Dir() { return std::getenv("TEST_TMPDIR"); }
+
+Result Ckpt(const std::string& args) {
+  const std::string command = absl::StrCat("tools/ckpt/ckpt ", args, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+class CkptCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    testing::RunPythonOrAddFailure("libs/format/testdata/checkpoint_fixtures.py", "make " + Dir());
+  }
+};
+
+TEST_F(CkptCliTest, EmbeddedStoreWorkflow) {
+  const std::string store = "--store_dir=" + Dir() + "/embedded";
+  Result imported = Ckpt(absl::StrCat("import ", Dir(), "/ddp_cuda1.pt --model mlp --alias best ", store));
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  EXPECT_THAT(imported.output, HasSubstr("as mlp@1"));
+  EXPECT_THAT(imported.output, HasSubstr("stripped wrapper prefix 'module.'"));
+  ASSERT_EQ(Ckpt(absl::StrCat("import ", Dir(), "/bundle.pt --model mlp ", store)).exit_code, 0);
+
+  Result listed = Ckpt("ls mlp " + store);
+  EXPECT_EQ(listed.exit_code, 0);
+  EXPECT_THAT(listed.output, HasSubstr("best"));
+
+  Result shown = Ckpt("show mlp@best --json " + store);
+  ASSERT_EQ(shown.exit_code, 0) << shown.output;
+  const nlohmann::json manifest = nlohmann::json::parse(shown.output);
+  EXPECT_EQ(manifest["tensors"][0]["key"], "0.weight");
+  EXPECT_EQ(manifest["tensors"][0]["original_device"], "cuda:1");
+
+  Result diff = Ckpt("diff mlp@1 mlp@2 " + store);
+  EXPECT_THAT(diff.output, HasSubstr("9 unchanged"));
+  EXPECT_EQ(Ckpt("verify mlp " + store).exit_code, 0);
+
+  Result refused = Ckpt("rm mlp@1 " + store);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.output, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_EQ(Ckpt("rm mlp@1 --force " + store).exit_code, 0);
+  Result stats = Ckpt("stats " + store);
+  EXPECT_THAT(stats.output, HasSubstr("versions: 1"));
+}
+
+TEST_F(CkptCliTest, ConvertAndInspect) {
+  const std::string out = Dir() + "/clean.pt";
+  Result converted = Ckpt(absl::StrCat("convert ", Dir(), "/ddp_cuda1.pt ", out));
+  ASSERT_EQ(converted.exit_code, 0) << converted.output;
+  EXPECT_EQ(testing::RunPythonOrAddFailure("libs/format/testdata/checkpoint_fixtures.py",
+                                           absl::StrCat("verify_torch ", out, " ", Dir())),
+            "OK\n");
+  Result inspected = Ckpt(absl::StrCat("inspect ", Dir(), "/bundle.pt --json"));
+  ASSERT_EQ(inspected.exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(inspected.output)["model"]["wrapper_prefix"], "module.");
+}
+
+TEST_F(CkptCliTest, UsageErrorsExitTwoAndFailuresExitOne) {
+  EXPECT_EQ(Ckpt("--help").exit_code, 0);
+  EXPECT_THAT(Ckpt("--help").output, HasSubstr("import FILE"));
+  EXPECT_EQ(Ckpt("import --help").exit_code, 0);
+  Result unknown = Ckpt("frobnicate");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.output, HasSubstr("unknown command 'frobnicate'"));
+  EXPECT_EQ(Ckpt("inspect").exit_code, 2);
+  Result missing = Ckpt("inspect " + Dir() + "/no-such.pt");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.output, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(CkptCliTest, RemoteStoreWithToken) {
+  const std::string token_file = Dir() + "/token";
+  std::ofstream(token_file) << "tok-123\n";
+  const std::string port_file = Dir() + "/port";
+  const pid_t server = fork();
+  if (server == 0) {
+    const std::string db = "--db_path=" + Dir() + "/served";
+    const std::string port = "--port_file=" + port_file;
+    const std::string token = "--auth_token_file=" + token_file;
+    execl("services/checkpoint_store/checkpoint_store", "checkpoint_store", db.c_str(),
+          port.c_str(), token.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(60); absl::Now() < deadline && port == 0;) {
+    std::ifstream in(port_file);
+    if (!(in >> port)) absl::SleepFor(absl::Milliseconds(10));  // The server writes it when ready.
+  }
+  ASSERT_GT(port, 0);
+  const std::string remote = absl::StrCat("--store=127.0.0.1:", port);
+  Result denied = Ckpt("ls " + remote);
+  EXPECT_EQ(denied.exit_code, 1);
+  EXPECT_THAT(denied.output, HasSubstr("UNAUTHENTICATED"));
+  const std::string auth = absl::StrCat(remote, " --auth_token_file=", token_file);
+  Result imported = Ckpt(absl::StrCat("import ", Dir(), "/whole_model.pt --model net ", auth));
+  EXPECT_EQ(imported.exit_code, 0) << imported.output;
+  Result listed = Ckpt("ls " + auth);
+  EXPECT_THAT(listed.output, HasSubstr("net"));
+  EXPECT_EQ(Ckpt("verify " + auth).exit_code, 0);
+  kill(server, SIGTERM);
+  int status = 0;
+  waitpid(server, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+}  // namespace
+}  // namespace ckpt
