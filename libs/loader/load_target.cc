@@ -1,0 +1,43 @@
+#include "libs/loader/load_target.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "libs/status/status_macros.h"
+#include "libs/tensor/dtype.h"
+#include "libs/tensor/value_proto.h"
+
+namespace ckpt {
+
+absl::StatusOr<LoadTarget> LoadTargetFromProto(const v1::LoadTarget& proto) {
+  LoadTarget target;
+  if (!proto.device().empty()) {
+    ASSIGN_OR_RETURN(target.device, ParseDevice(proto.device()));
+  }
+  if (proto.cast_floating_to() != v1::DTYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(proto.cast_floating_to()));
+    ASSIGN_OR_RETURN(target.dtype, DTypePolicy::CastFloatingTo(dtype));
+  }
+  switch (proto.key_policy()) {
+    case v1::KEY_POLICY_CANONICAL:
+      target.keys = KeyPolicy::Canonical();
+      break;
+    case v1::KEY_POLICY_ADD_PREFIX:
+      target.keys =
+          KeyPolicy::AddPrefix(proto.key_prefix().empty() ? "module." : proto.key_prefix());
+      break;
+    case v1::KEY_POLICY_ORIGINAL:
+      target.keys = KeyPolicy::Original();
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadTarget.key_policy: unknown value ", proto.key_policy()));
+  }
+  target.include_keys.assign(proto.include_keys().begin(), proto.include_keys().end());
+  target.include_prefixes.assign(proto.include_prefixes().begin(),
+                                 proto.include_prefixes().end());
+  target.include_optimizer = proto.include_optimizer_state();
+  target.include_scheduler = proto.include_scheduler_state();
+  return target;
+}
+
+}  // namespace ckpt
