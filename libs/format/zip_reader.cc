@@ -6,23 +6,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/format/crc32.h"
+#include "libs/format/zip_format.h"
 #include "libs/status/status_macros.h"
 
 namespace ckpt {
 namespace {
 
-constexpr uint32_t kLocalHeaderSignature = 0x04034b50;
-constexpr uint32_t kCentralHeaderSignature = 0x02014b50;
-constexpr uint32_t kEndSignature = 0x06054b50;
-constexpr uint32_t kZip64EndSignature = 0x06064b50;
-constexpr uint32_t kZip64LocatorSignature = 0x07064b50;
-constexpr uint16_t kZip64ExtraId = 0x0001;
+using namespace ::ckpt::zip;  // NOLINT: the format's constants, named as in the spec.
 
-constexpr uint64_t kLocalHeaderSize = 30;
-constexpr uint64_t kCentralHeaderSize = 46;
-constexpr uint64_t kEndSize = 22;
-constexpr uint64_t kZip64EndSize = 56;
-constexpr uint64_t kZip64LocatorSize = 20;
 constexpr uint64_t kMaxCommentSize = 0xFFFF;
 
 // Little-endian field reader over a buffer that bounds-checks every read.

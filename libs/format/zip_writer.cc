@@ -4,17 +4,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "libs/format/crc32.h"
+#include "libs/format/zip_format.h"
 #include "libs/status/status_macros.h"
 
 namespace ckpt {
 namespace {
 
-constexpr uint32_t kLocalHeaderSignature = 0x04034b50;
-constexpr uint32_t kCentralHeaderSignature = 0x02014b50;
-constexpr uint32_t kEndOfCentralDirectorySignature = 0x06054b50;
-constexpr uint32_t kZip64EndOfCentralDirectorySignature = 0x06064b50;
-constexpr uint32_t kZip64LocatorSignature = 0x07064b50;
-constexpr uint16_t kZip64ExtraId = 0x0001;
+using zip::kCentralHeaderSignature;
+using zip::kEndSignature;
+using zip::kLocalHeaderSignature;
+using zip::kZip64EndSignature;
+using zip::kZip64ExtraId;
+using zip::kZip64LocatorSignature;
 constexpr uint16_t kPaddingExtraId = 0x4246;  // "FB", as PyTorch's writer pads.
 constexpr uint32_t k32BitMax = 0xFFFFFFFF;
 constexpr uint16_t k16BitMax = 0xFFFF;
@@ -142,7 +143,7 @@ absl::Status ZipWriter::Finish() {
   std::string end;
   if (any_zip64) {
     const uint64_t zip64_end_offset = offset_;
-    Put32(end, kZip64EndOfCentralDirectorySignature);
+    Put32(end, kZip64EndSignature);
     Put64(end, 44);  // Size of the rest of this record.
     Put16(end, kVersionMadeBy);
     Put16(end, kVersionNeededZip64);
@@ -160,7 +161,7 @@ absl::Status ZipWriter::Finish() {
   const uint16_t count16 = any_zip64 && entries_.size() >= k16BitMax
                                ? k16BitMax
                                : static_cast<uint16_t>(entries_.size());
-  Put32(end, kEndOfCentralDirectorySignature);
+  Put32(end, kEndSignature);
   Put16(end, 0);
   Put16(end, 0);
   Put16(end, options_.force_zip64 ? k16BitMax : count16);
