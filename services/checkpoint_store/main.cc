@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/io/atomic_file.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/checkpoint_store/store_service.h"
@@ -81,38 +82,6 @@ struct ServerConfig {
   absl::Duration shutdown_grace;
 };
 
-// The token in `path`, without surrounding whitespace. INVALID_ARGUMENT when the file cannot be
-// read, is empty, or holds characters that cannot travel in gRPC metadata.
-absl::StatusOr<std::string> ReadAuthToken(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read --auth_token_file=", path, ": ", std::strerror(errno)));
-  }
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  if (file.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read --auth_token_file=", path, ": ", std::strerror(errno)));
-  }
-  const std::string token(absl::StripAsciiWhitespace(contents.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--auth_token_file=", path,
-        " is empty; an empty token cannot authenticate anyone (drop the flag to serve without "
-        "authentication)"));
-  }
-  for (char c : token) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--auth_token_file=", path,
-          " holds a token with whitespace, control or non-ASCII characters, which cannot travel "
-          "in an 'authorization' header; use printable ASCII"));
-    }
-  }
-  return token;
-}
-
 absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positional) {
   if (positional.size() > 1) {
     return absl::InvalidArgumentError(
@@ -142,7 +111,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   }
   const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
   if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadAuthToken(token_file);
+    absl::StatusOr<std::string> token = ReadAuthTokenFile(token_file);
     if (!token.ok()) return token.status();
     config.service.auth_token = *std::move(token);
   }

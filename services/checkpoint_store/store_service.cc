@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/version_ref.h"
@@ -23,21 +24,9 @@ namespace {
 
 using store_service_internal::WorkQueue;
 
-constexpr absl::string_view kBearerPrefix = "Bearer ";
 // Warnings travel in initial metadata, whose size gRPC limits (8 KiB by default); the complete
 // list comes with the commit's UploadResponse.
 constexpr size_t kMaxWarningMetadataBytes = 4096;
-
-// Compares a presented token with the configured one in time that depends only on the configured
-// token's length, so response times do not reveal how many leading bytes were right.
-bool TokensEqual(absl::string_view presented, absl::string_view expected) {
-  unsigned char difference = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const unsigned char given = i < presented.size() ? presented[i] : 0;
-    difference |= static_cast<unsigned char>(given ^ static_cast<unsigned char>(expected[i]));
-  }
-  return difference == 0;
-}
 
 grpc::Status Cancelled() {
   return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
@@ -401,22 +390,7 @@ StoreService::~StoreService() {
 }
 
 absl::Status StoreService::Authorize(const grpc::CallbackServerContext& context) const {
-  if (options_.auth_token.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(
-        "this checkpoint store requires 'authorization: Bearer <token>' metadata on every call");
-  }
-  const absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::StartsWithIgnoreCase(value, kBearerPrefix)) {
-    return absl::UnauthenticatedError(
-        "the 'authorization' metadata is not of the form 'Bearer <token>'");
-  }
-  if (!TokensEqual(value.substr(kBearerPrefix.size()), options_.auth_token)) {
-    return absl::UnauthenticatedError("the bearer token is not valid for this checkpoint store");
-  }
-  return absl::OkStatus();
+  return CheckBearerToken(context.client_metadata(), options_.auth_token, "checkpoint store");
 }
 
 void StoreService::Schedule(std::function<void()> work) { work_queue_->Schedule(std::move(work)); }
