@@ -1,0 +1,110 @@
+#ifndef CKPT_LIBS_TRAIN_TRAINER_H_
+#define CKPT_LIBS_TRAIN_TRAINER_H_
+
+// One rank of a data-parallel training run: rendezvous, model, data, optimizer, scheduler, the
+// training loop, asynchronous checkpoints to the store, and exact resume from it.
+//
+// What a checkpoint holds (one store version of `model_name`):
+//   model       the module's parameters and buffers under canonical keys (never "module.");
+//   optimizer   PyTorch's optimizer.state_dict() layout (libs/train/optimizer.h);
+//   scheduler   PyTorch's scheduler.state_dict() layout (libs/train/lr_scheduler.h);
+//   extra       {"trainer": {epoch, sampler_position, global_step, target_step, world_size,
+//                backend, seed, batch_size, rng_cpu, model, data}}, where (epoch,
+//                sampler_position) is where the data continues: samples of the epoch each rank
+//                has consumed;
+//   metadata    epoch, global step, loss, samples/s, world size, backend; labels model_kind,
+//               data, python_twin (the constructor of the model's PyTorch twin).
+//
+// Only rank 0 writes checkpoints (the ranks' states are identical: DDP keeps them so). Rank 0
+// resolves "latest" and broadcasts the version, so every rank resumes from the same one. With
+// an embedded store (no store_address) rank 0 owns the RocksDB directory and serves it to the
+// other ranks over gRPC on an ephemeral port with a random token, sent over the process group.
+//
+// Resume is exact on the CPU with deterministic settings (one intra-op thread per rank): the
+// parameters after an interrupted and resumed run equal, bit for bit, those of an uninterrupted
+// one. The run's goal is `target_step` (recorded in each checkpoint): a run resumed before its
+// goal finishes that goal; a run resumed after reaching it trains `steps` more.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libs/ddp/process_group.h"
+#include "libs/train/dataset.h"
+#include "libs/train/lr_scheduler.h"
+#include "libs/train/models.h"
+#include "libs/train/optimizer.h"
+#include "libs/train/trainer_control.h"
+#include "proto/ckpt/v1/types.pb.h"
+
+namespace ckpt::train {
+
+struct TrainerConfig {
+  // ---- What to train.
+  std::string model_name;  // the store's model name; "" -> "<model kind>-<data kind>".
+  ModelSpec model;
+  DataSpec data;
+  OptimizerSpec optimizer;
+  SchedulerSpec scheduler;
+  int64_t batch_size = 32;       // per rank.
+  int64_t steps = 300;           // optimizer steps in this leg (see target_step above).
+  int64_t checkpoint_every = 100;  // steps; 0: only at epoch end and at the end.
+  bool checkpoint_at_epoch_end = true;
+  double clip_grad_norm = 1.0;   // 0: off.
+  uint64_t seed = 1234;
+  bool shuffle = true;
+  bool drop_last = false;
+  int64_t bucket_cap_bytes = 25 << 20;
+  bool resume = true;            // continue from the model's latest version when there is one.
+  int threads_per_rank = 1;      // intra-op threads; 1 keeps runs bit-reproducible.
+  int64_t log_every = 20;        // steps between plain log lines (when not on a terminal).
+  bool progress_line = false;    // one updating line on stderr (rank 0, on a terminal).
+
+  // ---- Where checkpoints go.
+  std::string store_address;     // HOST:PORT of a store service; "" -> embedded store_dir.
+  std::string store_auth_token;
+  std::string store_dir = "ckpt-data";
+
+  // ---- Distribution.
+  ddp::RendezvousOptions rendezvous;  // backend "gloo" | "nccl".
+  std::string device = "cpu";         // "cpu" | "cuda" (cuda:<local_rank>).
+  int local_rank = 0;
+};
+
+struct TrainingSummary {
+  std::string model_name;
+  int64_t start_step = 0;   // global step the run resumed from (0: fresh).
+  int64_t final_step = 0;
+  int64_t target_step = 0;
+  int64_t final_epoch = 0;
+  std::optional<v1::VersionRef> resumed_from;
+  // (global step, mean loss over ranks), one point per log interval plus the last step.
+  std::vector<std::pair<int64_t, double>> loss_curve;
+  double samples_per_second = 0;  // all ranks, this leg.
+  absl::Duration wall_time;
+  absl::Duration checkpoint_stall;  // what the loop spent in checkpoint snapshots and waits.
+  std::vector<v1::VersionRef> versions_written;
+  bool stopped_early = false;      // a stop request ended the run before target_step.
+  int world_size = 1;
+  std::string backend;
+  std::string store_location;      // the directory or address.
+  std::string python_twin;
+};
+
+// Runs this process's rank to the end. `control` (rank 0; may be null) receives status and is
+// asked for requests at every step boundary. Errors: the rendezvous, the store, the data, a
+// checkpoint of another model shape (FAILED_PRECONDITION, saying how to start fresh), a failed
+// checkpoint upload.
+absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
+                                                TrainerControl* control);
+
+// Human-readable end-of-run report (rank 0), ending with how to inspect the versions with ckpt.
+std::string FormatSummary(const TrainingSummary& summary);
+
+}  // namespace ckpt::train
+
+#endif  // CKPT_LIBS_TRAIN_TRAINER_H_

@@ -1,0 +1,332 @@
+// trainer: data-parallel training with checkpoints in the ckpt store, like torchrun + DDP.
+//
+//   bazel run //services/trainer                  # 2 CPU ranks over Gloo, ./ckpt-data store
+//   bazel run //services/trainer -- --model=cnn --steps=500 --nproc_per_node=4
+//
+// With no RANK / WORLD_SIZE in the environment this process is the launcher: it starts
+// --nproc_per_node ranks (this same binary) with the torchrun environment, supervises them and
+// restarts them after a failure (--max_restarts). Started by another launcher (torchrun's
+// environment present), it is one rank. Exit status: 0 when training finished or was stopped
+// gracefully; 1 when a rank failed (the cause is printed); 2 for bad flags.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "libs/ddp/process_group.h"
+#include "libs/io/atomic_file.h"
+#include "libs/rpc/bearer_auth.h"
+#include "libs/rpc/grpc_server.h"
+#include "libs/train/rank_supervisor.h"
+#include "libs/train/trainer.h"
+#include "libs/train/trainer_control.h"
+#include "services/trainer/trainer_service.h"
+
+// ---- Launcher (torchrun's flags).
+ABSL_FLAG(int, nproc_per_node, 2, "Ranks to start on this node. Default 2.");
+ABSL_FLAG(int, nnodes, 1, "Nodes in the job; each runs this launcher. Default 1.");
+ABSL_FLAG(int, node_rank, 0, "This node's index, 0..nnodes-1. Default 0.");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1",
+          "Address of node 0, where rank 0 runs the rendezvous (c10d TCPStore). Default "
+          "127.0.0.1.");
+ABSL_FLAG(int, master_port, 0,
+          "Rendezvous port on node 0. Default 0: a free port, chosen for every (re)start; "
+          "required when --nnodes > 1.");
+ABSL_FLAG(int, max_restarts, 0,
+          "After a rank fails, restart all ranks this many times; they resume from the last "
+          "committed checkpoint. Default 0.");
+ABSL_FLAG(absl::Duration, rank_exit_timeout, absl::Seconds(10),
+          "When a rank fails, the others get SIGTERM and are killed after this long. Default 10s.");
+// ---- Distribution.
+ABSL_FLAG(std::string, backend, "gloo", "Collective backend: gloo (CPU) or nccl (CUDA builds).");
+ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda (rank r uses cuda:<local rank>).");
+ABSL_FLAG(int, threads_per_rank, 1,
+          "Intra-op threads per rank. Default 1, which keeps runs bit-reproducible.");
+ABSL_FLAG(int, bucket_cap_mb, 25, "Gradient all-reduce bucket size in MiB. Default 25.");
+// ---- Model and data.
+ABSL_FLAG(std::string, model, "mlp", "mlp, cnn (BatchNorm) or transformer. Default mlp.");
+ABSL_FLAG(int64_t, hidden, 64, "Hidden width (mlp), channels (cnn), d_model (transformer).");
+ABSL_FLAG(int64_t, layers, 2, "Hidden layers (mlp) or encoder layers (transformer).");
+ABSL_FLAG(int64_t, heads, 4, "Attention heads (transformer).");
+ABSL_FLAG(std::string, data, "synthetic",
+          "synthetic (a learnable generated task), mnist:DIR (IDX files), or pt:FILE (a "
+          "torch.save'd {'x': inputs, 'y': int64 labels}). Default synthetic.");
+ABSL_FLAG(int64_t, synthetic_examples, 4096, "Examples in the synthetic data set.");
+// ---- Optimization.
+ABSL_FLAG(std::string, optimizer, "adamw", "sgd (momentum), adam or adamw. Default adamw.");
+ABSL_FLAG(double, lr, 2e-3, "Learning rate. Default 0.002.");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum.");
+ABSL_FLAG(double, weight_decay, 0.01, "Weight decay. Default 0.01.");
+ABSL_FLAG(std::string, scheduler, "cosine",
+          "none, step (StepLR: --step_size, --gamma) or cosine (linear warmup over "
+          "--warmup_steps, then cosine decay over the run). Default cosine.");
+ABSL_FLAG(int64_t, step_size, 100, "StepLR period in steps.");
+ABSL_FLAG(double, gamma, 0.5, "StepLR decay factor.");
+ABSL_FLAG(int64_t, warmup_steps, 20, "Cosine warmup steps.");
+ABSL_FLAG(double, clip_grad_norm, 1.0, "Clip the gradient norm to this; 0 disables.");
+ABSL_FLAG(int64_t, batch_size, 32, "Examples per rank per step. Default 32.");
+ABSL_FLAG(int64_t, steps, 300,
+          "Optimizer steps to train. A run resumed before reaching its goal finishes that goal; "
+          "one resumed after it trains this many more. Default 300.");
+ABSL_FLAG(uint64_t, seed, 1234, "Seed of initialisation and shuffling.");
+// ---- Checkpoints.
+ABSL_FLAG(std::string, model_name, "",
+          "The store's name for this model. Default: <model>-<data kind>, e.g. mlp-synthetic.");
+ABSL_FLAG(int64_t, checkpoint_every, 100,
+          "Checkpoint every N steps (also at each epoch end and at the end). 0: only those.");
+ABSL_FLAG(bool, resume, true, "Continue from the model's latest version if there is one.");
+ABSL_FLAG(std::string, store_dir, "ckpt-data",
+          "Embedded store directory (relative to where the command was run). Default "
+          "./ckpt-data.");
+ABSL_FLAG(std::string, store, "",
+          "HOST:PORT of a checkpoint store service to use instead of the embedded store.");
+ABSL_FLAG(std::string, store_auth_token_file, "", "Bearer token file for --store.");
+// ---- Control.
+ABSL_FLAG(std::string, control_listen, "",
+          "HOST:PORT where rank 0 serves the ckpt.v1.Trainer API (status, checkpoint now, stop). "
+          "Default: off.");
+ABSL_FLAG(std::string, control_port_file, "",
+          "With --control_listen, write the bound port here once serving.");
+ABSL_FLAG(std::string, control_auth_token_file, "",
+          "Bearer token file required of Trainer API calls. Default: none.");
+ABSL_FLAG(int64_t, log_every, 20, "Steps between log lines when stderr is not a terminal.");
+
+namespace ckpt {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitBadFlags = 2;
+
+train::TrainerControl* g_control = nullptr;
+
+void OnStopSignal(int) {
+  if (g_control != nullptr) g_control->RequestStopFromSignal();
+  train::ForwardStopSignal();
+}
+
+void InstallStopHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
+  train::TrainerConfig config;
+  config.model_name = absl::GetFlag(FLAGS_model_name);
+  config.model.kind = absl::GetFlag(FLAGS_model);
+  config.model.hidden = absl::GetFlag(FLAGS_hidden);
+  config.model.layers = absl::GetFlag(FLAGS_layers);
+  config.model.heads = absl::GetFlag(FLAGS_heads);
+  config.data.source = absl::GetFlag(FLAGS_data);
+  config.data.model_kind = config.model.kind;
+  config.data.synthetic_examples = absl::GetFlag(FLAGS_synthetic_examples);
+  config.data.seed = absl::GetFlag(FLAGS_seed);
+  config.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
+  config.optimizer.lr = absl::GetFlag(FLAGS_lr);
+  config.optimizer.momentum = absl::GetFlag(FLAGS_momentum);
+  config.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  config.scheduler.kind = absl::GetFlag(FLAGS_scheduler);
+  config.scheduler.step_size = absl::GetFlag(FLAGS_step_size);
+  config.scheduler.gamma = absl::GetFlag(FLAGS_gamma);
+  config.scheduler.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  config.steps = absl::GetFlag(FLAGS_steps);
+  config.scheduler.total_steps = std::max<int64_t>(config.steps, 1);
+  // A short run has a shorter warmup rather than none at all or an error.
+  config.scheduler.warmup_steps =
+      std::min(config.scheduler.warmup_steps, config.scheduler.total_steps);
+  config.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
+  config.batch_size = absl::GetFlag(FLAGS_batch_size);
+  config.seed = absl::GetFlag(FLAGS_seed);
+  config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  config.resume = absl::GetFlag(FLAGS_resume);
+  config.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);
+  config.bucket_cap_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_bucket_cap_mb)) << 20;
+  config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.store_dir = absl::GetFlag(FLAGS_store_dir);
+  config.store_address = absl::GetFlag(FLAGS_store);
+  config.device = absl::GetFlag(FLAGS_device);
+  config.rendezvous.backend = absl::GetFlag(FLAGS_backend);
+  if (config.rendezvous.backend != "gloo" && config.rendezvous.backend != "nccl") {
+    return absl::InvalidArgumentError("--backend must be gloo or nccl");
+  }
+  if (config.batch_size <= 0 || config.steps < 0 || config.threads_per_rank <= 0 ||
+      absl::GetFlag(FLAGS_bucket_cap_mb) <= 0 || config.checkpoint_every < 0) {
+    return absl::InvalidArgumentError(
+        "--batch_size, --threads_per_rank and --bucket_cap_mb must be positive; --steps and "
+        "--checkpoint_every must not be negative");
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_store_auth_token_file); !path.empty()) {
+    auto token = ReadAuthTokenFile(path, "--store_auth_token_file");
+    if (!token.ok()) return token.status();
+    config.store_auth_token = *token;
+  }
+  return config;
+}
+
+// One rank, as started by the launcher (or torchrun).
+int RunRank(train::TrainerConfig config, const ddp::RendezvousOptions& rendezvous,
+            int local_rank) {
+  config.rendezvous.master_addr = rendezvous.master_addr;
+  config.rendezvous.master_port = rendezvous.master_port;
+  config.rendezvous.rank = rendezvous.rank;
+  config.rendezvous.world_size = rendezvous.world_size;
+  config.local_rank = local_rank;
+  config.progress_line = rendezvous.rank == 0 && isatty(STDERR_FILENO);
+
+  train::TrainerControl control;
+  g_control = &control;
+  InstallStopHandlers();
+
+  std::unique_ptr<TrainerService> service;
+  std::unique_ptr<GrpcServer> server;
+  const std::string control_listen = absl::GetFlag(FLAGS_control_listen);
+  if (rendezvous.rank == 0 && !control_listen.empty()) {
+    std::string token;
+    if (const std::string path = absl::GetFlag(FLAGS_control_auth_token_file); !path.empty()) {
+      auto read = ReadAuthTokenFile(path, "--control_auth_token_file");
+      if (!read.ok()) {
+        std::cerr << "trainer: " << read.status().message() << "\n";
+        return kExitBadFlags;
+      }
+      token = *read;
+    }
+    service = std::make_unique<TrainerService>(&control, token);
+    GrpcServerOptions options;
+    options.listen_address = control_listen;
+    absl::StatusOr<std::unique_ptr<GrpcServer>> started =
+        GrpcServer::Start(options, {{service.get(), "ckpt.v1.Trainer"}});
+    if (!started.ok()) {
+      std::cerr << "trainer: cannot serve --control_listen=" << control_listen << ": "
+                << started.status().message() << "\n";
+      return kExitFailure;
+    }
+    server = *std::move(started);
+    if (const std::string port_file = absl::GetFlag(FLAGS_control_port_file);
+        !port_file.empty()) {
+      absl::Status written = WriteFileAtomically(port_file, absl::StrCat(server->port(), "\n"));
+      if (!written.ok()) {
+        std::cerr << "trainer: " << written.message() << "\n";
+        return kExitFailure;
+      }
+    }
+    std::cerr << "trainer: control API (ckpt.v1.Trainer) on " << server->address() << "\n";
+  }
+
+  absl::StatusOr<train::TrainingSummary> summary = train::RunTrainingRank(config, &control);
+  if (server != nullptr) server->Shutdown(absl::Seconds(2));
+  g_control = nullptr;
+  if (!summary.ok()) {
+    v1::TrainerStatus failed = control.status();
+    failed.set_state(v1::TrainerStatus::STATE_FAILED);
+    failed.set_error(std::string(summary.status().message()));
+    control.SetStatus(failed);
+    control.Finished(std::nullopt);
+    std::cerr << "trainer: rank " << rendezvous.rank << ": " << summary.status() << "\n";
+    return kExitFailure;
+  }
+  if (rendezvous.rank == 0) std::cout << train::FormatSummary(*summary) << std::flush;
+  return 0;
+}
+
+int Launch(int argc, char** argv) {
+  train::SupervisorOptions options;
+  char executable[PATH_MAX];
+  const ssize_t length = readlink("/proc/self/exe", executable, sizeof(executable) - 1);
+  if (length <= 0) {
+    std::cerr << "trainer: cannot find my own executable (/proc/self/exe)\n";
+    return kExitFailure;
+  }
+  options.executable.assign(executable, length);
+  options.args.assign(argv + 1, argv + argc);
+  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  options.nnodes = absl::GetFlag(FLAGS_nnodes);
+  options.node_rank = absl::GetFlag(FLAGS_node_rank);
+  options.master_addr = absl::GetFlag(FLAGS_master_addr);
+  options.master_port = absl::GetFlag(FLAGS_master_port);
+  options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  options.stop_timeout = absl::GetFlag(FLAGS_rank_exit_timeout);
+  if (options.nproc_per_node < 1 || options.nnodes < 1 || options.node_rank < 0 ||
+      options.node_rank >= options.nnodes || options.max_restarts < 0) {
+    std::cerr << "trainer: need --nproc_per_node >= 1, --nnodes >= 1, 0 <= --node_rank < "
+                 "--nnodes and --max_restarts >= 0 (see --help)\n";
+    return kExitBadFlags;
+  }
+  if (options.nnodes > 1 && options.master_port == 0) {
+    std::cerr << "trainer: --nnodes > 1 needs an agreed --master_port\n";
+    return kExitBadFlags;
+  }
+  InstallStopHandlers();
+  train::SupervisorResult result = train::SuperviseRanks(options);
+  if (result.exit_code != 0) {
+    std::cerr << "trainer: failed: " << result.cause
+              << (result.restarts > 0 ? absl::StrCat(" (after ", result.restarts, " restart(s))")
+                                      : std::string())
+              << "\n";
+  }
+  return result.exit_code;
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Data-parallel training (LibTorch c10d DDP) with checkpoints in the ckpt store.\n"
+      "  trainer [--nproc_per_node=2] [--model=mlp|cnn|transformer] [--data=synthetic|mnist:DIR|"
+      "pt:FILE]\n"
+      "          [--steps=300] [--checkpoint_every=100] [--store_dir=ckpt-data | --store=HOST:PORT]\n"
+      "          [--max_restarts=0] [--control_listen=HOST:PORT]\n"
+      "Started without RANK/WORLD_SIZE in the environment it launches --nproc_per_node ranks of\n"
+      "itself (like torchrun); with them (torchrun's environment) it is one rank. Rank 0 writes a\n"
+      "checkpoint every --checkpoint_every steps, at each epoch end and at the end (the upload runs\n"
+      "in the background); running again resumes from the model's latest version. SIGINT/SIGTERM\n"
+      "stop gracefully (checkpoint, exit 0); a second one kills the ranks.");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "services/trainer/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::cerr << "trainer: unexpected argument \"" << positional[1] << "\" (see --help)\n";
+    return ckpt::kExitBadFlags;
+  }
+  // Under `bazel run`, relative paths (--store_dir, --data files) mean the caller's directory.
+  if (const char* caller = std::getenv("BUILD_WORKING_DIRECTORY"); caller != nullptr) {
+    if (chdir(caller) != 0) std::perror("trainer: chdir to BUILD_WORKING_DIRECTORY");
+  }
+  absl::StatusOr<ckpt::train::TrainerConfig> config = ckpt::ConfigFromFlags();
+  if (!config.ok()) {
+    std::cerr << "trainer: " << config.status().message() << " (see --help)\n";
+    return ckpt::kExitBadFlags;
+  }
+  int local_rank = 0;
+  std::optional<ckpt::ddp::RendezvousOptions> rendezvous;
+  try {
+    rendezvous = ckpt::ddp::RendezvousOptionsFromEnvironment(&local_rank);
+  } catch (const std::exception& error) {
+    std::cerr << "trainer: bad torchrun environment: " << error.what() << "\n";
+    return ckpt::kExitBadFlags;
+  }
+  if (!rendezvous) return ckpt::Launch(argc, argv);
+  return ckpt::RunRank(*std::move(config), *rendezvous, local_rank);
+}

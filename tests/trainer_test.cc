@@ -1,0 +1,439 @@
+// End-to-end tests of `//services/trainer`: the real launcher starting real ranks (separate
+// processes, Gloo over loopback), the embedded RocksDB store, SIGKILLed ranks, the control API,
+// and the final checkpoint read by real PyTorch into the model's Python twin.
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "libs/format/torch_writer.h"
+#include "libs/loader/loader.h"
+#include "libs/status/status_matchers.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/version_ref.h"
+#include "libs/testing/python_runner.h"
+#include "libs/train/dataset.h"
+#include "libs/train/models.h"
+#include "proto/ckpt/v1/trainer.grpc.pb.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::IsOk;
+using ::ckpt::testing::StatusIs;
+
+using ::testing::HasSubstr;
+
+constexpr char kTrainer[] = "services/trainer/trainer";
+
+std::string TempPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A trainer launcher running in the background, its stdout+stderr going to `log`.
+struct TrainerProcess {
+  pid_t pid = -1;
+  std::string log;
+};
+
+TrainerProcess StartTrainer(const std::vector<std::string>& flags, const std::string& log) {
+  TrainerProcess process;
+  process.log = log;
+  std::vector<std::string> args = {kTrainer};
+  args.insert(args.end(), flags.begin(), flags.end());
+  process.pid = fork();
+  if (process.pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    execv(kTrainer, argv.data());
+    _exit(127);
+  }
+  return process;
+}
+
+// The exit status, or -1 when it is still running after `timeout` (then it is killed).
+int WaitForExit(const TrainerProcess& process, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (waitpid(process.pid, &status, WNOHANG) == process.pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(process.pid, SIGKILL);
+  waitpid(process.pid, nullptr, 0);
+  return -1;
+}
+
+int RunTrainer(const std::vector<std::string>& flags, const std::string& log,
+               absl::Duration timeout = absl::Seconds(120)) {
+  return WaitForExit(StartTrainer(flags, log), timeout);
+}
+
+// The child of `parent` whose environment says RANK=<rank>; -1 if none.
+pid_t FindRank(pid_t parent, int rank) {
+  DIR* proc = opendir("/proc");
+  pid_t found = -1;
+  while (dirent* entry = readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
+    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+    // "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
+    pid_t ppid = 0;
+    if (fields.size() < 2 || !absl::SimpleAtoi(fields[1], &ppid) || ppid != parent) continue;
+    std::ifstream environ_file(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+    std::string variable;
+    while (std::getline(environ_file, variable, '\0')) {
+      if (variable == absl::StrCat("RANK=", rank)) found = pid;
+    }
+  }
+  closedir(proc);
+  return found;
+}
+
+// Waits until the log shows rank 0 at or past `step`.
+bool WaitForStep(const TrainerProcess& process, int64_t step, absl::Duration timeout) {
+  const std::regex progress(R"(step (\d+)/)");
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    const std::string log = ReadFile(process.log);
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), progress);
+         it != std::sregex_iterator(); ++it) {
+      if (std::stoll((*it)[1]) >= step) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+// (step, loss) of every progress line rank 0 logged.
+std::vector<std::pair<int64_t, double>> LossLines(const std::string& log) {
+  std::vector<std::pair<int64_t, double>> losses;
+  const std::regex line(R"(step (\d+)/\d+  loss ([0-9.]+))");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    losses.emplace_back(std::stoll((*it)[1]), std::stod((*it)[2]));
+  }
+  return losses;
+}
+
+std::unique_ptr<RocksDbCheckpointStore> OpenStore(const std::string& dir) {
+  StoreOptions options;
+  options.db_path = dir;
+  options.create_if_missing = false;
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+      RocksDbCheckpointStore::Open(options);
+  EXPECT_THAT(store.status(), IsOk());
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
+LoadedCheckpoint LoadLatest(const std::string& dir, const std::string& model) {
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir);
+  if (store == nullptr) return {};
+  absl::StatusOr<LoadedCheckpoint> loaded = store->LoadCheckpoint(*ParseVersionRef(model));
+  EXPECT_THAT(loaded.status(), IsOk());
+  return loaded.ok() ? *std::move(loaded) : LoadedCheckpoint();
+}
+
+// Every tensor of a value tree, by path.
+void CollectTensors(const Value& value, const std::string& path,
+                    std::vector<std::pair<std::string, at::Tensor>>& out) {
+  if (value.is_tensor()) {
+    out.emplace_back(path, value.tensor());
+  } else if (value.is_dict()) {
+    for (const auto& [key, item] : value.entries()) {
+      CollectTensors(item, path + "/" + key.DebugString(), out);
+    }
+  } else if (value.is_sequence()) {
+    for (size_t i = 0; i < value.items().size(); ++i) {
+      CollectTensors(value.items()[i], absl::StrCat(path, "/", i), out);
+    }
+  }
+}
+
+void ExpectBitIdentical(const CheckpointContents& a, const CheckpointContents& b) {
+  ASSERT_EQ(a.model.keys(), b.model.keys());
+  for (const StateDict::Entry& entry : a.model) {
+    EXPECT_TRUE(at::equal(entry.tensor, *b.model.Find(entry.key))) << entry.key;
+  }
+  ASSERT_TRUE(a.optimizer && b.optimizer);
+  std::vector<std::pair<std::string, at::Tensor>> state_a, state_b;
+  CollectTensors(*a.optimizer, "optimizer", state_a);
+  CollectTensors(*b.optimizer, "optimizer", state_b);
+  ASSERT_EQ(state_a.size(), state_b.size());
+  ASSERT_FALSE(state_a.empty());
+  for (size_t i = 0; i < state_a.size(); ++i) {
+    EXPECT_EQ(state_a[i].first, state_b[i].first);
+    EXPECT_TRUE(at::equal(state_a[i].second, state_b[i].second)) << state_a[i].first;
+  }
+}
+
+std::vector<std::string> SmallRun(const std::string& store_dir, int ranks, int64_t batch,
+                                  int64_t steps) {
+  return {"--store_dir=" + store_dir,          absl::StrCat("--nproc_per_node=", ranks),
+          absl::StrCat("--batch_size=", batch), absl::StrCat("--steps=", steps),
+          "--log_every=1",                     "--checkpoint_every=0"};
+}
+
+TEST(TrainerTest, TwoRanksFollowOneRankOverTheSameGlobalBatches) {
+  // DistributedSampler gives rank r the indices r, r+2, ... of the epoch's permutation, so two
+  // ranks of 32 see exactly the 64 examples one rank of 64 sees: same mean loss, same gradient.
+  const std::string two = TempPath("two_ranks"), one = TempPath("one_rank");
+  ASSERT_EQ(RunTrainer(SmallRun(two, 2, 32, 30), two + ".log"), 0) << ReadFile(two + ".log");
+  ASSERT_EQ(RunTrainer(SmallRun(one, 1, 64, 30), one + ".log"), 0) << ReadFile(one + ".log");
+  std::vector<std::pair<int64_t, double>> two_losses = LossLines(ReadFile(two + ".log"));
+  std::vector<std::pair<int64_t, double>> one_losses = LossLines(ReadFile(one + ".log"));
+  ASSERT_EQ(two_losses.size(), 30u) << ReadFile(two + ".log");
+  ASSERT_EQ(one_losses.size(), 30u);
+  for (size_t i = 0; i < two_losses.size(); ++i) {
+    EXPECT_EQ(two_losses[i].first, one_losses[i].first);
+    EXPECT_NEAR(two_losses[i].second, one_losses[i].second, 2e-4) << "step " << i + 1;
+  }
+  // The loss falls: the default task is learnable.
+  EXPECT_LT(two_losses.back().second, two_losses.front().second);
+
+  LoadedCheckpoint two_final = LoadLatest(two, "mlp-synthetic");
+  LoadedCheckpoint one_final = LoadLatest(one, "mlp-synthetic");
+  EXPECT_EQ(two_final.manifest.metadata().global_step(), 30);
+  EXPECT_EQ(two_final.manifest.metadata().world_size(), 2);
+  EXPECT_EQ(two_final.manifest.metadata().backend(), "gloo");
+  for (const StateDict::Entry& entry : two_final.contents.model) {
+    const at::Tensor* other = one_final.contents.model.Find(entry.key);
+    ASSERT_NE(other, nullptr) << entry.key;
+    EXPECT_TRUE(at::allclose(entry.tensor, *other, 1e-4, 1e-5)) << entry.key;
+    EXPECT_EQ(entry.key.rfind("module.", 0), std::string::npos) << "saved wrapped: " << entry.key;
+  }
+}
+
+TEST(TrainerTest, RunningAgainResumesFromLatestAndTrainsFurther) {
+  const std::string dir = TempPath("rerun");
+  ASSERT_EQ(RunTrainer(SmallRun(dir, 2, 16, 12), dir + "_1.log"), 0) << ReadFile(dir + "_1.log");
+  ASSERT_EQ(RunTrainer(SmallRun(dir, 2, 16, 12), dir + "_2.log"), 0) << ReadFile(dir + "_2.log");
+  const std::string second = ReadFile(dir + "_2.log");
+  EXPECT_THAT(second, HasSubstr("resuming mlp-synthetic@1"));
+  EXPECT_THAT(second, HasSubstr("from step 12 to 24"));
+  EXPECT_THAT(second, HasSubstr("versions written: @2"));
+  EXPECT_THAT(second, HasSubstr("bazel run //tools/ckpt --"));
+  LoadedCheckpoint latest = LoadLatest(dir, "mlp-synthetic");
+  EXPECT_EQ(latest.manifest.version(), 2);
+  EXPECT_EQ(latest.manifest.metadata().global_step(), 24);
+}
+
+std::vector<std::string> LongRun(const std::string& store_dir) {
+  return {"--store_dir=" + store_dir, "--nproc_per_node=2", "--steps=2500",
+          "--checkpoint_every=100",   "--log_every=20",     "--hidden=128",
+          "--rank_exit_timeout=3s"};
+}
+
+TEST(TrainerTest, KilledRankIsRestartedAndTheRunEndsBitIdenticalToAnUninterruptedOne) {
+  const std::string clean = TempPath("uninterrupted"), killed = TempPath("killed");
+  ASSERT_EQ(RunTrainer(LongRun(clean), clean + ".log"), 0) << ReadFile(clean + ".log");
+
+  std::vector<std::string> flags = LongRun(killed);
+  flags.push_back("--max_restarts=1");
+  TrainerProcess process = StartTrainer(flags, killed + ".log");
+  ASSERT_TRUE(WaitForStep(process, 400, absl::Seconds(60))) << ReadFile(process.log);
+  const pid_t rank1 = FindRank(process.pid, 1);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  ASSERT_EQ(WaitForExit(process, absl::Seconds(120)), 0) << ReadFile(process.log);
+  const std::string log = ReadFile(process.log);
+  EXPECT_THAT(log, HasSubstr("rank 1"));
+  EXPECT_THAT(log, HasSubstr("signal 9"));
+  EXPECT_THAT(log, HasSubstr("restarting all ranks"));
+  EXPECT_THAT(log, HasSubstr("resuming mlp-synthetic@"));
+
+  LoadedCheckpoint a = LoadLatest(clean, "mlp-synthetic");
+  LoadedCheckpoint b = LoadLatest(killed, "mlp-synthetic");
+  EXPECT_EQ(a.manifest.metadata().global_step(), 2500);
+  EXPECT_EQ(b.manifest.metadata().global_step(), 2500);
+  ExpectBitIdentical(a.contents, b.contents);
+}
+
+TEST(TrainerTest, KilledRankWithoutRestartsStopsEveryRankWithinTheTimeout) {
+  const std::string dir = TempPath("no_restart");
+  std::vector<std::string> flags = LongRun(dir);
+  flags.push_back("--steps=1000000");
+  TrainerProcess process = StartTrainer(flags, dir + ".log");
+  ASSERT_TRUE(WaitForStep(process, 100, absl::Seconds(60))) << ReadFile(process.log);
+  const pid_t rank0 = FindRank(process.pid, 0);
+  const pid_t rank1 = FindRank(process.pid, 1);
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  const absl::Time killed_at = absl::Now();
+  ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  // --rank_exit_timeout=3s, plus slack for a loaded machine.
+  EXPECT_EQ(WaitForExit(process, absl::Seconds(15)), 1) << ReadFile(process.log);
+  EXPECT_LT(absl::Now() - killed_at, absl::Seconds(15));
+  EXPECT_THAT(ReadFile(process.log), HasSubstr("trainer: failed: rank 1"));
+  EXPECT_NE(kill(rank0, 0), 0) << "rank 0 outlived the launcher";
+}
+
+TEST(TrainerTest, ControlApiCheckpointsOnRequestAndStopsGracefully) {
+  const std::string dir = TempPath("control");
+  const std::string port_file = dir + ".port";
+  std::vector<std::string> flags = LongRun(dir);
+  flags.push_back("--steps=1000000");
+  flags.push_back("--checkpoint_every=0");
+  flags.push_back("--control_listen=127.0.0.1:0");
+  flags.push_back("--control_port_file=" + port_file);
+  TrainerProcess process = StartTrainer(flags, dir + ".log");
+  ASSERT_TRUE(WaitForStep(process, 20, absl::Seconds(60))) << ReadFile(process.log);
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &port));
+  auto stub = v1::Trainer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                       grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::TrainerStatus status;
+    ASSERT_TRUE(stub->GetStatus(&context, v1::GetStatusRequest(), &status).ok());
+    EXPECT_EQ(status.state(), v1::TrainerStatus::STATE_TRAINING);
+    EXPECT_EQ(status.world_size(), 2);
+    EXPECT_GE(status.global_step(), 20);
+  }
+  v1::CheckpointNowResponse checkpoint;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status status = stub->CheckpointNow(&context, v1::CheckpointNowRequest(), &checkpoint);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(FormatVersionRef(checkpoint.version()), "mlp-synthetic@1");
+  }
+  v1::StopResponse stopped;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status status = stub->Stop(&context, v1::StopRequest(), &stopped);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(FormatVersionRef(stopped.final_version()), "mlp-synthetic@2");
+  }
+  EXPECT_EQ(WaitForExit(process, absl::Seconds(30)), 0) << ReadFile(process.log);
+  EXPECT_THAT(ReadFile(process.log), HasSubstr("stopped at step"));
+  LoadedCheckpoint latest = LoadLatest(dir, "mlp-synthetic");
+  EXPECT_EQ(latest.manifest.version(), 2);
+  EXPECT_GT(latest.manifest.metadata().global_step(), 20);
+}
+
+TEST(TrainerTest, SigtermStopsGracefullyWithAFinalCheckpoint) {
+  const std::string dir = TempPath("sigterm");
+  std::vector<std::string> flags = LongRun(dir);
+  flags.push_back("--steps=1000000");
+  flags.push_back("--checkpoint_every=0");
+  TrainerProcess process = StartTrainer(flags, dir + ".log");
+  ASSERT_TRUE(WaitForStep(process, 20, absl::Seconds(60))) << ReadFile(process.log);
+  ASSERT_EQ(kill(process.pid, SIGTERM), 0);
+  EXPECT_EQ(WaitForExit(process, absl::Seconds(30)), 0) << ReadFile(process.log);
+  LoadedCheckpoint latest = LoadLatest(dir, "mlp-synthetic");
+  EXPECT_EQ(latest.manifest.version(), 1);
+  EXPECT_GE(latest.manifest.metadata().global_step(), 20);
+}
+
+// The final checkpoint, read back through the loader and written as a torch .pt file, loads
+// into the model's PyTorch twin with strict=True and computes the same outputs.
+class PythonTwinTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PythonTwinTest, FinalCheckpointLoadsStrictlyIntoThePythonTwin) {
+  const std::string kind = GetParam();
+  const std::string dir = TempPath("twin_" + kind);
+  std::vector<std::string> flags = SmallRun(dir, 2, 16, 15);
+  flags.push_back("--model=" + kind);
+  ASSERT_EQ(RunTrainer(flags, dir + ".log"), 0) << ReadFile(dir + ".log");
+
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir);
+  ASSERT_NE(store, nullptr);
+  const v1::VersionRef ref = *ParseVersionRef(kind + "-synthetic");
+  absl::StatusOr<LoadedState> loaded = Load(*store, ref, LoadTarget());
+  ASSERT_THAT(loaded.status(), IsOk());
+  const std::string twin = loaded->manifest.metadata().labels().at("python_twin");
+
+  // The C++ model rebuilt from the store, and its outputs on a fixed batch.
+  train::DataSpec data_spec;
+  data_spec.model_kind = kind;
+  absl::StatusOr<std::unique_ptr<train::Dataset>> data = train::OpenDataset(data_spec);
+  ASSERT_THAT(data.status(), IsOk());
+  train::ModelSpec model_spec;
+  model_spec.kind = kind;
+  absl::StatusOr<std::shared_ptr<train::Model>> model = train::MakeModel(model_spec, **data);
+  ASSERT_THAT(model.status(), IsOk());
+  ASSERT_THAT(LoadInto(*store, ref, **model).status(), IsOk());
+  (*model)->eval();
+  train::Batch batch = (*data)->Get({0, 1, 2, 3, 4, 5, 6, 7});
+  at::Tensor outputs = (*model)->forward(batch.inputs).detach();
+
+  const std::string weights = dir + "_weights.pt", io = dir + "_io.pt";
+  ASSERT_THAT(WriteTorchFile(weights, StateDictToValue(loaded->model)).status(), IsOk());
+  StateDict inputs_outputs;
+  inputs_outputs.InsertOrAssign("inputs", batch.inputs);
+  inputs_outputs.InsertOrAssign("outputs", outputs);
+  ASSERT_THAT(WriteTorchFile(io, StateDictToValue(inputs_outputs)).status(), IsOk());
+  const std::string script = absl::StrCat(
+      "import sys, torch; sys.path.insert(0, 'libs/train/python'); from twins import *\n"
+      "model = ", twin, "\n",
+      "state = torch.load('", weights, "', weights_only=True)\n"
+      "model.load_state_dict(state, strict=True)\n"
+      "model.eval()\n"
+      "io = torch.load('", io, "', weights_only=True)\n"
+      "with torch.no_grad():\n"
+      "    out = model(io['inputs'])\n"
+      "err = (out - io['outputs']).abs().max().item()\n"
+      "assert torch.allclose(out, io['outputs'], atol=1e-5, rtol=1e-4), err\n"
+      "print('twin ok', list(state)[:2], err)\n");
+  const std::string script_path = dir + "_check.py";
+  std::ofstream(script_path) << script;
+  EXPECT_THAT(testing::RunPythonOrAddFailure(script_path, ""), HasSubstr("twin ok"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PythonTwinTest,
+                         ::testing::Values("mlp", "cnn", "transformer"));
+
+TEST(TrainerTest, BadFlagsExitTwoWithAClearMessage) {
+  const std::string log = TempPath("bad_flags.log");
+  EXPECT_EQ(RunTrainer({"--model=resnet9000", "--nproc_per_node=1", "--store_dir=" +
+                                                                     TempPath("bad")},
+                       log),
+            1);
+  EXPECT_THAT(ReadFile(log), HasSubstr("resnet9000"));
+  EXPECT_EQ(RunTrainer({"--batch_size=0"}, log), 2);
+  EXPECT_THAT(ReadFile(log), HasSubstr("--batch_size"));
+  EXPECT_EQ(RunTrainer({"--help"}, log), 1);  // Abseil's --help exits 1 after printing usage.
+  EXPECT_THAT(ReadFile(log), HasSubstr("--nproc_per_node"));
+}
+
+}  // namespace
+}  // namespace ckpt
