@@ -422,6 +422,32 @@ TEST_P(PythonTwinTest, FinalCheckpointLoadsStrictlyIntoThePythonTwin) {
 INSTANTIATE_TEST_SUITE_P(Models, PythonTwinTest,
                          ::testing::Values("mlp", "cnn", "transformer"));
 
+TEST(TrainerTest, TrainsOnATensorFileWrittenByPython) {
+  const std::string data = TempPath("data.pt"), dir = TempPath("pt_data");
+  const std::string script = TempPath("make_data.py");
+  std::ofstream(script) << "import sys, torch\n"
+                           "torch.manual_seed(0)\n"
+                           "x = torch.randn(300, 20)\n"
+                           "y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()\n"
+                           "torch.save({'x': x, 'y': y}, sys.argv[1])\n";
+  testing::RunPythonOrAddFailure(script, data);
+  std::vector<std::string> flags = SmallRun(dir, 2, 25, 12);
+  flags.push_back("--data=pt:" + data);
+  ASSERT_EQ(RunTrainer(flags, dir + ".log"), 0) << ReadFile(dir + ".log");
+  EXPECT_THAT(ReadFile(dir + ".log"), HasSubstr("300 examples"));
+  LoadedCheckpoint latest = LoadLatest(dir, "mlp-pt");
+  EXPECT_EQ(latest.manifest.metadata().global_step(), 12);
+  EXPECT_EQ(latest.manifest.metadata().labels().at("data"), "pt:" + data);
+  // 300 examples over 2 ranks in batches of 25: 6 steps an epoch, so 12 steps end epoch 2.
+  EXPECT_EQ(latest.manifest.metadata().epoch(), 2);
+
+  // A file without labels is refused with a clear message, before any rank trains.
+  std::ofstream(script) << "import sys, torch\ntorch.save({'x': torch.randn(4, 2)}, sys.argv[1])\n";
+  testing::RunPythonOrAddFailure(script, data);
+  EXPECT_EQ(RunTrainer(flags, dir + "_bad.log"), 1);
+  EXPECT_THAT(ReadFile(dir + "_bad.log"), HasSubstr("'y'"));
+}
+
 TEST(TrainerTest, BadFlagsExitTwoWithAClearMessage) {
   const std::string log = TempPath("bad_flags.log");
   EXPECT_EQ(RunTrainer({"--model=resnet9000", "--nproc_per_node=1", "--store_dir=" +
