@@ -11,6 +11,9 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev nlohmann-json3-dev
   # Real PyTorch as a peer in interop tests (/usr/bin/python3).
   python3-torch python3-numpy
+  # A Python gRPC client of the loader in tests (stubs generated with protoc and
+  # /usr/bin/grpc_python_plugin from protobuf-compiler-grpc).
+  python3-grpcio python3-protobuf
   # libFuzzer and the sanitizers for the parser fuzz targets.
   clang libclang-rt-14-dev
 )

@@ -44,6 +44,9 @@ struct LoadTarget {
 // unknown key policy. The device is not checked against this process here (see Load).
 absl::StatusOr<LoadTarget> LoadTargetFromProto(const v1::LoadTarget& proto);
 
+// The message describing `target` (what a client sends); LoadTargetFromProto inverts it.
+v1::LoadTarget LoadTargetToProto(const LoadTarget& target);
+
 }  // namespace ckpt
 
 #endif  // CKPT_LIBS_LOADER_LOAD_TARGET_H_

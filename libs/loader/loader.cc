@@ -215,36 +215,52 @@ std::string CompatibilityReport::ToString() const {
   return absl::StrJoin(parts, "; ");
 }
 
-absl::StatusOr<LoadedState> Load(CheckpointStore& store, const v1::VersionRef& ref,
-                                 const LoadTarget& target) {
-  // The device first: an unusable target fails before the store is touched.
-  RETURN_IF_ERROR(ResolveTorchDevice(target.device).status());
-  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store.OpenVersion(ref));
-  LoadedState state;
-  state.manifest = reader->manifest();
-  const v1::Manifest& manifest = state.manifest;
+absl::StatusOr<std::vector<PlannedTensor>> PlanLoad(const v1::Manifest& manifest,
+                                                    const LoadTarget& target) {
   ASSIGN_OR_RETURN(std::vector<const v1::TensorMeta*> selected, SelectTensors(manifest, target));
   std::vector<std::string> canonical;
   canonical.reserve(selected.size());
   for (const v1::TensorMeta* meta : selected) canonical.push_back(meta->key());
   ASSIGN_OR_RETURN(std::vector<std::string> keys,
                    ApplyKeyPolicy(canonical, target.keys, NormalizationOf(manifest)));
+  std::vector<PlannedTensor> planned;
+  planned.reserve(selected.size());
   for (size_t i = 0; i < selected.size(); ++i) {
-    const v1::TensorMeta& meta = *selected[i];
+    planned.push_back({std::move(keys[i]), selected[i]});
+  }
+  return planned;
+}
+
+absl::StatusOr<LoadedState> Load(CheckpointStore& store, const v1::VersionRef& ref,
+                                 const LoadTarget& target) {
+  // The device first: an unusable target fails before the store is touched.
+  RETURN_IF_ERROR(ResolveTorchDevice(target.device).status());
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store.OpenVersion(ref));
+  return Load(*reader, target);
+}
+
+absl::StatusOr<LoadedState> Load(const VersionReader& reader, const LoadTarget& target) {
+  RETURN_IF_ERROR(ResolveTorchDevice(target.device).status());
+  LoadedState state;
+  state.manifest = reader.manifest();
+  const v1::Manifest& manifest = state.manifest;
+  ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned, PlanLoad(manifest, target));
+  for (PlannedTensor& tensor_plan : planned) {
+    const v1::TensorMeta& meta = *tensor_plan.meta;
     // Streamed chunk by chunk into a CPU tensor allocated from the manifest's dtype and shape.
-    ASSIGN_OR_RETURN(at::Tensor tensor, reader->ReadTensor(meta));
+    ASSIGN_OR_RETURN(at::Tensor tensor, reader.ReadTensor(meta));
     ASSIGN_OR_RETURN(at::Tensor placed, PlaceTensor(tensor, target.device, target.dtype));
     tensor = at::Tensor();  // the CPU copy goes before the next tensor is read.
-    RETURN_IF_ERROR(state.model.Insert(std::move(keys[i]), std::move(placed),
-                                       meta.original_device()));
+    RETURN_IF_ERROR(
+        state.model.Insert(std::move(tensor_plan.key), std::move(placed), meta.original_device()));
   }
   if (target.include_optimizer && manifest.has_optimizer_state()) {
-    ASSIGN_OR_RETURN(state.optimizer, LoadValueTree(*reader, manifest, manifest.optimizer_state(),
-                                                    target.device));
+    ASSIGN_OR_RETURN(state.optimizer,
+                     LoadValueTree(reader, manifest, manifest.optimizer_state(), target.device));
   }
   if (target.include_scheduler && manifest.has_scheduler_state()) {
-    ASSIGN_OR_RETURN(state.scheduler, LoadValueTree(*reader, manifest, manifest.scheduler_state(),
-                                                    target.device));
+    ASSIGN_OR_RETURN(state.scheduler,
+                     LoadValueTree(reader, manifest, manifest.scheduler_state(), target.device));
   }
   return state;
 }

@@ -66,6 +66,24 @@ struct LoadedState {
 absl::StatusOr<LoadedState> Load(CheckpointStore& store, const v1::VersionRef& ref,
                                  const LoadTarget& target);
 
+// The same from an open reader (e.g. one reading through a ChunkCache): errors as above, but the
+// device is checked only after the manifest is planned.
+absl::StatusOr<LoadedState> Load(const VersionReader& reader, const LoadTarget& target);
+
+// One model tensor a load selects: its key under the target's key policy, and its stored meta
+// (pointing into the manifest given to PlanLoad).
+struct PlannedTensor {
+  std::string key;
+  const v1::TensorMeta* meta = nullptr;
+};
+
+// The model tensors `target` selects from `manifest`, in manifest order, named under
+// target.keys; reads no bytes and ignores target.device. INVALID_ARGUMENT as for Load's subset,
+// or when the key policy maps two tensors to one key. What Load and the loader service's
+// streaming Load and Export use, so that all three select and name tensors alike.
+absl::StatusOr<std::vector<PlannedTensor>> PlanLoad(const v1::Manifest& manifest,
+                                                    const LoadTarget& target);
+
 // One tensor whose shape differs between checkpoint and consumer.
 struct ShapeMismatch {
   std::string key;  // the consumer's key.

@@ -24,6 +24,10 @@
 #include "libs/status/status_macros.h"
 #include "libs/tensor/dtype.h"
 #include "libs/client/remote_checkpoint_store.h"
+#include "libs/client/remote_loader.h"
+#include "libs/loader/export.h"
+#include "libs/loader/load_target.h"
+#include "libs/loader/loader.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
@@ -122,6 +126,28 @@ const std::vector<cli::CommandSpec>& Commands() {
       {"diff", "MODEL@A MODEL@B",
        "Model tensors added, removed and changed between two versions.", 2, 2, {}},
       {"stats", "", "Models, versions, logical vs physical bytes, dedup ratio.", 0, 0, {}},
+      {"export",
+       "MODEL@REF OUT",
+       "Write a stored version's model tensors as a torch .pt (torch.load(weights_only=True) "
+       "safe) or safetensors file, written atomically.",
+       2,
+       2,
+       {{"format", "torch|safetensors", "output format", "from OUT's extension"},
+        {"dtype", "DTYPE", "cast floating tensors, e.g. bf16, fp16, fp32", "keep"},
+        {"key-prefix", "PREFIX", "prefix every key, e.g. module. for a DDP consumer", ""},
+        {"include", "PREFIX[,PREFIX]", "only tensors whose canonical key starts with one", "all"},
+        {"loader", "HOST:PORT", "export through a loader service instead of the store", ""}}},
+      {"check",
+       "MODEL@REF",
+       "Preflight: compare a stored version's keys and shapes with another checkpoint file's "
+       "(a consumer's); exit 1 when they do not fit.",
+       1,
+       1,
+       {{"against", "FILE", "checkpoint whose model state dict is the consumer (required)", ""},
+        {"key-prefix", "PREFIX", "the consumer's keys carry this prefix, e.g. module.", ""},
+        {"include", "PREFIX[,PREFIX]", "compare only tensors whose canonical key starts with one",
+         "all"},
+        {"loader", "HOST:PORT", "ask a loader service instead of the store", ""}}},
   };
   return *commands;
 }
@@ -523,6 +549,115 @@ absl::Status RunConvert(const cli::ParsedCommandLine& line) {
   return absl::OkStatus();
 }
 
+// ---- Loader commands.
+
+// The LoadTarget --dtype, --key-prefix and --include describe.
+absl::StatusOr<LoadTarget> TargetFromOptions(const cli::ParsedCommandLine& line) {
+  LoadTarget target;
+  if (line.Has("dtype")) {
+    ASSIGN_OR_RETURN(DType dtype, ParseDType(line.Get("dtype")));
+    ASSIGN_OR_RETURN(target.dtype, DTypePolicy::CastFloatingTo(dtype));
+  }
+  if (line.Has("key-prefix") && !line.Get("key-prefix").empty()) {
+    target.keys = KeyPolicy::AddPrefix(line.Get("key-prefix"));
+  }
+  if (line.Has("include")) {
+    target.include_prefixes = absl::StrSplit(line.Get("include"), ',', absl::SkipEmpty());
+  }
+  return target;
+}
+
+// A client of the loader service --loader names (with --auth_token_file's token).
+absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCommandLine& line) {
+  RemoteLoaderOptions options;
+  options.address = line.Get("loader");
+  if (line.Has("auth_token_file")) {
+    ASSIGN_OR_RETURN(options.auth_token, ReadToken(line.Get("auth_token_file")));
+  }
+  return RemoteLoader::Connect(options);
+}
+
+absl::Status RunExport(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(line.arguments()[0]));
+  const std::string& out = line.arguments()[1];
+  ExportOptions options;
+  if (line.Has("format")) {
+    ASSIGN_OR_RETURN(options.format, ParseExportFormat(line.Get("format")));
+  } else if (absl::EndsWith(out, ".safetensors")) {
+    options.format = ExportFormat::kSafetensors;
+  } else if (absl::EndsWith(out, ".pt") || absl::EndsWith(out, ".pth")) {
+    options.format = ExportFormat::kTorch;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot tell the format from '", out, "'; pass --format torch|safetensors"));
+  }
+  ASSIGN_OR_RETURN(options.target, TargetFromOptions(line));
+  ProgressBar bar("exporting");
+  options.progress = [&](uint64_t done, uint64_t total) {
+    bar.Update(static_cast<int64_t>(done), static_cast<int64_t>(total),
+               absl::StrCat(HumanBytes(done), " / ", HumanBytes(total)));
+  };
+  ExportResult result;
+  std::string version;
+  if (line.Has("loader")) {
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteLoader> loader, ConnectLoader(line));
+    ASSIGN_OR_RETURN(result, loader->Export(ref, options.target, options.format, out,
+                                            options.progress));
+    version = FormatVersionRef(ref);
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+    ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store->OpenVersion(ref));
+    ASSIGN_OR_RETURN(result, ExportToFile(*reader, options, out));
+    version = FormatVersionRef(reader->manifest().model(), reader->manifest().version());
+  }
+  std::cout << "exported " << version << " to " << out << " ("
+            << (options.format == ExportFormat::kTorch ? "torch" : "safetensors") << "): "
+            << HumanBytes(result.file_bytes) << "\n";
+  for (const std::string& warning : result.warnings) std::cerr << "warning: " << warning << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunCheck(const cli::ParsedCommandLine& line) {
+  if (!line.Has("against") || line.Get("against").empty()) {
+    return absl::InvalidArgumentError("check needs --against FILE");
+  }
+  ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(line.arguments()[0]));
+  ASSIGN_OR_RETURN(LoadTarget target, TargetFromOptions(line));
+  absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(line.Get("against"));
+  if (!file.ok()) return file.status();
+  std::vector<ExpectedTensor> expected;
+  for (const StateDict::Entry& entry : file->bundle.model) {
+    expected.push_back({entry.key, entry.tensor.sizes().vec()});
+  }
+  bool compatible = false;
+  std::string summary;
+  if (line.Has("loader")) {
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteLoader> loader, ConnectLoader(line));
+    ASSIGN_OR_RETURN(v1::PreflightResponse response, loader->Preflight(ref, expected, target));
+    compatible = response.compatible();
+    summary = response.summary();
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+    ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
+    // The subset the consumer would load, by canonical key.
+    LoadTarget canonical = target;
+    canonical.keys = KeyPolicy::Canonical();
+    ASSIGN_OR_RETURN(std::vector<PlannedTensor> selected, PlanLoad(manifest, canonical));
+    v1::Manifest subset = manifest;
+    subset.clear_tensors();
+    for (const PlannedTensor& tensor : selected) *subset.add_tensors() = *tensor.meta;
+    const PreflightReport report = Preflight(subset, expected, target.keys);
+    compatible = report.report.compatible();
+    summary = report.summary;
+  }
+  std::cout << summary << "\n";
+  if (!compatible) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(line.Get("against"), " does not fit ", line.arguments()[0]));
+  }
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   // Under `bazel run`, relative paths (FILEs, --store_dir) mean the caller's directory.
   if (const char* caller = std::getenv("BUILD_WORKING_DIRECTORY"); caller != nullptr) {
@@ -551,7 +686,7 @@ int Main(int argc, char** argv) {
       {"ls", RunList},         {"show", RunShow},       {"tag", RunTag},
       {"untag", RunUntag},     {"rm", RunRemove},       {"retain", RunRetain},
       {"gc", RunGc},           {"verify", RunVerify},   {"diff", RunDiff},
-      {"stats", RunStats},
+      {"stats", RunStats},     {"export", RunExport},   {"check", RunCheck},
   };
   const absl::Status status = runners->at(line->command())(*line);
   if (!status.ok()) {

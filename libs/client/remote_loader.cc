@@ -1,0 +1,276 @@
+#include "libs/client/remote_loader.h"
+
+#include <cstring>
+#include <utility>
+
+#include "ATen/ATen.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "libs/io/atomic_file.h"
+#include "libs/status/grpc_status.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/device.h"
+#include "libs/tensor/dtype.h"
+#include "libs/tensor/value_proto.h"
+
+namespace ckpt {
+namespace {
+
+// A CPU tensor for `meta`'s dtype and shape, checked against its byte_length.
+absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::string_view where) {
+  ASSIGN_OR_RETURN(const DType dtype, DTypeFromProto(meta.dtype()));
+  ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(dtype));
+  at::Tensor tensor;
+  RETURN_IF_ERROR(CatchTorchErrors([&] {
+    tensor = at::empty(std::vector<int64_t>(meta.shape().begin(), meta.shape().end()),
+                       at::TensorOptions().dtype(scalar_type));
+  }));
+  if (static_cast<int64_t>(tensor.nbytes()) != meta.byte_length()) {
+    return absl::DataLossError(
+        absl::StrCat("tensor '", meta.key(), "' of ", where, ": byte_length ", meta.byte_length(),
+                     " disagrees with its dtype and shape (", tensor.nbytes(), " bytes)"));
+  }
+  return tensor;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(
+    const RemoteLoaderOptions& options) {
+  if (options.address.empty()) {
+    return absl::InvalidArgumentError("RemoteLoaderOptions.address is empty");
+  }
+  if (options.max_retries < 0 || options.initial_backoff < absl::ZeroDuration() ||
+      options.deadline <= absl::ZeroDuration() || options.stream_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "RemoteLoaderOptions: deadlines must be positive, retries and backoff not negative");
+  }
+  for (char c : options.auth_token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          "RemoteLoaderOptions.auth_token must be printable ASCII without spaces");
+    }
+  }
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), arguments);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to the loader at ", options.address,
+                                               " within ",
+                                               absl::FormatDuration(options.connect_timeout)));
+  }
+  return std::unique_ptr<RemoteLoader>(new RemoteLoader(options, v1::Loader::NewStub(channel)));
+}
+
+RemoteLoader::RemoteLoader(RemoteLoaderOptions options, std::unique_ptr<v1::Loader::Stub> stub)
+    : options_(std::move(options)), stub_(std::move(stub)) {}
+
+absl::Status RemoteLoader::WithRetries(
+    absl::Duration deadline,
+    const std::function<absl::Status(grpc::ClientContext&)>& attempt) const {
+  const absl::Time end = absl::Now() + deadline;
+  absl::Duration backoff = options_.initial_backoff;
+  for (int retry = 0;; ++retry) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(end));
+    // Wait for a reconnecting channel rather than failing at once, within the deadline.
+    context.set_wait_for_ready(retry > 0);
+    if (!options_.auth_token.empty()) {
+      context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+    }
+    absl::Status status = attempt(context);
+    if (!absl::IsUnavailable(status) || retry >= options_.max_retries ||
+        absl::Now() + backoff >= end) {
+      return status;
+    }
+    absl::SleepFor(backoff);
+    backoff *= 2;
+  }
+}
+
+absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
+                                               const LoadTarget& target) const {
+  // An unusable device fails here, before the server streams a byte.
+  RETURN_IF_ERROR(ResolveTorchDevice(target.device).status());
+  v1::LoadRequest request;
+  *request.mutable_ref() = ref;
+  *request.mutable_target() = LoadTargetToProto(target);
+  const std::string where = FormatVersionRef(ref);
+  LoadedState state;
+  RETURN_IF_ERROR(
+      WithRetries(options_.stream_deadline, [&](grpc::ClientContext& context) -> absl::Status {
+        state = LoadedState();
+        std::unique_ptr<grpc::ClientReader<v1::LoadResponse>> stream =
+            stub_->Load(&context, request);
+        v1::LoadResponse response;
+        // Receives the stream; an early return cancels the call (TryCancel) before Finish.
+        absl::Status received = [&]() -> absl::Status {
+          if (!stream->Read(&response)) return absl::OkStatus();  // Finish has the error.
+          if (!response.has_manifest()) {
+            return absl::DataLossError(
+                absl::StrCat("the Load stream of ", where, " did not start with a manifest"));
+          }
+          state.manifest = std::move(*response.mutable_manifest());
+          const v1::Manifest& manifest = state.manifest;
+          const int model_count = manifest.tensors_size();
+          const int count = model_count + manifest.state_tensors_size();
+          const auto meta_at = [&](int i) -> const v1::TensorMeta& {
+            return i < model_count ? manifest.tensors(i) : manifest.state_tensors(i - model_count);
+          };
+          std::vector<at::Tensor> cpu(count);
+          std::vector<at::Tensor> placed(count);
+          std::vector<int64_t> received_bytes(count, 0);
+          const auto place = [&](int i) -> absl::Status {
+            ASSIGN_OR_RETURN(placed[i], PlaceTensor(cpu[i], target.device, DTypePolicy::Keep()));
+            cpu[i] = at::Tensor();
+            return absl::OkStatus();
+          };
+          for (int i = 0; i < count; ++i) {
+            ASSIGN_OR_RETURN(cpu[i], EmptyTensorFor(meta_at(i), where));
+          }
+          while (stream->Read(&response)) {
+            if (!response.has_data()) {
+              return absl::DataLossError(
+                  absl::StrCat("the Load stream of ", where, " sent a second manifest"));
+            }
+            const v1::TensorData& data = response.data();
+            const int i = data.tensor_index();
+            if (i < 0 || i >= count) {
+              return absl::DataLossError(absl::StrCat(
+                  "the Load stream of ", where, " sent bytes of tensor index ", i, " of ", count));
+            }
+            const v1::TensorMeta& meta = meta_at(i);
+            if (data.offset() != received_bytes[i] ||
+                data.offset() + static_cast<int64_t>(data.data().size()) > meta.byte_length()) {
+              return absl::DataLossError(absl::StrCat(
+                  "the Load stream of ", where, " sent bytes ", data.offset(), "..",
+                  data.offset() + static_cast<int64_t>(data.data().size()), " of tensor '",
+                  meta.key(), "' (", meta.byte_length(), " bytes) after ", received_bytes[i]));
+            }
+            std::memcpy(static_cast<char*>(cpu[i].data_ptr()) + data.offset(), data.data().data(),
+                        data.data().size());
+            received_bytes[i] += static_cast<int64_t>(data.data().size());
+            if (received_bytes[i] == meta.byte_length()) RETURN_IF_ERROR(place(i));
+          }
+          for (int i = 0; i < count; ++i) {
+            // An incomplete stream: Finish says why (a server error, the deadline), else DATA_LOSS.
+            if (received_bytes[i] != meta_at(i).byte_length()) return absl::OkStatus();
+            if (!placed[i].defined()) RETURN_IF_ERROR(place(i));  // tensors of zero bytes.
+          }
+          for (int i = 0; i < model_count; ++i) {
+            RETURN_IF_ERROR(state.model.Insert(manifest.tensors(i).key(), std::move(placed[i]),
+                                               manifest.tensors(i).original_device()));
+          }
+          absl::flat_hash_map<std::string, int> state_index;
+          for (int j = 0; j < manifest.state_tensors_size(); ++j) {
+            state_index.emplace(manifest.state_tensors(j).key(), model_count + j);
+          }
+          const auto resolve = [&](absl::string_view key) -> absl::StatusOr<at::Tensor> {
+            auto it = state_index.find(std::string(key));
+            if (it == state_index.end()) {
+              return absl::DataLossError(absl::StrCat(where,
+                                                      ": value tree references state tensor '", key,
+                                                      "', which the manifest lacks"));
+            }
+            return placed[it->second];
+          };
+          if (manifest.has_optimizer_state()) {
+            ASSIGN_OR_RETURN(state.optimizer, ValueFromProto(manifest.optimizer_state(), resolve));
+          }
+          if (manifest.has_scheduler_state()) {
+            ASSIGN_OR_RETURN(state.scheduler, ValueFromProto(manifest.scheduler_state(), resolve));
+          }
+          return absl::OkStatus();
+        }();
+        if (!received.ok()) {
+          context.TryCancel();
+          stream->Finish();
+          return received;
+        }
+        RETURN_IF_ERROR(FromGrpcStatus(stream->Finish()));
+        if (state.manifest.model().empty() ||
+            state.model.size() != static_cast<size_t>(state.manifest.tensors_size())) {
+          return absl::DataLossError(
+              absl::StrCat("the Load stream of ", where, " ended before every tensor arrived"));
+        }
+        return absl::OkStatus();
+      }));
+  return state;
+}
+
+absl::StatusOr<v1::PreflightResponse> RemoteLoader::Preflight(
+    const v1::VersionRef& ref, const std::vector<ExpectedTensor>& expected,
+    const LoadTarget& target) const {
+  v1::PreflightRequest request;
+  *request.mutable_ref() = ref;
+  *request.mutable_target() = LoadTargetToProto(target);
+  for (const ExpectedTensor& tensor : expected) {
+    v1::ExpectedTensor& out = *request.add_expected();
+    out.set_key(tensor.key);
+    for (int64_t d : tensor.shape) out.add_shape(d);
+  }
+  v1::PreflightResponse response;
+  RETURN_IF_ERROR(WithRetries(options_.deadline, [&](grpc::ClientContext& context) {
+    response.Clear();
+    return FromGrpcStatus(stub_->Preflight(&context, request, &response));
+  }));
+  return response;
+}
+
+absl::StatusOr<ExportResult> RemoteLoader::Export(
+    const v1::VersionRef& ref, const LoadTarget& target, ExportFormat format,
+    const std::string& path,
+    const std::function<void(uint64_t bytes_done, uint64_t bytes_total)>& progress) const {
+  v1::ExportRequest request;
+  *request.mutable_ref() = ref;
+  *request.mutable_target() = LoadTargetToProto(target);
+  request.set_format(ExportFormatToProto(format));
+  const std::string where = FormatVersionRef(ref);
+  ExportResult result;
+  RETURN_IF_ERROR(
+      WithRetries(options_.stream_deadline, [&](grpc::ClientContext& context) -> absl::Status {
+        result = ExportResult();
+        ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
+        std::unique_ptr<grpc::ClientReader<v1::ExportResponse>> stream =
+            stub_->Export(&context, request);
+        v1::ExportResponse response;
+        uint64_t total = 0;
+        bool first = true;
+        absl::Status received = absl::OkStatus();
+        while (received.ok() && stream->Read(&response)) {
+          if (first) {
+            total = static_cast<uint64_t>(response.total_bytes());
+            first = false;
+          }
+          received = out.Append(response.data());
+          if (received.ok() && out.bytes_written() > total) {
+            received =
+                absl::DataLossError(absl::StrCat("the Export stream of ", where, " sent more ",
+                                                 "than the ", total, " bytes it announced"));
+          }
+          if (received.ok() && progress) progress(out.bytes_written(), total);
+        }
+        if (!received.ok()) {
+          context.TryCancel();
+          stream->Finish();
+          return received;
+        }
+        RETURN_IF_ERROR(FromGrpcStatus(stream->Finish()));
+        if (first || out.bytes_written() != total) {
+          return absl::DataLossError(absl::StrCat("the Export stream of ", where, " ended after ",
+                                                  out.bytes_written(), " of ", total, " bytes"));
+        }
+        RETURN_IF_ERROR(out.Commit());
+        result.file_bytes = total;
+        return absl::OkStatus();
+      }));
+  return result;
+}
+
+}  // namespace ckpt

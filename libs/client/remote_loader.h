@@ -1,0 +1,110 @@
+#ifndef CKPT_LIBS_CLIENT_REMOTE_LOADER_H_
+#define CKPT_LIBS_CLIENT_REMOTE_LOADER_H_
+
+// RemoteLoader: the C++ client of a loader server (//services/loader, ckpt.v1.Loader). What other
+// teams link to get a stored version into their process in their own shape: the server selects,
+// renames and casts; this client receives the stream and places each tensor on the target
+// device as soon as its bytes are complete (so a GPU target holds at most one tensor on the CPU).
+//
+// Calls carry deadlines: `deadline` for Preflight, `stream_deadline` for Load and Export. Every
+// call of the loader only reads, so a call that fails with UNAVAILABLE (server restarting,
+// connection reset) is retried from the start, up to max_retries times with exponential backoff
+// from initial_backoff, within its deadline; a half-received Load or Export is discarded first.
+// Other errors pass through with the server's code and message.
+//
+// Uploads are the store's business: use RemoteCheckpointStore (remote_checkpoint_store.h),
+// e.g. CommitCheckpoint for a state dict or bundle, which streams it in 1 MiB pieces.
+//
+// Thread-safety: every method may be called concurrently (one shared channel).
+//
+// Example:
+//   RemoteLoaderOptions options;
+//   options.address = "127.0.0.1:50052";
+//   options.auth_token = token;  // "" for a server without --auth_token_file
+//   ASSIGN_OR_RETURN(std::unique_ptr<RemoteLoader> loader, RemoteLoader::Connect(options));
+//   ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef("resnet@best"));
+//   ASSIGN_OR_RETURN(v1::PreflightResponse report,
+//                    loader->Preflight(ref, ExpectedTensorsOf(net), LoadTarget()));
+//   LoadTarget target;
+//   target.device = *ParseDevice("cuda:0");
+//   ASSIGN_OR_RETURN(LoadedState state, loader->Load(ref, target));
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libs/loader/export.h"
+#include "libs/loader/load_target.h"
+#include "libs/loader/loader.h"
+#include "proto/ckpt/v1/loader.grpc.pb.h"
+#include "proto/ckpt/v1/types.pb.h"
+
+namespace ckpt {
+
+struct RemoteLoaderOptions {
+  // HOST:PORT of a loader server. Required.
+  std::string address;
+  // Sent with every call as "authorization: Bearer <auth_token>"; empty sends no credentials.
+  std::string auth_token;
+  // Deadline of a Preflight call, retries included. Default 60 s.
+  absl::Duration deadline = absl::Seconds(60);
+  // Deadline of a Load or Export stream, retries included. Default 1 hour.
+  absl::Duration stream_deadline = absl::Hours(1);
+  // Retries of a call that failed with UNAVAILABLE (0: none). Default 3.
+  int max_retries = 3;
+  // Wait before the first retry; doubles for each further one. Default 100 ms.
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  // How long Connect waits for the channel to connect. Default 10 s.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Largest message accepted (manifests of very large models). Default 64 MiB.
+  int max_receive_message_bytes = 64 << 20;
+};
+
+class RemoteLoader {
+ public:
+  // Opens a channel and waits up to connect_timeout for it. INVALID_ARGUMENT for bad options;
+  // UNAVAILABLE naming the address when it does not connect.
+  static absl::StatusOr<std::unique_ptr<RemoteLoader>> Connect(const RemoteLoaderOptions& options);
+
+  // `ref` adapted to `target` by the server, each tensor placed on target.device here.
+  // LoadedState.manifest is the adapted manifest the server sent (consumer keys, cast dtypes).
+  // FAILED_PRECONDITION (before any call) when target.device is unusable in this process;
+  // DATA_LOSS when the stream is inconsistent with its manifest; server errors as they are.
+  absl::StatusOr<LoadedState> Load(const v1::VersionRef& ref, const LoadTarget& target) const;
+
+  // The compatibility report of `ref` (restricted to target's subset, keys under target.keys)
+  // against `expected`; moves no tensor bytes.
+  absl::StatusOr<v1::PreflightResponse> Preflight(const v1::VersionRef& ref,
+                                                  const std::vector<ExpectedTensor>& expected,
+                                                  const LoadTarget& target) const;
+
+  // Streams the export of `ref` into `path`, atomically. `progress` (may be empty) is called
+  // with bytes received and the file's total. Errors from the server, and from the filesystem as
+  // AtomicFileWriter reports them; DATA_LOSS when fewer or more bytes arrive than announced.
+  absl::StatusOr<ExportResult> Export(
+      const v1::VersionRef& ref, const LoadTarget& target, ExportFormat format,
+      const std::string& path,
+      const std::function<void(uint64_t bytes_done, uint64_t bytes_total)>& progress = {}) const;
+
+  const std::string& address() const { return options_.address; }
+
+ private:
+  RemoteLoader(RemoteLoaderOptions options, std::unique_ptr<v1::Loader::Stub> stub);
+
+  // Runs `attempt` (given a fresh context carrying the deadline and credentials) and retries it
+  // on UNAVAILABLE as described above.
+  absl::Status WithRetries(absl::Duration deadline,
+                           const std::function<absl::Status(grpc::ClientContext&)>& attempt) const;
+
+  const RemoteLoaderOptions options_;
+  const std::unique_ptr<v1::Loader::Stub> stub_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_CLIENT_REMOTE_LOADER_H_

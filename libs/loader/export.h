@@ -1,0 +1,80 @@
+#ifndef CKPT_LIBS_LOADER_EXPORT_H_
+#define CKPT_LIBS_LOADER_EXPORT_H_
+
+// Export: a stored version, adapted to a LoadTarget (subset, key policy, dtype cast), written as
+// a file another framework reads -- a torch.save zip that Python's torch.load(weights_only=True)
+// accepts (libs/format/torch_writer.h), or safetensors (libs/format/safetensors.h).
+//
+// Only the model's tensors are exported (the state dict a consumer's load_state_dict takes);
+// LoadTarget::device is ignored (files hold CPU bytes).
+//
+// Memory: safetensors streams -- the layout is planned from the manifest (PlanSafetensors), then
+// one tensor at a time is read, cast and written. A torch file is built from the whole adapted
+// state dict in memory (the torch writer pickles a Value tree), so it holds the version once.
+//
+// Example:
+//   ExportOptions options;
+//   options.format = ExportFormat::kSafetensors;
+//   options.target.dtype = *DTypePolicy::CastFloatingTo(DType::kBFloat16);
+//   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store.OpenVersion(ref));
+//   ASSIGN_OR_RETURN(ExportResult result, ExportToFile(*reader, options, "/tmp/m.safetensors"));
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "libs/loader/load_target.h"
+#include "libs/store/checkpoint_store.h"
+#include "proto/ckpt/v1/loader.pb.h"
+
+namespace ckpt {
+
+enum class ExportFormat { kTorch, kSafetensors };
+
+// "torch" (also "pt") or "safetensors"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ExportFormat> ParseExportFormat(absl::string_view name);
+// The wire enum; INVALID_ARGUMENT for EXPORT_FORMAT_UNSPECIFIED or an unknown value.
+absl::StatusOr<ExportFormat> ExportFormatFromProto(v1::ExportFormat format);
+v1::ExportFormat ExportFormatToProto(ExportFormat format);
+// "MODEL-vN.pt" / "MODEL-vN.safetensors".
+std::string ExportFileName(absl::string_view model, int64_t version, ExportFormat format);
+
+struct ExportOptions {
+  ExportFormat format = ExportFormat::kTorch;
+  LoadTarget target;
+  // Called after each tensor is written with the file bytes written so far and the total when
+  // known (safetensors; 0 for torch until the end). May be empty.
+  std::function<void(uint64_t bytes_done, uint64_t bytes_total)> progress;
+};
+
+struct ExportResult {
+  uint64_t file_bytes = 0;
+  int64_t tensors = 0;
+  std::vector<std::string> warnings;  // from the writer.
+};
+
+// Writes the export to `path` atomically (a failure leaves any previous file intact). Errors as
+// Load (INVALID_ARGUMENT for a bad subset or key policy, DATA_LOSS from the store), plus
+// INVALID_ARGUMENT for a dtype the format cannot hold and filesystem errors as AtomicFileWriter
+// reports them.
+absl::StatusOr<ExportResult> ExportToFile(const VersionReader& reader, const ExportOptions& options,
+                                          const std::string& path);
+
+// Receives the file in consecutive pieces; `total_bytes` is the whole file's size (known before
+// the first piece in both formats). A non-OK return stops the export and is returned.
+using ExportSink = std::function<absl::Status(uint64_t total_bytes, absl::string_view bytes)>;
+
+// Streams the export to `sink` in pieces of at most `piece_bytes`. A torch file is staged in
+// `scratch_dir` (deleted afterwards) because its zip directory comes last. Errors as
+// ExportToFile and from the sink.
+absl::StatusOr<ExportResult> ExportToSink(const VersionReader& reader, const ExportOptions& options,
+                                          const std::string& scratch_dir, size_t piece_bytes,
+                                          const ExportSink& sink);
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_LOADER_EXPORT_H_

@@ -1,0 +1,344 @@
+#include "services/loader/loader_service.h"
+
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "libs/loader/export.h"
+#include "libs/loader/load_target.h"
+#include "libs/loader/loader.h"
+#include "libs/status/grpc_status.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/device.h"
+#include "libs/tensor/dtype.h"
+
+namespace ckpt {
+namespace {
+
+constexpr absl::string_view kBearerPrefix = "Bearer ";
+
+// Compares tokens in time that depends only on the configured token's length.
+bool TokensEqual(absl::string_view presented, absl::string_view expected) {
+  unsigned char difference = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char given = i < presented.size() ? presented[i] : 0;
+    difference |= static_cast<unsigned char>(given ^ static_cast<unsigned char>(expected[i]));
+  }
+  return difference == 0;
+}
+
+// The piece size a request asks for: 0 is the default (1 MiB), larger is capped at 1 MiB.
+absl::StatusOr<size_t> PieceBytes(int32_t requested) {
+  if (requested < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes must not be negative, got ", requested));
+  }
+  if (requested == 0 || requested > kMaxLoaderPieceBytes) return kMaxLoaderPieceBytes;
+  return static_cast<size_t>(requested);
+}
+
+v1::KeyPolicy KeyPolicyToProto(const KeyPolicy& policy) {
+  switch (policy.kind()) {
+    case KeyPolicy::Kind::kCanonical:
+      return v1::KEY_POLICY_CANONICAL;
+    case KeyPolicy::Kind::kAddPrefix:
+      return v1::KEY_POLICY_ADD_PREFIX;
+    case KeyPolicy::Kind::kOriginal:
+      return v1::KEY_POLICY_ORIGINAL;
+  }
+  return v1::KEY_POLICY_CANONICAL;
+}
+
+// The manifest a Load stream starts with: what the client will receive, as it will receive it.
+absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
+                                             const std::vector<PlannedTensor>& planned,
+                                             const LoadTarget& target) {
+  v1::Manifest adapted = stored;
+  adapted.clear_tensors();
+  for (const PlannedTensor& tensor : planned) {
+    v1::TensorMeta& meta = *adapted.add_tensors();
+    meta = *tensor.meta;
+    meta.clear_chunks();
+    meta.set_key(tensor.key);
+    const DType cast = target.dtype.Apply(static_cast<DType>(tensor.meta->dtype()));
+    if (static_cast<int>(cast) != tensor.meta->dtype()) {
+      meta.set_dtype(static_cast<v1::DType>(cast));
+      ASSIGN_OR_RETURN(const int64_t bytes,
+                       ByteLengthOf(cast, std::vector<int64_t>(tensor.meta->shape().begin(),
+                                                               tensor.meta->shape().end())));
+      meta.set_byte_length(bytes);
+      meta.clear_content_hash();  // the hash was of the stored bytes.
+    }
+  }
+  if (!target.include_optimizer) {
+    adapted.clear_optimizer_state();
+    adapted.clear_optimizer_param_names();
+  }
+  if (!target.include_scheduler) adapted.clear_scheduler_state();
+  adapted.clear_extra_state();  // a loader serves model, optimizer and scheduler state.
+  if (!target.include_optimizer && !target.include_scheduler) {
+    adapted.clear_state_tensors();
+  } else {
+    for (v1::TensorMeta& meta : *adapted.mutable_state_tensors()) meta.clear_chunks();
+  }
+  return adapted;
+}
+
+}  // namespace
+
+// Holds one of max_concurrent_streams while a stream runs.
+class LoaderService::StreamSlot {
+ public:
+  explicit StreamSlot(LoaderService& service) : service_(service) {
+    absl::MutexLock lock(&service_.mu_);
+    acquired_ = service_.active_streams_ < service_.options_.max_concurrent_streams;
+    if (acquired_) ++service_.active_streams_;
+  }
+  ~StreamSlot() {
+    if (!acquired_) return;
+    absl::MutexLock lock(&service_.mu_);
+    --service_.active_streams_;
+  }
+  absl::Status status() const {
+    if (acquired_) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat("the loader is serving its limit of ",
+                                                     service_.options_.max_concurrent_streams,
+                                                     " Load / Export streams; retry later"));
+  }
+
+ private:
+  LoaderService& service_;
+  bool acquired_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<LoaderService>> LoaderService::Create(CheckpointStore* store,
+                                                                     LoaderServiceOptions options) {
+  if (store == nullptr) return absl::InvalidArgumentError("LoaderService needs a store");
+  if (options.cache_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache_bytes must not be negative, got ", options.cache_bytes));
+  }
+  if (options.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_concurrent_streams must be at least 1, got ", options.max_concurrent_streams));
+  }
+  if (options.scratch_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    options.scratch_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  }
+  return std::unique_ptr<LoaderService>(new LoaderService(store, std::move(options)));
+}
+
+LoaderService::LoaderService(CheckpointStore* store, LoaderServiceOptions options)
+    : store_(*store), options_(std::move(options)), cache_(options_.cache_bytes) {}
+
+absl::Status LoaderService::Authorize(const grpc::ServerContext& context) const {
+  if (options_.auth_token.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "this loader requires 'authorization: Bearer <token>' metadata on every call");
+  }
+  const absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::StartsWithIgnoreCase(value, kBearerPrefix)) {
+    return absl::UnauthenticatedError(
+        "the 'authorization' metadata is not of the form 'Bearer <token>'");
+  }
+  if (!TokensEqual(value.substr(kBearerPrefix.size()), options_.auth_token)) {
+    return absl::UnauthenticatedError("the bearer token is not valid for this loader");
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status LoaderService::Load(grpc::ServerContext* context, const v1::LoadRequest* request,
+                                 grpc::ServerWriter<v1::LoadResponse>* writer) {
+  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
+    return ToGrpcStatus(authorized);
+  }
+  StreamSlot slot(*this);
+  if (!slot.status().ok()) return ToGrpcStatus(slot.status());
+  return ToGrpcStatus(DoLoad(*context, *request, *writer));
+}
+
+grpc::Status LoaderService::Preflight(grpc::ServerContext* context,
+                                      const v1::PreflightRequest* request,
+                                      v1::PreflightResponse* response) {
+  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
+    return ToGrpcStatus(authorized);
+  }
+  return ToGrpcStatus(DoPreflight(*request, *response));
+}
+
+grpc::Status LoaderService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,
+                                   grpc::ServerWriter<v1::ExportResponse>* writer) {
+  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
+    return ToGrpcStatus(authorized);
+  }
+  StreamSlot slot(*this);
+  if (!slot.status().ok()) return ToGrpcStatus(slot.status());
+  return ToGrpcStatus(DoExport(*context, *request, *writer));
+}
+
+absl::Status LoaderService::DoLoad(grpc::ServerContext& context, const v1::LoadRequest& request,
+                                   grpc::ServerWriter<v1::LoadResponse>& writer) {
+  ASSIGN_OR_RETURN(LoadTarget target, LoadTargetFromProto(request.target()));
+  ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
+  // The client places tensors; here they stay on the CPU.
+  target.device = DeviceSpec::Cpu();
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
+  const std::unique_ptr<VersionReader> reader = CachedVersionReader(std::move(opened), &cache_);
+  const v1::Manifest& manifest = reader->manifest();
+  ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned, PlanLoad(manifest, target));
+  v1::LoadResponse response;
+  ASSIGN_OR_RETURN(*response.mutable_manifest(), AdaptedManifest(manifest, planned, target));
+  const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+  const auto send = [&](int index, int64_t offset, absl::string_view bytes) -> absl::Status {
+    while (!bytes.empty()) {
+      if (context.IsCancelled()) {
+        return absl::CancelledError(absl::StrCat("the Load of ", where, " was cancelled"));
+      }
+      const size_t n = std::min(bytes.size(), piece_bytes);
+      v1::LoadResponse piece;
+      v1::TensorData& data = *piece.mutable_data();
+      data.set_tensor_index(index);
+      data.set_offset(offset);
+      data.set_data(bytes.data(), n);
+      if (!writer.Write(piece)) {
+        return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
+      }
+      bytes.remove_prefix(n);
+      offset += static_cast<int64_t>(n);
+    }
+    return absl::OkStatus();
+  };
+  if (!writer.Write(response)) {
+    return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
+  }
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const v1::TensorMeta& meta = *planned[i].meta;
+    if (target.dtype.Apply(static_cast<DType>(meta.dtype())) == static_cast<DType>(meta.dtype())) {
+      // No cast: chunks go out as they come from the cache, never assembled into a tensor.
+      RETURN_IF_ERROR(reader->ReadTensorChunks(meta, [&](int64_t offset, absl::string_view bytes) {
+        return send(static_cast<int>(i), offset, bytes);
+      }));
+      continue;
+    }
+    ASSIGN_OR_RETURN(at::Tensor stored, reader->ReadTensor(meta));
+    ASSIGN_OR_RETURN(at::Tensor cast, PlaceTensor(stored, DeviceSpec::Cpu(), target.dtype));
+    stored = at::Tensor();
+    RETURN_IF_ERROR(CatchTorchErrors([&] { cast = cast.contiguous(); }));
+    RETURN_IF_ERROR(
+        send(static_cast<int>(i), 0,
+             absl::string_view(static_cast<const char*>(cast.data_ptr()), cast.nbytes())));
+  }
+  const v1::Manifest& sent = response.manifest();
+  for (int j = 0; j < sent.state_tensors_size(); ++j) {
+    const int index = static_cast<int>(planned.size()) + j;
+    RETURN_IF_ERROR(reader->ReadTensorChunks(
+        manifest.state_tensors(j),
+        [&](int64_t offset, absl::string_view bytes) { return send(index, offset, bytes); }));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoaderService::DoPreflight(const v1::PreflightRequest& request,
+                                        v1::PreflightResponse& response) {
+  ASSIGN_OR_RETURN(LoadTarget target, LoadTargetFromProto(request.target()));
+  ASSIGN_OR_RETURN(v1::Manifest manifest, store_.GetManifest(request.ref()));
+  // Restrict the manifest to the subset the consumer would load.
+  LoadTarget canonical = target;
+  canonical.keys = KeyPolicy::Canonical();
+  ASSIGN_OR_RETURN(std::vector<PlannedTensor> selected, PlanLoad(manifest, canonical));
+  absl::flat_hash_set<std::string> keep;
+  for (const PlannedTensor& tensor : selected) keep.insert(tensor.key);
+  v1::Manifest subset = manifest;
+  subset.clear_tensors();
+  for (const v1::TensorMeta& meta : manifest.tensors()) {
+    if (keep.contains(meta.key())) *subset.add_tensors() = meta;
+  }
+  std::vector<ExpectedTensor> expected;
+  expected.reserve(request.expected_size());
+  for (const v1::ExpectedTensor& tensor : request.expected()) {
+    expected.push_back({tensor.key(), {tensor.shape().begin(), tensor.shape().end()}});
+  }
+  const PreflightReport report = ckpt::Preflight(subset, expected, target.keys);
+  response.set_compatible(report.report.compatible());
+  for (const std::string& key : report.report.missing_keys) response.add_missing_keys(key);
+  for (const std::string& key : report.report.unexpected_keys) response.add_unexpected_keys(key);
+  for (const ShapeMismatch& mismatch : report.report.shape_mismatches) {
+    v1::ShapeMismatch& out = *response.add_shape_mismatches();
+    out.set_key(mismatch.key);
+    for (int64_t d : mismatch.checkpoint_shape) out.add_checkpoint_shape(d);
+    for (int64_t d : mismatch.expected_shape) out.add_expected_shape(d);
+  }
+  // Dtypes the load would cast (informational): checkpoint dtype after the target's policy vs.
+  // what the consumer declared.
+  target.include_keys.clear();
+  target.include_prefixes.clear();
+  absl::StatusOr<std::vector<PlannedTensor>> named = PlanLoad(subset, target);
+  if (named.ok()) {
+    absl::flat_hash_map<std::string, const v1::TensorMeta*> by_key;
+    for (const PlannedTensor& tensor : *named) by_key.emplace(tensor.key, tensor.meta);
+    for (const v1::ExpectedTensor& tensor : request.expected()) {
+      if (tensor.dtype() == v1::DTYPE_UNSPECIFIED) continue;
+      auto it = by_key.find(tensor.key());
+      if (it == by_key.end()) continue;
+      const DType loaded = target.dtype.Apply(static_cast<DType>(it->second->dtype()));
+      if (static_cast<int>(loaded) != tensor.dtype()) {
+        response.add_dtype_differences(
+            absl::StrCat(tensor.key(), ": ", DTypeName(loaded), " in checkpoint, ",
+                         DTypeName(static_cast<DType>(tensor.dtype())), " expected"));
+      }
+    }
+  }
+  if (report.suggested_keys.has_value()) {
+    response.set_suggested_key_policy(KeyPolicyToProto(*report.suggested_keys));
+    response.set_suggested_key_prefix(report.suggested_keys->prefix());
+  }
+  response.set_summary(report.summary);
+  return absl::OkStatus();
+}
+
+absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::ExportRequest& request,
+                                     grpc::ServerWriter<v1::ExportResponse>& writer) {
+  ExportOptions options;
+  ASSIGN_OR_RETURN(options.format, ExportFormatFromProto(request.format()));
+  ASSIGN_OR_RETURN(options.target, LoadTargetFromProto(request.target()));
+  ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
+  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
+  const std::unique_ptr<VersionReader> reader = CachedVersionReader(std::move(opened), &cache_);
+  const v1::Manifest& manifest = reader->manifest();
+  const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+  bool first = true;
+  return ExportToSink(*reader, options, options_.scratch_dir, piece_bytes,
+                      [&](uint64_t total_bytes, absl::string_view bytes) -> absl::Status {
+                        if (context.IsCancelled()) {
+                          return absl::CancelledError(
+                              absl::StrCat("the Export of ", where, " was cancelled"));
+                        }
+                        v1::ExportResponse piece;
+                        piece.set_data(bytes.data(), bytes.size());
+                        if (first) {
+                          piece.set_total_bytes(static_cast<int64_t>(total_bytes));
+                          piece.set_file_name(
+                              ExportFileName(manifest.model(), manifest.version(), options.format));
+                          first = false;
+                        }
+                        if (!writer.Write(piece)) {
+                          return absl::CancelledError(
+                              absl::StrCat("the Export stream of ", where, " broke"));
+                        }
+                        return absl::OkStatus();
+                      })
+      .status();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,259 @@
+// loader: serves stored checkpoint versions to consumers in their own shape (ckpt.v1.Loader plus
+// grpc.health.v1.Health): subset, key layout, dtype, and file format (torch .pt, safetensors).
+//
+//   bazel run //services/loader -- --store_dir=/data/ckpt --listen=127.0.0.1:50052
+//   bazel run //services/loader -- --store=store-host:50051 --cache_bytes=4294967296
+//
+// Prints "loader serving STORE on ADDRESS" once serving (with --port_file, the port is written
+// there first). SIGINT / SIGTERM shut down gracefully: health turns NOT_SERVING, new calls are
+// refused, in-flight calls get --shutdown_grace, then are cancelled; the chunk cache's counters
+// are logged ("loader cache: hits=... misses=..."), exit status 0. Bad flags exit 2; a store or
+// address that cannot be opened exits 1.
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "libs/client/remote_checkpoint_store.h"
+#include "libs/io/atomic_file.h"
+#include "libs/rpc/grpc_server.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "services/loader/loader_service.h"
+
+ABSL_FLAG(std::string, store, "",
+          "HOST:PORT of a checkpoint_store server to read versions from. Exactly one of --store "
+          "and --store_dir is required.");
+ABSL_FLAG(std::string, store_dir, "",
+          "Directory of a RocksDB checkpoint store to open in this process (embedded; no other "
+          "process may have it open). Exactly one of --store and --store_dir is required.");
+ABSL_FLAG(std::string, store_auth_token_file, "",
+          "With --store: file holding the bearer token for the checkpoint store. Default: none.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "HOST:PORT to serve on. Port 0 picks a free port (see --port_file). Default "
+          "127.0.0.1:0: loopback only.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the port actually bound is written to this file (decimal, one line), "
+          "atomically, once the server is serving. Default: none.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token every call must present as metadata 'authorization: "
+          "Bearer <token>' (surrounding whitespace ignored; health checks stay open). Default: "
+          "none, calls are not authenticated.");
+ABSL_FLAG(int64_t, cache_bytes, int64_t{1} << 30,
+          "Bytes of store chunks kept in memory, shared by every reader (LRU, content-addressed: "
+          "concurrent readers of one version share one copy). 0 disables caching. Default "
+          "1073741824 (1 GiB).");
+ABSL_FLAG(int, max_concurrent_streams, 64,
+          "Load and Export streams served at once; more fail with RESOURCE_EXHAUSTED. Default 64.");
+ABSL_FLAG(int, max_message_bytes, 16 << 20,
+          "Largest gRPC message received or sent, in bytes; at least 1114112 (tensor bytes move "
+          "in 1 MiB pieces). Default 16777216 (16 MiB).");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
+          "On SIGINT / SIGTERM, how long in-flight calls may run before they are cancelled. A "
+          "duration such as 10s or 500ms. Default 10s.");
+
+namespace ckpt {
+namespace {
+
+constexpr int kExitBadFlags = 2;
+constexpr int kExitFailure = 1;
+constexpr int kMinMaxMessageBytes = kMaxLoaderPieceBytes + (64 << 10);
+
+struct ServerConfig {
+  std::string store_address;
+  std::string store_auth_token;
+  std::string store_dir;
+  LoaderServiceOptions service;
+  GrpcServerOptions server;
+  std::string port_file;
+  absl::Duration shutdown_grace;
+};
+
+// The token in `path`, without surrounding whitespace; INVALID_ARGUMENT naming `flag` when the
+// file cannot be read, is empty, or holds characters that cannot travel in gRPC metadata.
+absl::StatusOr<std::string> ReadToken(const std::string& flag, const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read --", flag, "=", path, ": ", std::strerror(errno)));
+  }
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  const std::string token(absl::StripAsciiWhitespace(contents.str()));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, " is empty; an empty token cannot authenticate"));
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, "=", path,
+          " holds whitespace, control or non-ASCII characters, which cannot travel in an "
+          "'authorization' header"));
+    }
+  }
+  return token;
+}
+
+absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positional) {
+  if (positional.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", positional[1], "'; every setting is a --flag"));
+  }
+  ServerConfig config;
+  config.store_address = absl::GetFlag(FLAGS_store);
+  config.store_dir = absl::GetFlag(FLAGS_store_dir);
+  if (config.store_address.empty() == config.store_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "exactly one of --store=HOST:PORT (a checkpoint_store server) and --store_dir=DIR (an "
+        "embedded store) is required");
+  }
+  const std::string store_token_file = absl::GetFlag(FLAGS_store_auth_token_file);
+  if (!store_token_file.empty()) {
+    if (config.store_address.empty()) {
+      return absl::InvalidArgumentError("--store_auth_token_file needs --store");
+    }
+    absl::StatusOr<std::string> token = ReadToken("store_auth_token_file", store_token_file);
+    if (!token.ok()) return token.status();
+    config.store_auth_token = *std::move(token);
+  }
+  config.server.listen_address = absl::GetFlag(FLAGS_listen);
+  config.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (config.server.max_message_bytes < kMinMaxMessageBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes=", config.server.max_message_bytes,
+                     " is too small; use at least ", kMinMaxMessageBytes));
+  }
+  config.service.cache_bytes = absl::GetFlag(FLAGS_cache_bytes);
+  if (config.service.cache_bytes < 0) {
+    return absl::InvalidArgumentError("--cache_bytes must not be negative");
+  }
+  config.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (config.service.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError("--max_concurrent_streams must be at least 1");
+  }
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadToken("auth_token_file", token_file);
+    if (!token.ok()) return token.status();
+    config.service.auth_token = *std::move(token);
+  }
+  config.port_file = absl::GetFlag(FLAGS_port_file);
+  config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  if (config.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--shutdown_grace must not be negative");
+  }
+  return config;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const ServerConfig& config) {
+  if (!config.store_dir.empty()) {
+    StoreOptions options;
+    options.db_path = config.store_dir;
+    options.create_if_missing = false;
+    absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+        RocksDbCheckpointStore::Open(options);
+    if (!store.ok()) return store.status();
+    return std::unique_ptr<CheckpointStore>(std::move(*store));
+  }
+  RemoteStoreOptions options;
+  options.address = config.store_address;
+  options.auth_token = config.store_auth_token;
+  absl::StatusOr<std::unique_ptr<RemoteCheckpointStore>> store =
+      RemoteCheckpointStore::Connect(options);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<CheckpointStore>(std::move(*store));
+}
+
+int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
+  const std::string store_name = config.store_dir.empty() ? config.store_address : config.store_dir;
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenStore(config);
+  if (!store.ok()) {
+    std::cerr << "loader: cannot open the store " << store_name << ": " << store.status() << "\n";
+    return kExitFailure;
+  }
+  absl::StatusOr<std::unique_ptr<LoaderService>> service =
+      LoaderService::Create(store->get(), config.service);
+  if (!service.ok()) {
+    std::cerr << "loader: " << service.status() << "\n";
+    return kExitFailure;
+  }
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(config.server, {{service->get(), v1::Loader::service_full_name()}});
+  if (!server.ok()) {
+    std::cerr << "loader: " << server.status() << "\n";
+    return kExitFailure;
+  }
+  if (!config.port_file.empty()) {
+    absl::Status written =
+        WriteFileAtomically(config.port_file, absl::StrCat((*server)->port(), "\n"));
+    if (!written.ok()) {
+      std::cerr << "loader: writing --port_file: " << written << "\n";
+      (*server)->Shutdown(absl::ZeroDuration());
+      (*server)->Wait();
+      return kExitFailure;
+    }
+  }
+  std::cout << "loader serving " << store_name << " on " << (*server)->address() << std::endl;
+
+  int signal_number = 0;
+  if (sigwait(&stop_signals, &signal_number) != 0) {
+    std::cerr << "loader: sigwait failed; shutting down\n";
+  } else {
+    std::cerr << "loader: " << strsignal(signal_number) << "; shutting down (grace "
+              << absl::FormatDuration(config.shutdown_grace) << ")" << std::endl;
+  }
+  (*server)->Shutdown(config.shutdown_grace);
+  (*server)->Wait();
+  server->reset();
+  std::cerr << "loader cache: " << (*service)->cache_stats().ToString() << std::endl;
+  service->reset();
+  store->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves stored ckpt versions adapted to each consumer (ckpt.v1.Loader).\n"
+      "  loader (--store=HOST:PORT | --store_dir=DIR) [--listen=127.0.0.1:0] [--port_file=FILE]\n"
+      "         [--auth_token_file=FILE] [--cache_bytes=1073741824] [--shutdown_grace=10s]");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "services/loader/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<ckpt::ServerConfig> config = ckpt::ConfigFromFlags(positional);
+  if (!config.ok()) {
+    std::cerr << "loader: " << config.status().message() << " (see --help)\n";
+    return ckpt::kExitBadFlags;
+  }
+  // Blocked before any thread exists, so every thread inherits the mask and the signals wait for
+  // sigwait in Serve.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return ckpt::Serve(*config, stop_signals);
+}

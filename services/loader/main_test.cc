@@ -1,0 +1,246 @@
+// Runs the real loader binary: flags, --help, port file, health, auth, signals, cache log line.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "proto/ckpt/v1/loader.grpc.pb.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+
+extern char** environ;
+
+namespace ckpt {
+namespace {
+
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+
+std::string TestDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name();
+}
+
+std::string BinaryPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
+                      workspace != nullptr ? workspace : "ckpt", "/services/loader/loader");
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream(path) << contents;
+}
+
+// The server binary as a child process with stdout / stderr in files. Killed (SIGKILL) if the
+// test ends without waiting for it.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::string& dir) : dir_(dir) {}
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool Start(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {BinaryPath()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, stdout_path().c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_path().c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int spawned = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (spawned != 0) pid_ = -1;
+    return spawned == 0;
+  }
+
+  // The wait status once the process exits, nullopt if it is still running after `timeout`.
+  std::optional<int> WaitForExit(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    do {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return status;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    } while (absl::Now() < deadline);
+    return std::nullopt;
+  }
+
+  // Polls for the port file the server writes once it serves; 0 if the process exits first or
+  // nothing appears within `timeout`.
+  int WaitForPort(const std::string& port_file, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int port = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &port) && port > 0) {
+        return port;
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return 0;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return 0;
+  }
+
+  void Signal(int signal_number) { kill(pid_, signal_number); }
+  std::string stdout_text() const { return ReadFile(stdout_path()); }
+  std::string stderr_text() const { return ReadFile(stderr_path()); }
+
+ private:
+  std::string stdout_path() const { return dir_ + "/stdout"; }
+  std::string stderr_path() const { return dir_ + "/stderr"; }
+
+  const std::string dir_;
+  pid_t pid_ = -1;
+};
+
+std::unique_ptr<grpc::ClientContext> Context(const std::string& token = "") {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
+  return context;
+}
+// An empty store directory (the loader opens existing stores only).
+std::string MakeStore(const std::string& dir) {
+  const std::string db = dir + "/db";
+  StoreOptions options;
+  options.db_path = db;
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+      RocksDbCheckpointStore::Open(options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return db;
+}
+
+// Each start of the binary costs about a second (loading LibTorch), so the cases are few.
+TEST(LoaderMainTest, ServesHealthAndAuthUntilSigtermThenLogsCacheStats) {
+  const std::string dir = TestDir();
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  const std::string db = MakeStore(dir);
+  const std::string port_file = dir + "/port";
+  WriteFile(dir + "/token", "  tok-9\n");
+
+  ServerProcess server(dir);
+  ASSERT_TRUE(server.Start({"--store_dir=" + db, "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                            "--auth_token_file=" + dir + "/token", "--cache_bytes=1048576",
+                            "--shutdown_grace=2s"}));
+  const int port = server.WaitForPort(port_file, absl::Seconds(20));
+  ASSERT_GT(port, 0) << server.stderr_text();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  HealthCheckRequest health_request;
+  health_request.set_service(v1::Loader::service_full_name());
+  HealthCheckResponse health_response;
+  ASSERT_TRUE(health->Check(Context().get(), health_request, &health_response).ok());
+  EXPECT_EQ(health_response.status(), HealthCheckResponse::SERVING);
+
+  auto loader = v1::Loader::NewStub(channel);
+  v1::PreflightRequest request;
+  request.mutable_ref()->set_model("absent");
+  v1::PreflightResponse response;
+  EXPECT_EQ(loader->Preflight(Context().get(), request, &response).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // Authenticated, the call reaches the store, which has no such model.
+  EXPECT_EQ(loader->Preflight(Context("tok-9").get(), request, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  server.Signal(SIGTERM);
+  std::optional<int> status = server.WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(status.has_value()) << "still running after SIGTERM";
+  ASSERT_TRUE(WIFEXITED(*status)) << *status;
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << server.stderr_text();
+  EXPECT_THAT(server.stdout_text(),
+              HasSubstr(absl::StrCat("loader serving ", db, " on ", address, "\n")));
+  EXPECT_THAT(server.stderr_text(), HasSubstr("shutting down"));
+  EXPECT_THAT(server.stderr_text(), HasSubstr("loader cache: hits=0 misses=0"));
+}
+
+TEST(LoaderMainTest, HelpDescribesEveryFlag) {
+  const std::string dir = TestDir();
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  ServerProcess server(dir);
+  ASSERT_TRUE(server.Start({"--help"}));
+  std::optional<int> status = server.WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(status.has_value());
+  const std::string help = server.stdout_text() + server.stderr_text();
+  for (const char* flag : {"--store", "--store_dir", "--listen", "--port_file", "--auth_token_file",
+                           "--cache_bytes", "--max_message_bytes", "--shutdown_grace"}) {
+    EXPECT_THAT(help, HasSubstr(flag)) << help;
+  }
+  EXPECT_THAT(help, HasSubstr("Default 1073741824 (1 GiB)"));
+}
+
+TEST(LoaderMainTest, BadFlagsExitTwoWithAClearMessage) {
+  const std::string dir = TestDir();
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  WriteFile(dir + "/empty_token", " \n");
+  const std::string store_dir = "--store_dir=" + dir + "/db";
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{}, "exactly one of --store=HOST:PORT"},
+      {{store_dir, "--store=127.0.0.1:1"}, "exactly one of --store=HOST:PORT"},
+      {{store_dir, "--auth_token_file=" + dir + "/empty_token"}, "is empty"},
+      {{store_dir, "--cache_bytes=-1"}, "--cache_bytes must not be negative"},
+      {{store_dir, "--max_message_bytes=1000"}, "too small"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.flags));
+    ServerProcess server(dir);
+    ASSERT_TRUE(server.Start(c.flags));
+    std::optional<int> status = server.WaitForExit(absl::Seconds(20));
+    ASSERT_TRUE(status.has_value());
+    ASSERT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 2);
+    EXPECT_THAT(server.stderr_text(), HasSubstr(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace ckpt
