@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
@@ -22,17 +23,6 @@
 namespace ckpt {
 namespace {
 
-constexpr absl::string_view kBearerPrefix = "Bearer ";
-
-// Compares tokens in time that depends only on the configured token's length.
-bool TokensEqual(absl::string_view presented, absl::string_view expected) {
-  unsigned char difference = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const unsigned char given = i < presented.size() ? presented[i] : 0;
-    difference |= static_cast<unsigned char>(given ^ static_cast<unsigned char>(expected[i]));
-  }
-  return difference == 0;
-}
 
 // The piece size a request asks for: 0 is the default (1 MiB), larger is capped at 1 MiB.
 absl::StatusOr<size_t> PieceBytes(int32_t requested) {
@@ -140,22 +130,7 @@ LoaderService::LoaderService(CheckpointStore* store, LoaderServiceOptions option
     : store_(*store), options_(std::move(options)), cache_(options_.cache_bytes) {}
 
 absl::Status LoaderService::Authorize(const grpc::ServerContext& context) const {
-  if (options_.auth_token.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError(
-        "this loader requires 'authorization: Bearer <token>' metadata on every call");
-  }
-  const absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::StartsWithIgnoreCase(value, kBearerPrefix)) {
-    return absl::UnauthenticatedError(
-        "the 'authorization' metadata is not of the form 'Bearer <token>'");
-  }
-  if (!TokensEqual(value.substr(kBearerPrefix.size()), options_.auth_token)) {
-    return absl::UnauthenticatedError("the bearer token is not valid for this loader");
-  }
-  return absl::OkStatus();
+  return CheckBearerToken(context.client_metadata(), options_.auth_token, "loader");
 }
 
 grpc::Status LoaderService::Load(grpc::ServerContext* context, const v1::LoadRequest* request,

@@ -31,6 +31,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/grpc_server.h"
@@ -85,32 +86,6 @@ struct ServerConfig {
   absl::Duration shutdown_grace;
 };
 
-// The token in `path`, without surrounding whitespace; INVALID_ARGUMENT naming `flag` when the
-// file cannot be read, is empty, or holds characters that cannot travel in gRPC metadata.
-absl::StatusOr<std::string> ReadToken(const std::string& flag, const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read --", flag, "=", path, ": ", std::strerror(errno)));
-  }
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  const std::string token(absl::StripAsciiWhitespace(contents.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "=", path, " is empty; an empty token cannot authenticate"));
-  }
-  for (char c : token) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, "=", path,
-          " holds whitespace, control or non-ASCII characters, which cannot travel in an "
-          "'authorization' header"));
-    }
-  }
-  return token;
-}
-
 absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positional) {
   if (positional.size() > 1) {
     return absl::InvalidArgumentError(
@@ -129,7 +104,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
     if (config.store_address.empty()) {
       return absl::InvalidArgumentError("--store_auth_token_file needs --store");
     }
-    absl::StatusOr<std::string> token = ReadToken("store_auth_token_file", store_token_file);
+    absl::StatusOr<std::string> token = ReadAuthTokenFile(store_token_file, "--store_auth_token_file");
     if (!token.ok()) return token.status();
     config.store_auth_token = *std::move(token);
   }
@@ -150,7 +125,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   }
   const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
   if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadToken("auth_token_file", token_file);
+    absl::StatusOr<std::string> token = ReadAuthTokenFile(token_file, "--auth_token_file");
     if (!token.ok()) return token.status();
     config.service.auth_token = *std::move(token);
   }

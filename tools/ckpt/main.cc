@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/format/inspect.h"
@@ -196,18 +197,6 @@ absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
 
 // ---- Store commands.
 
-absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read --auth_token_file=", path));
-  std::stringstream contents;
-  contents << in.rdbuf();
-  const std::string token(absl::StripAsciiWhitespace(contents.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--auth_token_file=", path, " is empty"));
-  }
-  return token;
-}
-
 // The store the command works on: a service (--store) or a database opened in-process.
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
                                                            bool create) {
@@ -215,7 +204,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedComm
     RemoteStoreOptions remote;
     remote.address = line.Get("store");
     if (line.Has("auth_token_file")) {
-      ASSIGN_OR_RETURN(remote.auth_token, ReadToken(line.Get("auth_token_file")));
+      ASSIGN_OR_RETURN(remote.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> store,
                      RemoteCheckpointStore::Connect(remote));
@@ -572,7 +561,7 @@ absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCom
   RemoteLoaderOptions options;
   options.address = line.Get("loader");
   if (line.Has("auth_token_file")) {
-    ASSIGN_OR_RETURN(options.auth_token, ReadToken(line.Get("auth_token_file")));
+    ASSIGN_OR_RETURN(options.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
   }
   return RemoteLoader::Connect(options);
 }
