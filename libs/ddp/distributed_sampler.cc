@@ -1,0 +1,89 @@
+#include "libs/ddp/distributed_sampler.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/CPUGeneratorImpl.h"
+#include "c10/util/Exception.h"
+
+namespace ckpt::ddp {
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size,
+                                       bool shuffle, uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size),
+      rank_(rank),
+      world_size_(world_size),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last) {
+  TORCH_CHECK(dataset_size >= 0, "DistributedSampler: dataset_size must be >= 0, got ",
+              dataset_size);
+  TORCH_CHECK(world_size >= 1, "DistributedSampler: world_size must be >= 1, got ", world_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank must be in [0, ",
+              world_size, "), got ", rank);
+  // PyTorch: ceil((n - world) / world) with drop_last and an uneven split, which is floor(n /
+  // world); otherwise ceil(n / world).
+  num_samples_ = (drop_last_ && dataset_size_ % world_size_ != 0)
+                     ? dataset_size_ / world_size_
+                     : (dataset_size_ + world_size_ - 1) / world_size_;
+  ComputeIndices();
+}
+
+void DistributedSampler::set_epoch(int64_t epoch) {
+  epoch_ = epoch;
+  position_ = 0;
+  ComputeIndices();
+}
+
+void DistributedSampler::set_position(int64_t consumed) {
+  TORCH_CHECK(consumed >= 0 && consumed <= num_samples_,
+              "DistributedSampler: position must be in [0, num_samples()=", num_samples_,
+              "], got ", consumed);
+  position_ = consumed;
+}
+
+std::vector<int64_t> DistributedSampler::NextBatch(int64_t batch_size) {
+  TORCH_CHECK(batch_size >= 1, "DistributedSampler: batch_size must be >= 1, got ", batch_size);
+  const int64_t end = std::min(num_samples_, position_ + batch_size);
+  std::vector<int64_t> batch(indices_.begin() + position_, indices_.begin() + end);
+  position_ = end;
+  return batch;
+}
+
+void DistributedSampler::ComputeIndices() {
+  std::vector<int64_t> all(static_cast<size_t>(dataset_size_));
+  if (shuffle_) {
+    // torch.Generator().manual_seed(seed + epoch); torch.randperm(n, generator=g): the same CPU
+    // generator and kernel, so the permutation is Python's to the element.
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(
+        seed_ + static_cast<uint64_t>(epoch_));
+    const at::Tensor permutation =
+        at::randperm(dataset_size_, generator, at::TensorOptions().dtype(at::kLong));
+    std::copy_n(permutation.data_ptr<int64_t>(), dataset_size_, all.begin());
+  } else {
+    for (int64_t i = 0; i < dataset_size_; ++i) all[static_cast<size_t>(i)] = i;
+  }
+  const int64_t total = total_size();
+  std::vector<int64_t> padded;
+  padded.reserve(static_cast<size_t>(total));
+  if (drop_last_) {
+    padded.assign(all.begin(), all.begin() + total);
+  } else {
+    // Repeat the list from its start until it has total elements (PyTorch's padding).
+    padded = all;
+    while (static_cast<int64_t>(padded.size()) < total) {
+      const int64_t take = std::min<int64_t>(total - static_cast<int64_t>(padded.size()),
+                                             dataset_size_);
+      padded.insert(padded.end(), all.begin(), all.begin() + take);
+    }
+  }
+  indices_.clear();
+  indices_.reserve(static_cast<size_t>(num_samples_));
+  for (int64_t i = rank_; i < total; i += world_size_) {
+    indices_.push_back(padded[static_cast<size_t>(i)]);
+  }
+}
+
+}  // namespace ckpt::ddp
