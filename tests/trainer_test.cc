@@ -227,6 +227,18 @@ TEST(TrainerTest, TwoRanksFollowOneRankOverTheSameGlobalBatches) {
   // The loss falls: the default task is learnable.
   EXPECT_LT(two_losses.back().second, two_losses.front().second);
 
+  // Two micro-batches of 16 per rank, the first under NoSync, make the same steps again.
+  const std::string accumulated = TempPath("accumulated");
+  std::vector<std::string> flags = SmallRun(accumulated, 2, 16, 30);
+  flags.push_back("--accumulation_steps=2");
+  ASSERT_EQ(RunTrainer(flags, accumulated + ".log"), 0) << ReadFile(accumulated + ".log");
+  std::vector<std::pair<int64_t, double>> accumulated_losses =
+      LossLines(ReadFile(accumulated + ".log"));
+  ASSERT_EQ(accumulated_losses.size(), 30u);
+  for (size_t i = 0; i < accumulated_losses.size(); ++i) {
+    EXPECT_NEAR(accumulated_losses[i].second, one_losses[i].second, 2e-4) << "step " << i + 1;
+  }
+
   LoadedCheckpoint two_final = LoadLatest(two, "mlp-synthetic");
   LoadedCheckpoint one_final = LoadLatest(one, "mlp-synthetic");
   EXPECT_EQ(two_final.manifest.metadata().global_step(), 30);

@@ -1,10 +1,7 @@
 #include "libs/train/rank_supervisor.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +11,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "libs/ddp/local_launcher.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -73,27 +71,10 @@ pid_t SpawnRank(const SupervisorOptions& options, int local_rank, int master_por
 
 void ForwardStopSignal() { g_stop_signals.fetch_add(1, std::memory_order_relaxed); }
 
-int PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
   SupervisorResult result;
   for (int attempt = 0;; ++attempt) {
-    const int master_port = options.master_port != 0 ? options.master_port : PickFreePort();
+    const int master_port = options.master_port != 0 ? options.master_port : ddp::PickFreeLoopbackPort();
     std::map<pid_t, int> running;  // pid -> local rank
     std::string cause;
     for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {

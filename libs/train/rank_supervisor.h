@@ -46,9 +46,6 @@ SupervisorResult SuperviseRanks(const SupervisorOptions& options);
 // Async-signal-safe; see above.
 void ForwardStopSignal();
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).
-int PickFreePort();
-
 }  // namespace ckpt::train
 
 #endif  // CKPT_LIBS_TRAIN_RANK_SUPERVISOR_H_

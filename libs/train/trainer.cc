@@ -202,6 +202,9 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
   TrainerControl local_control;
   if (control == nullptr) control = &local_control;
   if (config.batch_size <= 0) return absl::InvalidArgumentError("--batch_size must be positive");
+  if (config.accumulation_steps <= 0) {
+    return absl::InvalidArgumentError("--accumulation_steps must be positive");
+  }
   if (config.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
 
   at::set_num_threads(config.threads_per_rank);
@@ -338,8 +341,8 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
                                                     sampler->num_samples()));
                      return sampler;
                    }));
-  const int64_t steps_per_epoch =
-      (sampler->num_samples() + config.batch_size - 1) / config.batch_size;
+  const int64_t samples_per_step = config.batch_size * config.accumulation_steps;
+  const int64_t steps_per_epoch = (sampler->num_samples() + samples_per_step - 1) / samples_per_step;
   if (steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the data set (", data->size(), " examples) gives no batches to ", group.world_size,
@@ -381,6 +384,8 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
                                        {"backend", Value::String(group.backend)},
                                        {"seed", Value::Int(static_cast<int64_t>(config.seed))},
                                        {"batch_size", Value::Int(config.batch_size)},
+                                       {"accumulation_steps",
+                                        Value::Int(config.accumulation_steps)},
                                        {"model", ModelSpecValue(config.model)},
                                        {"data", Value::String(config.data.source)},
                                        {"rng_cpu", Value::Tensor(rng_state)},
@@ -423,12 +428,12 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
   if (leader) {
     std::cerr << absl::StrFormat(
         "trainer: %s, %d rank(s) over %s, %s; %s\n"
-        "trainer: %s from step %d to %d (%d steps/epoch, batch %d per rank), store %s\n",
+        "trainer: %s from step %d to %d (%d steps/epoch, batch %d x %d per rank), store %s\n",
         summary.model_name, group.world_size, group.backend, device.str(), data->Describe(),
         summary.resumed_from ? "resuming " + FormatVersionRef(*summary.resumed_from)
                              : std::string("starting fresh"),
         loop.global_step, loop.target_step, steps_per_epoch, config.batch_size,
-        summary.store_location);
+        config.accumulation_steps, summary.store_location);
   }
 
   // ---- The loop.
@@ -438,28 +443,42 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
   bool stop = false;
   bool skip_final_checkpoint = false;
   while (loop.global_step < loop.target_step && !stop) {
-    std::vector<int64_t> indices = sampler->NextBatch(config.batch_size);
-    if (indices.empty()) {  // epoch end (its checkpoint was taken with its last step).
+    // One optimizer step: accumulation_steps micro-batches (fewer at the end of an epoch), all
+    // but the last inside NoSync so only the last backward pass communicates.
+    std::vector<std::vector<int64_t>> micro_batches;
+    for (int64_t i = 0; i < config.accumulation_steps; ++i) {
+      std::vector<int64_t> indices = sampler->NextBatch(config.batch_size);
+      if (indices.empty()) break;
+      micro_batches.push_back(std::move(indices));
+    }
+    if (micro_batches.empty()) {  // epoch end (its checkpoint was taken with its last step).
       ++loop.epoch;
       sampler->set_epoch(loop.epoch);
       sampler->set_position(0);
       continue;
     }
-    Batch batch = data->Get(indices);
     absl::StatusOr<double> step_loss = CatchTorchErrors([&] {
       model->train();
-      data_parallel->PrepareForward();
-      at::Tensor logits = model->forward(batch.inputs.to(device));
-      at::Tensor loss = at::nll_loss(at::log_softmax(logits, 1), batch.targets.to(device));
       optimizer->zero_grad();
-      loss.backward();
+      double loss_sum = 0;
+      const double scale = 1.0 / static_cast<double>(micro_batches.size());
+      for (size_t i = 0; i < micro_batches.size(); ++i) {
+        Batch batch = data->Get(micro_batches[i]);
+        std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
+        if (i + 1 < micro_batches.size()) no_sync.emplace(data_parallel->NoSync());
+        data_parallel->PrepareForward();
+        at::Tensor logits = model->forward(batch.inputs.to(device));
+        at::Tensor loss = at::nll_loss(at::log_softmax(logits, 1), batch.targets.to(device));
+        (micro_batches.size() > 1 ? loss * scale : loss).backward();
+        loss_sum += loss.item<double>();
+      }
       data_parallel->FinishGradientSync();
       if (config.clip_grad_norm > 0) {
         torch::nn::utils::clip_grad_norm_(parameters, config.clip_grad_norm);
       }
       optimizer->step();
       scheduler->Step();
-      return loss.item<double>();
+      return loss_sum * scale;
     });
     if (!step_loss.ok()) return step_loss.status();
     ++loop.global_step;
@@ -481,7 +500,8 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
 
     const absl::Duration elapsed = absl::Now() - start;
     const int64_t steps_done = loop.global_step - first_step;
-    samples_per_second = steps_done * config.batch_size * group.world_size /
+    samples_per_second = steps_done * config.batch_size * config.accumulation_steps *
+                         group.world_size /
                          std::max(absl::ToDoubleSeconds(elapsed), 1e-9);
     const bool last_step = loop.global_step == loop.target_step;
     if (steps_done % std::max<int64_t>(config.log_every, 1) == 0 || last_step) {

@@ -50,7 +50,10 @@ struct TrainerConfig {
   DataSpec data;
   OptimizerSpec optimizer;
   SchedulerSpec scheduler;
-  int64_t batch_size = 32;       // per rank.
+  int64_t batch_size = 32;       // per rank, per micro-batch.
+  // Micro-batches per optimizer step: the first accumulation_steps - 1 backward passes run
+  // inside DDP's NoSync (gradients accumulate locally), the last one all-reduces.
+  int64_t accumulation_steps = 1;
   int64_t steps = 300;           // optimizer steps in this leg (see target_step above).
   int64_t checkpoint_every = 100;  // steps; 0: only at epoch end and at the end.
   bool checkpoint_at_epoch_end = true;

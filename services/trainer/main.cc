@@ -80,7 +80,10 @@ ABSL_FLAG(int64_t, step_size, 100, "StepLR period in steps.");
 ABSL_FLAG(double, gamma, 0.5, "StepLR decay factor.");
 ABSL_FLAG(int64_t, warmup_steps, 20, "Cosine warmup steps.");
 ABSL_FLAG(double, clip_grad_norm, 1.0, "Clip the gradient norm to this; 0 disables.");
-ABSL_FLAG(int64_t, batch_size, 32, "Examples per rank per step. Default 32.");
+ABSL_FLAG(int64_t, batch_size, 32, "Examples per rank per micro-batch. Default 32.");
+ABSL_FLAG(int64_t, accumulation_steps, 1,
+          "Micro-batches per optimizer step; all but the last skip the gradient all-reduce "
+          "(DDP's no_sync). Default 1.");
 ABSL_FLAG(int64_t, steps, 300,
           "Optimizer steps to train. A run resumed before reaching its goal finishes that goal; "
           "one resumed after it trains this many more. Default 300.");
@@ -154,6 +157,7 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
       std::min(config.scheduler.warmup_steps, config.scheduler.total_steps);
   config.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
   config.batch_size = absl::GetFlag(FLAGS_batch_size);
+  config.accumulation_steps = absl::GetFlag(FLAGS_accumulation_steps);
   config.seed = absl::GetFlag(FLAGS_seed);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.resume = absl::GetFlag(FLAGS_resume);
@@ -167,10 +171,11 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   if (config.rendezvous.backend != "gloo" && config.rendezvous.backend != "nccl") {
     return absl::InvalidArgumentError("--backend must be gloo or nccl");
   }
-  if (config.batch_size <= 0 || config.steps < 0 || config.threads_per_rank <= 0 ||
+  if (config.batch_size <= 0 || config.accumulation_steps <= 0 || config.steps < 0 || config.threads_per_rank <= 0 ||
       absl::GetFlag(FLAGS_bucket_cap_mb) <= 0 || config.checkpoint_every < 0) {
     return absl::InvalidArgumentError(
-        "--batch_size, --threads_per_rank and --bucket_cap_mb must be positive; --steps and "
+        "--batch_size, --accumulation_steps, --threads_per_rank and --bucket_cap_mb must be "
+        "positive; --steps and "
         "--checkpoint_every must not be negative");
   }
   if (const std::string path = absl::GetFlag(FLAGS_store_auth_token_file); !path.empty()) {
