@@ -5,7 +5,7 @@ Debian's libtorch-dev installs the C++ frontend headers below
 only name paths inside a repository. This rule links those folders into an external repository:
 
   @NAME//:system_api_headers  Debian's LibTorch frontend headers (CPU build, Gloo).
-  @NAME//:cuda_libtorch       a CUDA-enabled LibTorch at $CKPT_LIBTORCH_DIR (used by --config=cuda).
+  @NAME//:cuda_libtorch       a CUDA-enabled LibTorch at $CKPT_LIBTORCH_DIR or $LIBTORCH_HOME (--config=cuda).
                               Without that variable it is a target that fails with an explanation.
 """
 
@@ -15,7 +15,7 @@ _CUDA_MISSING_BUILD = """
 genrule(
     name = "explain_missing_cuda_libtorch",
     outs = ["missing_cuda_libtorch.cc"],
-    cmd = "echo '--config=cuda needs a CUDA-enabled LibTorch: set CKPT_LIBTORCH_DIR to its root " +
+    cmd = "echo '--config=cuda needs a CUDA-enabled LibTorch: set CKPT_LIBTORCH_DIR (or LIBTORCH_HOME) to its root " +
           "(the folder with include/ and lib/), e.g. the torch/ folder of a pip install.' >&2; exit 1",
 )
 
@@ -60,7 +60,7 @@ cc_library(
     visibility = ["//visibility:public"],
 )
 """
-    cuda_dir = ctx.os.environ.get("CKPT_LIBTORCH_DIR", "")
+    cuda_dir = ctx.os.environ.get("CKPT_LIBTORCH_DIR", "") or ctx.os.environ.get("LIBTORCH_HOME", "")
     if cuda_dir:
         ctx.symlink(cuda_dir + "/include", "cuda/include")
         build += _CUDA_BUILD.format(lib = cuda_dir + "/lib")
@@ -71,6 +71,6 @@ cc_library(
 
 libtorch_configure = repository_rule(
     implementation = _libtorch_configure_impl,
-    environ = ["CKPT_LIBTORCH_DIR"],
+    environ = ["CKPT_LIBTORCH_DIR", "LIBTORCH_HOME"],
     local = True,
 )
