@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "libs/format/torch_writer.h"
+#include "libs/loader/export.h"
 #include "libs/loader/loader.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
@@ -376,7 +377,7 @@ TEST(TrainerTest, SigtermStopsGracefullyWithAFinalCheckpoint) {
   EXPECT_GE(latest.manifest.metadata().global_step(), 20);
 }
 
-// The final checkpoint, read back through the loader and written as a torch .pt file, loads
+// The final checkpoint, exported through the loader as a torch .pt file, loads
 // into the model's PyTorch twin with strict=True and computes the same outputs.
 class PythonTwinTest : public ::testing::TestWithParam<std::string> {};
 
@@ -409,7 +410,10 @@ TEST_P(PythonTwinTest, FinalCheckpointLoadsStrictlyIntoThePythonTwin) {
   at::Tensor outputs = (*model)->forward(batch.inputs).detach();
 
   const std::string weights = dir + "_weights.pt", io = dir + "_io.pt";
-  ASSERT_THAT(WriteTorchFile(weights, StateDictToValue(loaded->model)).status(), IsOk());
+  absl::StatusOr<std::unique_ptr<VersionReader>> reader = store->OpenVersion(ref);
+  ASSERT_THAT(reader.status(), IsOk());
+  ExportOptions export_options;  // torch .pt, canonical keys, dtypes kept.
+  ASSERT_THAT(ExportToFile(**reader, export_options, weights).status(), IsOk());
   StateDict inputs_outputs;
   inputs_outputs.InsertOrAssign("inputs", batch.inputs);
   inputs_outputs.InsertOrAssign("outputs", outputs);
