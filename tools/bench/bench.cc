@@ -1,0 +1,1080 @@
+// The ckpt benchmark: prints the performance figures of the benchmarks issue as Markdown tables.
+//
+//   bazel run //tools/bench -- [--quick] [--runs=N] [--work_dir=DIR]
+//
+// Every figure is a ratio of two things measured in this run on this machine: the operation
+// (the store's save, load, download, ...) against a baseline doing the same job on the same bytes
+// (memcpy, raw write + fsync to the same filesystem, LibTorch's torch::save / torch::load, Python's
+// torch.save / torch.load). Runs are paired (run i of the operation next to run i of its
+// baseline) and each figure is the median of the paired ratios, with min and max. Absolute times
+// are printed too, for diagnosis, but judged by nothing.
+//
+// Progress goes to stderr, the tables to stdout (paste into BENCHMARKS.md). --quick uses small
+// sizes so it finishes in well under two minutes; CI runs it as a smoke test of the code paths
+// and asserts nothing about time. The exit status is non-zero only when a measurement fails
+// (an error from the store, a wrong byte count after a round trip), never for a missed target.
+//
+// Each figure is one function below (FigureR1 ... FigureR8, FigureD1, FigureM1); --figures=R5,R8
+// measures only those (and what they need).
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "libs/client/remote_checkpoint_store.h"
+#include "libs/client/remote_loader.h"
+#include "libs/ddp/distributed_data_parallel.h"
+#include "libs/ddp/local_launcher.h"
+#include "libs/ddp/process_group.h"
+#include "libs/loader/load_target.h"
+#include "libs/loader/loader.h"
+#include "libs/format/torch_writer.h"
+#include "libs/rpc/grpc_server.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_store.h"
+#include "libs/store/chunk_hasher.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/version_ref.h"
+#include "libs/train/async_checkpointer.h"
+#include "nlohmann/json.hpp"
+#include "services/checkpoint_store/store_service.h"
+#include "services/loader/loader_service.h"
+#include "tools/bench/stats.h"
+#include "tools/bench/workloads.h"
+#include "torch/nn/module.h"
+#include "torch/nn/modules/linear.h"
+#include "torch/optim/sgd.h"
+#include "torch/serialize.h"
+
+ABSL_FLAG(bool, quick, false,
+          "Small sizes and 2 runs: a smoke run of every code path in well under two minutes.");
+ABSL_FLAG(int, runs, 0, "Runs per measurement (0: 3, or 2 with --quick).");
+ABSL_FLAG(std::string, work_dir, "",
+          "Directory for stores and files (needs ~4x the large workload free; default "
+          "$TEST_TMPDIR or /tmp). Raw write+fsync baselines write here too, so they use the "
+          "store's filesystem.");
+ABSL_FLAG(int64_t, large_param_mib, 0,
+          "Large workload: MiB of float32 parameters; Adam state triples it (0: 1024, or 32 "
+          "with --quick).");
+ABSL_FLAG(int, small_tensors, 0, "Many-small workload: tensor count (0: 10000, or 1000 with --quick).");
+ABSL_FLAG(int64_t, backbone_mib, 0, "Fine-tune series: MiB of frozen backbone (0: 256, or 16 with --quick).");
+ABSL_FLAG(int64_t, head_mib, 0, "Fine-tune series: MiB of head per version (0: 4, or 1 with --quick).");
+ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch, for the Python baselines.");
+ABSL_FLAG(std::string, m1_child, "",
+          "Internal: 'save' or 'load' runs one M1 measurement in this (child) process.");
+ABSL_FLAG(std::string, m1_db, "", "Internal: the M1 child's store directory.");
+ABSL_FLAG(std::string, figures, "",
+          "Comma-separated figures to measure (e.g. R5,R8); empty: all of them.");
+ABSL_FLAG(std::string, r8_rank, "",
+          "Internal: 'ddp' or 'single' runs one R8 training rank in this (child) process.");
+ABSL_FLAG(std::string, r8_out, "", "Internal: file prefix an R8 rank writes its samples/s to.");
+ABSL_FLAG(int, r8_steps, 0, "R8: timed training steps per rank (0: 200, or 20 with --quick).");
+
+namespace ckpt::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void Progress(const std::string& message) { std::cerr << "[bench] " << message << std::endl; }
+
+struct BenchOptions {
+  bool quick = false;
+  int runs = 3;
+  std::string work_dir;  // a fresh directory of this run, removed at the end.
+  int64_t large_param_bytes = 0;
+  int small_tensors = 0;
+  int64_t backbone_bytes = 0;
+  int64_t head_bytes = 0;
+  std::string python;
+  std::string python_script;
+  std::string self_exe;
+  std::vector<std::string> figures;  // empty: all.
+  int r8_steps = 200;
+
+  bool Wants(const std::string& figure) const {
+    return figures.empty() || std::find(figures.begin(), figures.end(), figure) != figures.end();
+  }
+};
+
+// ---- The report.
+
+enum class Goal { kAtLeast, kAtMost, kClose };
+
+struct FigureRow {
+  std::string id;
+  std::string workload;
+  std::string what;
+  Summary ratio;
+  Goal goal = Goal::kAtLeast;
+  double target = 0;
+  std::string detail;           // measured vs baseline, in words and units.
+};
+
+struct TimingRow {
+  std::string operation;
+  std::string workload;
+  int64_t bytes = 0;
+  int64_t tensors = 0;
+  Summary seconds;
+};
+
+class Report {
+ public:
+  void AddTiming(std::string operation, const Workload& workload, const std::vector<double>& s) {
+    AddTiming(std::move(operation), workload.name, workload.bytes,
+              static_cast<int64_t>(workload.tensors.size()), s);
+  }
+  void AddTiming(std::string operation, std::string workload, int64_t bytes, int64_t tensors,
+                 const std::vector<double>& seconds) {
+    timings_.push_back({std::move(operation), std::move(workload), bytes, tensors,
+                        Summarize(seconds)});
+    const TimingRow& row = timings_.back();
+    Progress(absl::StrFormat("  %s (%s): %s s, %.2f GiB/s", row.operation, row.workload,
+                             FormatSummary(row.seconds, 3),
+                             row.seconds.median > 0 ? row.bytes / kGiB / row.seconds.median : 0));
+  }
+  void AddFigure(FigureRow row) {
+    Progress(absl::StrFormat("  %s %s: %s", row.id, row.workload, FormatSummary(row.ratio, 3)));
+    figures_.push_back(std::move(row));
+  }
+
+  void Print(std::ostream& out, const std::string& setup) const {
+    out << "## Figures\n\n" << setup << "\n\n";
+    out << "| Figure | Workload | What | Ratio: median [min, max] | Target | Met | Detail |\n";
+    out << "|---|---|---|---|---|---|---|\n";
+    for (const FigureRow& row : figures_) {
+      std::string target;
+      switch (row.goal) {
+        case Goal::kAtLeast: target = absl::StrFormat(">= %g", row.target); break;
+        case Goal::kAtMost: target = absl::StrFormat("<= %g", row.target); break;
+        case Goal::kClose: target = absl::StrFormat("~ %.4f (expected)", row.target); break;
+      }
+      bool met = false;
+      switch (row.goal) {
+        case Goal::kAtLeast: met = row.ratio.median >= row.target; break;
+        case Goal::kAtMost: met = row.ratio.median <= row.target; break;
+        // Within 5% of the ideal: dedup stores each distinct chunk once, plus nothing.
+        case Goal::kClose: met = row.ratio.median <= row.target * 1.05; break;
+      }
+      out << "| " << row.id << " | " << row.workload << " | " << row.what << " | "
+          << FormatSummary(row.ratio, 3) << " | " << target << " | " << (met ? "yes" : "**no**")
+          << " | " << row.detail << " |\n";
+    }
+    out << "\n## Timings\n\n";
+    out << "| Operation | Workload | Bytes | Tensors | Seconds: median [min, max] | GiB/s (median) |\n";
+    out << "|---|---|---|---|---|---|\n";
+    for (const TimingRow& row : timings_) {
+      out << "| " << row.operation << " | " << row.workload << " | " << row.bytes << " | "
+          << row.tensors << " | " << FormatSummary(row.seconds, 3) << " | "
+          << absl::StrFormat("%.2f", row.seconds.median > 0
+                                         ? row.bytes / kGiB / row.seconds.median
+                                         : 0.0)
+          << " |\n";
+    }
+  }
+
+ private:
+  std::vector<FigureRow> figures_;
+  std::vector<TimingRow> timings_;
+};
+
+double GiBps(int64_t bytes, const std::vector<double>& seconds) {
+  const Summary s = Summarize(seconds);
+  return s.median > 0 ? bytes / kGiB / s.median : 0;
+}
+
+// Ratio of throughputs = inverse ratio of times, run by run.
+absl::StatusOr<Summary> ThroughputRatio(const std::vector<double>& operation_s,
+                                        const std::vector<double>& baseline_s) {
+  ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(baseline_s, operation_s));
+  return Summarize(ratios);
+}
+
+// ---- Measurements shared by several figures.
+
+absl::Status ErrnoError(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t written = ::write(fd, data, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write " + path);
+    }
+    data += written;
+    size -= static_cast<size_t>(written);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open " + path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  return rc == 0 ? absl::OkStatus() : ErrnoError("fsync " + path);
+}
+
+// Writes every tensor's bytes to a new file and fsyncs it and its directory: the least any
+// durable save of these bytes to this filesystem must do.
+absl::StatusOr<double> TimeRawWriteFsync(const Workload& workload, const std::string& path) {
+  const Clock::time_point start = Clock::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("open " + path);
+  for (const at::Tensor& tensor : workload.tensors) {
+    absl::Status written = WriteAll(fd, static_cast<const char*>(tensor.data_ptr()),
+                                    tensor.nbytes(), path);
+    if (!written.ok()) {
+      ::close(fd);
+      return written;
+    }
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    return ErrnoError("fsync " + path);
+  }
+  ::close(fd);
+  RETURN_IF_ERROR(FsyncPath(fs::path(path).parent_path().string(), O_RDONLY | O_DIRECTORY));
+  const double seconds = SecondsSince(start);
+  fs::remove(path);
+  return seconds;
+}
+
+// Copies every tensor's bytes into destination memory that is already allocated and faulted in:
+// the memory-bandwidth ceiling of moving these bytes, with no allocation, I/O, checks or framing.
+// (Stricter than copying into new tensors, which also pays for faulting pages in, as loads do.)
+absl::StatusOr<double> TimeMemcpy(const Workload& workload) {
+  std::vector<at::Tensor> copies;
+  copies.reserve(workload.tensors.size());
+  for (const at::Tensor& tensor : workload.tensors) {
+    ASSIGN_OR_RETURN(at::Tensor copy, CatchTorchErrors([&] {
+                       return at::empty(tensor.sizes(), tensor.options());
+                     }));
+    std::memset(copy.data_ptr(), 0, copy.nbytes());
+    copies.push_back(std::move(copy));
+  }
+  const Clock::time_point start = Clock::now();
+  for (size_t i = 0; i < copies.size(); ++i) {
+    std::memcpy(copies[i].data_ptr(), workload.tensors[i].data_ptr(), copies[i].nbytes());
+  }
+  return SecondsSince(start);
+}
+
+// SHA-256 and xxh3 exactly as the store computes them on upload: a SHA-256 of each 4 MiB chunk
+// (its address) and an xxh3 of it (its read checksum), plus a SHA-256 of the whole tensor (the
+// manifest's content_hash) -- see RocksDbUploadSession::AddTensorData / StoreChunk.
+double TimeStoreHashing(const Workload& workload) {
+  uint64_t sink = 0;
+  const Clock::time_point start = Clock::now();
+  for (const at::Tensor& tensor : workload.tensors) {
+    const absl::string_view bytes(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes());
+    Sha256Hasher whole;
+    whole.Update(bytes);
+    sink += static_cast<unsigned char>(whole.Finish()[0]);
+    for (size_t offset = 0; offset < bytes.size(); offset += kChunkBytes) {
+      sink += HashChunk(bytes.substr(offset, kChunkBytes)).xxh3_64;
+    }
+  }
+  const double seconds = SecondsSince(start);
+  if (sink == 1) std::cerr << "";  // keeps the digests observable.
+  return seconds;
+}
+
+absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> OpenStore(const std::string& path) {
+  StoreOptions options;
+  options.db_path = path;
+  return RocksDbCheckpointStore::Open(options);
+}
+
+// Commits `workload` to a new store at `db_path` (so nothing deduplicates against a previous
+// run) with the default, synced commit. Returns the seconds of CommitCheckpoint alone.
+absl::StatusOr<double> TimeStoreSave(const Workload& workload, const std::string& db_path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db_path));
+  const Clock::time_point start = Clock::now();
+  ASSIGN_OR_RETURN(CommitResult committed, store->CommitCheckpoint(workload.name,
+                                                                   workload.contents));
+  const double seconds = SecondsSince(start);
+  if (committed.logical_bytes != workload.bytes) {
+    return absl::InternalError(absl::StrCat("the store reports ", committed.logical_bytes,
+                                            " logical bytes for ", workload.name, ", expected ",
+                                            workload.bytes));
+  }
+  return seconds;
+}
+
+int64_t LoadedBytes(const LoadedCheckpoint& loaded) {
+  int64_t bytes = 0;
+  for (const StateDict::Entry& entry : loaded.contents.model) bytes += entry.tensor.nbytes();
+  if (loaded.contents.optimizer.has_value()) {
+    loaded.contents.optimizer->ForEachTensor(
+        [&](const std::string&, const at::Tensor& tensor) { bytes += tensor.nbytes(); });
+  }
+  return bytes;
+}
+
+// Loads the workload's version from `store` (local or remote): every byte is streamed into a
+// fresh tensor and its chunk checksum verified. The first run also compares every model tensor
+// with the original, so a fast wrong answer cannot pass for a figure.
+absl::StatusOr<double> TimeStoreLoad(CheckpointStore& store, const Workload& workload,
+                                     bool compare) {
+  const v1::VersionRef ref = MakeVersionRef(workload.name, 1);
+  const Clock::time_point start = Clock::now();
+  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store.LoadCheckpoint(ref));
+  const double seconds = SecondsSince(start);
+  if (LoadedBytes(loaded) != workload.bytes) {
+    return absl::InternalError(absl::StrCat("loaded ", LoadedBytes(loaded), " bytes of ",
+                                            workload.name, ", saved ", workload.bytes));
+  }
+  if (compare) {
+    for (const StateDict::Entry& entry : workload.contents.model) {
+      const at::Tensor* got = loaded.contents.model.Find(entry.key);
+      if (got == nullptr || !at::equal(*got, entry.tensor)) {
+        return absl::InternalError(absl::StrCat(entry.key, ": loaded tensor differs from saved"));
+      }
+    }
+  }
+  return seconds;
+}
+
+// ---- Baselines in other processes / libraries.
+
+struct PythonTimes {
+  std::vector<double> save_s;
+  std::vector<double> load_s;
+  std::string torch_version;
+};
+
+absl::StatusOr<std::string> RunCommand(const std::string& command) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return ErrnoError("popen " + command);
+  std::string output;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  if (status != 0) {
+    return absl::InternalError(absl::StrCat("`", command, "` exited with status ", status,
+                                            "; output: ", output));
+  }
+  return output;
+}
+
+// Python's torch.save / torch.load of the same tensors: written once to a .pt by libs/format's
+// torch writer (untimed), loaded by Python, then saved and loaded `runs` times, timed inside
+// Python (tools/bench/torch_baseline.py).
+absl::StatusOr<PythonTimes> TimePython(const BenchOptions& options, const Workload& workload) {
+  const std::string input = options.work_dir + "/" + workload.name + "-input.pt";
+  const std::string output = options.work_dir + "/" + workload.name + "-python.pt";
+  RETURN_IF_ERROR(WriteTorchFile(input, workload.python_root).status());
+  ASSIGN_OR_RETURN(std::string printed,
+                   RunCommand(absl::StrCat(options.python, " ", options.python_script, " ", input,
+                                           " ", output, " ", options.runs)));
+  fs::remove(input);
+  const size_t line_start = printed.find_last_of('\n', printed.size() - 2);
+  const std::string last_line =
+      line_start == std::string::npos ? printed : printed.substr(line_start + 1);
+  nlohmann::json json = nlohmann::json::parse(last_line, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.contains("save_s")) {
+    return absl::InternalError("the Python baseline printed no JSON: " + printed);
+  }
+  if (json["loaded_bytes"].get<int64_t>() != workload.bytes) {
+    return absl::InternalError(absl::StrCat("Python loaded ", json["loaded_bytes"].get<int64_t>(),
+                                            " tensor bytes, expected ", workload.bytes));
+  }
+  PythonTimes times;
+  times.save_s = json["save_s"].get<std::vector<double>>();
+  times.load_s = json["load_s"].get<std::vector<double>>();
+  times.torch_version = json["torch_version"].get<std::string>();
+  return times;
+}
+
+// LibTorch's own torch::save / torch::load of the tensors (as a tensor list; the C++ API has no
+// dict of nested optimizer state), plus an fsync of the file for the store's durability.
+absl::StatusOr<std::pair<double, double>> TimeLibTorch(const Workload& workload,
+                                                       const std::string& path) {
+  double save_s = 0;
+  double load_s = 0;
+  RETURN_IF_ERROR(CatchTorchErrors([&] {
+    Clock::time_point start = Clock::now();
+    torch::save(workload.tensors, path);
+    save_s = SecondsSince(start);
+  }));
+  Clock::time_point start = Clock::now();
+  RETURN_IF_ERROR(FsyncPath(path, O_RDONLY));
+  save_s += SecondsSince(start);
+  std::vector<at::Tensor> loaded;
+  RETURN_IF_ERROR(CatchTorchErrors([&] {
+    Clock::time_point load_start = Clock::now();
+    torch::load(loaded, path);
+    load_s = SecondsSince(load_start);
+  }));
+  fs::remove(path);
+  if (loaded.size() != workload.tensors.size()) {
+    return absl::InternalError(absl::StrCat("torch::load gave ", loaded.size(), " tensors, saved ",
+                                            workload.tensors.size()));
+  }
+  return std::make_pair(save_s, load_s);
+}
+
+// ---- The figures.
+
+struct SaveLoadTimes {
+  std::vector<double> raw_s, store_save_s, python_save_s, store_load_s, python_load_s, hash_s,
+      memcpy_s, libtorch_save_s, libtorch_load_s;
+  std::string kept_store;  // the last save run's store, holding WORKLOAD@1.
+};
+
+// Everything R1, R2, R3, R6 need for one workload, measured in interleaved runs.
+absl::StatusOr<SaveLoadTimes> MeasureSaveLoad(const BenchOptions& options,
+                                              const Workload& workload, Report& report) {
+  SaveLoadTimes times;
+  for (int run = 0; run < options.runs; ++run) {
+    Progress(absl::StrCat(workload.name, ": save run ", run + 1, "/", options.runs));
+    ASSIGN_OR_RETURN(double raw, TimeRawWriteFsync(workload, options.work_dir + "/raw.bin"));
+    times.raw_s.push_back(raw);
+    const std::string db = absl::StrCat(options.work_dir, "/store-", workload.name, "-", run);
+    ASSIGN_OR_RETURN(double save, TimeStoreSave(workload, db));
+    times.store_save_s.push_back(save);
+    if (!times.kept_store.empty()) fs::remove_all(times.kept_store);
+    times.kept_store = db;
+    times.hash_s.push_back(TimeStoreHashing(workload));
+    ASSIGN_OR_RETURN(double copy, TimeMemcpy(workload));
+    times.memcpy_s.push_back(copy);
+    ASSIGN_OR_RETURN(auto libtorch, TimeLibTorch(workload, options.work_dir + "/libtorch.pt"));
+    times.libtorch_save_s.push_back(libtorch.first);
+    times.libtorch_load_s.push_back(libtorch.second);
+  }
+  Progress(workload.name + ": Python torch.save / torch.load");
+  ASSIGN_OR_RETURN(PythonTimes python, TimePython(options, workload));
+  times.python_save_s = python.save_s;
+  times.python_load_s = python.load_s;
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(times.kept_store));
+    for (int run = 0; run < options.runs; ++run) {
+      Progress(absl::StrCat(workload.name, ": local load run ", run + 1, "/", options.runs));
+      ASSIGN_OR_RETURN(double load, TimeStoreLoad(*store, workload, /*compare=*/run == 0));
+      times.store_load_s.push_back(load);
+    }
+  }
+  report.AddTiming("raw write + fsync", workload, times.raw_s);
+  report.AddTiming("store save (CommitCheckpoint, synced)", workload, times.store_save_s);
+  report.AddTiming("SHA-256 x2 + xxh3 as the store hashes", workload, times.hash_s);
+  report.AddTiming("memcpy (destination already faulted in)", workload, times.memcpy_s);
+  report.AddTiming("LibTorch torch::save + fsync", workload, times.libtorch_save_s);
+  report.AddTiming("LibTorch torch::load", workload, times.libtorch_load_s);
+  report.AddTiming("Python torch.save + fsync (torch " + python.torch_version + ")", workload,
+                   times.python_save_s);
+  report.AddTiming("Python torch.load", workload, times.python_load_s);
+  report.AddTiming("store local load (LoadCheckpoint)", workload, times.store_load_s);
+  return times;
+}
+
+absl::Status FigureR1(const Workload& workload, const SaveLoadTimes& times, Report& report) {
+  FigureRow row{"R1", workload.name, "store save / raw write+fsync (throughput)"};
+  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(times.store_save_s, times.raw_s));
+  row.target = 0.8;
+  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s", GiBps(workload.bytes, times.store_save_s),
+                               GiBps(workload.bytes, times.raw_s));
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+absl::Status FigureR2(const Workload& workload, const SaveLoadTimes& times, Report& report) {
+  FigureRow row{"R2", workload.name, "store save / Python torch.save+fsync (throughput)"};
+  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(times.store_save_s, times.python_save_s));
+  row.target = 2;
+  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s; LibTorch torch::save %.2f GiB/s",
+                               GiBps(workload.bytes, times.store_save_s),
+                               GiBps(workload.bytes, times.python_save_s),
+                               GiBps(workload.bytes, times.libtorch_save_s));
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+absl::Status FigureR3(const Workload& workload, const SaveLoadTimes& times, Report& report) {
+  FigureRow row{"R3", workload.name, "local load / Python torch.load (throughput)"};
+  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(times.store_load_s, times.python_load_s));
+  row.target = 2;
+  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s; LibTorch torch::load %.2f GiB/s",
+                               GiBps(workload.bytes, times.store_load_s),
+                               GiBps(workload.bytes, times.python_load_s),
+                               GiBps(workload.bytes, times.libtorch_load_s));
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+// The store has no switch to turn hashing off (every chunk needs its address), so the save
+// without hashing is derived: the same SHA-256 x2 + xxh3 over the same bytes, timed alone in the
+// same run, subtracted from the save (hashing runs on the saving thread, in line).
+absl::Status FigureR6(const Workload& workload, const SaveLoadTimes& times, Report& report) {
+  std::vector<double> without;
+  for (size_t i = 0; i < times.store_save_s.size(); ++i) {
+    without.push_back(std::max(1e-9, times.store_save_s[i] - times.hash_s[i]));
+  }
+  FigureRow row{"R6", workload.name, "save / save without hashing (time; derived)"};
+  ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(times.store_save_s, without));
+  row.ratio = Summarize(ratios);
+  row.goal = Goal::kAtMost;
+  row.target = 1.05;
+  row.detail = absl::StrFormat(
+      "hashing alone %.2f GiB/s = %.0f%% of save time; = save / (save - hash time)",
+      GiBps(workload.bytes, times.hash_s),
+      100 * Summarize(times.hash_s).median / Summarize(times.store_save_s).median);
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+// One Download stream from an in-process StoreService on 127.0.0.1 (the same store as R3) into
+// client tensors, against memcpy of the same bytes (TimeMemcpy).
+absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
+                      const SaveLoadTimes& times, Report& report) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(times.kept_store));
+  ASSIGN_OR_RETURN(std::unique_ptr<StoreService> service,
+                   StoreService::Create(store.get(), StoreServiceOptions()));
+  ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
+                   GrpcServer::Start(GrpcServerOptions(),
+                                     {{service.get(), v1::CheckpointStore::service_full_name()}}));
+  std::vector<double> download_s;
+  absl::Status measured = [&]() -> absl::Status {
+    RemoteStoreOptions remote_options;
+    remote_options.address = server->address();
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> remote,
+                     RemoteCheckpointStore::Connect(remote_options));
+    for (int run = 0; run < options.runs; ++run) {
+      Progress(absl::StrCat(workload.name, ": gRPC download run ", run + 1, "/", options.runs));
+      ASSIGN_OR_RETURN(double seconds, TimeStoreLoad(*remote, workload, /*compare=*/run == 0));
+      download_s.push_back(seconds);
+    }
+    return absl::OkStatus();
+  }();
+  server->Shutdown(absl::Seconds(5));
+  server->Wait();
+  RETURN_IF_ERROR(measured);
+  report.AddTiming("gRPC download, 1 stream, loopback (remote LoadCheckpoint)", workload,
+                   download_s);
+  FigureRow row{"R4", workload.name, "one gRPC download stream / memcpy (throughput)"};
+  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(download_s, times.memcpy_s));
+  row.target = 0.2;
+  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s", GiBps(workload.bytes, download_s),
+                               GiBps(workload.bytes, times.memcpy_s));
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+// The trainer's stall per asynchronous checkpoint (AsyncCheckpointer::Submit: the host snapshot)
+// against the synchronous save of the same checkpoint (R1's store save runs, paired).
+absl::Status FigureR7(const BenchOptions& options, const Workload& workload,
+                      const SaveLoadTimes& times, Report& report) {
+  std::vector<double> stall_s;
+  for (int run = 0; run < options.runs; ++run) {
+    Progress(absl::StrCat(workload.name, ": async checkpoint run ", run + 1, "/", options.runs));
+    const std::string db = absl::StrCat(options.work_dir, "/async-", run);
+    {
+      ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
+      train::AsyncCheckpointer checkpointer(store.get(), workload.name);
+      const Clock::time_point start = Clock::now();
+      RETURN_IF_ERROR(checkpointer.Submit(workload.contents, CommitOptions()));
+      stall_s.push_back(SecondsSince(start));
+      ASSIGN_OR_RETURN(std::optional<CommitResult> committed, checkpointer.Wait());
+      if (!committed.has_value() || committed->logical_bytes != workload.bytes) {
+        return absl::InternalError("the asynchronous checkpoint did not commit every byte");
+      }
+    }
+    fs::remove_all(db);
+  }
+  report.AddTiming("trainer stall in AsyncCheckpointer::Submit", workload, stall_s);
+  FigureRow row{"R7", workload.name, "stall per async checkpoint / synchronous save (time)"};
+  ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(stall_s, times.store_save_s));
+  row.ratio = Summarize(ratios);
+  row.goal = Goal::kAtMost;
+  row.target = 0.05;
+  row.detail = absl::StrFormat("stall %.3f s vs save %.3f s (medians)", Summarize(stall_s).median,
+                               Summarize(times.store_save_s).median);
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+// The loader end to end: an in-process LoaderService on 127.0.0.1 over the store, read by
+// RemoteLoader into client tensors (model and optimizer state, dtypes kept, CPU), against the
+// local load (LoadCheckpoint) of the same version, in paired runs.
+absl::Status FigureR5(const BenchOptions& options, const Workload& workload,
+                      const std::string& store_path, Report& report) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(store_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<LoaderService> service,
+                   LoaderService::Create(store.get(), LoaderServiceOptions()));
+  ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
+                   GrpcServer::Start(GrpcServerOptions(),
+                                     {{service.get(), v1::Loader::service_full_name()}}));
+  std::vector<double> local_s;
+  std::vector<double> loader_s;
+  absl::Status measured = [&]() -> absl::Status {
+    RemoteLoaderOptions loader_options;
+    loader_options.address = server->address();
+    ASSIGN_OR_RETURN(std::unique_ptr<RemoteLoader> loader, RemoteLoader::Connect(loader_options));
+    LoadTarget target;
+    target.include_optimizer = true;
+    const v1::VersionRef ref = MakeVersionRef(workload.name, 1);
+    for (int run = 0; run < options.runs; ++run) {
+      Progress(absl::StrCat(workload.name, ": loader run ", run + 1, "/", options.runs));
+      ASSIGN_OR_RETURN(double local, TimeStoreLoad(*store, workload, /*compare=*/false));
+      local_s.push_back(local);
+      const Clock::time_point start = Clock::now();
+      ASSIGN_OR_RETURN(LoadedState loaded, loader->Load(ref, target));
+      loader_s.push_back(SecondsSince(start));
+      int64_t bytes = loaded.model.TotalBytes();
+      if (loaded.optimizer.has_value()) {
+        loaded.optimizer->ForEachTensor(
+            [&](const std::string&, const at::Tensor& tensor) { bytes += tensor.nbytes(); });
+      }
+      if (bytes != workload.bytes) {
+        return absl::InternalError(absl::StrCat("the loader delivered ", bytes, " bytes of ",
+                                                workload.name, ", saved ", workload.bytes));
+      }
+    }
+    return absl::OkStatus();
+  }();
+  server->Shutdown(absl::Seconds(5));
+  server->Wait();
+  RETURN_IF_ERROR(measured);
+  report.AddTiming("store local load (LoadCheckpoint), R5 pairs", workload, local_s);
+  report.AddTiming("loader end to end (LoaderService -> RemoteLoader)", workload, loader_s);
+  FigureRow row{"R5", workload.name, "loader end to end / local load (throughput)"};
+  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(loader_s, local_s));
+  row.target = 0.8;
+  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s", GiBps(workload.bytes, loader_s),
+                               GiBps(workload.bytes, local_s));
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+// ---- R8: data-parallel scaling. Each rank is this binary re-executed (--r8_rank) by
+// ddp::RunLocalRanks, one intra-op thread per rank, training the same MLP on synthetic batches.
+
+struct BenchMlp : torch::nn::Module {
+  BenchMlp()
+      : fc1(register_module("fc1", torch::nn::Linear(512, 1024))),
+        fc2(register_module("fc2", torch::nn::Linear(1024, 1024))),
+        fc3(register_module("fc3", torch::nn::Linear(1024, 10))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+
+constexpr int64_t kR8Batch = 64;
+constexpr int kR8WarmupSteps = 5;
+
+// Runs in a rank process: trains `steps` timed steps (after a warm-up) and writes its samples/s
+// to "<out>.<rank>".
+absl::Status RunR8Rank(const std::string& mode, const std::string& out, int steps) {
+  return CatchTorchErrors([&] {
+    at::set_num_threads(1);
+    at::manual_seed(0);
+    auto model = std::make_shared<BenchMlp>();
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01));
+    std::optional<ddp::ProcessGroupHandle> pg;
+    std::unique_ptr<ddp::DistributedDataParallel> data_parallel;
+    int rank = 0;
+    if (mode == "ddp") {
+      std::optional<ddp::RendezvousOptions> rendezvous = ddp::RendezvousOptionsFromEnvironment();
+      TORCH_CHECK(rendezvous.has_value(), "R8 ddp rank started without RANK / WORLD_SIZE");
+      pg = ddp::InitProcessGroup(*rendezvous);
+      rank = pg->rank;
+      data_parallel = std::make_unique<ddp::DistributedDataParallel>(model, pg->group);
+    } else {
+      TORCH_CHECK(mode == "single", "--r8_rank must be 'ddp' or 'single', got '", mode, "'");
+    }
+    const at::Tensor inputs = at::randn({kR8Batch, 512});
+    const at::Tensor targets = at::randint(0, 10, {kR8Batch}, at::kLong);
+    Clock::time_point start;
+    for (int step = 0; step < kR8WarmupSteps + steps; ++step) {
+      if (step == kR8WarmupSteps) {
+        if (pg.has_value()) ddp::Barrier(*pg->group);
+        start = Clock::now();
+      }
+      optimizer.zero_grad();
+      if (data_parallel) data_parallel->PrepareForward();
+      at::Tensor loss = at::nll_loss(at::log_softmax(model->forward(inputs), 1), targets);
+      loss.backward();
+      if (data_parallel) data_parallel->FinishGradientSync();
+      optimizer.step();
+    }
+    const double samples_per_s = steps * kR8Batch / SecondsSince(start);
+    std::ofstream(absl::StrCat(out, ".", rank)) << samples_per_s << "\n";
+  });
+}
+
+absl::StatusOr<double> RunR8Job(const BenchOptions& options, const std::string& mode,
+                                int world_size) {
+  const std::string out = absl::StrCat(options.work_dir, "/r8-", mode);
+  ASSIGN_OR_RETURN(std::vector<int> exits, CatchTorchErrors([&] {
+                     return ddp::RunLocalRanks(
+                         {absl::StrCat("--r8_rank=", mode), absl::StrCat("--r8_out=", out),
+                          absl::StrCat("--r8_steps=", options.r8_steps)},
+                         world_size, ddp::PickFreeLoopbackPort(), {},
+                         std::chrono::milliseconds(300000));
+                   }));
+  double total = 0;
+  for (int rank = 0; rank < world_size; ++rank) {
+    if (exits[rank] != 0) {
+      return absl::InternalError(absl::StrCat("R8 ", mode, " rank ", rank, " exited with ",
+                                              exits[rank]));
+    }
+    const std::string path = absl::StrCat(out, ".", rank);
+    std::ifstream in(path);
+    double samples_per_s = 0;
+    if (!(in >> samples_per_s) || samples_per_s <= 0) {
+      return absl::InternalError("R8 rank wrote no samples/s to " + path);
+    }
+    fs::remove(path);
+    total += samples_per_s;
+  }
+  return total;
+}
+
+absl::Status FigureR8(const BenchOptions& options, Report& report) {
+  std::vector<double> ddp_total;
+  std::vector<double> twice_single;
+  for (int run = 0; run < options.runs; ++run) {
+    Progress(absl::StrCat("R8 run ", run + 1, "/", options.runs, ": one rank alone, then 2 ranks"));
+    ASSIGN_OR_RETURN(double single, RunR8Job(options, "single", 1));
+    ASSIGN_OR_RETURN(double two, RunR8Job(options, "ddp", 2));
+    twice_single.push_back(2 * single);
+    ddp_total.push_back(two);
+  }
+  FigureRow row{"R8", "MLP 512-1024-1024-10, batch 64/rank",
+                "2-rank Gloo DDP samples/s / (2 x one rank alone)"};
+  ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(ddp_total, twice_single));
+  row.ratio = Summarize(ratios);
+  row.target = 0.9;
+  row.detail = absl::StrFormat("%.0f vs 2 x %.0f samples/s (medians), %d steps, 1 thread/rank",
+                               Summarize(ddp_total).median, Summarize(twice_single).median / 2,
+                               options.r8_steps);
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+// Ten versions that share a frozen backbone: physical bytes (chunks stored once) over logical
+// bytes (summed over versions), against the ideal (backbone + 10 heads) / (10 x model).
+// Deterministic, so measured once.
+absl::Status FigureD1(const BenchOptions& options, Report& report) {
+  constexpr int kVersions = 10;
+  Progress("fine-tune series: 10 versions");
+  ASSIGN_OR_RETURN(FineTuneSeries series,
+                   MakeFineTuneSeries(options.backbone_bytes, options.head_bytes, kVersions));
+  const std::string db = options.work_dir + "/store-finetune";
+  v1::StoreStats stats;
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
+    for (const CheckpointContents& contents : series.versions) {
+      RETURN_IF_ERROR(store->CommitCheckpoint("finetune", contents).status());
+    }
+    ASSIGN_OR_RETURN(stats, store->GetStats());
+  }
+  fs::remove_all(db);
+  const double model = series.backbone_bytes + series.head_bytes;
+  FigureRow row{"D1", "fine-tune x10", "physical / logical bytes"};
+  row.ratio = Summarize({static_cast<double>(stats.physical_bytes()) /
+                         static_cast<double>(stats.logical_bytes())});
+  row.goal = Goal::kClose;
+  row.target = (series.backbone_bytes + kVersions * series.head_bytes) / (kVersions * model);
+  row.detail = absl::StrFormat("%d physical / %d logical bytes; backbone %d, head %d bytes",
+                               stats.physical_bytes(), stats.logical_bytes(),
+                               series.backbone_bytes, series.head_bytes);
+  report.AddFigure(std::move(row));
+  return absl::OkStatus();
+}
+
+// ---- M1: peak RSS, each measured in a fresh child process (this binary re-executed with
+// --m1_child) so the parent's heap, page cache of other figures and allocator state do not count.
+
+struct ProcMemory {
+  int64_t rss_kib = 0;
+  int64_t hwm_kib = 0;
+};
+
+absl::StatusOr<ProcMemory> ReadProcMemory() {
+  std::ifstream status("/proc/self/status");
+  if (!status) return absl::InternalError("cannot read /proc/self/status");
+  ProcMemory memory;
+  std::string line;
+  while (std::getline(status, line)) {
+    int64_t value = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &value) == 1) memory.rss_kib = value;
+    if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &value) == 1) memory.hwm_kib = value;
+  }
+  return memory;
+}
+
+// Runs in the child. Prints "M1 <baseline KiB> <peak KiB> <checkpoint bytes>".
+absl::Status RunM1Child(const BenchOptions& options, const std::string& mode,
+                        const std::string& db) {
+  // Resets VmHWM to the current RSS, so the peak is this measurement's alone.
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  ASSIGN_OR_RETURN(ProcMemory baseline, ReadProcMemory());
+  int64_t bytes = 0;
+  ProcMemory peak;
+  if (mode == "save") {
+    ASSIGN_OR_RETURN(Workload workload, MakeLargeWorkload(options.large_param_bytes));
+    bytes = workload.bytes;
+    ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
+    RETURN_IF_ERROR(store->CommitCheckpoint(workload.name, workload.contents).status());
+    ASSIGN_OR_RETURN(peak, ReadProcMemory());
+  } else if (mode == "load") {
+    ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
+    ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store->LoadCheckpoint(MakeVersionRef("large", 1)));
+    bytes = LoadedBytes(loaded);
+    ASSIGN_OR_RETURN(peak, ReadProcMemory());
+  } else {
+    return absl::InvalidArgumentError("--m1_child must be 'save' or 'load', got '" + mode + "'");
+  }
+  std::cout << "M1 " << baseline.rss_kib << " " << peak.hwm_kib << " " << bytes << std::endl;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> MeasureM1(const BenchOptions& options, const std::string& mode,
+                                 const std::string& db, std::string& detail) {
+  ASSIGN_OR_RETURN(
+      std::string printed,
+      RunCommand(absl::StrCat(options.self_exe, " --m1_child=", mode, " --m1_db=", db,
+                              " --large_param_mib=", options.large_param_bytes / kMiB)));
+  int64_t baseline_kib = 0, peak_kib = 0, bytes = 0;
+  const size_t at = printed.rfind("M1 ");
+  if (at == std::string::npos ||
+      std::sscanf(printed.c_str() + at, "M1 %ld %ld %ld", &baseline_kib, &peak_kib, &bytes) != 3 ||
+      bytes <= 0) {
+    return absl::InternalError("the M1 child printed no measurement: " + printed);
+  }
+  const double extra_mib = ((peak_kib - baseline_kib) * 1024.0 - bytes) / kMiB;
+  detail = absl::StrFormat("%s: peak - baseline %.0f MiB for %.0f MiB (%+.0f MiB)", mode,
+                           (peak_kib - baseline_kib) / 1024.0, bytes / double(kMiB), extra_mib);
+  return (peak_kib - baseline_kib) * 1024.0 / bytes;
+}
+
+absl::Status FigureM1(const BenchOptions& options, const std::string& saved_store,
+                      Report& report) {
+  for (const std::string mode : {"save", "load"}) {
+    std::vector<double> ratios;
+    std::string detail;
+    for (int run = 0; run < options.runs; ++run) {
+      Progress(absl::StrCat("M1 ", mode, " run ", run + 1, "/", options.runs));
+      const std::string db =
+          mode == "save" ? absl::StrCat(options.work_dir, "/m1-save-", run) : saved_store;
+      ASSIGN_OR_RETURN(double ratio, MeasureM1(options, mode, db, detail));
+      ratios.push_back(ratio);
+      if (mode == "save") fs::remove_all(db);
+    }
+    FigureRow row{"M1", "large", "peak RSS of " + mode + " / checkpoint bytes"};
+    row.ratio = Summarize(ratios);
+    row.goal = Goal::kAtMost;
+    row.target = 1.1;
+    row.detail = detail + " (last run); the target allows a small constant on top";
+    report.AddFigure(std::move(row));
+  }
+  return absl::OkStatus();
+}
+
+// ---- The run.
+
+std::string MachineSummary(const BenchOptions& options) {
+  std::string memory = "?";
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    if (line.rfind("MemTotal:", 0) == 0) {
+      memory = std::string(absl::StripAsciiWhitespace(absl::string_view(line).substr(9)));
+    }
+  }
+  return absl::StrCat("nproc ", ::sysconf(_SC_NPROCESSORS_ONLN), ", MemTotal ", memory,
+                      ", work dir ", options.work_dir);
+}
+
+absl::Status Run(const BenchOptions& options) {
+  Report report;
+  const Clock::time_point start = Clock::now();
+
+  const auto wants_any = [&](std::initializer_list<const char*> ids) {
+    for (const char* id : ids) {
+      if (options.Wants(id)) return true;
+    }
+    return false;
+  };
+
+  if (wants_any({"R1", "R2", "R3", "R4", "R5", "R6", "R7", "M1"})) {
+    ASSIGN_OR_RETURN(Workload large, MakeLargeWorkload(options.large_param_bytes));
+    Progress(absl::StrFormat("large workload: %d tensors, %.2f GiB", large.tensors.size(),
+                             large.bytes / kGiB));
+    SaveLoadTimes times;
+    if (wants_any({"R1", "R2", "R3", "R4", "R6", "R7"})) {
+      ASSIGN_OR_RETURN(times, MeasureSaveLoad(options, large, report));
+    } else {
+      // R5 / M1 alone only need the version stored once.
+      times.kept_store = options.work_dir + "/store-large";
+      RETURN_IF_ERROR(TimeStoreSave(large, times.kept_store).status());
+    }
+    if (options.Wants("R1")) RETURN_IF_ERROR(FigureR1(large, times, report));
+    if (options.Wants("R2")) RETURN_IF_ERROR(FigureR2(large, times, report));
+    if (options.Wants("R3")) RETURN_IF_ERROR(FigureR3(large, times, report));
+    if (options.Wants("R4")) RETURN_IF_ERROR(FigureR4(options, large, times, report));
+    if (options.Wants("R5")) RETURN_IF_ERROR(FigureR5(options, large, times.kept_store, report));
+    if (options.Wants("R6")) RETURN_IF_ERROR(FigureR6(large, times, report));
+    if (options.Wants("R7")) RETURN_IF_ERROR(FigureR7(options, large, times, report));
+    if (options.Wants("M1")) RETURN_IF_ERROR(FigureM1(options, times.kept_store, report));
+    fs::remove_all(times.kept_store);
+  }
+  if (options.Wants("R8")) RETURN_IF_ERROR(FigureR8(options, report));
+
+  if (wants_any({"R1", "R2", "R3", "R6"})) {
+    ASSIGN_OR_RETURN(Workload small, MakeManySmallWorkload(options.small_tensors));
+    Progress(absl::StrFormat("many-small workload: %d tensors, %.2f GiB", small.tensors.size(),
+                             small.bytes / kGiB));
+    ASSIGN_OR_RETURN(SaveLoadTimes times, MeasureSaveLoad(options, small, report));
+    if (options.Wants("R1")) RETURN_IF_ERROR(FigureR1(small, times, report));
+    if (options.Wants("R2")) RETURN_IF_ERROR(FigureR2(small, times, report));
+    if (options.Wants("R3")) RETURN_IF_ERROR(FigureR3(small, times, report));
+    if (options.Wants("R6")) RETURN_IF_ERROR(FigureR6(small, times, report));
+    fs::remove_all(times.kept_store);
+  }
+
+  if (options.Wants("D1")) RETURN_IF_ERROR(FigureD1(options, report));
+
+  const std::string setup = absl::StrFormat(
+      "%s run, %d runs per measurement; large = %d MiB fp32 parameters + Adam state; many-small "
+      "= %d tensors of 4-64 KiB; fine-tune = %d MiB backbone + %d MiB head x 10. %s. Finished in "
+      "%.0f s.",
+      options.quick ? "Quick" : "Full", options.runs, options.large_param_bytes / kMiB,
+      options.small_tensors, options.backbone_bytes / kMiB, options.head_bytes / kMiB,
+      MachineSummary(options), SecondsSince(start));
+  report.Print(std::cout, setup);
+  return absl::OkStatus();
+}
+
+std::string FindPythonScript(const char* argv0) {
+  const std::string relative = "tools/bench/torch_baseline.py";
+  std::vector<std::string> candidates;
+  if (const char* runfiles = std::getenv("RUNFILES_DIR")) {
+    candidates.push_back(absl::StrCat(runfiles, "/ckpt/", relative));
+  }
+  candidates.push_back(absl::StrCat(argv0, ".runfiles/ckpt/", relative));
+  candidates.push_back(relative);
+  for (const std::string& candidate : candidates) {
+    if (fs::exists(candidate)) return fs::absolute(candidate).string();
+  }
+  return relative;
+}
+
+}  // namespace
+}  // namespace ckpt::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Prints the ckpt performance figures (ratios against same-run baselines) as Markdown.\n"
+      "  bench [--quick] [--runs=N] [--work_dir=DIR]");
+  absl::ParseCommandLine(argc, argv);
+  using ckpt::bench::BenchOptions;
+  namespace fs = std::filesystem;
+
+  BenchOptions options;
+  options.quick = absl::GetFlag(FLAGS_quick);
+  options.runs = absl::GetFlag(FLAGS_runs) > 0 ? absl::GetFlag(FLAGS_runs) : (options.quick ? 2 : 3);
+  auto or_default = [&](int64_t value, int64_t full, int64_t quick) {
+    return value > 0 ? value : (options.quick ? quick : full);
+  };
+  options.large_param_bytes = or_default(absl::GetFlag(FLAGS_large_param_mib), 1024, 32) << 20;
+  options.small_tensors =
+      static_cast<int>(or_default(absl::GetFlag(FLAGS_small_tensors), 10000, 1000));
+  options.backbone_bytes = or_default(absl::GetFlag(FLAGS_backbone_mib), 256, 16) << 20;
+  options.head_bytes = or_default(absl::GetFlag(FLAGS_head_mib), 4, 1) << 20;
+  options.python = absl::GetFlag(FLAGS_python);
+  options.python_script = ckpt::bench::FindPythonScript(argv[0]);
+  std::error_code error;
+  options.self_exe = fs::read_symlink("/proc/self/exe", error).string();
+
+  for (absl::string_view figure :
+       absl::StrSplit(absl::GetFlag(FLAGS_figures), ',', absl::SkipEmpty())) {
+    options.figures.emplace_back(figure);
+  }
+  options.r8_steps = static_cast<int>(or_default(absl::GetFlag(FLAGS_r8_steps), 200, 20));
+
+  const std::string r8_rank = absl::GetFlag(FLAGS_r8_rank);
+  if (!r8_rank.empty()) {
+    const absl::Status status =
+        ckpt::bench::RunR8Rank(r8_rank, absl::GetFlag(FLAGS_r8_out), options.r8_steps);
+    if (!status.ok()) {
+      std::cerr << "bench R8 rank: " << status << std::endl;
+      return 1;
+    }
+    return 0;
+  }
+
+  const std::string m1_child = absl::GetFlag(FLAGS_m1_child);
+  if (!m1_child.empty()) {
+    const absl::Status status =
+        ckpt::bench::RunM1Child(options, m1_child, absl::GetFlag(FLAGS_m1_db));
+    if (!status.ok()) {
+      std::cerr << "bench M1 child: " << status << std::endl;
+      return 1;
+    }
+    return 0;
+  }
+
+  std::string base = absl::GetFlag(FLAGS_work_dir);
+  if (base.empty()) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+  }
+  std::string pattern = base + "/ckpt-bench-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    std::cerr << "bench: cannot create a directory under " << base << ": "
+              << std::strerror(errno) << std::endl;
+    return 1;
+  }
+  options.work_dir = pattern;
+  const absl::Status status = ckpt::bench::Run(options);
+  fs::remove_all(options.work_dir, error);
+  if (!status.ok()) {
+    std::cerr << "bench: " << status << std::endl;
+    return 1;
+  }
+  return 0;
+}
