@@ -86,6 +86,16 @@ TEST_F(AsyncCheckpointerTest, CommitsInSubmissionOrderWithOneInFlight) {
         store_->GetManifest(*ParseVersionRef("net@" + std::to_string(version)));
     ASSERT_THAT(manifest.status(), IsOk());
     EXPECT_EQ(manifest->metadata().global_step(), version);
+    // Snapshots reuse the previous one's buffers once its upload is over: each version still
+    // holds its own values.
+    absl::StatusOr<LoadedCheckpoint> loaded =
+        store_->LoadCheckpoint(*ParseVersionRef("net@" + std::to_string(version)));
+    ASSERT_THAT(loaded.status(), IsOk());
+    EXPECT_TRUE(at::equal(*loaded->contents.model.Find("fc.weight"),
+                          at::full({64, 64}, static_cast<float>(version))));
+    EXPECT_TRUE(at::equal(
+        loaded->contents.optimizer->Find("state")->Find(0)->Find("momentum_buffer")->tensor(),
+        at::full({64, 64}, -static_cast<float>(version))));
   }
   AsyncCheckpointer::Stats stats = checkpointer.stats();
   EXPECT_EQ(stats.submitted, 5);

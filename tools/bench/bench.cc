@@ -602,33 +602,41 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
 }
 
 // The trainer's stall per asynchronous checkpoint (AsyncCheckpointer::Submit: the host snapshot)
-// against the synchronous save of the same checkpoint (R1's store save runs, paired).
+// against the synchronous save of the same checkpoint (R1's store save runs, paired). A trainer
+// checkpoints the same shapes again and again with one checkpointer, and the previous upload is
+// over by the next checkpoint (Wait() stands in for the training steps between them), so the
+// figure is the steady state; the first checkpoint, which also allocates the host buffers, is
+// reported as its own timing.
 absl::Status FigureR7(const BenchOptions& options, const Workload& workload,
                       const SaveLoadTimes& times, Report& report) {
-  std::vector<double> stall_s;
-  for (int run = 0; run < options.runs; ++run) {
-    Progress(absl::StrCat(workload.name, ": async checkpoint run ", run + 1, "/", options.runs));
-    const std::string db = absl::StrCat(options.work_dir, "/async-", run);
-    {
-      ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
-      train::AsyncCheckpointer checkpointer(store.get(), workload.name);
+  std::vector<double> first_s, stall_s;
+  const std::string db = absl::StrCat(options.work_dir, "/async");
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
+    train::AsyncCheckpointer checkpointer(store.get(), workload.name);
+    for (int run = 0; run <= options.runs; ++run) {
+      Progress(absl::StrCat(workload.name, ": async checkpoint ", run + 1, "/",
+                            options.runs + 1));
       const Clock::time_point start = Clock::now();
       RETURN_IF_ERROR(checkpointer.Submit(workload.contents, CommitOptions()));
-      stall_s.push_back(SecondsSince(start));
+      (run == 0 ? first_s : stall_s).push_back(SecondsSince(start));
       ASSIGN_OR_RETURN(std::optional<CommitResult> committed, checkpointer.Wait());
       if (!committed.has_value() || committed->logical_bytes != workload.bytes) {
         return absl::InternalError("the asynchronous checkpoint did not commit every byte");
       }
     }
-    fs::remove_all(db);
   }
-  report.AddTiming("trainer stall in AsyncCheckpointer::Submit", workload, stall_s);
+  fs::remove_all(db);
+  report.AddTiming("trainer stall, first AsyncCheckpointer::Submit (allocates)", workload,
+                   first_s);
+  report.AddTiming("trainer stall, later AsyncCheckpointer::Submit", workload, stall_s);
   FigureRow row{"R7", workload.name, "stall per async checkpoint / synchronous save (time)"};
   ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(stall_s, times.store_save_s));
   row.ratio = Summarize(ratios);
   row.goal = Goal::kAtMost;
   row.target = 0.05;
-  row.detail = absl::StrFormat("stall %.3f s vs save %.3f s (medians)", Summarize(stall_s).median,
+  row.detail = absl::StrFormat("stall %.3f s (first %.3f s) vs save %.3f s (medians)",
+                               Summarize(stall_s).median, Summarize(first_s).median,
                                Summarize(times.store_save_s).median);
   report.AddFigure(std::move(row));
   return absl::OkStatus();
