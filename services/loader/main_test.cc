@@ -25,6 +25,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "libs/testing/child_process.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "proto/ckpt/v1/loader.grpc.pb.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -44,97 +45,15 @@ std::string TestDir() {
          ::testing::UnitTest::GetInstance()->current_test_info()->name();
 }
 
-std::string BinaryPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
-                      workspace != nullptr ? workspace : "ckpt", "/services/loader/loader");
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream file(path);
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
-}
-
 void WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream(path) << contents;
 }
 
-// The server binary as a child process with stdout / stderr in files. Killed (SIGKILL) if the
-// test ends without waiting for it.
-class ServerProcess {
+// The binary under test, with its output in `dir`.
+class ServerProcess : public testing::ChildProcess {
  public:
-  explicit ServerProcess(const std::string& dir) : dir_(dir) {}
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  bool Start(const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {BinaryPath()};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, stdout_path().c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, stderr_path().c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int spawned = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (spawned != 0) pid_ = -1;
-    return spawned == 0;
-  }
-
-  // The wait status once the process exits, nullopt if it is still running after `timeout`.
-  std::optional<int> WaitForExit(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    do {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return status;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    } while (absl::Now() < deadline);
-    return std::nullopt;
-  }
-
-  // Polls for the port file the server writes once it serves; 0 if the process exits first or
-  // nothing appears within `timeout`.
-  int WaitForPort(const std::string& port_file, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int port = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &port) && port > 0) {
-        return port;
-      }
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return 0;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return 0;
-  }
-
-  void Signal(int signal_number) { kill(pid_, signal_number); }
-  std::string stdout_text() const { return ReadFile(stdout_path()); }
-  std::string stderr_text() const { return ReadFile(stderr_path()); }
-
- private:
-  std::string stdout_path() const { return dir_ + "/stdout"; }
-  std::string stderr_path() const { return dir_ + "/stderr"; }
-
-  const std::string dir_;
-  pid_t pid_ = -1;
+  explicit ServerProcess(const std::string& dir)
+      : ChildProcess(testing::RunfilesPath("services/loader/loader"), dir) {}
 };
 
 std::unique_ptr<grpc::ClientContext> Context(const std::string& token = "") {
