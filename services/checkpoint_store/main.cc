@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/bearer_auth.h"
+#include "libs/rpc/server_main.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/checkpoint_store/store_service.h"
@@ -156,13 +157,7 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
   std::cout << "checkpoint store serving " << config.store.db_path << " on " << (*server)->address()
             << std::endl;
 
-  int signal_number = 0;
-  if (sigwait(&stop_signals, &signal_number) != 0) {
-    std::cerr << "checkpoint_store: sigwait failed; shutting down\n";
-  } else {
-    std::cerr << "checkpoint_store: " << strsignal(signal_number) << "; shutting down (grace "
-              << absl::FormatDuration(config.shutdown_grace) << ")" << std::endl;
-  }
+  WaitForStopSignal(stop_signals, "checkpoint_store", config.shutdown_grace);
   (*server)->Shutdown(config.shutdown_grace);
   (*server)->Wait();
   server->reset();
@@ -179,25 +174,13 @@ int main(int argc, char** argv) {
       "Serves a ckpt checkpoint store over gRPC.\n"
       "  checkpoint_store --db_path=DIR [--listen=127.0.0.1:0] [--port_file=FILE]\n"
       "                   [--auth_token_file=FILE] [--shutdown_grace=10s]");
-  // --help lists the flags of this file (Abseil's default looks for a file named after the binary).
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "services/checkpoint_store/main.cc");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
+  ckpt::SetHelpFlagsFile("services/checkpoint_store/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ckpt::ServerConfig> config = ckpt::ConfigFromFlags(positional);
   if (!config.ok()) {
     std::cerr << "checkpoint_store: " << config.status().message() << " (see --help)\n";
     return ckpt::kExitBadFlags;
   }
-  // Blocked before any thread exists (RocksDB and gRPC start theirs), so every thread inherits
-  // the mask and the signals wait for sigwait in Serve instead of killing the process.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = ckpt::BlockStopSignals();
   return ckpt::Serve(*config, stop_signals);
 }

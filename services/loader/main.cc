@@ -34,6 +34,7 @@
 #include "libs/rpc/bearer_auth.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/io/atomic_file.h"
+#include "libs/rpc/server_main.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/loader/loader_service.h"
@@ -187,13 +188,7 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
   }
   std::cout << "loader serving " << store_name << " on " << (*server)->address() << std::endl;
 
-  int signal_number = 0;
-  if (sigwait(&stop_signals, &signal_number) != 0) {
-    std::cerr << "loader: sigwait failed; shutting down\n";
-  } else {
-    std::cerr << "loader: " << strsignal(signal_number) << "; shutting down (grace "
-              << absl::FormatDuration(config.shutdown_grace) << ")" << std::endl;
-  }
+  WaitForStopSignal(stop_signals, "loader", config.shutdown_grace);
   (*server)->Shutdown(config.shutdown_grace);
   (*server)->Wait();
   server->reset();
@@ -211,24 +206,13 @@ int main(int argc, char** argv) {
       "Serves stored ckpt versions adapted to each consumer (ckpt.v1.Loader).\n"
       "  loader (--store=HOST:PORT | --store_dir=DIR) [--listen=127.0.0.1:0] [--port_file=FILE]\n"
       "         [--auth_token_file=FILE] [--cache_bytes=1073741824] [--shutdown_grace=10s]");
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "services/loader/main.cc");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
+  ckpt::SetHelpFlagsFile("services/loader/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ckpt::ServerConfig> config = ckpt::ConfigFromFlags(positional);
   if (!config.ok()) {
     std::cerr << "loader: " << config.status().message() << " (see --help)\n";
     return ckpt::kExitBadFlags;
   }
-  // Blocked before any thread exists, so every thread inherits the mask and the signals wait for
-  // sigwait in Serve.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = ckpt::BlockStopSignals();
   return ckpt::Serve(*config, stop_signals);
 }

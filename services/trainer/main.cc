@@ -32,6 +32,7 @@
 #include "libs/ddp/process_group.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/bearer_auth.h"
+#include "libs/rpc/server_main.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/train/rank_supervisor.h"
 #include "libs/train/trainer.h"
@@ -304,12 +305,7 @@ int main(int argc, char** argv) {
       "checkpoint every --checkpoint_every steps, at each epoch end and at the end (the upload runs\n"
       "in the background); running again resumes from the model's latest version. SIGINT/SIGTERM\n"
       "stop gracefully (checkpoint, exit 0); a second one kills the ranks.");
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "services/trainer/main.cc");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
+  ckpt::SetHelpFlagsFile("services/trainer/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::cerr << "trainer: unexpected argument \"" << positional[1] << "\" (see --help)\n";

@@ -1,0 +1,35 @@
+#ifndef CKPT_LIBS_RPC_SERVER_MAIN_H_
+#define CKPT_LIBS_RPC_SERVER_MAIN_H_
+
+// What every ckpt binary's main() does the same way: --help that lists the binary's own flags,
+// and a graceful stop on SIGINT / SIGTERM.
+//
+// Example (a server's main):
+//   SetHelpFlagsFile("services/loader/main.cc");
+//   absl::ParseCommandLine(argc, argv);
+//   const sigset_t stop_signals = BlockStopSignals();   // before any thread starts
+//   ...start the server...
+//   WaitForStopSignal(stop_signals, "loader", grace);   // then shut down
+
+#include <signal.h>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace ckpt {
+
+// --help / --helpshort list the flags defined in the file whose path ends with `main_file`
+// (Abseil's default looks for a file named after the binary, which ours are not).
+void SetHelpFlagsFile(absl::string_view main_file);
+
+// Blocks SIGINT and SIGTERM in this thread and returns the set. Call it before any thread exists
+// (RocksDB and gRPC start theirs) so that every thread inherits the mask and the signals wait
+// for WaitForStopSignal instead of killing the process.
+sigset_t BlockStopSignals();
+
+// Waits for one of `signals` and logs "<program>: <signal>; shutting down (grace <grace>)".
+void WaitForStopSignal(const sigset_t& signals, absl::string_view program, absl::Duration grace);
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_RPC_SERVER_MAIN_H_
