@@ -262,9 +262,14 @@ TEST(TrainerTest, RunningAgainResumesFromLatestAndTrainsFurther) {
   EXPECT_THAT(second, HasSubstr("from step 12 to 24"));
   EXPECT_THAT(second, HasSubstr("versions written: @2"));
   EXPECT_THAT(second, HasSubstr("bazel run //tools/ckpt --"));
+  EXPECT_THAT(second, HasSubstr("fresh learning-rate schedule"));
   LoadedCheckpoint latest = LoadLatest(dir, "mlp-synthetic");
   EXPECT_EQ(latest.manifest.version(), 2);
   EXPECT_EQ(latest.manifest.metadata().global_step(), 24);
+  // The second leg learned: its schedule did not stay at the first leg's final rate (0).
+  LoadedCheckpoint first = LoadLatest(dir, "mlp-synthetic@1");
+  EXPECT_FALSE(at::equal(*first.contents.model.Find("head.weight"),
+                         *latest.contents.model.Find("head.weight")));
 }
 
 std::vector<std::string> LongRun(const std::string& store_dir) {

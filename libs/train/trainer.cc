@@ -288,8 +288,6 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
           name, " has no optimizer or scheduler state (retention may have dropped it), so it "
                 "cannot be resumed exactly; pass --noresume to start over from scratch"));
     }
-    RETURN_IF_ERROR(LoadOptimizerStateDict(*optimizer, *loaded.contents.optimizer));
-    RETURN_IF_ERROR(scheduler->LoadStateDict(*loaded.contents.scheduler));
     const Value* extra = loaded.contents.extra.is_dict()
                              ? loaded.contents.extra.Find(kExtraKey)
                              : nullptr;
@@ -301,6 +299,21 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
     loop.sampler_position = IntField(*extra, "sampler_position", 0);
     loop.global_step = IntField(*extra, "global_step", 0);
     loop.target_step = IntField(*extra, "target_step", loop.global_step);
+    RETURN_IF_ERROR(LoadOptimizerStateDict(*optimizer, *loaded.contents.optimizer));
+    if (loop.global_step < loop.target_step) {
+      // An interrupted leg continues exactly where it was.
+      RETURN_IF_ERROR(scheduler->LoadStateDict(*loaded.contents.scheduler));
+    } else {
+      // A finished leg (its schedule ran out, e.g. cosine down to 0): the new leg keeps the
+      // weights and optimizer moments but starts a fresh schedule from the configured rate.
+      for (auto& group : optimizer->param_groups()) group.options().set_lr(config.optimizer.lr);
+      ASSIGN_OR_RETURN(scheduler, MakeScheduler(config.scheduler, *optimizer));
+      if (leader) {
+        std::cerr << "trainer: " << name << " ended its run at step " << loop.global_step
+                  << "; training " << config.steps
+                  << " more steps with a fresh learning-rate schedule\n";
+      }
+    }
     const int64_t saved_world = IntField(*extra, "world_size", group.world_size);
     if (saved_world != group.world_size) {
       // Positions are per rank: keep the number of samples consumed across all ranks.
@@ -602,7 +615,7 @@ std::string FormatSummary(const TrainingSummary& summary) {
     absl::StrAppend(&out, "   loss:");
     for (size_t i = 0; i < summary.loss_curve.size(); ++i) {
       if (i % stride != 0 && i + 1 != summary.loss_curve.size()) continue;
-      absl::StrAppendFormat(&out, " %d:%.3f", summary.loss_curve[i].first,
+      absl::StrAppendFormat(&out, " %d:%.3g", summary.loss_curve[i].first,
                             summary.loss_curve[i].second);
     }
     absl::StrAppend(&out, "\n");
