@@ -167,7 +167,7 @@ void NoSyncWorker(const ProcessGroupHandle& pg, const std::string& dir) {
               ddp.bytes_all_reduced(), " bytes");
   micro_loss(1).backward();
   ddp.FinishGradientSync();
-  TORCH_CHECK(ddp.bytes_all_reduced() == Flat(model->parameters()).nbytes(),
+  TORCH_CHECK(ddp.bytes_all_reduced() == static_cast<int64_t>(Flat(model->parameters()).nbytes()),
               "the synchronized backward all-reduced ", ddp.bytes_all_reduced(), " bytes");
   WriteTensor(File(dir, "grads", rank), Flat(Grads(*model)));
 }
