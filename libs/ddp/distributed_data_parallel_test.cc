@@ -168,7 +168,8 @@ void NoSyncWorker(const ProcessGroupHandle& pg, const std::string& dir) {
   micro_loss(1).backward();
   ddp.FinishGradientSync();
   const int64_t parameter_bytes = static_cast<int64_t>(Flat(model->parameters()).nbytes());
-  TORCH_CHECK(ddp.bytes_all_reduced() == parameter_bytes, "the synchronized backward all-reduced ", ddp.bytes_all_reduced(), " bytes");
+  TORCH_CHECK(ddp.bytes_all_reduced() == parameter_bytes,
+              "the synchronized backward all-reduced ", ddp.bytes_all_reduced(), " bytes");
   WriteTensor(File(dir, "grads", rank), Flat(Grads(*model)));
 }
 
