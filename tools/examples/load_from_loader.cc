@@ -1,8 +1,8 @@
 // load_from_loader: how a team that is not ckpt gets a stored checkpoint into its own LibTorch
 // module through the loader service. Copy this file; everything it does is a few calls.
 //
-//   bazel run //tools/examples:load_from_loader -- --loader=127.0.0.1:50052 --ref=mlp@best \
-//       [--device=cuda:0] [--ddp] [--auth_token=TOKEN]
+//   bazel run //tools/examples:load_from_loader -- --loader=127.0.0.1:50052 --ref=mlp@best
+//       [--device=cuda:0] [--ddp] [--auth_token=TOKEN]      (one command line)
 //
 // The module here is the fixtures' MLP (Linear 4->8, BatchNorm1d, ReLU, Linear 8->3); replace it
 // with yours.
