@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 
 extern char** environ;
 
@@ -31,6 +32,16 @@ std::string ReadFileOrEmpty(const std::string& path) {
   std::ostringstream contents;
   contents << file.rdbuf();
   return contents.str();
+}
+
+void WriteTextFile(const std::string& path, const std::string& contents) {
+  std::ofstream(path) << contents;
+}
+
+std::string TestCaseDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name();
 }
 
 ChildProcess::ChildProcess(std::string binary, std::string dir)

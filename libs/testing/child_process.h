@@ -28,6 +28,13 @@ std::string RunfilesPath(const std::string& relative);
 // The contents of `path` ("" if it cannot be read).
 std::string ReadFileOrEmpty(const std::string& path);
 
+// Writes `contents` to `path` (replacing it).
+void WriteTextFile(const std::string& path, const std::string& contents);
+
+// $TEST_TMPDIR/<name of the running test>: a directory path private to the test case (not
+// created).
+std::string TestCaseDir();
+
 class ChildProcess {
  public:
   // Output goes to `dir`/stdout and `dir`/stderr (`dir` must exist).

@@ -38,15 +38,8 @@ using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
 using ::testing::HasSubstr;
 
-std::string TestDir() {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name();
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream(path) << contents;
-}
+using testing::TestCaseDir;
+using testing::WriteTextFile;
 
 // The binary under test, with its output in `dir`.
 class ServerProcess : public testing::ChildProcess {
@@ -64,12 +57,12 @@ std::unique_ptr<grpc::ClientContext> Context(const std::string& token = "") {
 
 // Each start of the binary costs about a second (loading LibTorch), so the cases are few.
 TEST(CheckpointStoreMainTest, ServesUntilSigtermThenExitsZero) {
-  const std::string dir = TestDir();
+  const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   ASSERT_EQ(mkdir((dir + "/second").c_str(), 0755), 0);
   const std::string db = dir + "/db";
   const std::string port_file = dir + "/port";
-  WriteFile(dir + "/token", "  tok-123\n");
+  WriteTextFile(dir + "/token", "  tok-123\n");
 
   ServerProcess server(dir);
   ASSERT_TRUE(server.Start({"--db_path=" + db, "--listen=127.0.0.1:0", "--port_file=" + port_file,
@@ -111,7 +104,7 @@ TEST(CheckpointStoreMainTest, ServesUntilSigtermThenExitsZero) {
 }
 
 TEST(CheckpointStoreMainTest, SigintAlsoShutsDownGracefully) {
-  const std::string dir = TestDir();
+  const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   ServerProcess server(dir);
   ASSERT_TRUE(server.Start({"--db_path=" + dir + "/db", "--port_file=" + dir + "/port"}));
@@ -124,9 +117,9 @@ TEST(CheckpointStoreMainTest, SigintAlsoShutsDownGracefully) {
 }
 
 TEST(CheckpointStoreMainTest, BadFlagsExitTwoWithAClearMessage) {
-  const std::string dir = TestDir();
+  const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
-  WriteFile(dir + "/empty_token", " \n");
+  WriteTextFile(dir + "/empty_token", " \n");
   const std::string db = "--db_path=" + dir + "/db";
   struct Case {
     std::vector<std::string> flags;

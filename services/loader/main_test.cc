@@ -39,15 +39,8 @@ using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
 using ::testing::HasSubstr;
 
-std::string TestDir() {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name();
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream(path) << contents;
-}
+using testing::TestCaseDir;
+using testing::WriteTextFile;
 
 // The binary under test, with its output in `dir`.
 class ServerProcess : public testing::ChildProcess {
@@ -75,11 +68,11 @@ std::string MakeStore(const std::string& dir) {
 
 // Each start of the binary costs about a second (loading LibTorch), so the cases are few.
 TEST(LoaderMainTest, ServesHealthAndAuthUntilSigtermThenLogsCacheStats) {
-  const std::string dir = TestDir();
+  const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   const std::string db = MakeStore(dir);
   const std::string port_file = dir + "/port";
-  WriteFile(dir + "/token", "  tok-9\n");
+  WriteTextFile(dir + "/token", "  tok-9\n");
 
   ServerProcess server(dir);
   ASSERT_TRUE(server.Start({"--store_dir=" + db, "--listen=127.0.0.1:0", "--port_file=" + port_file,
@@ -119,7 +112,7 @@ TEST(LoaderMainTest, ServesHealthAndAuthUntilSigtermThenLogsCacheStats) {
 }
 
 TEST(LoaderMainTest, HelpDescribesEveryFlag) {
-  const std::string dir = TestDir();
+  const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   ServerProcess server(dir);
   ASSERT_TRUE(server.Start({"--help"}));
@@ -134,9 +127,9 @@ TEST(LoaderMainTest, HelpDescribesEveryFlag) {
 }
 
 TEST(LoaderMainTest, BadFlagsExitTwoWithAClearMessage) {
-  const std::string dir = TestDir();
+  const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
-  WriteFile(dir + "/empty_token", " \n");
+  WriteTextFile(dir + "/empty_token", " \n");
   const std::string store_dir = "--store_dir=" + dir + "/db";
   struct Case {
     std::vector<std::string> flags;
