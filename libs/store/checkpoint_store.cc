@@ -189,15 +189,28 @@ absl::Status UploadTensor(UploadSession& session, int index, const at::Tensor& t
   const at::Tensor& cpu = *copied;
   const int64_t length = static_cast<int64_t>(cpu.nbytes());
   if (length == 0) return absl::OkStatus();
-  const char* data = static_cast<const char*>(cpu.data_ptr());
-  for (int64_t offset = 0; offset < length; offset += kChunkBytes) {
-    const int64_t size = std::min(kChunkBytes, length - offset);
-    RETURN_IF_ERROR(session.AddTensorData(index, offset, absl::string_view(data + offset, size)));
-  }
-  return absl::OkStatus();
+  const absl::string_view bytes(static_cast<const char*>(cpu.data_ptr()),
+                                static_cast<size_t>(length));
+  // A tensor already contiguous on the CPU is its own bytes, alive in the caller's contents for
+  // the whole commit: the session may store it in the background. A copy dies with this call.
+  if (cpu.data_ptr() == tensor.data_ptr()) return session.AddStableTensorData(index, 0, bytes);
+  return session.AddTensorData(index, 0, bytes);
 }
 
 }  // namespace
+
+absl::Status VersionReader::ReadTensorInto(const v1::TensorMeta& meta, char* destination) const {
+  return ReadTensorChunks(meta, [&](int64_t offset, absl::string_view bytes) -> absl::Status {
+    // ReadTensorChunks checked the chunk lengths against byte_length.
+    std::memcpy(destination + offset, bytes.data(), bytes.size());
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<VersionReader::MappedBytes> VersionReader::MapTensorBytes(
+    const v1::TensorMeta& meta) const {
+  return MappedBytes();
+}
 
 absl::StatusOr<at::Tensor> VersionReader::ReadTensor(const v1::TensorMeta& meta) const {
   ASSIGN_OR_RETURN(at::Tensor tensor, EmptyTensorFor(meta));
@@ -209,13 +222,19 @@ absl::StatusOr<at::Tensor> VersionReader::ReadTensor(const v1::TensorMeta& meta)
                                             " disagrees with its dtype and shape (",
                                             tensor.nbytes(), " bytes)"));
   }
-  char* buffer = static_cast<char*>(tensor.data_ptr());
-  RETURN_IF_ERROR(ReadTensorChunks(
-      meta, [&](int64_t offset, absl::string_view bytes) -> absl::Status {
-        // ReadTensorChunks checked the chunk lengths against byte_length.
-        std::memcpy(buffer + offset, bytes.data(), bytes.size());
-        return absl::OkStatus();
-      }));
+  if (!tensor.is_quantized() && meta.byte_length() > 0) {
+    ASSIGN_OR_RETURN(MappedBytes mapped, MapTensorBytes(meta));
+    if (mapped.data != nullptr) {
+      // Fresh anonymous memory is the expensive part of a load (a page fault per 4 KiB, BENCHMARKS.md);
+      // a private mapping shares the page cache until the tensor is written.
+      return CatchTorchErrors([&] {
+        return at::from_blob(
+            mapped.data, tensor.sizes(), [owner = mapped.owner](void*) mutable { owner.reset(); },
+            tensor.options());
+      });
+    }
+  }
+  RETURN_IF_ERROR(ReadTensorInto(meta, static_cast<char*>(tensor.data_ptr())));
   return tensor;
 }
 

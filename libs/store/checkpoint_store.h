@@ -102,6 +102,15 @@ class UploadSession {
   // RocksDB reports them.
   virtual absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) = 0;
 
+  // As AddTensorData, except that the caller keeps `bytes` alive and unchanged until Commit()
+  // returns or the session is destroyed, so the session may hash and store them in the
+  // background, overlapped with the caller's next tensors; errors then surface from a later call
+  // or from Commit. The default is AddTensorData.
+  virtual absl::Status AddStableTensorData(int tensor_index, int64_t offset,
+                                           absl::string_view bytes) {
+    return AddTensorData(tensor_index, offset, bytes);
+  }
+
   // Makes the version visible: checks every tensor got exactly byte_length bytes (else
   // INVALID_ARGUMENT naming it), fills content hashes and chunk refs, then writes manifest,
   // version counter, refcounts and alias moves in one synced batch. FAILED_PRECONDITION if
@@ -128,6 +137,20 @@ class VersionReader {
   // and the version on a mismatch or a missing chunk.
   virtual absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
                                         const ChunkCallback& callback) const = 0;
+
+  // Reads the bytes of `meta` into `destination` (meta.byte_length() bytes, which the caller
+  // owns), with the checks of ReadTensorChunks. The default copies through ReadTensorChunks;
+  // stores that can read straight into `destination` override it.
+  virtual absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const;
+
+  // The bytes of `meta` mapped from storage without a copy (a private, copy-on-write mapping of
+  // the page cache), every chunk checked; `data` is null when this reader cannot map them. The
+  // mapping lives as long as `owner`. The default maps nothing.
+  struct MappedBytes {
+    std::shared_ptr<void> owner;
+    char* data = nullptr;
+  };
+  virtual absl::StatusOr<MappedBytes> MapTensorBytes(const v1::TensorMeta& meta) const;
 
   // The tensor under `key` (model tensors are searched first, then state tensors) as a contiguous
   // CPU at::Tensor, its bytes streamed straight into the tensor's buffer. NOT_FOUND for an unknown

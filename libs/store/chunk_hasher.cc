@@ -70,6 +70,27 @@ std::string Sha256(absl::string_view bytes) {
 
 uint64_t Xxh3(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
+void ContentHasher::AddChunk(const ChunkDigest& chunk) {
+  char length[8];
+  uint64_t value = static_cast<uint64_t>(chunk.length);
+  for (char& byte : length) {
+    byte = static_cast<char>(value & 0xff);
+    value >>= 8;
+  }
+  hasher_.Update(chunk.sha256);
+  hasher_.Update(absl::string_view(length, sizeof(length)));
+}
+
+std::string ContentHasher::Finish() { return hasher_.Finish(); }
+
+std::string ContentHashOfBytes(absl::string_view bytes) {
+  ContentHasher hasher;
+  for (size_t offset = 0; offset < bytes.size(); offset += kChunkBytes) {
+    hasher.AddChunk(HashChunk(bytes.substr(offset, kChunkBytes)));
+  }
+  return hasher.Finish();
+}
+
 ChunkDigest HashChunk(absl::string_view bytes) {
   ChunkDigest digest;
   digest.sha256 = Sha256(bytes);

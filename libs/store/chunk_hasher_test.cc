@@ -48,6 +48,21 @@ TEST(ChunkHasherTest, IncrementalSha256EqualsOneShotAndResetsAfterFinish) {
   EXPECT_EQ(moved.Finish(), Sha256("abc"));
 }
 
+TEST(ChunkHasherTest, ContentHashCoversEveryChunkAndItsLength) {
+  const std::string bytes(kChunkBytes + 10, 'x');
+  ContentHasher expected;
+  expected.AddChunk(HashChunk(absl::string_view(bytes).substr(0, kChunkBytes)));
+  expected.AddChunk(HashChunk(absl::string_view(bytes).substr(kChunkBytes)));
+  const std::string hash = ContentHashOfBytes(bytes);
+  EXPECT_EQ(hash, expected.Finish());
+  EXPECT_EQ(hash.size(), kSha256Bytes);
+  EXPECT_NE(hash, ContentHashOfBytes(bytes.substr(1)));
+  std::string flipped = bytes;
+  flipped[kChunkBytes + 3] = 'y';
+  EXPECT_NE(hash, ContentHashOfBytes(flipped));
+  EXPECT_EQ(ContentHashOfBytes(""), Sha256(""));
+}
+
 TEST(ChunkHasherTest, HexRoundTripsAndRejectsBadInput) {
   const std::string bytes("\x00\x01\xab\xff", 4);
   EXPECT_EQ(HexEncode(bytes), "0001abff");

@@ -2,15 +2,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <deque>
+#include <future>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -18,6 +23,7 @@
 #include "libs/status/rocksdb_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/chunk_pack.h"
 #include "libs/store/manifest_validation.h"
 #include "libs/store/rocksdb_schema.h"
 #include "libs/store/store_records.pb.h"
@@ -29,6 +35,7 @@ namespace {
 
 using store::ChunkRecord;
 using store::ModelRecord;
+using store::PackedChunk;
 using store::UploadRecord;
 
 rocksdb::Slice ToSlice(absl::string_view bytes) { return rocksdb::Slice(bytes.data(), bytes.size()); }
@@ -57,6 +64,21 @@ int64_t LogicalBytes(const v1::Manifest& manifest) {
 }
 
 std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
+
+// Tensors at least this large start on a page boundary in their pack, so a reader can map them
+// in place (padding costs < 0.4%); smaller ones are packed tightly and copied.
+constexpr int64_t kMapInPlaceMinBytes = int64_t{1} << 20;
+
+// A pack whose live chunks fill less than this share of it is rewritten by GarbageCollect.
+constexpr double kCompactPackBelowLiveFraction = 0.5;
+
+std::string EncodeLocation(const PackLocation& location) {
+  PackedChunk record;
+  record.set_pack_id(location.pack_id);
+  record.set_offset(location.offset);
+  record.set_length(location.length);
+  return record.SerializeAsString();
+}
 
 // Per-chunk refcount changes, summed over everything one batch does.
 struct RefDelta {
@@ -147,14 +169,24 @@ class SnapshotHolder {
 
 class RocksDbCheckpointStore::Core {
  public:
-  Core(StoreOptions options, std::unique_ptr<StoreDb> db)
-      : options_(std::move(options)), store_db_(std::move(db)), db_(store_db_->db()) {
+  Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::unique_ptr<PackDirectory> packs)
+      : options_(std::move(options)),
+        store_db_(std::move(db)),
+        db_(store_db_->db()),
+        packs_(std::move(packs)) {
     std::random_device random;
     upload_id_base_ = (static_cast<uint64_t>(random()) << 32) ^ random();
   }
 
   const StoreOptions& options() const { return options_; }
   rocksdb::DB* db() const { return db_; }
+  PackDirectory& packs() const { return *packs_; }
+
+  // Readers register before they take their snapshot, so GarbageCollect closes removed packs'
+  // descriptors only when no reader could still hold a location in them.
+  void AddReader() { active_readers_.fetch_add(1); }
+  void RemoveReader() { active_readers_.fetch_sub(1); }
+  bool HasReaders() const { return active_readers_.load() > 0; }
   rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const { return store_db_->cf(cf); }
 
   rocksdb::ReadOptions Read(const rocksdb::Snapshot* snapshot = nullptr) const {
@@ -351,64 +383,180 @@ class RocksDbCheckpointStore::Core {
 
   // ---- Chunks.
 
+  // Reads chunk `chunk` into `destination` (chunk.length() bytes) from its pack, or from the
+  // `chunks` column family for schema-1 data. NOT_FOUND when the store holds neither; DATA_LOSS
+  // when the stored length disagrees. Checks nothing else: callers verify the xxh3.
+  absl::Status ReadChunkInto(const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot,
+                             char* destination) const {
+    std::string location_bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks),
+                                    chunk.sha256(), &location_bytes);
+    if (read.ok()) {
+      PackedChunk record;
+      RETURN_IF_ERROR(ParseRecord(location_bytes, record, "chunk location"));
+      if (record.length() != chunk.length()) {
+        return absl::DataLossError(absl::StrCat("stored ", record.length(),
+                                                " bytes; the manifest says ", chunk.length()));
+      }
+      return packs_->Read({record.pack_id(), record.offset(), record.length()}, destination);
+    }
+    if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk location");
+    rocksdb::PinnableSlice value;
+    read = db_->Get(Read(snapshot), cf(ColumnFamily::kChunks), chunk.sha256(), &value);
+    if (read.IsNotFound()) return absl::NotFoundError("missing from the store");
+    RETURN_IF_ERROR(FromRocksDbStatus(read, "reading an inline chunk"));
+    if (static_cast<int64_t>(value.size()) != chunk.length()) {
+      return absl::DataLossError(absl::StrCat("stored ", value.size(),
+                                              " bytes; the manifest says ", chunk.length()));
+    }
+    std::memcpy(destination, value.data(), value.size());
+    return absl::OkStatus();
+  }
+
+  // Where `chunk` lives in a pack; nullopt for a schema-1 inline chunk or a missing one.
+  absl::StatusOr<std::optional<PackLocation>> FindPackLocation(
+      const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot) const {
+    std::string location_bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks),
+                                    chunk.sha256(), &location_bytes);
+    if (read.IsNotFound()) return std::nullopt;
+    RETURN_IF_ERROR(FromRocksDbStatus(read, "looking up a chunk location"));
+    PackedChunk record;
+    RETURN_IF_ERROR(ParseRecord(location_bytes, record, "chunk location"));
+    if (record.length() != chunk.length()) return std::nullopt;  // ReadChunkInto reports it.
+    return PackLocation{record.pack_id(), record.offset(), record.length()};
+  }
+
+  static std::string ChunkName(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
+                               int64_t offset, absl::string_view where) {
+    return absl::StrCat("chunk ", HexEncode(chunk.sha256()), " of tensor '", meta.key(), "'",
+                        where.empty() ? "" : absl::StrCat(" of ", where), " (bytes ", offset,
+                        "..", offset + chunk.length(), ")");
+  }
+
+  static absl::Status CheckChunkBytes(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
+                                      int64_t offset, absl::string_view where,
+                                      absl::string_view bytes) {
+    const uint64_t xxh3 = Xxh3(bytes);
+    if (xxh3 != chunk.xxh3_64()) {
+      return absl::DataLossError(absl::StrCat(
+          ChunkName(meta, chunk, offset, where), " fails its xxh3 checksum (expected ",
+          Hex64(chunk.xxh3_64()), ", computed ", Hex64(xxh3),
+          "): the stored bytes are corrupt and were not returned"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckChunkLayout(const v1::TensorMeta& meta) const {
+    int64_t total = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      if (chunk.length() < 0 || chunk.length() > kChunkBytes) {
+        return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "': a chunk of ",
+                                                chunk.length(), " bytes"));
+      }
+      total += chunk.length();
+    }
+    if (total != meta.byte_length()) {
+      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "': chunks hold ", total,
+                                              " bytes, byte_length is ", meta.byte_length()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads every chunk of `meta` into `destination` (byte_length bytes), checking each.
+  absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination,
+                              const rocksdb::Snapshot* snapshot, absl::string_view where) const {
+    RETURN_IF_ERROR(CheckChunkLayout(meta));
+    int64_t offset = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      absl::Status read = ReadChunkInto(chunk, snapshot, destination + offset);
+      if (!read.ok()) return ChunkReadError(meta, chunk, offset, where, read);
+      RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where,
+                                      absl::string_view(destination + offset, chunk.length())));
+      offset += chunk.length();
+    }
+    return absl::OkStatus();
+  }
+
+  // Maps `meta`'s bytes in place when its chunks lie back to back in one pack (how an upload
+  // writes a tensor it did not deduplicate), checking every chunk; nullopt when they do not.
+  absl::StatusOr<std::shared_ptr<MappedPackRegion>> MapTensor(
+      const v1::TensorMeta& meta, const rocksdb::Snapshot* snapshot,
+      absl::string_view where) const {
+    RETURN_IF_ERROR(CheckChunkLayout(meta));
+    if (meta.chunks_size() == 0) return nullptr;
+    std::optional<PackLocation> whole;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      ASSIGN_OR_RETURN(std::optional<PackLocation> location, FindPackLocation(chunk, snapshot));
+      if (!location.has_value()) return nullptr;
+      if (!whole.has_value()) {
+        whole = location;
+      } else if (location->pack_id != whole->pack_id ||
+                 location->offset != whole->offset + whole->length) {
+        return nullptr;
+      } else {
+        whole->length += location->length;
+      }
+    }
+    // Tensor data must be aligned for its element type; writers align large tensors to pages.
+    if (whole->offset % 64 != 0) return nullptr;
+    absl::StatusOr<std::shared_ptr<MappedPackRegion>> region = packs_->Map(*whole);
+    if (!region.ok()) {
+      return ChunkReadError(meta, meta.chunks(0), 0, where, region.status());
+    }
+    int64_t offset = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      RETURN_IF_ERROR(CheckChunkBytes(
+          meta, chunk, offset, where,
+          absl::string_view((*region)->data() + offset, chunk.length())));
+      offset += chunk.length();
+    }
+    return *std::move(region);
+  }
+
+  static absl::Status ChunkReadError(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
+                                     int64_t offset, absl::string_view where,
+                                     const absl::Status& status) {
+    const std::string name = ChunkName(meta, chunk, offset, where);
+    if (absl::IsNotFound(status)) {
+      return absl::DataLossError(absl::StrCat(name, " is missing from the store"));
+    }
+    return absl::Status(status.code(), absl::StrCat(name, ": ", status.message()));
+  }
+
   // Streams the chunks of `meta`, checking each. `where` names the version for messages.
   absl::Status ReadChunks(const v1::TensorMeta& meta, const ChunkCallback& callback,
                           const rocksdb::Snapshot* snapshot, absl::string_view where) const {
-    const rocksdb::ReadOptions read = Read(snapshot);
-    const std::string in = where.empty() ? std::string() : absl::StrCat(" of ", where);
+    RETURN_IF_ERROR(CheckChunkLayout(meta));
+    std::string buffer;
     int64_t offset = 0;
-    rocksdb::PinnableSlice value;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
-      const std::string name =
-          absl::StrCat("chunk ", HexEncode(chunk.sha256()), " of tensor '", meta.key(), "'", in,
-                       " (bytes ", offset, "..", offset + chunk.length(), ")");
-      value.Reset();
-      rocksdb::Status status =
-          db_->Get(read, cf(ColumnFamily::kChunks), chunk.sha256(), &value);
-      if (status.IsNotFound()) {
-        return absl::DataLossError(absl::StrCat(name, " is missing from the store"));
-      }
-      RETURN_IF_ERROR(FromRocksDbStatus(status, absl::StrCat("reading ", name)));
-      if (static_cast<int64_t>(value.size()) != chunk.length() ||
-          offset + chunk.length() > meta.byte_length()) {
-        return absl::DataLossError(absl::StrCat(name, ": stored ", value.size(),
-                                                " bytes; the manifest says ", chunk.length(),
-                                                " of ", meta.byte_length()));
-      }
-      const uint64_t xxh3 = Xxh3(ToView(value));
-      if (xxh3 != chunk.xxh3_64()) {
-        return absl::DataLossError(absl::StrCat(
-            name, " fails its xxh3 checksum (expected ", Hex64(chunk.xxh3_64()), ", computed ",
-            Hex64(xxh3), "): the stored bytes are corrupt and were not returned"));
-      }
-      RETURN_IF_ERROR(callback(offset, ToView(value)));
+      if (buffer.size() < static_cast<size_t>(chunk.length())) buffer.resize(chunk.length());
+      absl::Status read = ReadChunkInto(chunk, snapshot, buffer.data());
+      if (!read.ok()) return ChunkReadError(meta, chunk, offset, where, read);
+      const absl::string_view bytes(buffer.data(), chunk.length());
+      RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where, bytes));
+      RETURN_IF_ERROR(callback(offset, bytes));
       offset += chunk.length();
-    }
-    if (offset != meta.byte_length()) {
-      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "'", in, ": chunks hold ",
-                                              offset, " bytes, byte_length is ",
-                                              meta.byte_length()));
     }
     return absl::OkStatus();
   }
 
   // Re-reads one chunk and re-hashes it; "" when it is sound, else what is wrong.
   std::string CheckChunk(const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot) const {
-    rocksdb::PinnableSlice value;
-    rocksdb::Status status =
-        db_->Get(Read(snapshot), cf(ColumnFamily::kChunks), chunk.sha256(), &value);
-    if (status.IsNotFound()) return "chunk is missing from the store";
-    if (!status.ok()) return absl::StrCat("chunk unreadable: ", status.ToString());
-    if (static_cast<int64_t>(value.size()) != chunk.length()) {
-      return absl::StrCat("chunk holds ", value.size(), " bytes; the manifest says ",
-                          chunk.length());
+    if (chunk.length() < 0 || chunk.length() > kChunkBytes) {
+      return absl::StrCat("the manifest gives the chunk ", chunk.length(), " bytes");
     }
-    const uint64_t xxh3 = Xxh3(ToView(value));
+    std::string buffer(chunk.length(), '\0');
+    absl::Status read = ReadChunkInto(chunk, snapshot, buffer.data());
+    if (absl::IsNotFound(read)) return "chunk is missing from the store";
+    if (!read.ok()) return absl::StrCat("chunk unreadable: ", read.message());
+    const uint64_t xxh3 = Xxh3(buffer);
     if (xxh3 != chunk.xxh3_64()) {
       return absl::StrCat("xxh3 mismatch: expected ", Hex64(chunk.xxh3_64()), ", computed ",
                           Hex64(xxh3));
     }
-    const std::string sha256 = Sha256(ToView(value));
+    const std::string sha256 = Sha256(buffer);
     if (sha256 != chunk.sha256()) {
       return absl::StrCat("SHA-256 mismatch: the stored bytes hash to ", HexEncode(sha256));
     }
@@ -417,9 +565,12 @@ class RocksDbCheckpointStore::Core {
 
   // Pins `digest` for an upload (GC leaves it alone) and stores the chunk unless the store already
   // holds it committed or this upload wrote it.
+  // New chunks are appended to `pack` (the upload's own pack file); `written` maps each chunk the
+  // upload stored to its location, which Commit records in its synced batch.
   absl::Status PinAndStoreChunk(absl::string_view upload_id, const ChunkDigest& digest,
-                                absl::string_view bytes, absl::flat_hash_set<std::string>& pinned,
-                                absl::flat_hash_set<std::string>& written) {
+                                absl::string_view bytes, bool page_aligned, PackWriter& pack,
+                                absl::flat_hash_set<std::string>& pinned,
+                                absl::flat_hash_map<std::string, PackLocation>& written) {
     if (pinned.insert(digest.sha256).second) {
       absl::MutexLock lock(&mu_);
       ++pinned_chunks_[digest.sha256];
@@ -431,21 +582,88 @@ class RocksDbCheckpointStore::Core {
     rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kRefs), digest.sha256, &record);
     if (read.ok()) return absl::OkStatus();
     if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk");
+    ASSIGN_OR_RETURN(const int64_t offset, pack.Append(bytes, page_aligned));
+    const PackLocation location{pack.pack_id(), offset, digest.length};
+    // The location is recorded by Commit, after the pack is synced: `packed_chunks` only ever
+    // names durable bytes. Until then the upload record pins the chunk for GC accounting.
     rocksdb::WriteBatch batch;
-    batch.Put(cf(ColumnFamily::kChunks), digest.sha256, ToSlice(bytes));
     batch.Put(cf(ColumnFamily::kUploads), UploadChunkKey(upload_id, digest.sha256),
               EncodeBigEndian64(static_cast<uint64_t>(digest.length)));
     RETURN_IF_ERROR(Write(batch, absl::StrCat("storing chunk ", HexEncode(digest.sha256)),
                           /*sync=*/false));
-    written.insert(digest.sha256);
+    written.emplace(digest.sha256, location);
     return absl::OkStatus();
+  }
+
+  // ---- Pack space.
+
+  // Removes pack files that no committed location names, except the packs of uploads in
+  // `writing` (live, or abandoned within the grace period), and rewrites packs whose live chunks
+  // fill less than kCompactPackBelowLiveFraction of them. Under mu_, so no commit records
+  // locations meanwhile; uploads only append to their own packs, which are never touched.
+  absl::Status ReclaimPacks(const absl::flat_hash_set<uint64_t>& writing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::flat_hash_map<uint64_t, std::vector<std::pair<std::string, PackLocation>>> live;
+    absl::flat_hash_map<uint64_t, int64_t> live_bytes;
+    {
+      std::unique_ptr<rocksdb::Iterator> it(
+          db_->NewIterator(Read(), cf(ColumnFamily::kPackedChunks)));
+      for (it->SeekToFirst(); it->Valid(); it->Next()) {
+        PackedChunk record;
+        RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record, "chunk location"));
+        live[record.pack_id()].emplace_back(
+            it->key().ToString(), PackLocation{record.pack_id(), record.offset(), record.length()});
+        live_bytes[record.pack_id()] += record.length();
+      }
+      RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk locations"));
+    }
+    ASSIGN_OR_RETURN(auto files, packs_->List());
+    for (const auto& [pack_id, size] : files) {
+      if (writing.contains(pack_id)) continue;
+      auto found = live_bytes.find(pack_id);
+      if (found == live_bytes.end()) {
+        RETURN_IF_ERROR(packs_->Remove(pack_id));
+      } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size)) {
+        RETURN_IF_ERROR(CompactPack(pack_id, live[pack_id]));
+      }
+    }
+    // Readers on an older snapshot may still read removed packs through their descriptors.
+    if (!HasReaders()) packs_->ReleaseRemoved();
+    return absl::OkStatus();
+  }
+
+  // Copies the live chunks of pack `pack_id` to a new pack (in their order, keeping page
+  // alignment, so tensors stay mappable), syncs it, moves their locations, removes the old pack.
+  absl::Status CompactPack(uint64_t pack_id,
+                           std::vector<std::pair<std::string, PackLocation>>& chunks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::sort(chunks.begin(), chunks.end(), [](const auto& a, const auto& b) {
+      return a.second.offset < b.second.offset;
+    });
+    ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs_->NewPack(NewUploadNumber()));
+    rocksdb::WriteBatch batch;
+    std::string buffer;
+    for (const auto& [sha256, location] : chunks) {
+      buffer.resize(static_cast<size_t>(location.length));
+      RETURN_IF_ERROR(packs_->Read(location, buffer.data()));
+      ASSIGN_OR_RETURN(const int64_t offset,
+                       writer->Append(buffer, location.offset % 4096 == 0));
+      batch.Put(cf(ColumnFamily::kPackedChunks), sha256,
+                EncodeLocation({writer->pack_id(), offset, location.length}));
+    }
+    RETURN_IF_ERROR(writer->Sync());
+    RETURN_IF_ERROR(Write(batch, absl::StrCat("relocating the chunks of pack ",
+                                              PackFileName(pack_id)),
+                          /*sync=*/true));
+    return packs_->Remove(pack_id);
   }
 
   // ---- Uploads.
 
-  std::string NewUploadId() {
+  // A fresh upload id; its number also names the upload's pack file.
+  uint64_t NewUploadNumber() {
     const uint64_t serial = next_upload_serial_.fetch_add(1);
-    return Hex64(upload_id_base_ + serial * 0x9e3779b97f4a7c15ull);
+    return upload_id_base_ + serial * 0x9e3779b97f4a7c15ull;
   }
 
   void AddLiveUpload(const std::string& upload_id) {
@@ -486,6 +704,8 @@ class RocksDbCheckpointStore::Core {
   const StoreOptions options_;
   const std::unique_ptr<StoreDb> store_db_;
   rocksdb::DB* const db_;
+  const std::unique_ptr<PackDirectory> packs_;
+  std::atomic<int64_t> active_readers_{0};
   uint64_t upload_id_base_ = 0;
   std::atomic<uint64_t> next_upload_serial_{0};
 
@@ -502,16 +722,23 @@ using Core = RocksDbCheckpointStore::Core;
 
 class RocksDbUploadSession final : public UploadSession {
  public:
-  RocksDbUploadSession(std::shared_ptr<Core> core, std::string upload_id, v1::Manifest header,
-                       CommitOptions options, std::vector<std::string> warnings)
+  RocksDbUploadSession(std::shared_ptr<Core> core, std::string upload_id, uint64_t pack_id,
+                       v1::Manifest header, CommitOptions options,
+                       std::vector<std::string> warnings)
       : core_(std::move(core)),
         upload_id_(std::move(upload_id)),
         header_(std::move(header)),
         options_(std::move(options)),
         warnings_(std::move(warnings)),
-        streams_(header_.tensors_size() + header_.state_tensors_size()) {}
+        streams_(header_.tensors_size() + header_.state_tensors_size()),
+        pack_id_(pack_id) {}
 
   ~RocksDbUploadSession() override {
+    {
+      absl::MutexLock lock(&pipeline_mu_);  // the queued rest is skipped, not stored.
+      if (pipeline_error_.ok()) pipeline_error_ = absl::CancelledError("upload abandoned");
+    }
+    StopPipeline();
     // Abandoned: the upload record stays for GarbageCollect; only the in-memory pins go.
     if (!finished_) core_->EndUpload(upload_id_, pinned_);
   }
@@ -520,29 +747,33 @@ class RocksDbUploadSession final : public UploadSession {
   int tensor_count() const override { return static_cast<int>(streams_.size()); }
   const std::vector<std::string>& warnings() const override { return warnings_; }
 
+  absl::Status AddStableTensorData(int tensor_index, int64_t offset,
+                                   absl::string_view bytes) override {
+    RETURN_IF_ERROR(CheckUsable());
+    RETURN_IF_ERROR(CheckData(tensor_index, offset, bytes.size()));
+    Stream& stream = streams_[tensor_index];
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    const bool complete = stream.received + size == Meta(tensor_index).byte_length();
+    // Only whole chunks from a chunk boundary go to the background; the rest needs `pending`.
+    if (size == 0 || !stream.pending.empty() || (!complete && size % kChunkBytes != 0)) {
+      return AddTensorData(tensor_index, offset, bytes);
+    }
+    stream.received += size;
+    StartPipeline();
+    absl::MutexLock lock(&pipeline_mu_);
+    pieces_.push_back(Piece{tensor_index, bytes, complete});
+    ++outstanding_pieces_;
+    return absl::OkStatus();
+  }
+
   absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
     RETURN_IF_ERROR(CheckUsable());
-    if (tensor_index < 0 || tensor_index >= tensor_count()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("tensor index ", tensor_index, " is out of range: the upload has ",
-                       tensor_count(), " tensors")));
-    }
+    RETURN_IF_ERROR(DrainPipeline());
+    RETURN_IF_ERROR(CheckData(tensor_index, offset, bytes.size()));
     v1::TensorMeta& meta = Meta(tensor_index);
     Stream& stream = streams_[tensor_index];
-    if (offset != stream.received) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          Name(tensor_index), ": data at offset ", offset, ", expected offset ", stream.received,
-          " (a tensor's bytes must arrive in order)")));
-    }
     const int64_t size = static_cast<int64_t>(bytes.size());
-    if (size > meta.byte_length() - stream.received) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat(Name(tensor_index), ": ", stream.received + size,
-                       " bytes sent but its byte_length is ", meta.byte_length())));
-    }
     if (size == 0) return absl::OkStatus();
-    if (stream.whole == nullptr) stream.whole = std::make_unique<Sha256Hasher>();
-    stream.whole->Update(bytes);
     stream.received += size;
     const bool complete = stream.received == meta.byte_length();
 
@@ -552,34 +783,34 @@ class RocksDbUploadSession final : public UploadSession {
       stream.pending.append(rest.data(), take);
       rest.remove_prefix(take);
       if (static_cast<int64_t>(stream.pending.size()) == kChunkBytes || complete) {
-        RETURN_IF_ERROR(StoreChunk(meta, stream.pending));
+        RETURN_IF_ERROR(StoreChunks(tensor_index, stream.pending));
         stream.pending.clear();
       }
     }
-    while (static_cast<int64_t>(rest.size()) >= kChunkBytes) {
-      RETURN_IF_ERROR(StoreChunk(meta, rest.substr(0, kChunkBytes)));
-      rest.remove_prefix(kChunkBytes);
+    // Whole chunks straight from the caller's bytes; the tail of an incomplete tensor waits in
+    // `pending` for the next call.
+    const size_t whole = complete ? rest.size() : rest.size() - rest.size() % kChunkBytes;
+    if (whole > 0) {
+      RETURN_IF_ERROR(StoreChunks(tensor_index, rest.substr(0, whole)));
+      rest.remove_prefix(whole);
     }
     if (!rest.empty()) {
-      if (complete) {
-        RETURN_IF_ERROR(StoreChunk(meta, rest));
-      } else {
-        if (stream.pending.capacity() < static_cast<size_t>(kChunkBytes)) {
-          stream.pending.reserve(std::min(kChunkBytes, meta.byte_length()));
-        }
-        stream.pending.append(rest.data(), rest.size());
+      if (stream.pending.capacity() < static_cast<size_t>(kChunkBytes)) {
+        stream.pending.reserve(std::min(kChunkBytes, meta.byte_length()));
       }
+      stream.pending.append(rest.data(), rest.size());
     }
     if (complete) {
       std::string().swap(stream.pending);
-      RETURN_IF_ERROR(FinishTensor(tensor_index, stream.whole->Finish()));
-      stream.whole.reset();
+      RETURN_IF_ERROR(Fail(FinishTensor(tensor_index)));
     }
     return absl::OkStatus();
   }
 
   absl::StatusOr<CommitResult> Commit() override {
     RETURN_IF_ERROR(CheckUsable());
+    RETURN_IF_ERROR(DrainPipeline());
+    StopPipeline();
     std::vector<std::string> incomplete;
     for (int i = 0; i < tensor_count(); ++i) {
       const v1::TensorMeta& meta = Meta(i);
@@ -587,7 +818,7 @@ class RocksDbUploadSession final : public UploadSession {
         incomplete.push_back(absl::StrCat(Name(i), " got ", streams_[i].received, " of ",
                                           meta.byte_length(), " bytes"));
       } else if (meta.byte_length() == 0) {
-        RETURN_IF_ERROR(FinishTensor(i, Sha256("")));
+        RETURN_IF_ERROR(Fail(FinishTensor(i)));
       }
     }
     if (!incomplete.empty()) {
@@ -597,6 +828,13 @@ class RocksDbUploadSession final : public UploadSession {
           absl::StrJoin(incomplete.begin(), incomplete.begin() + shown, "; "),
           incomplete.size() > shown ? absl::StrCat(" (and ", incomplete.size() - shown, " more)")
                                     : "")));
+    }
+
+    // The pack's bytes become durable before the batch that names them (the WAL sync does not
+    // cover files outside RocksDB). Outside the lock: other commits need not wait for this one.
+    if (pack_ != nullptr) {
+      absl::Status synced = pack_->Sync();
+      if (!synced.ok()) return Fail(synced);
     }
 
     RefDeltas deltas;
@@ -638,8 +876,11 @@ class RocksDbUploadSession final : public UploadSession {
       record.set_logical_bytes(record.logical_bytes() + logical_bytes);
       batch.Put(core_->cf(ColumnFamily::kModels), model, record.SerializeAsString());
       batch.Delete(core_->cf(ColumnFamily::kUploads), upload_id_);
-      for (const std::string& sha256 : written_) {
+      for (const auto& [sha256, location] : written_) {
         batch.Delete(core_->cf(ColumnFamily::kUploads), UploadChunkKey(upload_id_, sha256));
+        // This upload's copy is durable now. (Another upload may have committed the same chunk
+        // meanwhile from its own pack; either copy is sound.)
+        batch.Put(core_->cf(ColumnFamily::kPackedChunks), sha256, EncodeLocation(location));
       }
       RETURN_IF_ERROR(core_->Write(batch, absl::StrCat("committing ",
                                                        FormatVersionRef(model, version)),
@@ -660,7 +901,7 @@ class RocksDbUploadSession final : public UploadSession {
   struct Stream {
     int64_t received = 0;
     std::string pending;  // bytes of the tensor's current, not yet full, chunk.
-    std::unique_ptr<Sha256Hasher> whole;  // while the tensor is in flight.
+    ContentHasher content;  // over the chunks stored so far.
   };
 
   v1::TensorMeta& Meta(int index) {
@@ -674,8 +915,12 @@ class RocksDbUploadSession final : public UploadSession {
                         Meta(index).key(), "' (index ", index, ")");
   }
 
-  absl::Status CheckUsable() const {
+  absl::Status CheckUsable() {
     if (finished_) return absl::FailedPreconditionError("the upload is already committed");
+    if (failed_.ok()) {
+      absl::MutexLock lock(&pipeline_mu_);
+      if (!pipeline_error_.ok()) failed_ = pipeline_error_;
+    }
     if (!failed_.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("the upload failed earlier: ", failed_.message()));
@@ -683,28 +928,196 @@ class RocksDbUploadSession final : public UploadSession {
     return absl::OkStatus();
   }
 
+  // INVALID_ARGUMENT (failing the session) unless `size` bytes at `offset` continue tensor
+  // `index` within its byte_length.
+  absl::Status CheckData(int index, int64_t offset, size_t size) {
+    if (index < 0 || index >= tensor_count()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("tensor index ", index, " is out of range: the upload has ",
+                       tensor_count(), " tensors")));
+    }
+    const Stream& stream = streams_[index];
+    if (offset != stream.received) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          Name(index), ": data at offset ", offset, ", expected offset ", stream.received,
+          " (a tensor's bytes must arrive in order)")));
+    }
+    if (static_cast<int64_t>(size) > Meta(index).byte_length() - stream.received) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(Name(index), ": ", stream.received + static_cast<int64_t>(size),
+                       " bytes sent but its byte_length is ", Meta(index).byte_length())));
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- The background pipeline of AddStableTensorData: a hashing thread runs ahead over the
+  // pieces' chunks, a writing thread stores them in order. While it runs, only the writing thread
+  // touches the manifest's chunk lists, the content hashers, the pack and the pin sets; every
+  // other path drains it first.
+
+  struct Piece {
+    int index = 0;
+    absl::string_view bytes;
+    bool completes_tensor = false;
+  };
+  struct HashedChunk {
+    int index = 0;
+    absl::string_view bytes;
+    ChunkDigest digest;
+    bool ends_piece = false;
+    bool completes_tensor = false;
+  };
+
+  void StartPipeline() {
+    if (hasher_.joinable()) return;
+    hasher_ = std::thread([this] { RunHasher(); });
+    writer_ = std::thread([this] { RunWriter(); });
+  }
+
+  absl::Status DrainPipeline() {
+    if (!hasher_.joinable()) return absl::OkStatus();
+    absl::MutexLock lock(&pipeline_mu_);
+    pipeline_mu_.Await(absl::Condition(
+        +[](int* outstanding) { return *outstanding == 0; }, &outstanding_pieces_));
+    if (!pipeline_error_.ok()) return Fail(pipeline_error_);
+    return absl::OkStatus();
+  }
+
+  void StopPipeline() {
+    if (!hasher_.joinable()) return;
+    {
+      absl::MutexLock lock(&pipeline_mu_);
+      closing_ = true;
+    }
+    hasher_.join();
+    writer_.join();
+  }
+
+  void RunHasher() {
+    while (true) {
+      Piece piece;
+      {
+        absl::MutexLock lock(&pipeline_mu_);
+        pipeline_mu_.Await(absl::Condition(this, &RocksDbUploadSession::HasPieceOrClosing));
+        if (pieces_.empty()) break;
+        piece = pieces_.front();
+        pieces_.pop_front();
+      }
+      for (size_t offset = 0; offset < piece.bytes.size(); offset += kChunkBytes) {
+        HashedChunk chunk;
+        chunk.index = piece.index;
+        chunk.bytes = piece.bytes.substr(offset, kChunkBytes);
+        chunk.ends_piece = offset + kChunkBytes >= piece.bytes.size();
+        chunk.completes_tensor = chunk.ends_piece && piece.completes_tensor;
+        bool failed = false;
+        {
+          absl::MutexLock lock(&pipeline_mu_);
+          failed = !pipeline_error_.ok();
+        }
+        if (!failed) chunk.digest = Digest(chunk.bytes);  // the slow part, unlocked.
+        absl::MutexLock lock(&pipeline_mu_);
+        hashed_.push_back(std::move(chunk));
+      }
+    }
+    absl::MutexLock lock(&pipeline_mu_);
+    hasher_done_ = true;
+  }
+
+  void RunWriter() {
+    while (true) {
+      HashedChunk chunk;
+      bool failed = false;
+      {
+        absl::MutexLock lock(&pipeline_mu_);
+        pipeline_mu_.Await(absl::Condition(this, &RocksDbUploadSession::HasHashedOrDone));
+        if (hashed_.empty()) break;
+        chunk = std::move(hashed_.front());
+        hashed_.pop_front();
+        failed = !pipeline_error_.ok();
+      }
+      absl::Status stored;
+      if (!failed) {
+        stored = StoreHashedChunk(chunk.index, chunk.digest, chunk.bytes);
+        if (stored.ok() && chunk.completes_tensor) stored = FinishTensor(chunk.index);
+      }
+      absl::MutexLock lock(&pipeline_mu_);
+      if (!stored.ok() && pipeline_error_.ok()) pipeline_error_ = stored;
+      if (chunk.ends_piece) --outstanding_pieces_;
+    }
+  }
+
+  bool HasPieceOrClosing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_mu_) {
+    return !pieces_.empty() || closing_;
+  }
+  bool HasHashedOrDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_mu_) {
+    return !hashed_.empty() || hasher_done_;
+  }
+
   absl::Status Fail(absl::Status status) {
-    failed_ = status;
+    if (!status.ok()) failed_ = status;
     return status;
   }
 
-  absl::Status StoreChunk(v1::TensorMeta& meta, absl::string_view bytes) {
-    const ChunkDigest digest = HashChunk(bytes);
-    absl::Status stored = core_->PinAndStoreChunk(upload_id_, digest, bytes, pinned_, written_);
-    if (!stored.ok()) return Fail(stored);
+  ChunkDigest Digest(absl::string_view bytes) {
+    if (!core_->options().benchmark_only_skip_hashing) return HashChunk(bytes);
+    ChunkDigest digest;
+    digest.sha256 = Sha256(absl::StrCat(upload_id_, unhashed_chunks_++));
+    digest.length = static_cast<int64_t>(bytes.size());
+    return digest;
+  }
+
+  // Appends the chunk `digest` of `bytes` to tensor `index`: stored unless the store has it,
+  // named in the manifest, added to the content hash. Errors are returned, not recorded.
+  absl::Status StoreHashedChunk(int index, const ChunkDigest& digest, absl::string_view bytes) {
+    v1::TensorMeta& meta = Meta(index);
+    if (pack_ == nullptr) {
+      ASSIGN_OR_RETURN(pack_, core_->packs().NewPack(pack_id_));
+    }
+    // A tensor's first chunk starts on a page when the tensor is large enough to be mapped.
+    const bool page_aligned = meta.chunks_size() == 0 && meta.byte_length() >= kMapInPlaceMinBytes;
+    RETURN_IF_ERROR(core_->PinAndStoreChunk(upload_id_, digest, bytes, page_aligned, *pack_,
+                                            pinned_, written_));
     v1::ChunkRef* chunk = meta.add_chunks();
     chunk->set_sha256(digest.sha256);
     chunk->set_length(digest.length);
     chunk->set_xxh3_64(digest.xxh3_64);
+    streams_[index].content.AddChunk(digest);
     return absl::OkStatus();
   }
 
-  absl::Status FinishTensor(int index, std::string content_hash) {
+  // Stores `bytes` (whole chunks, the last one possibly short) as the next chunks of tensor
+  // `index`. Hashing chunk i+1 runs on a second thread while chunk i is written.
+  absl::Status StoreChunks(int index, absl::string_view bytes) {
+    std::vector<absl::string_view> pieces;
+    for (size_t offset = 0; offset < bytes.size(); offset += kChunkBytes) {
+      pieces.push_back(bytes.substr(offset, kChunkBytes));
+    }
+    std::future<ChunkDigest> next;
+    ChunkDigest digest = Digest(pieces[0]);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (i > 0) digest = next.get();
+      if (i + 1 < pieces.size()) {
+        next = std::async(std::launch::async, [this, piece = pieces[i + 1]] {
+          return Digest(piece);
+        });
+      }
+      absl::Status stored = StoreHashedChunk(index, digest, pieces[i]);
+      if (!stored.ok()) {
+        if (next.valid()) next.wait();
+        return Fail(stored);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Not Fail(): the pipeline's writing thread calls it too (the caller records errors).
+  absl::Status FinishTensor(int index) {
     v1::TensorMeta& meta = Meta(index);
+    std::string content_hash = streams_[index].content.Finish();
     if (!meta.content_hash().empty() && meta.content_hash() != content_hash) {
-      return Fail(absl::DataLossError(absl::StrCat(
+      return absl::DataLossError(absl::StrCat(
           Name(index), ": the bytes received hash to ", HexEncode(content_hash),
-          " but the header's content_hash is ", HexEncode(meta.content_hash()))));
+          " but the header's content_hash is ", HexEncode(meta.content_hash())));
     }
     meta.set_content_hash(std::move(content_hash));
     return absl::OkStatus();
@@ -716,8 +1129,22 @@ class RocksDbUploadSession final : public UploadSession {
   const CommitOptions options_;
   const std::vector<std::string> warnings_;
   std::vector<Stream> streams_;
-  absl::flat_hash_set<std::string> pinned_;   // chunks this upload stored or relies on.
-  absl::flat_hash_set<std::string> written_;  // chunks this upload stored (upload record keys).
+  const uint64_t pack_id_;
+  std::unique_ptr<PackWriter> pack_;  // created with the first chunk this upload stores.
+  std::atomic<int64_t> unhashed_chunks_{0};  // StoreOptions::benchmark_only_skip_hashing.
+  absl::flat_hash_set<std::string> pinned_;  // chunks this upload stored or relies on.
+  // Chunks this upload stored (upload record keys), and where.
+  absl::flat_hash_map<std::string, PackLocation> written_;
+
+  absl::Mutex pipeline_mu_;
+  std::deque<Piece> pieces_ ABSL_GUARDED_BY(pipeline_mu_);
+  std::deque<HashedChunk> hashed_ ABSL_GUARDED_BY(pipeline_mu_);
+  int outstanding_pieces_ ABSL_GUARDED_BY(pipeline_mu_) = 0;  // queued, not yet stored.
+  bool closing_ ABSL_GUARDED_BY(pipeline_mu_) = false;
+  bool hasher_done_ ABSL_GUARDED_BY(pipeline_mu_) = false;
+  absl::Status pipeline_error_ ABSL_GUARDED_BY(pipeline_mu_);
+  std::thread hasher_;
+  std::thread writer_;
   absl::Status failed_;
   bool finished_ = false;
 };
@@ -730,13 +1157,34 @@ class RocksDbVersionReader final : public VersionReader {
         snapshot_(snapshot),
         manifest_(std::move(manifest)),
         where_(FormatVersionRef(manifest_.model(), manifest_.version())) {}
-  ~RocksDbVersionReader() override { core_->db()->ReleaseSnapshot(snapshot_); }
+  ~RocksDbVersionReader() override {
+    core_->db()->ReleaseSnapshot(snapshot_);
+    core_->RemoveReader();
+  }
 
   const v1::Manifest& manifest() const override { return manifest_; }
 
   absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
                                 const ChunkCallback& callback) const override {
     return core_->ReadChunks(meta, callback, snapshot_, where_);
+  }
+
+  absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const override {
+    return core_->ReadTensorInto(meta, destination, snapshot_, where_);
+  }
+
+  absl::StatusOr<MappedBytes> MapTensorBytes(const v1::TensorMeta& meta) const override {
+    MappedBytes mapped;
+    if (!core_->options().map_tensors_on_load || meta.byte_length() < kMapInPlaceMinBytes) {
+      return mapped;
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<MappedPackRegion> region,
+                     core_->MapTensor(meta, snapshot_, where_));
+    if (region != nullptr) {
+      mapped.data = region->data();
+      mapped.owner = std::move(region);
+    }
+    return mapped;
   }
 
  private:
@@ -779,8 +1227,11 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
   }
   ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db,
                    StoreDb::Open(options.db_path, options.create_if_missing));
-  return std::unique_ptr<RocksDbCheckpointStore>(
-      new RocksDbCheckpointStore(std::make_shared<Core>(options, std::move(db))));
+  // After the database: its lock keeps a second process from writing the same packs.
+  ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs,
+                   PackDirectory::Open(absl::StrCat(options.db_path, "/packs")));
+  return std::unique_ptr<RocksDbCheckpointStore>(new RocksDbCheckpointStore(
+      std::make_shared<Core>(options, std::move(db), std::move(packs))));
 }
 
 const std::string& RocksDbCheckpointStore::db_path() const { return core_->options().db_path; }
@@ -817,7 +1268,8 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
     }
   }
 
-  const std::string upload_id = core_->NewUploadId();
+  const uint64_t upload_number = core_->NewUploadNumber();
+  const std::string upload_id = Hex64(upload_number);
   store::UploadRecord record;
   record.set_model(std::string(model));
   record.set_started_unix_micros(NowMicros());
@@ -831,7 +1283,7 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
     return written;
   }
   return std::unique_ptr<UploadSession>(new RocksDbUploadSession(
-      core_, upload_id, std::move(header), options, std::move(warnings)));
+      core_, upload_id, upload_number, std::move(header), options, std::move(warnings)));
 }
 
 absl::StatusOr<std::vector<std::string>> RocksDbCheckpointStore::FindMissingChunks(
@@ -861,10 +1313,12 @@ absl::StatusOr<v1::Manifest> RocksDbCheckpointStore::GetManifest(const v1::Versi
 
 absl::StatusOr<std::unique_ptr<VersionReader>> RocksDbCheckpointStore::OpenVersion(
     const v1::VersionRef& ref) {
+  core_->AddReader();  // before the snapshot: see Core::AddReader.
   const rocksdb::Snapshot* snapshot = core_->db()->GetSnapshot();
   absl::StatusOr<v1::Manifest> manifest = ReadVersion(*core_, ref, snapshot);
   if (!manifest.ok()) {
     core_->db()->ReleaseSnapshot(snapshot);
+    core_->RemoveReader();
     return manifest.status();
   }
   return std::unique_ptr<VersionReader>(
@@ -873,7 +1327,10 @@ absl::StatusOr<std::unique_ptr<VersionReader>> RocksDbCheckpointStore::OpenVersi
 
 absl::Status RocksDbCheckpointStore::ReadTensorChunks(const v1::TensorMeta& meta,
                                                       const ChunkCallback& callback) {
-  return core_->ReadChunks(meta, callback, nullptr, "");
+  core_->AddReader();
+  absl::Status read = core_->ReadChunks(meta, callback, nullptr, "");
+  core_->RemoveReader();
+  return read;
 }
 
 absl::StatusOr<std::vector<v1::ModelInfo>> RocksDbCheckpointStore::ListModels() {
@@ -1129,6 +1586,7 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
       if (protected_chunks.contains(sha256)) continue;
       batch.Delete(core_->cf(ColumnFamily::kRefs), sha256);
       batch.Delete(core_->cf(ColumnFamily::kChunks), sha256);
+      batch.Delete(core_->cf(ColumnFamily::kPackedChunks), sha256);
       freed.emplace(std::move(sha256), record.length());
     }
     RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk refcounts"));
@@ -1143,6 +1601,7 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
       if (read.ok()) continue;  // committed by some version since: not ours to free.
       if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk");
       batch.Delete(core_->cf(ColumnFamily::kChunks), sha256);
+      batch.Delete(core_->cf(ColumnFamily::kPackedChunks), sha256);
       freed.emplace(sha256, length);
     }
     batch.Delete(core_->cf(ColumnFamily::kUploads), *id);
@@ -1154,11 +1613,26 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
   for (const auto& [sha256, length] : freed) bytes += length;
   response.set_bytes_freed(bytes);
   response.set_abandoned_uploads_reclaimed(static_cast<int64_t>(abandoned.size()));
-  if (!dry_run && batch.Count() > 0) {
-    // Deleted chunk values leave blob files as garbage; blob GC during compaction returns the
-    // space (rocksdb_schema.cc).
+  if (dry_run) return response;
+  if (batch.Count() > 0) {
+    // Deleted schema-1 chunk values leave blob files as garbage; blob GC during compaction
+    // returns that space (rocksdb_schema.cc). Pack space comes back below.
     RETURN_IF_ERROR(core_->Write(batch, "collecting garbage", /*sync=*/true));
   }
+  absl::flat_hash_set<uint64_t> writing;
+  for (const auto& [id, upload] : uploads) {
+    uint64_t number = 0;
+    if (absl::SimpleHexAtoi(id, &number)) writing.insert(number);
+  }
+  for (const std::string* id : abandoned) {
+    uint64_t number = 0;
+    if (absl::SimpleHexAtoi(*id, &number)) writing.erase(number);
+  }
+  for (const std::string& id : core_->live_uploads()) {
+    uint64_t number = 0;
+    if (absl::SimpleHexAtoi(id, &number)) writing.insert(number);
+  }
+  RETURN_IF_ERROR(core_->ReclaimPacks(writing));
   return response;
 }
 

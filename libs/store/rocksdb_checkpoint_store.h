@@ -3,11 +3,12 @@
 
 // The CheckpointStore on a local RocksDB database (schema: rocksdb_schema.h).
 //
-// Durability: chunk bytes are written (not synced) as uploads stream; a commit is one synced
-// WriteBatch holding the manifest, the model record (version counter), refcount increments, alias
-// moves and the removal of the upload record. RocksDB's WAL is one ordered log, so syncing it at
-// commit also makes every earlier chunk write durable; recovery replays a prefix of the log, so a
-// crash at any instant leaves each version either wholly present or absent.
+// Durability: chunk bytes are appended (not synced) to the upload's own pack file as it streams
+// (chunk_pack.h); a commit syncs that pack, then writes one synced WriteBatch holding the
+// manifest, the chunks' pack locations, the model record (version counter), refcount increments,
+// alias moves and the removal of the upload record. Recovery replays a prefix of RocksDB's log, so
+// a crash at any instant leaves each version either wholly present or absent, and a location is
+// only ever recorded for bytes already durable.
 //
 // Concurrency: metadata changes (commit, alias, delete, retention, GC) serialize on one mutex and
 // are read-modify-write under it; chunk hashing and chunk writes of uploads run outside it, in
@@ -49,6 +50,15 @@ struct StoreOptions {
   // that reconnects can still find them (FindMissingChunks). Uploads with a live session are
   // never collected, whatever their age. Default 1 hour.
   absl::Duration abandoned_upload_grace = absl::Hours(1);
+  // VersionReader::ReadTensor returns tensors of 1 MiB or more as private (copy-on-write)
+  // mappings of their pack file instead of copies, when their chunks lie back to back in one pack
+  // (every tensor an upload stored whole). Every chunk is still checked on load. Such a tensor is
+  // not resizable, and holds its pack file (and its disk space) until it is freed. Default true.
+  bool map_tensors_on_load = true;
+  // For tools/bench's R6 only: chunks get serial addresses instead of SHA-256 and no xxh3, so the
+  // store's cost without hashing can be measured. Nothing deduplicates, and the versions written
+  // cannot be read back (every chunk fails its checksum). Never set it elsewhere.
+  bool benchmark_only_skip_hashing = false;
 };
 
 class RocksDbCheckpointStore final : public CheckpointStore {

@@ -16,7 +16,9 @@
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/chunk_pack.h"
 #include "libs/store/rocksdb_schema.h"
+#include "libs/store/store_records.pb.h"
 #include "libs/store/version_ref.h"
 
 namespace ckpt {
@@ -180,7 +182,7 @@ TEST_F(RocksDbCheckpointStoreTest, RoundTripsMixedDTypesByteForByte) {
   ASSERT_EQ(big_meta.chunks_size(), 3);
   EXPECT_EQ(big_meta.chunks(0).length(), 4 * kMiB);
   EXPECT_EQ(big_meta.chunks(2).length(), 2 * kMiB);
-  EXPECT_EQ(big_meta.content_hash(), Sha256(TensorBytes(big)));
+  EXPECT_EQ(big_meta.content_hash(), ContentHashOfBytes(TensorBytes(big)));
   EXPECT_EQ(big_meta.chunks(1).sha256(),
             Sha256(absl::string_view(TensorBytes(big)).substr(4 * kMiB, 4 * kMiB)));
   EXPECT_EQ(manifest.tensors(8).chunks_size(), 2);
@@ -586,6 +588,21 @@ v1::Manifest OneTensorHeader(const std::string& key, int64_t bytes) {
   return header;
 }
 
+std::vector<std::string> PackFiles(const std::string& store_path) {
+  std::vector<std::string> files;
+  DIR* handle = opendir((store_path + "/packs").c_str());
+  if (handle == nullptr) return files;
+  while (dirent* entry = readdir(handle)) {
+    const std::string name = entry->d_name;
+    if (name.size() > 5 && name.substr(name.size() - 5) == ".pack") {
+      files.push_back(store_path + "/packs/" + name);
+    }
+  }
+  closedir(handle);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 TEST_F(RocksDbCheckpointStoreTest, AbandonedUploadLeavesNoVersionAndGcReclaimsIt) {
   const std::string data = TensorBytes(Seeded({5 * kMiB / 4}, 1));  // 5 MiB
   {
@@ -607,14 +624,15 @@ TEST_F(RocksDbCheckpointStoreTest, AbandonedUploadLeavesNoVersionAndGcReclaimsIt
   ASSERT_OK_AND_ASSIGN(collected, store_->GarbageCollect(false));
   EXPECT_EQ(collected.abandoned_uploads_reclaimed(), 0);
 
-  // The chunk really is gone: a raw look at the chunks column family.
+  // The chunk really is gone: no location names it and its pack file was removed.
   store_.reset();
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path_, false));
   std::string value;
   EXPECT_TRUE(db->db()
-                  ->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kChunks),
+                  ->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kPackedChunks),
                         Sha256(absl::string_view(data).substr(0, 4 * kMiB)), &value)
                   .IsNotFound());
+  EXPECT_THAT(PackFiles(path_), IsEmpty());
 }
 
 TEST_F(RocksDbCheckpointStoreTest, AbandonedUploadWithinGracePeriodIsKept) {
@@ -815,27 +833,80 @@ TEST_F(RocksDbCheckpointStoreTest, ValidationErrorsAreInvalidArgumentWithClearMe
 
 TEST_F(RocksDbCheckpointStoreTest, ContentHashFromTheClientIsChecked) {
   v1::Manifest header = OneTensorHeader("w", 3);
-  header.mutable_tensors(0)->set_content_hash(Sha256("abc"));
+  header.mutable_tensors(0)->set_content_hash(ContentHashOfBytes("abc"));
   {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
                          store_->BeginUpload("m", header, {}));
     EXPECT_THAT(session->AddTensorData(0, 0, "abd"),
-                StatusIs(absl::StatusCode::kDataLoss, "content_hash is " + HexEncode(Sha256("abc"))));
+                StatusIs(absl::StatusCode::kDataLoss,
+                         "content_hash is " + HexEncode(ContentHashOfBytes("abc"))));
   }
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session, store_->BeginUpload("m", header, {}));
   ASSERT_OK(session->AddTensorData(0, 0, "abc"));
   ASSERT_OK(session->Commit().status());
 }
 
-// Flips one byte of the chunk `sha256` by writing the column family directly.
-void CorruptChunkValue(const std::string& path, const std::string& sha256) {
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, false));
+TEST_F(RocksDbCheckpointStoreTest, StableDataIsStoredInTheBackgroundAndErrorsSurface) {
+  const std::string big = TensorBytes(Seeded({9 * kMiB / 4}, 1));  // 9 MiB: 3 chunks
+  v1::Manifest header = OneTensorHeader("w", 9 * kMiB);
+  *header.add_tensors() = OneTensorHeader("v", 3).tensors(0);
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                         store_->BeginUpload("m", header, {}));
+    ASSERT_OK(session->AddStableTensorData(0, 0, big));
+    // A partial piece falls back to the synchronous path, after the queue drains.
+    ASSERT_OK(session->AddStableTensorData(1, 0, "ab"));
+    ASSERT_OK(session->AddStableTensorData(1, 2, "c"));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, session->Commit());
+    EXPECT_EQ(committed.version.version(), 1);
+  }
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(Ref("m@1")));
+  EXPECT_EQ(manifest.tensors(0).chunks_size(), 3);
+  EXPECT_EQ(manifest.tensors(0).content_hash(), ContentHashOfBytes(big));
+  EXPECT_EQ(manifest.tensors(1).content_hash(), ContentHashOfBytes("abc"));
+
+  // A content_hash mismatch found in the background fails the commit.
+  header.mutable_tensors(0)->set_content_hash(ContentHashOfBytes("other"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       store_->BeginUpload("m", header, {}));
+  ASSERT_OK(session->AddStableTensorData(0, 0, big));
+  // The next call drains the background work and reports its error; the session is failed.
+  EXPECT_THAT(session->AddTensorData(1, 0, "abc"),
+              StatusIs(absl::StatusCode::kDataLoss, "content_hash"));
+  EXPECT_THAT(session->Commit().status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "failed earlier"));
+  EXPECT_THAT(session->AddStableTensorData(1, 0, "abc"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "failed earlier"));
+}
+
+// Where chunk `sha256` lives, read from the store's `packed_chunks` column family.
+PackLocation LocateChunk(const std::string& path, const std::string& sha256) {
+  absl::StatusOr<std::unique_ptr<StoreDb>> db = StoreDb::Open(path, false);
+  EXPECT_TRUE(db.ok()) << db.status();
   std::string value;
-  ASSERT_TRUE(
-      db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kChunks), sha256, &value).ok());
-  value[value.size() / 2] ^= 0x40;
-  ASSERT_TRUE(
-      db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), sha256, value).ok());
+  EXPECT_TRUE((*db)->db()->Get(rocksdb::ReadOptions(), (*db)->cf(ColumnFamily::kPackedChunks),
+                               sha256, &value).ok());
+  store::PackedChunk record;
+  EXPECT_TRUE(record.ParseFromString(value));
+  return {record.pack_id(), record.offset(), record.length()};
+}
+
+// Flips one bit of the byte at `offset` of `file`.
+void FlipByte(const std::string& file, int64_t offset) {
+  std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+  stream.seekg(offset);
+  char byte = 0;
+  stream.read(&byte, 1);
+  byte ^= 0x40;
+  stream.seekp(offset);
+  stream.write(&byte, 1);
+}
+
+// Flips one byte in the middle of chunk `sha256` in its pack file.
+void CorruptChunkValue(const std::string& path, const std::string& sha256) {
+  const PackLocation location = LocateChunk(path, sha256);
+  FlipByte(path + "/packs/" + PackFileName(location.pack_id),
+           location.offset + location.length / 2);
 }
 
 TEST_F(RocksDbCheckpointStoreTest, CorruptChunkIsDataLossNamingItAndVerifyReportsIt) {
@@ -879,42 +950,97 @@ TEST_F(RocksDbCheckpointStoreTest, CorruptChunkIsDataLossNamingItAndVerifyReport
   }
 }
 
-std::vector<std::string> BlobFiles(const std::string& dir) {
-  std::vector<std::string> files;
-  DIR* handle = opendir(dir.c_str());
-  if (handle == nullptr) return files;
-  while (dirent* entry = readdir(handle)) {
-    const std::string name = entry->d_name;
-    if (name.size() > 5 && name.substr(name.size() - 5) == ".blob") files.push_back(dir + "/" + name);
-  }
-  closedir(handle);
-  return files;
+TEST_F(RocksDbCheckpointStoreTest, TruncatedPackFileIsDataLossNotACrash) {
+  MustCommit("m", WeightsOnly({{"w", Seeded({kMiB}, 1)}, {"b", Seeded({10}, 2)}}));
+  store_.reset();
+  const std::vector<std::string> packs = PackFiles(path_);
+  ASSERT_EQ(packs.size(), 1u);
+  ASSERT_EQ(truncate(packs[0].c_str(), 2 * kMiB), 0);
+  Reopen();
+  // A mapping past the end of the file would be SIGBUS on first touch: refused up front.
+  EXPECT_THAT(store_->ReadTensor("m", 1, "w"),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("of tensor 'w' of m@1"), HasSubstr("beyond the end"))));
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("m", 1));
+  EXPECT_GE(verified.problems_size(), 1);
 }
 
-TEST_F(RocksDbCheckpointStoreTest, CorruptBlobFileOnDiskIsDataLoss) {
-  MustCommit("m", WeightsOnly({{"w", Seeded({kMiB}, 1)}}));  // one 4 MiB chunk
+TEST_F(RocksDbCheckpointStoreTest, LoadedTensorsAreMappedPrivately) {
+  const at::Tensor w = Seeded({kMiB}, 1);  // 4 MiB: mapped
+  MustCommit("m", WeightsOnly({{"w", w}}));
+  ASSERT_OK_AND_ASSIGN(at::Tensor loaded, store_->ReadTensor("m", 1, "w"));
+  ASSERT_TRUE(at::equal(loaded, w));
+  loaded.add_(1);  // copy-on-write: the store keeps its bytes
+  ASSERT_OK_AND_ASSIGN(at::Tensor again, store_->ReadTensor("m", 1, "w"));
+  EXPECT_TRUE(at::equal(again, w));
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("m", 1));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+
+  options_.map_tensors_on_load = false;
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(at::Tensor copied, store_->ReadTensor("m", 1, "w"));
+  EXPECT_TRUE(at::equal(copied, w));
+}
+
+TEST_F(RocksDbCheckpointStoreTest, SchemaOneInlineChunksStayReadable) {
+  const at::Tensor w = Seeded({3 * kMiB / 2}, 1);  // chunks of 4 + 2 MiB
+  MustCommit("m", WeightsOnly({{"w", w}}));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(Ref("m@1")));
   store_.reset();
   {
+    // Move the second chunk into `chunks` as a schema-1 store held it.
+    const std::string sha256 = manifest.tensors(0).chunks(1).sha256();
+    const PackLocation location = LocateChunk(path_, sha256);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackDirectory> packs,
+                         PackDirectory::Open(path_ + "/packs"));
+    std::string bytes(location.length, '\0');
+    ASSERT_OK(packs->Read(location, bytes.data()));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path_, false));
-    ASSERT_TRUE(db->db()->Flush(rocksdb::FlushOptions(), db->cf(ColumnFamily::kChunks)).ok());
-  }
-  const std::vector<std::string> blobs = BlobFiles(path_);
-  ASSERT_EQ(blobs.size(), 1u);
-  {
-    std::fstream file(blobs[0], std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(2 * kMiB);
-    char byte = 0;
-    file.read(&byte, 1);
-    byte ^= 0x01;
-    file.seekp(2 * kMiB);
-    file.write(&byte, 1);
+    ASSERT_TRUE(db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), sha256,
+                              bytes).ok());
+    ASSERT_TRUE(db->db()->Delete(rocksdb::WriteOptions(), db->cf(ColumnFamily::kPackedChunks),
+                                 sha256).ok());
   }
   Reopen();
-  EXPECT_THAT(store_->ReadTensor("m", 1, "w"),
-              StatusIs(absl::StatusCode::kDataLoss, "of tensor 'w' of m@1"));
-  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("m", 1));
-  ASSERT_EQ(verified.problems_size(), 1);
-  EXPECT_EQ(verified.problems(0).tensor_key(), "w");
+  ASSERT_OK_AND_ASSIGN(at::Tensor loaded, store_->ReadTensor("m", 1, "w"));
+  EXPECT_TRUE(at::equal(loaded, w));
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+}
+
+TEST_F(RocksDbCheckpointStoreTest, GcRemovesDeadPacksAndCompactsMostlyDeadOnes) {
+  const at::Tensor backbone = Seeded({kMiB / 4}, 1);  // 1 MiB, shared by both versions
+  const at::Tensor head_1 = Seeded({kMiB}, 2);        // 4 MiB
+  const at::Tensor head_2 = Seeded({kMiB}, 3);
+  MustCommit("m", WeightsOnly({{"backbone", backbone}, {"head", head_1}}));
+  MustCommit("m", WeightsOnly({{"backbone", backbone}, {"head", head_2}}));
+  MustCommit("other", WeightsOnly({{"x", Seeded({kMiB}, 4)}}));
+  ASSERT_EQ(PackFiles(path_).size(), 3u);
+
+  // Version 1's pack then holds 1 live MiB of 5: it is rewritten, and version 2's pack (only
+  // head_2 live, the backbone was deduplicated against version 1) is kept.
+  ASSERT_OK(store_->DeleteVersion("m", 1, false).status());
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@2")));
+    ASSERT_OK(store_->GarbageCollect(false).status());
+    // The reader still reads through the removed pack's descriptor.
+    ASSERT_OK_AND_ASSIGN(at::Tensor read, reader->ReadTensor("backbone"));
+    EXPECT_TRUE(at::equal(read, backbone));
+  }
+  EXPECT_EQ(PackFiles(path_).size(), 3u);  // v1's pack replaced by its compacted copy
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m@2")));
+  EXPECT_TRUE(at::equal(*loaded.contents.model.Find("backbone"), backbone));
+  EXPECT_TRUE(at::equal(*loaded.contents.model.Find("head"), head_2));
+
+  // Deleting the other model leaves its pack dead: removed.
+  ASSERT_OK(store_->DeleteVersion("other", 1, false).status());
+  ASSERT_OK(store_->GarbageCollect(false).status());
+  EXPECT_EQ(PackFiles(path_).size(), 2u);
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(loaded, store_->LoadCheckpoint(Ref("m@2")));
+  EXPECT_TRUE(at::equal(*loaded.contents.model.Find("backbone"), backbone));
 }
 
 TEST_F(RocksDbCheckpointStoreTest, ReopenSeesEverythingCommitted) {

@@ -15,7 +15,7 @@ namespace ckpt {
 namespace {
 
 constexpr absl::string_view kColumnFamilyNames[kColumnFamilyCount] = {
-    "default", "models", "versions", "aliases", "chunks", "refs", "uploads",
+    "default", "models", "versions", "aliases", "chunks", "refs", "uploads", "packed_chunks",
 };
 
 constexpr uint64_t kKiB = 1024;
@@ -106,8 +106,9 @@ rocksdb::DBOptions MakeDbOptions(bool create_if_missing) {
   // One flush and one compaction at a time: the machines have 2 cores, and chunk writes and
   // SHA-256 hashing need them too.
   options.max_background_jobs = 2;
-  // Chunk bytes pass through the WAL before their memtable is flushed to a blob file. Bound the
-  // WAL so old logs are released by flushing the column families that pin them.
+  // Chunk bytes no longer pass through the WAL (pack files hold them), but schema-1 stores may
+  // still write inline chunks during upgrades of old data; bound the WAL so old logs are released
+  // by flushing the column families that pin them.
   options.max_total_wal_size = 256 * kMiB;
   // Write back blob / SST files and the WAL in 1 MiB steps, so the synced commit and flushes do
   // not stall behind hundreds of MB of dirty pages.
@@ -125,7 +126,7 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
   rocksdb::ColumnFamilyOptions options;
   switch (cf) {
     case ColumnFamily::kChunks:
-      // Tensor chunks: up to 4 MiB each, written once, read whole, never overwritten with other
+      // Schema 1 only (new chunks go to pack files). Tensor chunks: up to 4 MiB each, written once, read whole, never overwritten with other
       // content (the key is their hash). Integrated blob files keep them out of the LSM tree, so
       // compaction moves 40-byte blob indexes instead of rewriting MBs of tensor bytes.
       options.enable_blob_files = true;
@@ -154,6 +155,7 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
       options.write_buffer_size = 16 * kMiB;
       break;
     case ColumnFamily::kRefs:
+    case ColumnFamily::kPackedChunks:
       UseBloomFilter(options);
       options.compression = rocksdb::kNoCompression;
       options.write_buffer_size = 16 * kMiB;
@@ -203,10 +205,19 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
     if (!written.ok()) return FromRocksDbStatus(written, "writing the schema version");
   } else if (!read.ok()) {
     return FromRocksDbStatus(read, "reading the schema version");
+  } else if (schema_version == kSchemaVersionInlineChunks) {
+    // Version 1 kept every chunk's bytes in `chunks`; those stay readable there, and new chunks
+    // go to pack files. The `packed_chunks` column family was created on open above.
+    rocksdb::WriteOptions sync;
+    sync.sync = true;
+    rocksdb::Status written =
+        db->Put(sync, meta, std::string(kSchemaVersionKey), std::string(kSchemaVersion));
+    if (!written.ok()) return FromRocksDbStatus(written, "upgrading the schema version");
   } else if (schema_version != kSchemaVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint store '", path, "' has schema version ", schema_version,
-                     "; this build reads version ", kSchemaVersion));
+                     "; this build reads versions ", kSchemaVersionInlineChunks, " and ",
+                     kSchemaVersion));
   }
   return store;
 }

@@ -9,19 +9,22 @@
 //   models         MODEL                                   store.ModelRecord
 //   versions       MODEL '\0' uint64 big-endian VERSION    v1.Manifest (with chunks, hashes)
 //   aliases        MODEL '\0' ALIAS                        uint64 big-endian VERSION
-//   chunks         SHA-256 (32 raw bytes)                  the chunk's bytes (in blob files)
+//   chunks         SHA-256 (32 raw bytes)                  the chunk's bytes (schema 1 only)
+//   packed_chunks  SHA-256 (32 raw bytes)                  store.PackedChunk (pack, offset)
 //   refs           SHA-256 (32 raw bytes)                  store.ChunkRecord (refcount, length, xxh3)
 //   uploads        UPLOAD_ID (16 hex digits)               store.UploadRecord
 //   uploads        UPLOAD_ID SHA-256                       uint64 big-endian chunk length
 //
 // '\0' cannot occur in model names (version_ref.h), so "a\0..." and "ab\0..." never interleave,
 // and big-endian versions iterate in numeric order, so the newest version of a model is the last
-// key with its prefix. Chunks live apart from their refcounts so that counting, GC scans and
+// key with its prefix. Chunk bytes live in pack files (chunk_pack.h) under <db>/packs; stores
+// written by schema 1 kept them as values of `chunks`, which are still read. Chunks live apart from their refcounts so that counting, GC scans and
 // existence checks touch only the small `refs` records, never multi-MB values.
 //
 // Example (what a test does to corrupt a chunk on purpose):
 //   ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, /*create_if_missing=*/false));
-//   db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), sha256, bad_bytes);
+//   db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kPackedChunks), sha256, &location);
+//   // ... then overwrite bytes of that pack file.
 
 #include <cstdint>
 #include <memory>
@@ -43,8 +46,9 @@ enum class ColumnFamily : int {
   kChunks,
   kRefs,
   kUploads,
+  kPackedChunks,
 };
-inline constexpr int kColumnFamilyCount = 7;
+inline constexpr int kColumnFamilyCount = 8;
 
 // RocksDB's name for `cf` ("default", "models", ...).
 absl::string_view ColumnFamilyName(ColumnFamily cf);
@@ -52,7 +56,10 @@ absl::string_view ColumnFamilyName(ColumnFamily cf);
 // The on-disk schema version this build reads and writes, stored under "schema_version" in the
 // default column family.
 inline constexpr absl::string_view kSchemaVersionKey = "schema_version";
-inline constexpr absl::string_view kSchemaVersion = "1";
+// Version 1 stores (chunk bytes inline in `chunks`) are upgraded in place on open: their chunks
+// stay readable where they are.
+inline constexpr absl::string_view kSchemaVersion = "2";
+inline constexpr absl::string_view kSchemaVersionInlineChunks = "1";
 
 // Upload ids are 16 lowercase hex digits.
 inline constexpr size_t kUploadIdLength = 16;

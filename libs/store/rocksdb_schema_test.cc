@@ -87,6 +87,25 @@ TEST(RocksDbSchemaTest, RefusesAnotherSchemaVersion) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "schema version 99"));
 }
 
+TEST(RocksDbSchemaTest, UpgradesSchemaOneInPlace) {
+  const std::string path = TestDir("schema_upgrade");
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, true));
+    ASSERT_TRUE(db->db()
+                    ->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kDefault),
+                          std::string(kSchemaVersionKey), std::string(kSchemaVersionInlineChunks))
+                    .ok());
+    ASSERT_TRUE(db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), "k", "v").ok());
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, false));
+  std::string value;
+  ASSERT_TRUE(db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kDefault),
+                            std::string(kSchemaVersionKey), &value).ok());
+  EXPECT_EQ(value, kSchemaVersion);
+  ASSERT_TRUE(db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kChunks), "k", &value).ok());
+  EXPECT_EQ(value, "v");
+}
+
 TEST(RocksDbSchemaTest, SecondOpenOfOneStoreFails) {
   const std::string path = TestDir("schema_locked");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, true));

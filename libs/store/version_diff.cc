@@ -41,7 +41,13 @@ absl::StatusOr<VersionDiff> DiffVersions(CheckpointStore& store, const v1::Versi
     const bool same_layout = meta_a.dtype() == meta_b.dtype() &&
                              std::equal(meta_a.shape().begin(), meta_a.shape().end(),
                                         meta_b.shape().begin(), meta_b.shape().end());
-    if (same_layout && meta_a.content_hash() == meta_b.content_hash()) {
+    // Equal chunk lists mean equal bytes whichever content_hash scheme wrote each manifest.
+    const bool same_chunks = std::equal(
+        meta_a.chunks().begin(), meta_a.chunks().end(), meta_b.chunks().begin(),
+        meta_b.chunks().end(), [](const v1::ChunkRef& a, const v1::ChunkRef& b) {
+          return a.sha256() == b.sha256() && a.length() == b.length();
+        });
+    if (same_layout && (meta_a.content_hash() == meta_b.content_hash() || same_chunks)) {
       ++diff.unchanged;
       continue;
     }

@@ -1,0 +1,232 @@
+#include "libs/store/chunk_pack.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "libs/io/atomic_file.h"
+
+namespace ckpt {
+namespace {
+
+constexpr int64_t kPageBytes = 4096;
+constexpr absl::string_view kPackSuffix = ".pack";
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "opening directory", dir);
+  const int synced = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (synced != 0) return ErrnoToStatus(error, "syncing directory", dir);
+  return absl::OkStatus();
+}
+
+std::string ParentOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string LocationText(const PackLocation& location) {
+  return absl::StrCat("pack ", PackFileName(location.pack_id), " bytes ", location.offset, "..",
+                      location.offset + location.length);
+}
+
+}  // namespace
+
+std::string PackFileName(uint64_t pack_id) {
+  return absl::StrCat(absl::StrFormat("%016x", pack_id), kPackSuffix);
+}
+
+PackFd::~PackFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+MappedPackRegion::~MappedPackRegion() { ::munmap(base_, mapped_length_); }
+
+absl::StatusOr<std::unique_ptr<PackDirectory>> PackDirectory::Open(const std::string& dir) {
+  struct stat info;
+  if (::stat(dir.c_str(), &info) != 0) {
+    if (errno != ENOENT) return ErrnoToStatus(errno, "looking at pack directory", dir);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoToStatus(errno, "creating pack directory", dir);
+    }
+    absl::Status synced = SyncDirectory(ParentOf(dir));
+    if (!synced.ok()) return synced;
+  } else if (!S_ISDIR(info.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("'", dir, "' is not a directory"));
+  }
+  return std::unique_ptr<PackDirectory>(new PackDirectory(dir));
+}
+
+absl::StatusOr<std::unique_ptr<PackWriter>> PackDirectory::NewPack(uint64_t pack_id) {
+  const std::string path = absl::StrCat(dir_, "/", PackFileName(pack_id));
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) {
+      return absl::AlreadyExistsError(absl::StrCat("pack file ", path, " already exists"));
+    }
+    return ErrnoToStatus(errno, "creating pack file", path);
+  }
+  return std::make_unique<PackWriter>(path, dir_, pack_id, fd);
+}
+
+absl::StatusOr<std::shared_ptr<PackFd>> PackDirectory::OpenPack(uint64_t pack_id) const {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = open_.find(pack_id);
+    if (it != open_.end()) return it->second;
+  }
+  const std::string path = absl::StrCat(dir_, "/", PackFileName(pack_id));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::DataLossError(absl::StrCat("pack file ", path, " is missing"));
+    }
+    return ErrnoToStatus(errno, "opening pack file", path);
+  }
+  auto opened = std::make_shared<PackFd>(fd);
+  absl::MutexLock lock(&mu_);
+  // Another reader may have opened it meanwhile; keep one descriptor per pack.
+  return open_.try_emplace(pack_id, std::move(opened)).first->second;
+}
+
+absl::Status PackDirectory::CheckExtent(const PackFd& fd, const PackLocation& location) const {
+  struct stat info;
+  if (::fstat(fd.get(), &info) != 0) {
+    return ErrnoToStatus(errno, "looking at", LocationText(location));
+  }
+  if (location.offset < 0 || location.length < 0 ||
+      location.offset + location.length > static_cast<int64_t>(info.st_size)) {
+    return absl::DataLossError(absl::StrCat(LocationText(location), " lies beyond the end of the ",
+                                            info.st_size, "-byte file"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PackDirectory::Read(const PackLocation& location, char* destination) const {
+  absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(location.pack_id);
+  if (!fd.ok()) return fd.status();
+  int64_t done = 0;
+  while (done < location.length) {
+    const ssize_t got = ::pread((*fd)->get(), destination + done,
+                                static_cast<size_t>(location.length - done),
+                                static_cast<off_t>(location.offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "reading", LocationText(location));
+    }
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat(LocationText(location), ": the file ends after ",
+                                              location.offset + done, " bytes"));
+    }
+    done += got;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<MappedPackRegion>> PackDirectory::Map(
+    const PackLocation& location) const {
+  absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(location.pack_id);
+  if (!fd.ok()) return fd.status();
+  // Mapping past the end of the file would turn a short pack into SIGBUS on first touch.
+  absl::Status extent = CheckExtent(**fd, location);
+  if (!extent.ok()) return extent;
+  const int64_t start = location.offset - location.offset % kPageBytes;
+  const size_t length = static_cast<size_t>(location.offset + location.length - start);
+  void* base = ::mmap(nullptr, length == 0 ? 1 : length, PROT_READ | PROT_WRITE, MAP_PRIVATE,
+                      (*fd)->get(), static_cast<off_t>(start));
+  if (base == MAP_FAILED) return ErrnoToStatus(errno, "mapping", LocationText(location));
+  return std::make_shared<MappedPackRegion>(
+      base, length == 0 ? 1 : length, static_cast<char*>(base) + (location.offset - start));
+}
+
+absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> PackDirectory::List() const {
+  DIR* listing = ::opendir(dir_.c_str());
+  if (listing == nullptr) return ErrnoToStatus(errno, "listing pack directory", dir_);
+  std::vector<std::pair<uint64_t, int64_t>> packs;
+  while (const dirent* entry = ::readdir(listing)) {
+    absl::string_view name(entry->d_name);
+    if (!absl::ConsumeSuffix(&name, kPackSuffix) || name.size() != 16) continue;
+    uint64_t pack_id = 0;
+    if (!absl::SimpleHexAtoi(name, &pack_id)) continue;
+    struct stat info;
+    const std::string path = absl::StrCat(dir_, "/", entry->d_name);
+    if (::stat(path.c_str(), &info) != 0) continue;  // removed meanwhile.
+    packs.emplace_back(pack_id, static_cast<int64_t>(info.st_size));
+  }
+  ::closedir(listing);
+  return packs;
+}
+
+absl::Status PackDirectory::Remove(uint64_t pack_id) {
+  // Opened first, so that readers holding a location in it can still read it.
+  absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(pack_id);
+  const std::string path = absl::StrCat(dir_, "/", PackFileName(pack_id));
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, "removing pack file", path);
+  }
+  absl::MutexLock lock(&mu_);
+  if (fd.ok()) removed_.push_back(pack_id);
+  return absl::OkStatus();
+}
+
+void PackDirectory::ReleaseRemoved() {
+  std::vector<std::shared_ptr<PackFd>> released;  // closed outside the lock.
+  absl::MutexLock lock(&mu_);
+  for (uint64_t pack_id : removed_) {
+    auto it = open_.find(pack_id);
+    if (it == open_.end()) continue;
+    released.push_back(std::move(it->second));
+    open_.erase(it);
+  }
+  removed_.clear();
+}
+
+absl::StatusOr<int64_t> PackWriter::Append(absl::string_view bytes, bool page_aligned) {
+  if (!failed_.ok()) return failed_;
+  int64_t offset = size_;
+  if (page_aligned && offset % kPageBytes != 0) offset += kPageBytes - offset % kPageBytes;
+  // Padding is a hole: pwrite past the end leaves zeros without writing them.
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t wrote = ::pwrite(fd_.get(), bytes.data() + done, bytes.size() - done,
+                                   static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      failed_ = ErrnoToStatus(errno, "appending to pack file", path_);
+      return failed_;
+    }
+    done += static_cast<size_t>(wrote);
+  }
+  size_ = offset + static_cast<int64_t>(bytes.size());
+  return offset;
+}
+
+absl::Status PackWriter::Sync() {
+  if (!failed_.ok()) return failed_;
+  if (::fdatasync(fd_.get()) != 0) {
+    // After a failed fsync the kernel may have dropped the dirty pages: never trust this pack again.
+    failed_ = ErrnoToStatus(errno, "syncing pack file", path_);
+    return failed_;
+  }
+  if (!entry_synced_) {
+    absl::Status synced = SyncDirectory(dir_);
+    if (!synced.ok()) return synced;
+    entry_synced_ = true;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

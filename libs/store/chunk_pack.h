@@ -1,0 +1,149 @@
+#ifndef CKPT_LIBS_STORE_CHUNK_PACK_H_
+#define CKPT_LIBS_STORE_CHUNK_PACK_H_
+
+// Append-only pack files holding the RocksDB store's chunk bytes; RocksDB keeps only where each
+// chunk lives (rocksdb_schema.h, `packed_chunks`).
+//
+// Why not RocksDB values: a value passes through the WAL and is written again when its memtable
+// is flushed to a blob file, so every tensor byte hit the disk twice and was copied three times
+// (BENCHMARKS.md, R1). A pack is written once, sequentially, and synced once per commit; a read is
+// one pread straight into the destination tensor, or a private mapping of the page cache.
+//
+// Files are `<dir>/<16 hex digits>.pack`. A pack is only appended to by its one writer (an upload
+// session or the garbage collector's compaction) and never modified or truncated after, so a
+// region that a committed location names never changes: readers need no locks, and a private
+// mapping of it never sees a write. Removing a pack unlinks it; file descriptors the directory has
+// cached stay open until ReleaseRemoved(), so readers on an older RocksDB snapshot can still read
+// it (the store calls ReleaseRemoved only when no reader is open).
+//
+// Example:
+//   ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs, PackDirectory::Open(db_path + "/packs"));
+//   ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs->NewPack(id));
+//   ASSIGN_OR_RETURN(int64_t offset, writer->Append(bytes, /*page_aligned=*/true));
+//   RETURN_IF_ERROR(writer->Sync());                      // before the commit that names it
+//   RETURN_IF_ERROR(packs->Read({id, offset, length}, destination));
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ckpt {
+
+struct PackLocation {
+  uint64_t pack_id = 0;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// "0123456789abcdef.pack".
+std::string PackFileName(uint64_t pack_id);
+
+// An open file descriptor, closed on destruction.
+class PackFd {
+ public:
+  explicit PackFd(int fd) : fd_(fd) {}
+  ~PackFd();
+  PackFd(const PackFd&) = delete;
+  PackFd& operator=(const PackFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  const int fd_;
+};
+
+// A read-only-file, copy-on-write mapping of part of a pack: writes to it stay private to the
+// process. Unmapped on destruction.
+class MappedPackRegion {
+ public:
+  MappedPackRegion(void* base, size_t mapped_length, char* data) :
+      base_(base), mapped_length_(mapped_length), data_(data) {}
+  ~MappedPackRegion();
+  MappedPackRegion(const MappedPackRegion&) = delete;
+  MappedPackRegion& operator=(const MappedPackRegion&) = delete;
+  // The region's first byte (the mapping starts at the page boundary at or before it).
+  char* data() const { return data_; }
+
+ private:
+  void* const base_;
+  const size_t mapped_length_;
+  char* const data_;
+};
+
+class PackWriter;
+
+class PackDirectory {
+ public:
+  // Opens `dir`, creating it (and syncing its parent) when missing.
+  static absl::StatusOr<std::unique_ptr<PackDirectory>> Open(const std::string& dir);
+
+  // Creates pack `pack_id` (ALREADY_EXISTS if its file exists) for appending.
+  absl::StatusOr<std::unique_ptr<PackWriter>> NewPack(uint64_t pack_id);
+
+  // Reads `location` into `destination` (location.length bytes). DATA_LOSS when the pack is
+  // missing or shorter than the location says.
+  absl::Status Read(const PackLocation& location, char* destination) const;
+
+  // Maps `location` privately (copy-on-write). DATA_LOSS as Read.
+  absl::StatusOr<std::shared_ptr<MappedPackRegion>> Map(const PackLocation& location) const;
+
+  // Every pack file's id and size in bytes.
+  absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> List() const;
+
+  // Unlinks pack `pack_id`. Its descriptor is opened first (if it was not already) and kept, so
+  // readers still holding an older location can read it until ReleaseRemoved().
+  absl::Status Remove(uint64_t pack_id);
+  // Closes the descriptors of removed packs, returning their space to the filesystem.
+  void ReleaseRemoved();
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  explicit PackDirectory(std::string dir) : dir_(std::move(dir)) {}
+  absl::StatusOr<std::shared_ptr<PackFd>> OpenPack(uint64_t pack_id) const;
+  absl::Status CheckExtent(const PackFd& fd, const PackLocation& location) const;
+
+  const std::string dir_;
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<uint64_t, std::shared_ptr<PackFd>> open_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> removed_ ABSL_GUARDED_BY(mu_);  // unlinked, descriptors still open.
+};
+
+// Appends to one pack. Not thread-safe.
+class PackWriter {
+ public:
+  PackWriter(std::string path, std::string dir, uint64_t pack_id, int fd)
+      : path_(std::move(path)), dir_(std::move(dir)), pack_id_(pack_id), fd_(fd) {}
+
+  uint64_t pack_id() const { return pack_id_; }
+  int64_t size() const { return size_; }
+
+  // Appends `bytes` and returns their offset. With `page_aligned` the bytes start at a 4 KiB
+  // boundary (zero padding before them), so a tensor can later be mapped in place.
+  // RESOURCE_EXHAUSTED when the filesystem is full; the pack is then unusable.
+  absl::StatusOr<int64_t> Append(absl::string_view bytes, bool page_aligned);
+
+  // Makes every byte appended so far durable (fdatasync; the first call also syncs the
+  // directory entry).
+  absl::Status Sync();
+
+ private:
+  const std::string path_;
+  const std::string dir_;
+  const uint64_t pack_id_;
+  PackFd fd_;
+  int64_t size_ = 0;
+  bool entry_synced_ = false;
+  absl::Status failed_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_STORE_CHUNK_PACK_H_
