@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -20,6 +21,9 @@ namespace ckpt {
 namespace {
 
 constexpr int64_t kPageBytes = 4096;
+// Descriptors kept open for reading; beyond this, packs not removed are closed and reopened by
+// name when read again (one pack per upload: a long-lived store has thousands).
+constexpr size_t kMaxCachedDescriptors = 256;
 constexpr absl::string_view kPackSuffix = ".pack";
 
 absl::Status SyncDirectory(const std::string& dir) {
@@ -97,7 +101,18 @@ absl::StatusOr<std::shared_ptr<PackFd>> PackDirectory::OpenPack(uint64_t pack_id
     return ErrnoToStatus(errno, "opening pack file", path);
   }
   auto opened = std::make_shared<PackFd>(fd);
+  std::shared_ptr<PackFd> evicted;  // closed outside the lock (a reader may still hold it).
   absl::MutexLock lock(&mu_);
+  if (open_.size() >= kMaxCachedDescriptors) {
+    // Evict one pack that is not removed: it can be opened again by name.
+    for (auto it = open_.begin(); it != open_.end(); ++it) {
+      if (std::find(removed_.begin(), removed_.end(), it->first) == removed_.end()) {
+        evicted = std::move(it->second);
+        open_.erase(it);
+        break;
+      }
+    }
+  }
   // Another reader may have opened it meanwhile; keep one descriptor per pack.
   return open_.try_emplace(pack_id, std::move(opened)).first->second;
 }
@@ -171,14 +186,18 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> PackDirectory::List() 
 }
 
 absl::Status PackDirectory::Remove(uint64_t pack_id) {
-  // Opened first, so that readers holding a location in it can still read it.
+  // Opened first, so that readers holding a location in it can still read it; a pack that cannot
+  // be opened is not unlinked either.
   absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(pack_id);
+  if (!fd.ok()) return fd.status();
   const std::string path = absl::StrCat(dir_, "/", PackFileName(pack_id));
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return ErrnoToStatus(errno, "removing pack file", path);
   }
   absl::MutexLock lock(&mu_);
-  if (fd.ok()) removed_.push_back(pack_id);
+  removed_.push_back(pack_id);
+  // Evicted meanwhile? Keep this descriptor instead.
+  open_.try_emplace(pack_id, *std::move(fd));
   return absl::OkStatus();
 }
 

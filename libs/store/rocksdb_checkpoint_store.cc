@@ -71,6 +71,8 @@ constexpr int64_t kMapInPlaceMinBytes = int64_t{1} << 20;
 
 // A pack whose live chunks fill less than this share of it is rewritten by GarbageCollect.
 constexpr double kCompactPackBelowLiveFraction = 0.5;
+// ... and only when that frees at least this much (small packs are mostly alignment padding).
+constexpr int64_t kCompactPackMinDeadBytes = int64_t{1} << 20;
 
 std::string EncodeLocation(const PackLocation& location) {
   PackedChunk record;
@@ -199,6 +201,14 @@ class RocksDbCheckpointStore::Core {
   absl::Status Write(rocksdb::WriteBatch& batch, absl::string_view what, bool sync) {
     rocksdb::WriteOptions write;
     write.sync = sync && options_.sync_commits;
+    return FromRocksDbStatus(db_->Write(write, &batch), what);
+  }
+
+  // Synced whatever sync_commits says: for batches after which files are removed (GC), whose loss
+  // in a power failure would bring back locations naming deleted packs.
+  absl::Status WriteDurably(rocksdb::WriteBatch& batch, absl::string_view what) {
+    rocksdb::WriteOptions write;
+    write.sync = true;
     return FromRocksDbStatus(db_->Write(write, &batch), what);
   }
 
@@ -623,7 +633,8 @@ class RocksDbCheckpointStore::Core {
       auto found = live_bytes.find(pack_id);
       if (found == live_bytes.end()) {
         RETURN_IF_ERROR(packs_->Remove(pack_id));
-      } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size)) {
+      } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size) &&
+                 size - found->second >= kCompactPackMinDeadBytes) {
         RETURN_IF_ERROR(CompactPack(pack_id, live[pack_id]));
       }
     }
@@ -652,9 +663,8 @@ class RocksDbCheckpointStore::Core {
                 EncodeLocation({writer->pack_id(), offset, location.length}));
     }
     RETURN_IF_ERROR(writer->Sync());
-    RETURN_IF_ERROR(Write(batch, absl::StrCat("relocating the chunks of pack ",
-                                              PackFileName(pack_id)),
-                          /*sync=*/true));
+    RETURN_IF_ERROR(WriteDurably(batch, absl::StrCat("relocating the chunks of pack ",
+                                                     PackFileName(pack_id))));
     return packs_->Remove(pack_id);
   }
 
@@ -808,8 +818,17 @@ class RocksDbUploadSession final : public UploadSession {
   }
 
   absl::StatusOr<CommitResult> Commit() override {
-    RETURN_IF_ERROR(CheckUsable());
-    RETURN_IF_ERROR(DrainPipeline());
+    absl::Status usable = CheckUsable();
+    if (usable.ok()) usable = DrainPipeline();
+    // Whatever happens, no background thread reads the caller's bytes after Commit returns.
+    if (!usable.ok()) {
+      {
+        absl::MutexLock lock(&pipeline_mu_);
+        if (pipeline_error_.ok()) pipeline_error_ = absl::CancelledError("commit failed");
+      }
+      StopPipeline();
+      return usable;
+    }
     StopPipeline();
     std::vector<std::string> incomplete;
     for (int i = 0; i < tensor_count(); ++i) {
@@ -918,8 +937,13 @@ class RocksDbUploadSession final : public UploadSession {
   absl::Status CheckUsable() {
     if (finished_) return absl::FailedPreconditionError("the upload is already committed");
     if (failed_.ok()) {
+      // The first call to see a background failure returns it with its own code (a full disk
+      // stays RESOURCE_EXHAUSTED); later calls say the session failed.
       absl::MutexLock lock(&pipeline_mu_);
-      if (!pipeline_error_.ok()) failed_ = pipeline_error_;
+      if (!pipeline_error_.ok()) {
+        failed_ = pipeline_error_;
+        return pipeline_error_;
+      }
     }
     if (!failed_.ok()) {
       return absl::FailedPreconditionError(
@@ -1617,7 +1641,7 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
   if (batch.Count() > 0) {
     // Deleted schema-1 chunk values leave blob files as garbage; blob GC during compaction
     // returns that space (rocksdb_schema.cc). Pack space comes back below.
-    RETURN_IF_ERROR(core_->Write(batch, "collecting garbage", /*sync=*/true));
+    RETURN_IF_ERROR(core_->WriteDurably(batch, "collecting garbage"));
   }
   absl::flat_hash_set<uint64_t> writing;
   for (const auto& [id, upload] : uploads) {
@@ -1638,6 +1662,12 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
 
 absl::StatusOr<v1::VerifyResponse> RocksDbCheckpointStore::Verify(absl::string_view model,
                                                                   int64_t version) {
+  // Registered before the snapshot, as OpenVersion does: GC keeps removed packs readable.
+  core_->AddReader();
+  struct Unregister {
+    Core* core;
+    ~Unregister() { core->RemoveReader(); }
+  } unregister{core_.get()};
   SnapshotHolder snapshot(core_->db());
   const rocksdb::Snapshot* snap = snapshot.get();
   const bool whole_store = model.empty();
