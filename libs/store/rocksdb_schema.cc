@@ -106,9 +106,8 @@ rocksdb::DBOptions MakeDbOptions(bool create_if_missing) {
   // One flush and one compaction at a time: the machines have 2 cores, and chunk writes and
   // SHA-256 hashing need them too.
   options.max_background_jobs = 2;
-  // Chunk bytes no longer pass through the WAL (pack files hold them), but schema-1 stores may
-  // still write inline chunks during upgrades of old data; bound the WAL so old logs are released
-  // by flushing the column families that pin them.
+  // Chunk bytes no longer pass through the WAL (pack files hold them); only small records do.
+  // Bound the WAL anyway so old logs are released by flushing the column families that pin them.
   options.max_total_wal_size = 256 * kMiB;
   // Write back blob / SST files and the WAL in 1 MiB steps, so the synced commit and flushes do
   // not stall behind hundreds of MB of dirty pages.
