@@ -1,6 +1,7 @@
 #include "libs/client/remote_checkpoint_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -320,12 +321,13 @@ class DownloadStream {
 
   v1::Manifest& manifest() { return manifest_; }
 
-  // Streams tensor `index` (described by `meta`, from the manifest) to `callback` one store chunk
-  // at a time, each checked against its ChunkRef. The tensor's data must be the next on the
-  // stream, apart from data of earlier tensors, which is skipped. After an error the stream is
-  // mid-tensor and must not be read again.
+  // Streams tensor `index` (described by `meta`, from the manifest) one store chunk at a time,
+  // each checked against its ChunkRef: into `destination` (byte_length bytes) when it is not
+  // null -- each message copied once, straight to its place -- else to `callback`. The tensor's
+  // data must be the next on the stream, apart from data of earlier tensors, which is skipped.
+  // After an error the stream is mid-tensor and must not be read again.
   absl::Status ReadTensor(int index, const v1::TensorMeta& meta, const ChunkCallback& callback,
-                          absl::string_view where) {
+                          absl::string_view where, char* destination = nullptr) {
     const int64_t length = meta.byte_length();
     int64_t chunk_bytes = 0;
     for (const v1::ChunkRef& chunk : meta.chunks()) chunk_bytes += chunk.length();
@@ -337,7 +339,8 @@ class DownloadStream {
     int64_t received = 0;
     int chunk_index = 0;
     int64_t chunk_offset = 0;
-    std::string chunk;
+    std::string& chunk = chunk_;  // reused: no fresh 4 MiB per tensor.
+    chunk.clear();
     while (received < length) {
       if (!reader_->Read(&message_)) {
         const grpc::Status status = reader_->Finish();
@@ -366,21 +369,30 @@ class DownloadStream {
       }
       while (!bytes.empty()) {
         const v1::ChunkRef& ref = meta.chunks(chunk_index);
-        if (chunk.capacity() < static_cast<size_t>(ref.length())) chunk.reserve(ref.length());
+        const int64_t chunk_received = received - chunk_offset;
         const size_t take =
-            std::min(bytes.size(), static_cast<size_t>(ref.length()) - chunk.size());
-        chunk.append(bytes.data(), take);
+            std::min(bytes.size(), static_cast<size_t>(ref.length() - chunk_received));
+        if (destination != nullptr) {
+          std::memcpy(destination + received, bytes.data(), take);
+        } else {
+          if (chunk.capacity() < static_cast<size_t>(ref.length())) chunk.reserve(ref.length());
+          chunk.append(bytes.data(), take);
+        }
         bytes.remove_prefix(take);
         received += static_cast<int64_t>(take);
-        if (static_cast<int64_t>(chunk.size()) < ref.length()) continue;
-        const uint64_t xxh3 = Xxh3(chunk);
+        if (received - chunk_offset < ref.length()) continue;
+        const absl::string_view whole =
+            destination != nullptr
+                ? absl::string_view(destination + chunk_offset, static_cast<size_t>(ref.length()))
+                : absl::string_view(chunk);
+        const uint64_t xxh3 = Xxh3(whole);
         if (xxh3 != ref.xxh3_64()) {
           return absl::DataLossError(
               absl::StrCat("chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ",
                            where, " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
                            ") arrived with a wrong xxh3 checksum; its bytes were not returned"));
         }
-        RETURN_IF_ERROR(callback(chunk_offset, chunk));
+        if (destination == nullptr) RETURN_IF_ERROR(callback(chunk_offset, chunk));
         chunk_offset += ref.length();
         ++chunk_index;
         chunk.clear();
@@ -399,6 +411,7 @@ class DownloadStream {
   bool open_ = false;  // Finish not called yet.
   v1::Manifest manifest_;
   v1::DownloadResponse message_;
+  std::string chunk_;  // a chunk being assembled for a callback.
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -424,6 +437,16 @@ class RemoteVersionReader final : public VersionReader {
 
   absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
                                 const ChunkCallback& callback) const override {
+    return Read(meta, callback, nullptr);
+  }
+
+  absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const override {
+    return Read(meta, nullptr, destination);
+  }
+
+ private:
+  absl::Status Read(const v1::TensorMeta& meta, const ChunkCallback& callback,
+                    char* destination) const {
     ASSIGN_OR_RETURN(const int index, IndexOf(meta));
     const v1::TensorMeta& stored = TensorAt(manifest_, index);
     if (stored.byte_length() != meta.byte_length()) {
@@ -433,7 +456,7 @@ class RemoteVersionReader final : public VersionReader {
     }
     if (stored.byte_length() == 0) return absl::OkStatus();
     if (main_ != nullptr && index == NextOnMainStream()) {
-      absl::Status status = main_->ReadTensor(index, stored, callback, where_);
+      absl::Status status = main_->ReadTensor(index, stored, callback, where_, destination);
       main_position_ = index + 1;
       if (!status.ok()) main_.reset();  // Mid-tensor now: later reads go one-off.
       return status;
@@ -444,10 +467,9 @@ class RemoteVersionReader final : public VersionReader {
     request.set_include_state(index >= manifest_.tensors_size());
     ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
                      DownloadStream::Open(connection_, request));
-    return stream->ReadTensor(index, stored, callback, where_);
+    return stream->ReadTensor(index, stored, callback, where_, destination);
   }
 
- private:
   // The index of `meta` in manifest order: the very entry when `meta` is one of manifest()'s,
   // else by key, model tensors first (as ReadTensor(key) searches).
   absl::StatusOr<int> IndexOf(const v1::TensorMeta& meta) const {

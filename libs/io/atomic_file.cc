@@ -130,8 +130,11 @@ absl::Status AtomicFileWriter::Commit() {
     return status;
   }
   // The rename is durable only once the directory entry is.
-  const std::string directory = DirectoryOf(path_);
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  return SyncDirectory(DirectoryOf(path_));
+}
+
+absl::Status SyncDirectory(const std::string& directory) {
+  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return ErrnoToStatus(errno, "opening directory", directory);
   const int synced = ::fsync(dir_fd);
   const int sync_errno = errno;

@@ -60,6 +60,10 @@ class AtomicFileWriter {
 // Writes `contents` to `path` atomically (see AtomicFileWriter).
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
+// Makes `directory`'s entries durable (fsync of the directory): a created, renamed or removed
+// file survives a crash only once its directory is synced.
+absl::Status SyncDirectory(const std::string& directory);
+
 // Translates errno from a failed system call on `path` into a status: ENOENT NOT_FOUND,
 // EACCES / EPERM PERMISSION_DENIED, ENOSPC / EDQUOT RESOURCE_EXHAUSTED, others UNAVAILABLE.
 absl::Status ErrnoToStatus(int error_number, absl::string_view operation, absl::string_view path);

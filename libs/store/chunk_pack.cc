@@ -25,16 +25,8 @@ constexpr int64_t kPageBytes = 4096;
 // name when read again (one pack per upload: a long-lived store has thousands).
 constexpr size_t kMaxCachedDescriptors = 256;
 constexpr absl::string_view kPackSuffix = ".pack";
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, "opening directory", dir);
-  const int synced = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (synced != 0) return ErrnoToStatus(error, "syncing directory", dir);
-  return absl::OkStatus();
-}
+// PackWriter starts writeback of every this many appended bytes.
+constexpr int64_t kWritebackStepBytes = int64_t{8} << 20;
 
 std::string ParentOf(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -106,7 +98,9 @@ absl::StatusOr<std::shared_ptr<PackFd>> PackDirectory::OpenPack(uint64_t pack_id
   if (open_.size() >= kMaxCachedDescriptors) {
     // Evict one pack that is not removed: it can be opened again by name.
     for (auto it = open_.begin(); it != open_.end(); ++it) {
-      if (std::find(removed_.begin(), removed_.end(), it->first) == removed_.end()) {
+      const uint64_t candidate = it->first;
+      if (std::none_of(removed_.begin(), removed_.end(),
+                       [&](const auto& removed) { return removed.first == candidate; })) {
         evicted = std::move(it->second);
         open_.erase(it);
         break;
@@ -163,8 +157,23 @@ absl::StatusOr<std::shared_ptr<MappedPackRegion>> PackDirectory::Map(
   void* base = ::mmap(nullptr, length == 0 ? 1 : length, PROT_READ | PROT_WRITE, MAP_PRIVATE,
                       (*fd)->get(), static_cast<off_t>(start));
   if (base == MAP_FAILED) return ErrnoToStatus(errno, "mapping", LocationText(location));
-  return std::make_shared<MappedPackRegion>(
-      base, length == 0 ? 1 : length, static_cast<char*>(base) + (location.offset - start));
+  return std::make_shared<MappedPackRegion>(base, length == 0 ? 1 : length,
+                                            static_cast<char*>(base) + (location.offset - start),
+                                            location.length);
+}
+
+absl::StatusOr<std::shared_ptr<MappedPackRegion>> PackDirectory::MapWhole(uint64_t pack_id) const {
+  absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(pack_id);
+  if (!fd.ok()) return fd.status();
+  struct stat info;
+  if (::fstat((*fd)->get(), &info) != 0) {
+    return ErrnoToStatus(errno, "looking at pack", PackFileName(pack_id));
+  }
+  const size_t length = info.st_size > 0 ? static_cast<size_t>(info.st_size) : 1;
+  void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, (*fd)->get(), 0);
+  if (base == MAP_FAILED) return ErrnoToStatus(errno, "mapping pack", PackFileName(pack_id));
+  return std::make_shared<MappedPackRegion>(base, length, static_cast<char*>(base),
+                                            static_cast<int64_t>(info.st_size));
 }
 
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> PackDirectory::List() const {
@@ -185,7 +194,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> PackDirectory::List() 
   return packs;
 }
 
-absl::Status PackDirectory::Remove(uint64_t pack_id) {
+absl::Status PackDirectory::Remove(uint64_t pack_id, uint64_t generation) {
   // Opened first, so that readers holding a location in it can still read it; a pack that cannot
   // be opened is not unlinked either.
   absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(pack_id);
@@ -195,28 +204,33 @@ absl::Status PackDirectory::Remove(uint64_t pack_id) {
     return ErrnoToStatus(errno, "removing pack file", path);
   }
   absl::MutexLock lock(&mu_);
-  removed_.push_back(pack_id);
+  removed_.emplace_back(pack_id, generation);
   // Evicted meanwhile? Keep this descriptor instead.
   open_.try_emplace(pack_id, *std::move(fd));
   return absl::OkStatus();
 }
 
-void PackDirectory::ReleaseRemoved() {
+void PackDirectory::ReleaseRemoved(uint64_t up_to) {
   std::vector<std::shared_ptr<PackFd>> released;  // closed outside the lock.
   absl::MutexLock lock(&mu_);
-  for (uint64_t pack_id : removed_) {
+  std::vector<std::pair<uint64_t, uint64_t>> kept;
+  for (const auto& [pack_id, generation] : removed_) {
+    if (generation > up_to) {
+      kept.emplace_back(pack_id, generation);
+      continue;
+    }
     auto it = open_.find(pack_id);
     if (it == open_.end()) continue;
     released.push_back(std::move(it->second));
     open_.erase(it);
   }
-  removed_.clear();
+  removed_.swap(kept);
 }
 
-absl::StatusOr<int64_t> PackWriter::Append(absl::string_view bytes, bool page_aligned) {
+absl::StatusOr<int64_t> PackWriter::Append(absl::string_view bytes, int64_t alignment) {
   if (!failed_.ok()) return failed_;
   int64_t offset = size_;
-  if (page_aligned && offset % kPageBytes != 0) offset += kPageBytes - offset % kPageBytes;
+  if (alignment > 1 && offset % alignment != 0) offset += alignment - offset % alignment;
   // Padding is a hole: pwrite past the end leaves zeros without writing them.
   size_t done = 0;
   while (done < bytes.size()) {
@@ -230,6 +244,15 @@ absl::StatusOr<int64_t> PackWriter::Append(absl::string_view bytes, bool page_al
     done += static_cast<size_t>(wrote);
   }
   size_ = offset + static_cast<int64_t>(bytes.size());
+  // Start the disk writing what is appended so far, in steps, so that the commit's fdatasync
+  // waits for the last step only, and the disk works while the upload still hashes and copies
+  // (RocksDB's bytes_per_sync does the same for its files). Asynchronous and best effort: an
+  // I/O error here also fails the fdatasync in Sync.
+  if (size_ - writeback_from_ >= kWritebackStepBytes) {
+    ::sync_file_range(fd_.get(), static_cast<off_t>(writeback_from_),
+                      static_cast<off_t>(size_ - writeback_from_), SYNC_FILE_RANGE_WRITE);
+    writeback_from_ = size_;
+  }
   return offset;
 }
 

@@ -12,14 +12,14 @@
 // Files are `<dir>/<16 hex digits>.pack`. A pack is only appended to by its one writer (an upload
 // session or the garbage collector's compaction) and never modified or truncated after, so a
 // region that a committed location names never changes: readers need no locks, and a private
-// mapping of it never sees a write. Removing a pack unlinks it; file descriptors the directory has
-// cached stay open until ReleaseRemoved(), so readers on an older RocksDB snapshot can still read
-// it (the store calls ReleaseRemoved only when no reader is open).
+// mapping of it never sees a write. Removing a pack unlinks it; its cached file descriptor stays
+// open until ReleaseRemoved() covers the removal's generation, so readers on an older RocksDB
+// snapshot can still read it (the store uses sequence numbers as generations).
 //
 // Example:
 //   ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs, PackDirectory::Open(db_path + "/packs"));
 //   ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs->NewPack(id));
-//   ASSIGN_OR_RETURN(int64_t offset, writer->Append(bytes, /*page_aligned=*/true));
+//   ASSIGN_OR_RETURN(int64_t offset, writer->Append(bytes, /*alignment=*/4096));
 //   RETURN_IF_ERROR(writer->Sync());                      // before the commit that names it
 //   RETURN_IF_ERROR(packs->Read({id, offset, length}, destination));
 
@@ -63,18 +63,21 @@ class PackFd {
 // process. Unmapped on destruction.
 class MappedPackRegion {
  public:
-  MappedPackRegion(void* base, size_t mapped_length, char* data) :
-      base_(base), mapped_length_(mapped_length), data_(data) {}
+  MappedPackRegion(void* base, size_t mapped_length, char* data, int64_t size)
+      : base_(base), mapped_length_(mapped_length), data_(data), size_(size) {}
   ~MappedPackRegion();
   MappedPackRegion(const MappedPackRegion&) = delete;
   MappedPackRegion& operator=(const MappedPackRegion&) = delete;
   // The region's first byte (the mapping starts at the page boundary at or before it).
   char* data() const { return data_; }
+  // Bytes from data() on.
+  int64_t size() const { return size_; }
 
  private:
   void* const base_;
   const size_t mapped_length_;
   char* const data_;
+  const int64_t size_;
 };
 
 class PackWriter;
@@ -93,15 +96,19 @@ class PackDirectory {
 
   // Maps `location` privately (copy-on-write). DATA_LOSS as Read.
   absl::StatusOr<std::shared_ptr<MappedPackRegion>> Map(const PackLocation& location) const;
+  // Maps all of pack `pack_id` as it is now, privately.
+  absl::StatusOr<std::shared_ptr<MappedPackRegion>> MapWhole(uint64_t pack_id) const;
 
   // Every pack file's id and size in bytes.
   absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> List() const;
 
   // Unlinks pack `pack_id`. Its descriptor is opened first (if it was not already) and kept, so
-  // readers still holding an older location can read it until ReleaseRemoved().
-  absl::Status Remove(uint64_t pack_id);
-  // Closes the descriptors of removed packs, returning their space to the filesystem.
-  void ReleaseRemoved();
+  // readers still holding an older location can read it until ReleaseRemoved(g) with
+  // g >= `generation`.
+  absl::Status Remove(uint64_t pack_id, uint64_t generation);
+  // Closes the descriptors of packs removed at generations <= `up_to`, returning their space to
+  // the filesystem.
+  void ReleaseRemoved(uint64_t up_to);
 
   const std::string& dir() const { return dir_; }
 
@@ -113,7 +120,8 @@ class PackDirectory {
   const std::string dir_;
   mutable absl::Mutex mu_;
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<PackFd>> open_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> removed_ ABSL_GUARDED_BY(mu_);  // unlinked, descriptors still open.
+  // Unlinked packs whose descriptors are still open, with their generations.
+  std::vector<std::pair<uint64_t, uint64_t>> removed_ ABSL_GUARDED_BY(mu_);
 };
 
 // Appends to one pack. Not thread-safe.
@@ -125,13 +133,13 @@ class PackWriter {
   uint64_t pack_id() const { return pack_id_; }
   int64_t size() const { return size_; }
 
-  // Appends `bytes` and returns their offset. With `page_aligned` the bytes start at a 4 KiB
-  // boundary (zero padding before them), so a tensor can later be mapped in place.
-  // RESOURCE_EXHAUSTED when the filesystem is full; the pack is then unusable.
-  absl::StatusOr<int64_t> Append(absl::string_view bytes, bool page_aligned);
+  // Appends `bytes` at the next multiple of `alignment` (a power of two; the gap is a hole that
+  // reads as zeros) and returns their offset: tensors start aligned, so readers can map them in
+  // place. RESOURCE_EXHAUSTED when the filesystem is full; the pack is then unusable.
+  absl::StatusOr<int64_t> Append(absl::string_view bytes, int64_t alignment);
 
   // Makes every byte appended so far durable (fdatasync; the first call also syncs the
-  // directory entry).
+  // directory entry). Append has started writeback of all but the last few MiB already.
   absl::Status Sync();
 
  private:
@@ -140,6 +148,7 @@ class PackWriter {
   const uint64_t pack_id_;
   PackFd fd_;
   int64_t size_ = 0;
+  int64_t writeback_from_ = 0;  // Bytes before this have had writeback started.
   bool entry_synced_ = false;
   absl::Status failed_;
 };

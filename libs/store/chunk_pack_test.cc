@@ -25,9 +25,9 @@ TEST(ChunkPackTest, AppendsReadsAndMapsWithAlignment) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackDirectory> packs,
                        PackDirectory::Open(TestDir("packs_basic")));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackWriter> writer, packs->NewPack(7));
-  ASSERT_OK_AND_ASSIGN(int64_t first, writer->Append("abc", /*page_aligned=*/false));
-  ASSERT_OK_AND_ASSIGN(int64_t second, writer->Append(std::string(5000, 'z'), true));
-  ASSERT_OK_AND_ASSIGN(int64_t third, writer->Append("tail", false));
+  ASSERT_OK_AND_ASSIGN(int64_t first, writer->Append("abc", /*alignment=*/1));
+  ASSERT_OK_AND_ASSIGN(int64_t second, writer->Append(std::string(5000, 'z'), 4096));
+  ASSERT_OK_AND_ASSIGN(int64_t third, writer->Append("tail", 1));
   EXPECT_EQ(first, 0);
   EXPECT_EQ(second, 4096);
   EXPECT_EQ(third, 4096 + 5000);
@@ -38,6 +38,10 @@ TEST(ChunkPackTest, AppendsReadsAndMapsWithAlignment) {
   EXPECT_EQ(read, "abc");
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<MappedPackRegion> region, packs->Map({7, third, 4}));
   EXPECT_EQ(std::string(region->data(), 4), "tail");
+  EXPECT_EQ(region->size(), 4);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<MappedPackRegion> whole, packs->MapWhole(7));
+  EXPECT_EQ(whole->size(), 4096 + 5000 + 4);
+  EXPECT_EQ(std::string(whole->data() + second, 3), "zzz");
   // Writes to a mapping stay private: the file keeps its bytes.
   region->data()[0] = 'X';
   ASSERT_THAT(packs->Read({7, third, 4}, read.data()), IsOk());
@@ -56,7 +60,7 @@ TEST(ChunkPackTest, ShortOrMissingPacksAreDataLoss) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackDirectory> packs,
                        PackDirectory::Open(TestDir("packs_short")));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackWriter> writer, packs->NewPack(1));
-  ASSERT_THAT(writer->Append("0123456789", false).status(), IsOk());
+  ASSERT_THAT(writer->Append("0123456789", 1).status(), IsOk());
   std::string buffer(20, '\0');
   EXPECT_THAT(packs->Read({1, 5, 10}, buffer.data()),
               StatusIs(absl::StatusCode::kDataLoss, "the file ends after 10 bytes"));
@@ -71,13 +75,15 @@ TEST(ChunkPackTest, RemovedPackStaysReadableUntilReleased) {
   const std::string dir = TestDir("packs_remove");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackDirectory> packs, PackDirectory::Open(dir));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackWriter> writer, packs->NewPack(3));
-  ASSERT_THAT(writer->Append("kept", false).status(), IsOk());
-  ASSERT_THAT(packs->Remove(3), IsOk());
+  ASSERT_THAT(writer->Append("kept", 1).status(), IsOk());
+  ASSERT_THAT(packs->Remove(3, /*generation=*/10), IsOk());
   EXPECT_NE(::access((dir + "/" + PackFileName(3)).c_str(), F_OK), 0);
   std::string buffer(4, '\0');
   ASSERT_THAT(packs->Read({3, 0, 4}, buffer.data()), IsOk());
   EXPECT_EQ(buffer, "kept");
-  packs->ReleaseRemoved();
+  packs->ReleaseRemoved(9);  // an older generation: still open
+  ASSERT_THAT(packs->Read({3, 0, 4}, buffer.data()), IsOk());
+  packs->ReleaseRemoved(10);
   EXPECT_THAT(packs->Read({3, 0, 4}, buffer.data()), StatusIs(absl::StatusCode::kDataLoss));
   ASSERT_OK_AND_ASSIGN(auto listed, packs->List());
   EXPECT_TRUE(listed.empty());
@@ -90,7 +96,7 @@ TEST(ChunkPackTest, FullDiskIsResourceExhausted) {
   const int fd = ::open("/dev/full", O_WRONLY);
   ASSERT_GE(fd, 0);
   PackWriter writer("/dev/full", TestDir("packs_full"), 9, fd);
-  EXPECT_THAT(writer.Append("x", false).status(),
+  EXPECT_THAT(writer.Append("x", 1).status(),
               StatusIs(absl::StatusCode::kResourceExhausted));
   // A failed pack stays failed.
   EXPECT_THAT(writer.Sync(), StatusIs(absl::StatusCode::kResourceExhausted));

@@ -65,9 +65,22 @@ int64_t LogicalBytes(const v1::Manifest& manifest) {
 
 std::string Hex64(uint64_t value) { return absl::StrFormat("%016x", value); }
 
-// Tensors at least this large start on a page boundary in their pack, so a reader can map them
-// in place (padding costs < 0.4%); smaller ones are packed tightly and copied.
-constexpr int64_t kMapInPlaceMinBytes = int64_t{1} << 20;
+// Where a tensor's first chunk starts in its pack: tensors of 1 MiB or more on a page (padding
+// costs < 0.4%), smaller ones on 64 bytes (element alignment for every dtype, at most 63 bytes
+// of padding each), so readers can hand out tensors that point into a mapping of the pack.
+constexpr int64_t kPageAlignFromBytes = int64_t{1} << 20;
+int64_t TensorAlignment(int64_t byte_length) {
+  return byte_length >= kPageAlignFromBytes ? 4096 : 64;
+}
+// Readers map tensors at least this large and copy smaller ones.
+constexpr int64_t kMapInPlaceMinBytes = kPageAlignFromBytes;
+
+// An upload writes the records of the chunks it stored (kUploads) in batches of this many, not
+// one RocksDB write each: those writes were ~40% of the writing thread's time for 10,000 small
+// tensors (perf, tools/bench). After a crash up to this many stored chunks have no record; their
+// bytes are in the upload's own pack, which GarbageCollect removes once no location names it,
+// so only the abandoned upload's bytes_freed count is short.
+constexpr int kUploadRecordBatch = 256;
 
 // A pack whose live chunks fill less than this share of it is rewritten by GarbageCollect.
 constexpr double kCompactPackBelowLiveFraction = 0.5;
@@ -169,6 +182,14 @@ class SnapshotHolder {
 
 }  // namespace
 
+// The whole-pack mappings one reader shares among the tensors it maps, and the regions it has
+// handed out.
+struct PackMappings {
+  absl::Mutex mu;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<MappedPackRegion>> packs ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<std::pair<uint64_t, int64_t>> handed_out ABSL_GUARDED_BY(mu);
+};
+
 class RocksDbCheckpointStore::Core {
  public:
   Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::unique_ptr<PackDirectory> packs)
@@ -184,11 +205,26 @@ class RocksDbCheckpointStore::Core {
   rocksdb::DB* db() const { return db_; }
   PackDirectory& packs() const { return *packs_; }
 
-  // Readers register before they take their snapshot, so GarbageCollect closes removed packs'
-  // descriptors only when no reader could still hold a location in them.
-  void AddReader() { active_readers_.fetch_add(1); }
-  void RemoveReader() { active_readers_.fetch_sub(1); }
-  bool HasReaders() const { return active_readers_.load() > 0; }
+  // Readers register before they take their snapshot, with the latest sequence number then (their
+  // snapshot sees at least that much). GarbageCollect closes a removed pack's descriptor once
+  // every registered reader started after the batch that stopped naming the pack.
+  int64_t AddReader() {
+    absl::MutexLock lock(&readers_mu_);
+    const int64_t id = next_reader_id_++;
+    readers_.emplace(id, db_->GetLatestSequenceNumber());
+    return id;
+  }
+  void RemoveReader(int64_t id) {
+    absl::MutexLock lock(&readers_mu_);
+    readers_.erase(id);
+  }
+  // The oldest sequence number a registered reader may see; the newest when there is none.
+  uint64_t OldestReaderSequence() {
+    absl::MutexLock lock(&readers_mu_);
+    uint64_t oldest = db_->GetLatestSequenceNumber();
+    for (const auto& [id, sequence] : readers_) oldest = std::min(oldest, sequence);
+    return oldest;
+  }
   rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const { return store_db_->cf(cf); }
 
   rocksdb::ReadOptions Read(const rocksdb::Snapshot* snapshot = nullptr) const {
@@ -489,39 +525,64 @@ class RocksDbCheckpointStore::Core {
   }
 
   // Maps `meta`'s bytes in place when its chunks lie back to back in one pack (how an upload
-  // writes a tensor it did not deduplicate), checking every chunk; nullopt when they do not.
-  absl::StatusOr<std::shared_ptr<MappedPackRegion>> MapTensor(
-      const v1::TensorMeta& meta, const rocksdb::Snapshot* snapshot,
-      absl::string_view where) const {
+  // writes a tensor it did not deduplicate), checking every chunk; data is null when they do not,
+  // or when `mappings` already handed out the same bytes (a deduplicated twin: two tensors must
+  // not share memory, or a write to one would show in the other).
+  absl::StatusOr<VersionReader::MappedBytes> MapTensor(const v1::TensorMeta& meta,
+                                                       const rocksdb::Snapshot* snapshot,
+                                                       absl::string_view where,
+                                                       PackMappings& mappings) const {
     RETURN_IF_ERROR(CheckChunkLayout(meta));
-    if (meta.chunks_size() == 0) return nullptr;
+    VersionReader::MappedBytes mapped;
+    if (meta.chunks_size() == 0) return mapped;
     std::optional<PackLocation> whole;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       ASSIGN_OR_RETURN(std::optional<PackLocation> location, FindPackLocation(chunk, snapshot));
-      if (!location.has_value()) return nullptr;
+      if (!location.has_value()) return mapped;
       if (!whole.has_value()) {
         whole = location;
       } else if (location->pack_id != whole->pack_id ||
                  location->offset != whole->offset + whole->length) {
-        return nullptr;
+        return mapped;
       } else {
         whole->length += location->length;
       }
     }
-    // Tensor data must be aligned for its element type; writers align large tensors to pages.
-    if (whole->offset % 64 != 0) return nullptr;
-    absl::StatusOr<std::shared_ptr<MappedPackRegion>> region = packs_->Map(*whole);
-    if (!region.ok()) {
-      return ChunkReadError(meta, meta.chunks(0), 0, where, region.status());
+    if (whole->offset % 64 != 0) return mapped;  // element alignment
+    std::shared_ptr<MappedPackRegion> region;
+    {
+      absl::MutexLock lock(&mappings.mu);
+      if (!mappings.handed_out.insert({whole->pack_id, whole->offset}).second) return mapped;
+      std::shared_ptr<MappedPackRegion>& pack = mappings.packs[whole->pack_id];
+      if (pack == nullptr || pack->size() < whole->offset + whole->length) {
+        absl::StatusOr<std::shared_ptr<MappedPackRegion>> mapping =
+            packs_->MapWhole(whole->pack_id);
+        if (!mapping.ok()) {
+          return ChunkReadError(meta, meta.chunks(0), 0, where, mapping.status());
+        }
+        pack = *std::move(mapping);
+      }
+      region = pack;
     }
+    if (region->size() < whole->offset + whole->length) {
+      // Never touched: a mapping past the end of the file is SIGBUS on first access.
+      return ChunkReadError(
+          meta, meta.chunks(0), 0, where,
+          absl::DataLossError(absl::StrCat("pack ", PackFileName(whole->pack_id), " bytes ",
+                                           whole->offset, "..", whole->offset + whole->length,
+                                           " lie beyond the end of the ", region->size(),
+                                           "-byte file")));
+    }
+    char* data = region->data() + whole->offset;
     int64_t offset = 0;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
-      RETURN_IF_ERROR(CheckChunkBytes(
-          meta, chunk, offset, where,
-          absl::string_view((*region)->data() + offset, chunk.length())));
+      RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where,
+                                      absl::string_view(data + offset, chunk.length())));
       offset += chunk.length();
     }
-    return *std::move(region);
+    mapped.data = data;
+    mapped.owner = std::move(region);
+    return mapped;
   }
 
   static absl::Status ChunkReadError(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
@@ -538,7 +599,20 @@ class RocksDbCheckpointStore::Core {
   absl::Status ReadChunks(const v1::TensorMeta& meta, const ChunkCallback& callback,
                           const rocksdb::Snapshot* snapshot, absl::string_view where) const {
     RETURN_IF_ERROR(CheckChunkLayout(meta));
-    std::string buffer;
+    // One chunk buffer per thread, reused: a fresh 4 MiB per call costs a page fault per 4 KiB.
+    // (A callback that reads again on this thread gets a buffer of its own.)
+    thread_local std::string reused;
+    thread_local bool reused_busy = false;
+    std::string own;
+    std::string& buffer = reused_busy ? own : reused;
+    const bool took_reused = !reused_busy;
+    reused_busy = true;
+    struct Release {
+      bool active;
+      ~Release() {
+        if (active) reused_busy = false;
+      }
+    } release{took_reused};
     int64_t offset = 0;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       if (buffer.size() < static_cast<size_t>(chunk.length())) buffer.resize(chunk.length());
@@ -577,10 +651,13 @@ class RocksDbCheckpointStore::Core {
   // holds it committed or this upload wrote it.
   // New chunks are appended to `pack` (the upload's own pack file); `written` maps each chunk the
   // upload stored to its location, which Commit records in its synced batch.
+  // The upload record of each stored chunk goes into `records`, which the session writes in
+  // batches (UploadRecordBatch).
   absl::Status PinAndStoreChunk(absl::string_view upload_id, const ChunkDigest& digest,
-                                absl::string_view bytes, bool page_aligned, PackWriter& pack,
+                                absl::string_view bytes, int64_t alignment, PackWriter& pack,
                                 absl::flat_hash_set<std::string>& pinned,
-                                absl::flat_hash_map<std::string, PackLocation>& written) {
+                                absl::flat_hash_map<std::string, PackLocation>& written,
+                                rocksdb::WriteBatch& records) {
     if (pinned.insert(digest.sha256).second) {
       absl::MutexLock lock(&mu_);
       ++pinned_chunks_[digest.sha256];
@@ -592,15 +669,12 @@ class RocksDbCheckpointStore::Core {
     rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kRefs), digest.sha256, &record);
     if (read.ok()) return absl::OkStatus();
     if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk");
-    ASSIGN_OR_RETURN(const int64_t offset, pack.Append(bytes, page_aligned));
+    ASSIGN_OR_RETURN(const int64_t offset, pack.Append(bytes, alignment));
     const PackLocation location{pack.pack_id(), offset, digest.length};
     // The location is recorded by Commit, after the pack is synced: `packed_chunks` only ever
     // names durable bytes. Until then the upload record pins the chunk for GC accounting.
-    rocksdb::WriteBatch batch;
-    batch.Put(cf(ColumnFamily::kUploads), UploadChunkKey(upload_id, digest.sha256),
-              EncodeBigEndian64(static_cast<uint64_t>(digest.length)));
-    RETURN_IF_ERROR(Write(batch, absl::StrCat("storing chunk ", HexEncode(digest.sha256)),
-                          /*sync=*/false));
+    records.Put(cf(ColumnFamily::kUploads), UploadChunkKey(upload_id, digest.sha256),
+                EncodeBigEndian64(static_cast<uint64_t>(digest.length)));
     written.emplace(digest.sha256, location);
     return absl::OkStatus();
   }
@@ -632,18 +706,18 @@ class RocksDbCheckpointStore::Core {
       if (writing.contains(pack_id)) continue;
       auto found = live_bytes.find(pack_id);
       if (found == live_bytes.end()) {
-        RETURN_IF_ERROR(packs_->Remove(pack_id));
+        RETURN_IF_ERROR(packs_->Remove(pack_id, db_->GetLatestSequenceNumber()));
       } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size) &&
                  size - found->second >= kCompactPackMinDeadBytes) {
         RETURN_IF_ERROR(CompactPack(pack_id, live[pack_id]));
       }
     }
     // Readers on an older snapshot may still read removed packs through their descriptors.
-    if (!HasReaders()) packs_->ReleaseRemoved();
+    packs_->ReleaseRemoved(OldestReaderSequence());
     return absl::OkStatus();
   }
 
-  // Copies the live chunks of pack `pack_id` to a new pack (in their order, keeping page
+  // Copies the live chunks of pack `pack_id` to a new pack (in their order, keeping their
   // alignment, so tensors stay mappable), syncs it, moves their locations, removes the old pack.
   absl::Status CompactPack(uint64_t pack_id,
                            std::vector<std::pair<std::string, PackLocation>>& chunks)
@@ -657,15 +731,16 @@ class RocksDbCheckpointStore::Core {
     for (const auto& [sha256, location] : chunks) {
       buffer.resize(static_cast<size_t>(location.length));
       RETURN_IF_ERROR(packs_->Read(location, buffer.data()));
-      ASSIGN_OR_RETURN(const int64_t offset,
-                       writer->Append(buffer, location.offset % 4096 == 0));
+      const int64_t alignment =
+          location.offset % 4096 == 0 ? 4096 : location.offset % 64 == 0 ? 64 : 1;
+      ASSIGN_OR_RETURN(const int64_t offset, writer->Append(buffer, alignment));
       batch.Put(cf(ColumnFamily::kPackedChunks), sha256,
                 EncodeLocation({writer->pack_id(), offset, location.length}));
     }
     RETURN_IF_ERROR(writer->Sync());
     RETURN_IF_ERROR(WriteDurably(batch, absl::StrCat("relocating the chunks of pack ",
                                                      PackFileName(pack_id))));
-    return packs_->Remove(pack_id);
+    return packs_->Remove(pack_id, db_->GetLatestSequenceNumber());
   }
 
   // ---- Uploads.
@@ -715,7 +790,10 @@ class RocksDbCheckpointStore::Core {
   const std::unique_ptr<StoreDb> store_db_;
   rocksdb::DB* const db_;
   const std::unique_ptr<PackDirectory> packs_;
-  std::atomic<int64_t> active_readers_{0};
+  absl::Mutex readers_mu_;
+  int64_t next_reader_id_ ABSL_GUARDED_BY(readers_mu_) = 0;
+  // Registered reader -> the latest sequence number when it registered.
+  std::map<int64_t, uint64_t> readers_ ABSL_GUARDED_BY(readers_mu_);
   uint64_t upload_id_base_ = 0;
   std::atomic<uint64_t> next_upload_serial_{0};
 
@@ -750,7 +828,10 @@ class RocksDbUploadSession final : public UploadSession {
     }
     StopPipeline();
     // Abandoned: the upload record stays for GarbageCollect; only the in-memory pins go.
-    if (!finished_) core_->EndUpload(upload_id_, pinned_);
+    if (!finished_) {
+      (void)WriteUploadRecords();  // best effort: GarbageCollect reclaims the pack regardless.
+      core_->EndUpload(upload_id_, pinned_);
+    }
   }
 
   const v1::Manifest& header() const override { return header_; }
@@ -905,6 +986,7 @@ class RocksDbUploadSession final : public UploadSession {
                                                        FormatVersionRef(model, version)),
                                    /*sync=*/true));
       core_->EndUploadLocked(upload_id_, pinned_);
+      upload_records_.Clear();
       finished_ = true;
       result.version = MakeVersionRef(model, version);
       result.new_bytes = new_bytes;
@@ -974,10 +1056,12 @@ class RocksDbUploadSession final : public UploadSession {
     return absl::OkStatus();
   }
 
-  // ---- The background pipeline of AddStableTensorData: a hashing thread runs ahead over the
-  // pieces' chunks, a writing thread stores them in order. While it runs, only the writing thread
-  // touches the manifest's chunk lists, the content hashers, the pack and the pin sets; every
-  // other path drains it first.
+  // ---- The background pipeline of AddStableTensorData: hashing threads (one per core, up to
+  // four) take the pieces' chunks in order and hash them in parallel; a writing thread stores them
+  // in that order. Hashing is the slowest stage (SHA-256 at ~1.4 GiB/s a core, writes to the page
+  // cache at ~2 GiB/s here), so one hashing thread left the save bound by it (tools/bench R6).
+  // While the pipeline runs, only the writing thread touches the manifest's chunk lists, the
+  // content hashers, the pack and the pin sets; every other path drains it first.
 
   struct Piece {
     int index = 0;
@@ -993,13 +1077,18 @@ class RocksDbUploadSession final : public UploadSession {
   };
 
   void StartPipeline() {
-    if (hasher_.joinable()) return;
-    hasher_ = std::thread([this] { RunHasher(); });
+    if (writer_.joinable()) return;
+    const int hashers = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+    {
+      absl::MutexLock lock(&pipeline_mu_);
+      hashers_running_ = hashers;
+    }
+    for (int i = 0; i < hashers; ++i) hashers_.emplace_back([this] { RunHasher(); });
     writer_ = std::thread([this] { RunWriter(); });
   }
 
   absl::Status DrainPipeline() {
-    if (!hasher_.joinable()) return absl::OkStatus();
+    if (!writer_.joinable()) return absl::OkStatus();
     absl::MutexLock lock(&pipeline_mu_);
     pipeline_mu_.Await(absl::Condition(
         +[](int* outstanding) { return *outstanding == 0; }, &outstanding_pieces_));
@@ -1008,43 +1097,45 @@ class RocksDbUploadSession final : public UploadSession {
   }
 
   void StopPipeline() {
-    if (!hasher_.joinable()) return;
+    if (!writer_.joinable()) return;
     {
       absl::MutexLock lock(&pipeline_mu_);
       closing_ = true;
     }
-    hasher_.join();
+    for (std::thread& hasher : hashers_) hasher.join();
+    hashers_.clear();
     writer_.join();
   }
 
+  // Takes the next chunk of the front piece, hashes it (unlocked), files it by sequence number.
   void RunHasher() {
     while (true) {
-      Piece piece;
+      HashedChunk chunk;
+      int64_t sequence = 0;
+      bool failed = false;
       {
         absl::MutexLock lock(&pipeline_mu_);
         pipeline_mu_.Await(absl::Condition(this, &RocksDbUploadSession::HasPieceOrClosing));
         if (pieces_.empty()) break;
-        piece = pieces_.front();
-        pieces_.pop_front();
-      }
-      for (size_t offset = 0; offset < piece.bytes.size(); offset += kChunkBytes) {
-        HashedChunk chunk;
+        const Piece& piece = pieces_.front();  // never empty: AddStableTensorData skips those.
         chunk.index = piece.index;
-        chunk.bytes = piece.bytes.substr(offset, kChunkBytes);
-        chunk.ends_piece = offset + kChunkBytes >= piece.bytes.size();
+        chunk.bytes = piece.bytes.substr(piece_cursor_, kChunkBytes);
+        piece_cursor_ += chunk.bytes.size();
+        chunk.ends_piece = piece_cursor_ >= piece.bytes.size();
         chunk.completes_tensor = chunk.ends_piece && piece.completes_tensor;
-        bool failed = false;
-        {
-          absl::MutexLock lock(&pipeline_mu_);
-          failed = !pipeline_error_.ok();
+        if (chunk.ends_piece) {
+          pieces_.pop_front();
+          piece_cursor_ = 0;
         }
-        if (!failed) chunk.digest = Digest(chunk.bytes);  // the slow part, unlocked.
-        absl::MutexLock lock(&pipeline_mu_);
-        hashed_.push_back(std::move(chunk));
+        sequence = next_hash_sequence_++;
+        failed = !pipeline_error_.ok();
       }
+      if (!failed) chunk.digest = Digest(chunk.bytes);  // the slow part, unlocked.
+      absl::MutexLock lock(&pipeline_mu_);
+      hashed_.emplace(sequence, std::move(chunk));
     }
     absl::MutexLock lock(&pipeline_mu_);
-    hasher_done_ = true;
+    --hashers_running_;
   }
 
   void RunWriter() {
@@ -1053,10 +1144,12 @@ class RocksDbUploadSession final : public UploadSession {
       bool failed = false;
       {
         absl::MutexLock lock(&pipeline_mu_);
-        pipeline_mu_.Await(absl::Condition(this, &RocksDbUploadSession::HasHashedOrDone));
+        pipeline_mu_.Await(absl::Condition(this, &RocksDbUploadSession::HasNextHashedOrDone));
         if (hashed_.empty()) break;
-        chunk = std::move(hashed_.front());
-        hashed_.pop_front();
+        auto next = hashed_.begin();
+        chunk = std::move(next->second);
+        hashed_.erase(next);
+        ++next_write_sequence_;
         failed = !pipeline_error_.ok();
       }
       absl::Status stored;
@@ -1073,8 +1166,11 @@ class RocksDbUploadSession final : public UploadSession {
   bool HasPieceOrClosing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_mu_) {
     return !pieces_.empty() || closing_;
   }
-  bool HasHashedOrDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_mu_) {
-    return !hashed_.empty() || hasher_done_;
+  // The chunk that is next in order has been hashed, or every hasher has ended (and with them
+  // every chunk: a hasher files its chunk before it looks for another).
+  bool HasNextHashedOrDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_mu_) {
+    if (!hashed_.empty() && hashed_.begin()->first == next_write_sequence_) return true;
+    return hashers_running_ == 0;
   }
 
   absl::Status Fail(absl::Status status) {
@@ -1090,6 +1186,16 @@ class RocksDbUploadSession final : public UploadSession {
     return digest;
   }
 
+  // Writes the upload records of the chunks stored since the last call (unsynced, like each
+  // record was before they were batched).
+  absl::Status WriteUploadRecords() {
+    if (upload_records_.Count() == 0) return absl::OkStatus();
+    absl::Status written = core_->Write(upload_records_, "recording an upload's chunks",
+                                        /*sync=*/false);
+    upload_records_.Clear();
+    return written;
+  }
+
   // Appends the chunk `digest` of `bytes` to tensor `index`: stored unless the store has it,
   // named in the manifest, added to the content hash. Errors are returned, not recorded.
   absl::Status StoreHashedChunk(int index, const ChunkDigest& digest, absl::string_view bytes) {
@@ -1097,10 +1203,11 @@ class RocksDbUploadSession final : public UploadSession {
     if (pack_ == nullptr) {
       ASSIGN_OR_RETURN(pack_, core_->packs().NewPack(pack_id_));
     }
-    // A tensor's first chunk starts on a page when the tensor is large enough to be mapped.
-    const bool page_aligned = meta.chunks_size() == 0 && meta.byte_length() >= kMapInPlaceMinBytes;
-    RETURN_IF_ERROR(core_->PinAndStoreChunk(upload_id_, digest, bytes, page_aligned, *pack_,
-                                            pinned_, written_));
+    // A tensor's first chunk starts aligned (TensorAlignment); the rest follow back to back.
+    const int64_t alignment = meta.chunks_size() == 0 ? TensorAlignment(meta.byte_length()) : 1;
+    RETURN_IF_ERROR(core_->PinAndStoreChunk(upload_id_, digest, bytes, alignment, *pack_,
+                                            pinned_, written_, upload_records_));
+    if (upload_records_.Count() >= kUploadRecordBatch) RETURN_IF_ERROR(WriteUploadRecords());
     v1::ChunkRef* chunk = meta.add_chunks();
     chunk->set_sha256(digest.sha256);
     chunk->set_length(digest.length);
@@ -1159,15 +1266,22 @@ class RocksDbUploadSession final : public UploadSession {
   absl::flat_hash_set<std::string> pinned_;  // chunks this upload stored or relies on.
   // Chunks this upload stored (upload record keys), and where.
   absl::flat_hash_map<std::string, PackLocation> written_;
+  // Upload records of stored chunks not written yet. (Commit deletes every record of the upload,
+  // so the ones still here at Commit are never written.)
+  rocksdb::WriteBatch upload_records_;
 
   absl::Mutex pipeline_mu_;
   std::deque<Piece> pieces_ ABSL_GUARDED_BY(pipeline_mu_);
-  std::deque<HashedChunk> hashed_ ABSL_GUARDED_BY(pipeline_mu_);
+  size_t piece_cursor_ ABSL_GUARDED_BY(pipeline_mu_) = 0;  // bytes of the front piece taken.
+  int64_t next_hash_sequence_ ABSL_GUARDED_BY(pipeline_mu_) = 0;
+  int64_t next_write_sequence_ ABSL_GUARDED_BY(pipeline_mu_) = 0;
+  // Hashed chunks by sequence number, waiting for the writer to reach them.
+  std::map<int64_t, HashedChunk> hashed_ ABSL_GUARDED_BY(pipeline_mu_);
   int outstanding_pieces_ ABSL_GUARDED_BY(pipeline_mu_) = 0;  // queued, not yet stored.
   bool closing_ ABSL_GUARDED_BY(pipeline_mu_) = false;
-  bool hasher_done_ ABSL_GUARDED_BY(pipeline_mu_) = false;
+  int hashers_running_ ABSL_GUARDED_BY(pipeline_mu_) = 0;
   absl::Status pipeline_error_ ABSL_GUARDED_BY(pipeline_mu_);
-  std::thread hasher_;
+  std::vector<std::thread> hashers_;
   std::thread writer_;
   absl::Status failed_;
   bool finished_ = false;
@@ -1175,15 +1289,16 @@ class RocksDbUploadSession final : public UploadSession {
 
 class RocksDbVersionReader final : public VersionReader {
  public:
-  RocksDbVersionReader(std::shared_ptr<Core> core, const rocksdb::Snapshot* snapshot,
-                       v1::Manifest manifest)
+  RocksDbVersionReader(std::shared_ptr<Core> core, int64_t registration,
+                       const rocksdb::Snapshot* snapshot, v1::Manifest manifest)
       : core_(std::move(core)),
+        registration_(registration),
         snapshot_(snapshot),
         manifest_(std::move(manifest)),
         where_(FormatVersionRef(manifest_.model(), manifest_.version())) {}
   ~RocksDbVersionReader() override {
     core_->db()->ReleaseSnapshot(snapshot_);
-    core_->RemoveReader();
+    core_->RemoveReader(registration_);
   }
 
   const v1::Manifest& manifest() const override { return manifest_; }
@@ -1198,21 +1313,18 @@ class RocksDbVersionReader final : public VersionReader {
   }
 
   absl::StatusOr<MappedBytes> MapTensorBytes(const v1::TensorMeta& meta) const override {
-    MappedBytes mapped;
+    // Small tensors are copied: tools/bench measured 10,000 tensors of 4-64 KiB loading at
+    // 1.2 GiB/s as mappings (a page fault per tensor at least) and 2.0 GiB/s copied.
     if (!core_->options().map_tensors_on_load || meta.byte_length() < kMapInPlaceMinBytes) {
-      return mapped;
+      return MappedBytes();
     }
-    ASSIGN_OR_RETURN(std::shared_ptr<MappedPackRegion> region,
-                     core_->MapTensor(meta, snapshot_, where_));
-    if (region != nullptr) {
-      mapped.data = region->data();
-      mapped.owner = std::move(region);
-    }
-    return mapped;
+    return core_->MapTensor(meta, snapshot_, where_, mappings_);
   }
 
  private:
+  mutable PackMappings mappings_;
   const std::shared_ptr<Core> core_;
+  const int64_t registration_;  // Core::AddReader
   const rocksdb::Snapshot* const snapshot_;
   const v1::Manifest manifest_;
   const std::string where_;
@@ -1337,23 +1449,23 @@ absl::StatusOr<v1::Manifest> RocksDbCheckpointStore::GetManifest(const v1::Versi
 
 absl::StatusOr<std::unique_ptr<VersionReader>> RocksDbCheckpointStore::OpenVersion(
     const v1::VersionRef& ref) {
-  core_->AddReader();  // before the snapshot: see Core::AddReader.
+  const int64_t registration = core_->AddReader();  // before the snapshot: see AddReader.
   const rocksdb::Snapshot* snapshot = core_->db()->GetSnapshot();
   absl::StatusOr<v1::Manifest> manifest = ReadVersion(*core_, ref, snapshot);
   if (!manifest.ok()) {
     core_->db()->ReleaseSnapshot(snapshot);
-    core_->RemoveReader();
+    core_->RemoveReader(registration);
     return manifest.status();
   }
   return std::unique_ptr<VersionReader>(
-      new RocksDbVersionReader(core_, snapshot, *std::move(manifest)));
+      new RocksDbVersionReader(core_, registration, snapshot, *std::move(manifest)));
 }
 
 absl::Status RocksDbCheckpointStore::ReadTensorChunks(const v1::TensorMeta& meta,
                                                       const ChunkCallback& callback) {
-  core_->AddReader();
+  const int64_t registration = core_->AddReader();
   absl::Status read = core_->ReadChunks(meta, callback, nullptr, "");
-  core_->RemoveReader();
+  core_->RemoveReader(registration);
   return read;
 }
 
@@ -1663,11 +1775,11 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
 absl::StatusOr<v1::VerifyResponse> RocksDbCheckpointStore::Verify(absl::string_view model,
                                                                   int64_t version) {
   // Registered before the snapshot, as OpenVersion does: GC keeps removed packs readable.
-  core_->AddReader();
   struct Unregister {
     Core* core;
-    ~Unregister() { core->RemoveReader(); }
-  } unregister{core_.get()};
+    int64_t registration;
+    ~Unregister() { core->RemoveReader(registration); }
+  } unregister{core_.get(), core_->AddReader()};
   SnapshotHolder snapshot(core_->db());
   const rocksdb::Snapshot* snap = snapshot.get();
   const bool whole_store = model.empty();

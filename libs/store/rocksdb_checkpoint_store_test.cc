@@ -879,6 +879,31 @@ TEST_F(RocksDbCheckpointStoreTest, StableDataIsStoredInTheBackgroundAndErrorsSur
               StatusIs(absl::StatusCode::kFailedPrecondition, "failed earlier"));
 }
 
+TEST_F(RocksDbCheckpointStoreTest, ParallelHashingStoresManyPiecesInOrder) {
+  // Pieces of one to three chunks and single small pieces, hashed by several threads: every
+  // tensor must come back byte for byte, its chunks in order.
+  v1::Manifest header;
+  std::vector<std::string> data;
+  for (int i = 0; i < 24; ++i) {
+    const int64_t bytes = i % 3 == 0 ? (i % 2 + 1) * 4 * kMiB + 12345 : 1000 + 97 * i;
+    data.push_back(TensorBytes(Seeded({bytes / 4}, i + 1)));
+    *header.add_tensors() =
+        OneTensorHeader(absl::StrCat("t", i), static_cast<int64_t>(data.back().size())).tensors(0);
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                         store_->BeginUpload("m", header, {}));
+    for (int i = 0; i < 24; ++i) ASSERT_OK(session->AddStableTensorData(i, 0, data[i]));
+    ASSERT_OK(session->Commit().status());
+  }
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(Ref("m@1")));
+  for (int i = 0; i < 24; ++i) {
+    EXPECT_EQ(manifest.tensors(i).content_hash(), ContentHashOfBytes(data[i])) << i;
+    ASSERT_OK_AND_ASSIGN(at::Tensor read, store_->ReadTensor("m", 1, absl::StrCat("t", i)));
+    EXPECT_EQ(TensorBytes(read), data[i]) << i;
+  }
+}
+
 // Where chunk `sha256` lives, read from the store's `packed_chunks` column family.
 PackLocation LocateChunk(const std::string& path, const std::string& sha256) {
   absl::StatusOr<std::unique_ptr<StoreDb>> db = StoreDb::Open(path, false);
@@ -980,6 +1005,21 @@ TEST_F(RocksDbCheckpointStoreTest, LoadedTensorsAreMappedPrivately) {
   Reopen();
   ASSERT_OK_AND_ASSIGN(at::Tensor copied, store_->ReadTensor("m", 1, "w"));
   EXPECT_TRUE(at::equal(copied, w));
+}
+
+TEST_F(RocksDbCheckpointStoreTest, DeduplicatedTwinsLoadIntoSeparateMemory) {
+  // Equal bytes are one chunk in the store; loaded (both large enough to be mapped), they must
+  // still be two tensors.
+  const at::Tensor zeros = at::zeros({kMiB});
+  MustCommit("m", WeightsOnly({{"a.bias", zeros}, {"b.bias", zeros.clone()},
+                               {"w", Seeded({300}, 1)}}));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  at::Tensor a = *loaded.contents.model.Find("a.bias");
+  at::Tensor b = *loaded.contents.model.Find("b.bias");
+  EXPECT_NE(a.data_ptr(), b.data_ptr());
+  a.add_(1);
+  EXPECT_TRUE(at::equal(b, zeros));
+  EXPECT_TRUE(at::equal(*loaded.contents.model.Find("w"), Seeded({300}, 1)));
 }
 
 TEST_F(RocksDbCheckpointStoreTest, SchemaOneInlineChunksStayReadable) {

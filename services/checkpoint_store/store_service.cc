@@ -313,13 +313,9 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::
       one_chunk.set_key(meta.key());
       one_chunk.set_byte_length(chunk.length());
       *one_chunk.add_chunks() = chunk;
-      buffer_.clear();
-      buffer_.reserve(chunk.length());
-      absl::Status read =
-          reader_->ReadTensorChunks(one_chunk, [this](int64_t, absl::string_view bytes) {
-            buffer_.append(bytes.data(), bytes.size());
-            return absl::OkStatus();
-          });
+      // Straight into the reused buffer: one copy from the page cache, no buffer per chunk.
+      buffer_.resize(static_cast<size_t>(chunk.length()));
+      absl::Status read = reader_->ReadTensorInto(one_chunk, buffer_.data());
       if (!read.ok()) {
         Finish(ToGrpcStatus(absl::Status(
             read.code(),
