@@ -330,7 +330,13 @@ class DownloadStream {
                           absl::string_view where, char* destination = nullptr) {
     const int64_t length = meta.byte_length();
     int64_t chunk_bytes = 0;
-    for (const v1::ChunkRef& chunk : meta.chunks()) chunk_bytes += chunk.length();
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      if (chunk.length() < 0 || chunk.length() > kChunkBytes) {  // before a buffer is sized by it
+        return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
+                                                " names a chunk of ", chunk.length(), " bytes"));
+      }
+      chunk_bytes += chunk.length();
+    }
     if (chunk_bytes != length) {
       return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
                                               ": its chunks hold ", chunk_bytes,
@@ -390,7 +396,7 @@ class DownloadStream {
           return absl::DataLossError(
               absl::StrCat("chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ",
                            where, " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
-                           ") arrived with a wrong xxh3 checksum; its bytes were not returned"));
+                           ") arrived with a wrong xxh3 checksum; do not use the bytes read"));
         }
         if (destination == nullptr) RETURN_IF_ERROR(callback(chunk_offset, chunk));
         chunk_offset += ref.length();

@@ -139,8 +139,9 @@ class VersionReader {
                                         const ChunkCallback& callback) const = 0;
 
   // Reads the bytes of `meta` into `destination` (meta.byte_length() bytes, which the caller
-  // owns), with the checks of ReadTensorChunks. The default copies through ReadTensorChunks;
-  // stores that can read straight into `destination` override it.
+  // owns), with the checks of ReadTensorChunks. On an error the contents of `destination` are
+  // unspecified (bytes may be there before their checksum was found wrong). The default copies
+  // through ReadTensorChunks; stores that can read straight into `destination` override it.
   virtual absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const;
 
   // The bytes of `meta` mapped from storage without a copy (a private, copy-on-write mapping of

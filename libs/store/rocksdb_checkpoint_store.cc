@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -77,7 +78,7 @@ constexpr int64_t kMapInPlaceMinBytes = kPageAlignFromBytes;
 
 // An upload writes the records of the chunks it stored (kUploads) in batches of this many, not
 // one RocksDB write each: those writes were ~40% of the writing thread's time for 10,000 small
-// tensors (perf, tools/bench). After a crash up to this many stored chunks have no record; their
+// tensors (perf, tools/bench). After a crash fewer than this many stored chunks have no record; their
 // bytes are in the upload's own pack, which GarbageCollect removes once no location names it,
 // so only the abandoned upload's bytes_freed count is short.
 constexpr int kUploadRecordBatch = 256;
@@ -187,7 +188,19 @@ class SnapshotHolder {
 struct PackMappings {
   absl::Mutex mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<MappedPackRegion>> packs ABSL_GUARDED_BY(mu);
-  absl::flat_hash_set<std::pair<uint64_t, int64_t>> handed_out ABSL_GUARDED_BY(mu);
+  // Per pack, the byte ranges handed out (start -> end), which never overlap.
+  absl::flat_hash_map<uint64_t, std::map<int64_t, int64_t>> handed_out ABSL_GUARDED_BY(mu);
+
+  // Claims bytes [start, end) of pack `pack_id`; false when they overlap bytes handed out
+  // before (a deduplicated chunk can lie inside another tensor's run, or runs can touch).
+  bool Claim(uint64_t pack_id, int64_t start, int64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::map<int64_t, int64_t>& ranges = handed_out[pack_id];
+    auto next = ranges.lower_bound(start);
+    if (next != ranges.end() && next->first < end) return false;
+    if (next != ranges.begin() && std::prev(next)->second > start) return false;
+    ranges.emplace(start, end);
+    return true;
+  }
 };
 
 class RocksDbCheckpointStore::Core {
@@ -469,7 +482,11 @@ class RocksDbCheckpointStore::Core {
     RETURN_IF_ERROR(FromRocksDbStatus(read, "looking up a chunk location"));
     PackedChunk record;
     RETURN_IF_ERROR(ParseRecord(location_bytes, record, "chunk location"));
-    if (record.length() != chunk.length()) return std::nullopt;  // ReadChunkInto reports it.
+    // ReadChunkInto reports a location that cannot be right (packs_->Read checks the extent).
+    if (record.length() != chunk.length() || record.offset() < 0 || record.length() < 0 ||
+        record.offset() > std::numeric_limits<int64_t>::max() - record.length()) {
+      return std::nullopt;
+    }
     return PackLocation{record.pack_id(), record.offset(), record.length()};
   }
 
@@ -552,7 +569,9 @@ class RocksDbCheckpointStore::Core {
     std::shared_ptr<MappedPackRegion> region;
     {
       absl::MutexLock lock(&mappings.mu);
-      if (!mappings.handed_out.insert({whole->pack_id, whole->offset}).second) return mapped;
+      if (!mappings.Claim(whole->pack_id, whole->offset, whole->offset + whole->length)) {
+        return mapped;
+      }
       std::shared_ptr<MappedPackRegion>& pack = mappings.packs[whole->pack_id];
       if (pack == nullptr || pack->size() < whole->offset + whole->length) {
         absl::StatusOr<std::shared_ptr<MappedPackRegion>> mapping =
@@ -672,7 +691,8 @@ class RocksDbCheckpointStore::Core {
     ASSIGN_OR_RETURN(const int64_t offset, pack.Append(bytes, alignment));
     const PackLocation location{pack.pack_id(), offset, digest.length};
     // The location is recorded by Commit, after the pack is synced: `packed_chunks` only ever
-    // names durable bytes. Until then the upload record pins the chunk for GC accounting.
+    // names durable bytes. Until then the upload record (written in batches, see
+    // kUploadRecordBatch) accounts for the chunk in GarbageCollect.
     records.Put(cf(ColumnFamily::kUploads), UploadChunkKey(upload_id, digest.sha256),
                 EncodeBigEndian64(static_cast<uint64_t>(digest.length)));
     written.emplace(digest.sha256, location);
@@ -717,8 +737,9 @@ class RocksDbCheckpointStore::Core {
     return absl::OkStatus();
   }
 
-  // Copies the live chunks of pack `pack_id` to a new pack (in their order, keeping their
-  // alignment, so tensors stay mappable), syncs it, moves their locations, removes the old pack.
+  // Copies the live chunks of pack `pack_id` to a new pack (in their order; a chunk on a 4096- or
+  // 64-byte boundary stays on one, so tensors stay mappable, at the price of padding a chunk that
+  // sat on a page by chance), syncs it, moves their locations, removes the old pack.
   absl::Status CompactPack(uint64_t pack_id,
                            std::vector<std::pair<std::string, PackLocation>>& chunks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1192,7 +1213,7 @@ class RocksDbUploadSession final : public UploadSession {
     if (upload_records_.Count() == 0) return absl::OkStatus();
     absl::Status written = core_->Write(upload_records_, "recording an upload's chunks",
                                         /*sync=*/false);
-    upload_records_.Clear();
+    if (written.ok()) upload_records_.Clear();  // else kept for the next try.
     return written;
   }
 

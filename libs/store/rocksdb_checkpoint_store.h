@@ -50,10 +50,11 @@ struct StoreOptions {
   // that reconnects can still find them (FindMissingChunks). Uploads with a live session are
   // never collected, whatever their age. Default 1 hour.
   absl::Duration abandoned_upload_grace = absl::Hours(1);
-  // VersionReader::ReadTensor returns tensors that point into a private (copy-on-write) mapping
-  // of their pack file instead of copies, when their chunks lie back to back in one pack (every
-  // tensor an upload stored whole); one mapping per pack and reader. Every chunk is still checked
-  // on load, and two tensors never share memory. Such a tensor is not resizable, and holds its
+  // VersionReader::ReadTensor returns tensors of 1 MiB or more that point into a private
+  // (copy-on-write) mapping of their pack file instead of copies, when their chunks lie back to
+  // back in one pack (every tensor an upload stored whole) and no tensor mapped earlier by the
+  // same reader overlaps those bytes (deduplicated chunks); one mapping per pack and reader.
+  // Every chunk is still checked on load, and two tensors never share memory. Such a tensor is not resizable, and holds its
   // pack file (and its disk space) until it is freed. Default true.
   bool map_tensors_on_load = true;
   // For tools/bench's R6 only: chunks get serial addresses instead of SHA-256 and no xxh3, so the

@@ -1022,6 +1022,22 @@ TEST_F(RocksDbCheckpointStoreTest, DeduplicatedTwinsLoadIntoSeparateMemory) {
   EXPECT_TRUE(at::equal(*loaded.contents.model.Find("w"), Seeded({300}, 1)));
 }
 
+TEST_F(RocksDbCheckpointStoreTest, TensorsSharingAChunkLoadIntoSeparateMemory) {
+  // b's bytes are a's second chunk: stored once, so b's bytes lie inside a's in the pack.
+  const at::Tensor a = Seeded({2 * kMiB}, 1);  // 8 MiB: two chunks
+  const at::Tensor b = a.narrow(0, kMiB, kMiB).clone();
+  MustCommit("m", WeightsOnly({{"a", a}, {"b", b}}));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  at::Tensor loaded_a = *loaded.contents.model.Find("a");
+  at::Tensor loaded_b = *loaded.contents.model.Find("b");
+  ASSERT_TRUE(at::equal(loaded_a, a));
+  ASSERT_TRUE(at::equal(loaded_b, b));
+  loaded_a.fill_(0);
+  EXPECT_TRUE(at::equal(loaded_b, b));
+  loaded_b.fill_(1);
+  EXPECT_TRUE(at::equal(loaded_a, at::zeros_like(a)));
+}
+
 TEST_F(RocksDbCheckpointStoreTest, SchemaOneInlineChunksStayReadable) {
   const at::Tensor w = Seeded({3 * kMiB / 2}, 1);  // chunks of 4 + 2 MiB
   MustCommit("m", WeightsOnly({{"w", w}}));

@@ -16,6 +16,7 @@
 #include "libs/rpc/bearer_auth.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 #include "services/checkpoint_store/internal/work_queue.h"
 
@@ -313,6 +314,12 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::
       one_chunk.set_key(meta.key());
       one_chunk.set_byte_length(chunk.length());
       *one_chunk.add_chunks() = chunk;
+      if (chunk.length() < 0 || chunk.length() > kChunkBytes) {  // before sizing a buffer by it
+        Finish(grpc::Status(grpc::StatusCode::DATA_LOSS,
+                            absl::StrCat("tensor '", meta.key(), "' names a chunk of ",
+                                         chunk.length(), " bytes; chunks hold 0..", kChunkBytes)));
+        return;
+      }
       // Straight into the reused buffer: one copy from the page cache, no buffer per chunk.
       buffer_.resize(static_cast<size_t>(chunk.length()));
       absl::Status read = reader_->ReadTensorInto(one_chunk, buffer_.data());
