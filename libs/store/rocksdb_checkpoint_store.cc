@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "libs/io/prefault.h"
 #include "libs/status/rocksdb_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/chunk_hasher.h"
@@ -593,6 +594,8 @@ class RocksDbCheckpointStore::Core {
                                            "-byte file")));
     }
     char* data = region->data() + whole->offset;
+    // Checking every chunk touches every page: map them in one call, not a fault per page.
+    PrefaultForRead(data, static_cast<size_t>(whole->length));
     int64_t offset = 0;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where,

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "ATen/ATen.h"
+#include "libs/io/prefault.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 
@@ -22,7 +23,12 @@ class BufferPool {
   // A contiguous CPU tensor shaped and typed like `like`: a spare one when there is one.
   at::Tensor Take(const at::Tensor& like) {
     auto it = buffers_.find(Key(like));
-    if (it == buffers_.end()) return at::empty(like.sizes(), like.options().device(at::kCPU));
+    if (it == buffers_.end()) {
+      at::Tensor fresh = at::empty(like.sizes(), like.options().device(at::kCPU));
+      // Mapped in one call, not a page fault per 4 KiB during the copy (libs/io/prefault.h).
+      if (fresh.nbytes() >= (size_t{1} << 20)) PrefaultForWrite(fresh.data_ptr(), fresh.nbytes());
+      return fresh;
+    }
     at::Tensor buffer = std::move(it->second);
     buffers_.erase(it);
     return buffer;
