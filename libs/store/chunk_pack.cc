@@ -20,7 +20,6 @@
 namespace ckpt {
 namespace {
 
-constexpr int64_t kPageBytes = 4096;
 // Descriptors kept open for reading; beyond this, packs not removed are closed and reopened by
 // name when read again (one pack per upload: a long-lived store has thousands).
 constexpr size_t kMaxCachedDescriptors = 256;
@@ -145,23 +144,6 @@ absl::Status PackDirectory::Read(const PackLocation& location, char* destination
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<MappedPackRegion>> PackDirectory::Map(
-    const PackLocation& location) const {
-  absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(location.pack_id);
-  if (!fd.ok()) return fd.status();
-  // Mapping past the end of the file would turn a short pack into SIGBUS on first touch.
-  absl::Status extent = CheckExtent(**fd, location);
-  if (!extent.ok()) return extent;
-  const int64_t start = location.offset - location.offset % kPageBytes;
-  const size_t length = static_cast<size_t>(location.offset + location.length - start);
-  void* base = ::mmap(nullptr, length == 0 ? 1 : length, PROT_READ | PROT_WRITE, MAP_PRIVATE,
-                      (*fd)->get(), static_cast<off_t>(start));
-  if (base == MAP_FAILED) return ErrnoToStatus(errno, "mapping", LocationText(location));
-  return std::make_shared<MappedPackRegion>(base, length == 0 ? 1 : length,
-                                            static_cast<char*>(base) + (location.offset - start),
-                                            location.length);
-}
-
 absl::StatusOr<std::shared_ptr<MappedPackRegion>> PackDirectory::MapWhole(uint64_t pack_id) const {
   absl::StatusOr<std::shared_ptr<PackFd>> fd = OpenPack(pack_id);
   if (!fd.ok()) return fd.status();
@@ -172,8 +154,7 @@ absl::StatusOr<std::shared_ptr<MappedPackRegion>> PackDirectory::MapWhole(uint64
   const size_t length = info.st_size > 0 ? static_cast<size_t>(info.st_size) : 1;
   void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, (*fd)->get(), 0);
   if (base == MAP_FAILED) return ErrnoToStatus(errno, "mapping pack", PackFileName(pack_id));
-  return std::make_shared<MappedPackRegion>(base, length, static_cast<char*>(base),
-                                            static_cast<int64_t>(info.st_size));
+  return std::make_shared<MappedPackRegion>(base, length, static_cast<int64_t>(info.st_size));
 }
 
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> PackDirectory::List() const {

@@ -59,24 +59,24 @@ class PackFd {
   const int fd_;
 };
 
-// A read-only-file, copy-on-write mapping of part of a pack: writes to it stay private to the
-// process. Unmapped on destruction.
+// A private, copy-on-write mapping of a whole pack: writes to it stay private to the process
+// (the file never changes). Unmapped on destruction.
 class MappedPackRegion {
  public:
-  MappedPackRegion(void* base, size_t mapped_length, char* data, int64_t size)
-      : base_(base), mapped_length_(mapped_length), data_(data), size_(size) {}
+  // `base` and `mapped_length` as mmap returned and took them; `size` is the file's size.
+  MappedPackRegion(void* base, size_t mapped_length, int64_t size)
+      : base_(base), mapped_length_(mapped_length), size_(size) {}
   ~MappedPackRegion();
   MappedPackRegion(const MappedPackRegion&) = delete;
   MappedPackRegion& operator=(const MappedPackRegion&) = delete;
-  // The region's first byte (the mapping starts at the page boundary at or before it).
-  char* data() const { return data_; }
-  // Bytes from data() on.
+  // The pack's first byte.
+  char* data() const { return static_cast<char*>(base_); }
+  // Bytes of the file that are mapped: touching data() + size() or beyond is SIGBUS.
   int64_t size() const { return size_; }
 
  private:
   void* const base_;
-  const size_t mapped_length_;
-  char* const data_;
+  const size_t mapped_length_;  // at least 1 (mmap refuses 0)
   const int64_t size_;
 };
 
@@ -94,9 +94,8 @@ class PackDirectory {
   // missing or shorter than the location says.
   absl::Status Read(const PackLocation& location, char* destination) const;
 
-  // Maps `location` privately (copy-on-write). DATA_LOSS as Read.
-  absl::StatusOr<std::shared_ptr<MappedPackRegion>> Map(const PackLocation& location) const;
-  // Maps all of pack `pack_id` as it is now, privately.
+  // Maps all of pack `pack_id` as it is now, privately (copy-on-write). Its size() is the file's
+  // size then: touching bytes beyond it would be SIGBUS, so callers check their extent first.
   absl::StatusOr<std::shared_ptr<MappedPackRegion>> MapWhole(uint64_t pack_id) const;
 
   // Every pack file's id and size in bytes.
