@@ -333,7 +333,8 @@ class DownloadStream {
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       if (chunk.length() < 0 || chunk.length() > kChunkBytes) {  // before a buffer is sized by it
         return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
-                                                " names a chunk of ", chunk.length(), " bytes"));
+                                                " names a chunk of ", chunk.length(),
+                                                " bytes; chunks hold 0..", kChunkBytes));
       }
       chunk_bytes += chunk.length();
     }

@@ -544,8 +544,9 @@ class RocksDbCheckpointStore::Core {
 
   // Maps `meta`'s bytes in place when its chunks lie back to back in one pack (how an upload
   // writes a tensor it did not deduplicate), checking every chunk; data is null when they do not,
-  // or when `mappings` already handed out the same bytes (a deduplicated twin: two tensors must
-  // not share memory, or a write to one would show in the other).
+  // or when `mappings` already handed out any of these bytes (a deduplicated twin, or a chunk
+  // inside another tensor's run: two tensors must not share memory, or a write to one would show
+  // in the other).
   absl::StatusOr<VersionReader::MappedBytes> MapTensor(const v1::TensorMeta& meta,
                                                        const rocksdb::Snapshot* snapshot,
                                                        absl::string_view where,
