@@ -11,7 +11,10 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
+#include "libs/rpc/tensor_data_message.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/chunk_hasher.h"
@@ -25,6 +28,7 @@ namespace {
 // here run against the real service, so a mismatch fails them).
 constexpr int kMaxTensorDataBytes = 1 << 20;
 constexpr char kUploadAcceptedMetadata[] = "ckpt-upload-accepted";
+constexpr char kDownloadMethod[] = "/ckpt.v1.CheckpointStore/Download";
 constexpr char kUploadWarningMetadata[] = "ckpt-upload-warning-bin";
 // Listing pages asked for: the service's maximum.
 constexpr int kListPageSize = 1000;
@@ -47,10 +51,21 @@ class RemoteCheckpointStore::Connection {
   Connection(RemoteStoreOptions options, std::shared_ptr<grpc::Channel> channel)
       : options_(std::move(options)),
         channel_(std::move(channel)),
-        stub_(v1::CheckpointStore::NewStub(channel_)) {}
+        stub_(v1::CheckpointStore::NewStub(channel_)),
+        download_method_(kDownloadMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_) {}
 
   const RemoteStoreOptions& options() const { return options_; }
   Stub& stub() const { return *stub_; }
+
+  // Download, read as raw messages (TensorDataResponseReader reads them without copying the
+  // bytes). gRPC's generated stubs make their readers with this same internal factory; there is
+  // no public way to read a server stream as ByteBuffers synchronously.
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> Download(
+      grpc::ClientContext* context, const v1::DownloadRequest& request) const {
+    return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+            channel_.get(), download_method_, context, request));
+  }
 
   // A context for a call that must end by `deadline`, carrying the bearer token.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const {
@@ -112,6 +127,7 @@ class RemoteCheckpointStore::Connection {
   const RemoteStoreOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<Stub> stub_;
+  const grpc::internal::RpcMethod download_method_;
 };
 
 using Connection = RemoteCheckpointStore::Connection;
@@ -288,14 +304,16 @@ class DownloadStream {
     for (int attempt = 0;; ++attempt) {
       std::unique_ptr<DownloadStream> stream(new DownloadStream(connection));
       stream->context_ = connection->NewContext(absl::Now() + options.long_call_deadline);
-      stream->reader_ = connection->stub().Download(stream->context_.get(), request);
+      stream->reader_ = connection->Download(stream->context_.get(), request);
       stream->open_ = true;
       if (stream->reader_->Read(&stream->message_)) {
-        if (!stream->message_.has_manifest()) {
-          return absl::InternalError(absl::StrCat("the checkpoint store at ", options.address,
-                                                  " began a download without its manifest"));
+        absl::StatusOr<ResponsePart> part =
+            stream->decoder_.Read<v1::DownloadResponse>(stream->message_, &stream->manifest_);
+        if (!part.ok() || *part != ResponsePart::kManifest) {
+          return absl::InternalError(absl::StrCat(
+              "the checkpoint store at ", options.address, " began a download without its manifest",
+              part.ok() ? "" : absl::StrCat(": ", part.status().message())));
         }
-        stream->manifest_ = std::move(*stream->message_.mutable_manifest());
         return stream;
       }
       const grpc::Status status = stream->reader_->Finish();
@@ -357,52 +375,62 @@ class DownloadStream {
                                                 received, " of ", length, " bytes of tensor '",
                                                 meta.key(), "'"));
       }
-      if (!message_.has_data()) {
-        return absl::InternalError(
-            absl::StrCat("the download of ", where, " sent a second manifest"));
+      v1::Manifest second_manifest;
+      absl::StatusOr<ResponsePart> part =
+          decoder_.Read<v1::DownloadResponse>(message_, &second_manifest);
+      if (!part.ok()) {
+        return absl::InternalError(absl::StrCat("the download of ", where,
+                                                " sent a bad message: ", part.status().message()));
       }
-      const v1::TensorData& data = message_.data();
-      if (data.tensor_index() < index && received == 0) continue;  // Not asked for: skipped.
-      if (data.tensor_index() != index || data.offset() != received) {
+      if (*part != ResponsePart::kData) {
+        return absl::InternalError(absl::StrCat("the download of ", where, " sent ",
+                                                *part == ResponsePart::kManifest
+                                                    ? "a second manifest"
+                                                    : "a message with neither manifest nor data"));
+      }
+      const TensorDataView& data = decoder_.data();
+      if (data.tensor_index < index && received == 0) continue;  // Not asked for: skipped.
+      if (data.tensor_index != index || data.offset != received) {
         return absl::InternalError(absl::StrCat(
-            "the download of ", where, " sent tensor ", data.tensor_index(), " at offset ",
-            data.offset(), " where tensor ", index, " at offset ", received, " was due"));
+            "the download of ", where, " sent tensor ", data.tensor_index, " at offset ",
+            data.offset, " where tensor ", index, " at offset ", received, " was due"));
       }
-      absl::string_view bytes = data.data();
-      if (static_cast<int64_t>(bytes.size()) > length - received) {
+      if (data.size > length - received) {
         return absl::DataLossError(absl::StrCat("the download of ", where, " sent ",
-                                                received + bytes.size(), " bytes of tensor '",
+                                                received + data.size, " bytes of tensor '",
                                                 meta.key(), "', whose byte_length is ", length));
       }
-      while (!bytes.empty()) {
-        const v1::ChunkRef& ref = meta.chunks(chunk_index);
-        const int64_t chunk_received = received - chunk_offset;
-        const size_t take =
-            std::min(bytes.size(), static_cast<size_t>(ref.length() - chunk_received));
-        if (destination != nullptr) {
-          std::memcpy(destination + received, bytes.data(), take);
-        } else {
-          if (chunk.capacity() < static_cast<size_t>(ref.length())) chunk.reserve(ref.length());
-          chunk.append(bytes.data(), take);
+      for (absl::string_view bytes : data.pieces) {
+        while (!bytes.empty()) {
+          const v1::ChunkRef& ref = meta.chunks(chunk_index);
+          const int64_t chunk_received = received - chunk_offset;
+          const size_t take =
+              std::min(bytes.size(), static_cast<size_t>(ref.length() - chunk_received));
+          if (destination != nullptr) {
+            std::memcpy(destination + received, bytes.data(), take);
+          } else {
+            if (chunk.capacity() < static_cast<size_t>(ref.length())) chunk.reserve(ref.length());
+            chunk.append(bytes.data(), take);
+          }
+          bytes.remove_prefix(take);
+          received += static_cast<int64_t>(take);
+          if (received - chunk_offset < ref.length()) continue;
+          const absl::string_view whole =
+              destination != nullptr
+                  ? absl::string_view(destination + chunk_offset, static_cast<size_t>(ref.length()))
+                  : absl::string_view(chunk);
+          const uint64_t xxh3 = Xxh3(whole);
+          if (xxh3 != ref.xxh3_64()) {
+            return absl::DataLossError(
+                absl::StrCat("chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ",
+                             where, " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
+                             ") arrived with a wrong xxh3 checksum; do not use the bytes read"));
+          }
+          if (destination == nullptr) RETURN_IF_ERROR(callback(chunk_offset, chunk));
+          chunk_offset += ref.length();
+          ++chunk_index;
+          chunk.clear();
         }
-        bytes.remove_prefix(take);
-        received += static_cast<int64_t>(take);
-        if (received - chunk_offset < ref.length()) continue;
-        const absl::string_view whole =
-            destination != nullptr
-                ? absl::string_view(destination + chunk_offset, static_cast<size_t>(ref.length()))
-                : absl::string_view(chunk);
-        const uint64_t xxh3 = Xxh3(whole);
-        if (xxh3 != ref.xxh3_64()) {
-          return absl::DataLossError(
-              absl::StrCat("chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ",
-                           where, " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
-                           ") arrived with a wrong xxh3 checksum; do not use the bytes read"));
-        }
-        if (destination == nullptr) RETURN_IF_ERROR(callback(chunk_offset, chunk));
-        chunk_offset += ref.length();
-        ++chunk_index;
-        chunk.clear();
       }
     }
     return absl::OkStatus();
@@ -414,10 +442,11 @@ class DownloadStream {
 
   const std::shared_ptr<const Connection> connection_;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader_;
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader_;
   bool open_ = false;  // Finish not called yet.
   v1::Manifest manifest_;
-  v1::DownloadResponse message_;
+  grpc::ByteBuffer message_;          // the last message read...
+  TensorDataResponseReader decoder_;  // ...and views of its bytes.
   std::string chunk_;  // a chunk being assembled for a callback.
 };
 

@@ -9,8 +9,11 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "libs/io/atomic_file.h"
 #include "libs/io/prefault.h"
+#include "libs/rpc/tensor_data_message.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -21,6 +24,8 @@
 
 namespace ckpt {
 namespace {
+
+constexpr char kLoadMethod[] = "/ckpt.v1.Loader/Load";
 
 // A CPU tensor for `meta`'s dtype and shape, checked against its byte_length.
 absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::string_view where) {
@@ -69,11 +74,14 @@ absl::StatusOr<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(
                                                " within ",
                                                absl::FormatDuration(options.connect_timeout)));
   }
-  return std::unique_ptr<RemoteLoader>(new RemoteLoader(options, v1::Loader::NewStub(channel)));
+  return std::unique_ptr<RemoteLoader>(new RemoteLoader(options, std::move(channel)));
 }
 
-RemoteLoader::RemoteLoader(RemoteLoaderOptions options, std::unique_ptr<v1::Loader::Stub> stub)
-    : options_(std::move(options)), stub_(std::move(stub)) {}
+RemoteLoader::RemoteLoader(RemoteLoaderOptions options, std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Loader::NewStub(channel_)),
+      load_method_(kLoadMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_) {}
 
 absl::Status RemoteLoader::WithRetries(
     absl::Duration deadline,
@@ -110,17 +118,24 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
   RETURN_IF_ERROR(
       WithRetries(options_.stream_deadline, [&](grpc::ClientContext& context) -> absl::Status {
         state = LoadedState();
-        std::unique_ptr<grpc::ClientReader<v1::LoadResponse>> stream =
-            stub_->Load(&context, request);
-        v1::LoadResponse response;
+        // A raw reader, as generated stubs make theirs (there is no public way to read a server
+        // stream as ByteBuffers synchronously): each message's bytes are copied once, from
+        // gRPC's slices into their tensor (libs/rpc/tensor_data_message).
+        std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> stream(
+            grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+                channel_.get(), load_method_, &context, request));
+        grpc::ByteBuffer response;
+        TensorDataResponseReader decoder;
         // Receives the stream; an early return cancels the call (TryCancel) before Finish.
         absl::Status received = [&]() -> absl::Status {
           if (!stream->Read(&response)) return absl::OkStatus();  // Finish has the error.
-          if (!response.has_manifest()) {
+          absl::StatusOr<ResponsePart> first =
+              decoder.Read<v1::LoadResponse>(response, &state.manifest);
+          if (!first.ok() || *first != ResponsePart::kManifest) {
             return absl::DataLossError(
-                absl::StrCat("the Load stream of ", where, " did not start with a manifest"));
+                absl::StrCat("the Load stream of ", where, " did not start with a manifest",
+                             first.ok() ? "" : absl::StrCat(": ", first.status().message())));
           }
-          state.manifest = std::move(*response.mutable_manifest());
           const v1::Manifest& manifest = state.manifest;
           const int model_count = manifest.tensors_size();
           const int count = model_count + manifest.state_tensors_size();
@@ -138,28 +153,39 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
           for (int i = 0; i < count; ++i) {
             ASSIGN_OR_RETURN(cpu[i], EmptyTensorFor(meta_at(i), where));
           }
+          v1::Manifest second_manifest;
           while (stream->Read(&response)) {
-            if (!response.has_data()) {
-              return absl::DataLossError(
-                  absl::StrCat("the Load stream of ", where, " sent a second manifest"));
+            absl::StatusOr<ResponsePart> part =
+                decoder.Read<v1::LoadResponse>(response, &second_manifest);
+            if (!part.ok()) {
+              return absl::DataLossError(absl::StrCat(
+                  "the Load stream of ", where, " sent a bad message: ", part.status().message()));
             }
-            const v1::TensorData& data = response.data();
-            const int i = data.tensor_index();
+            if (*part != ResponsePart::kData) {
+              return absl::DataLossError(absl::StrCat(
+                  "the Load stream of ", where, " sent ",
+                  *part == ResponsePart::kManifest ? "a second manifest"
+                                                   : "a message with neither manifest nor data"));
+            }
+            const TensorDataView& data = decoder.data();
+            const int i = data.tensor_index;
             if (i < 0 || i >= count) {
               return absl::DataLossError(absl::StrCat(
                   "the Load stream of ", where, " sent bytes of tensor index ", i, " of ", count));
             }
             const v1::TensorMeta& meta = meta_at(i);
-            if (data.offset() != received_bytes[i] ||
-                data.offset() + static_cast<int64_t>(data.data().size()) > meta.byte_length()) {
-              return absl::DataLossError(absl::StrCat(
-                  "the Load stream of ", where, " sent bytes ", data.offset(), "..",
-                  data.offset() + static_cast<int64_t>(data.data().size()), " of tensor '",
-                  meta.key(), "' (", meta.byte_length(), " bytes) after ", received_bytes[i]));
+            if (data.offset != received_bytes[i] || data.offset + data.size > meta.byte_length()) {
+              return absl::DataLossError(
+                  absl::StrCat("the Load stream of ", where, " sent bytes ", data.offset, "..",
+                               data.offset + data.size, " of tensor '", meta.key(), "' (",
+                               meta.byte_length(), " bytes) after ", received_bytes[i]));
             }
-            std::memcpy(static_cast<char*>(cpu[i].data_ptr()) + data.offset(), data.data().data(),
-                        data.data().size());
-            received_bytes[i] += static_cast<int64_t>(data.data().size());
+            char* destination = static_cast<char*>(cpu[i].data_ptr()) + data.offset;
+            for (absl::string_view piece : data.pieces) {
+              std::memcpy(destination, piece.data(), piece.size());
+              destination += piece.size();
+            }
+            received_bytes[i] += data.size;
             if (received_bytes[i] == meta.byte_length()) RETURN_IF_ERROR(place(i));
           }
           for (int i = 0; i < count; ++i) {

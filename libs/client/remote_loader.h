@@ -94,7 +94,7 @@ class RemoteLoader {
   const std::string& address() const { return options_.address; }
 
  private:
-  RemoteLoader(RemoteLoaderOptions options, std::unique_ptr<v1::Loader::Stub> stub);
+  RemoteLoader(RemoteLoaderOptions options, std::shared_ptr<grpc::Channel> channel);
 
   // Runs `attempt` (given a fresh context carrying the deadline and credentials) and retries it
   // on UNAVAILABLE as described above.
@@ -102,7 +102,10 @@ class RemoteLoader {
                            const std::function<absl::Status(grpc::ClientContext&)>& attempt) const;
 
   const RemoteLoaderOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Loader::Stub> stub_;
+  // Load, read as raw messages (libs/rpc/tensor_data_message), for the bytes' sake.
+  const grpc::internal::RpcMethod load_method_;
 };
 
 }  // namespace ckpt

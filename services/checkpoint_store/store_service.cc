@@ -192,15 +192,22 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
 // ---------------------------------------------------------------------------------------------
 // Download: the manifest, then the selected tensors' bytes. Reading a chunk happens on the work
 // queue; slicing a chunk that is already in memory into messages happens in OnWriteDone. Exactly
-// one of {a write in flight, a task on the queue} exists at any time.
-class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+// one of {a write in flight, a task on the queue} exists at any time. Each chunk is read into a
+// buffer of the service's PayloadPool, and its messages point into that buffer (no copy into a
+// protobuf, none into gRPC's slices); the buffer goes back to the pool when gRPC lets go of it.
+class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadReactor(StoreService* service, grpc::CallbackServerContext* context,
-                  const v1::DownloadRequest* request)
-      : service_(*service), context_(*context), request_(*request) {
+                  const grpc::ByteBuffer* request)
+      : service_(*service), context_(*context) {
     service_.StreamStarted();
     if (absl::Status authorized = service_.Authorize(context_); !authorized.ok()) {
       Finish(ToGrpcStatus(authorized));
+      return;
+    }
+    if (absl::Status parsed = ParseFromByteBuffer(*request, "DownloadRequest", &request_);
+        !parsed.ok()) {
+      Finish(ToGrpcStatus(parsed));
       return;
     }
     service_.Schedule([this] { Open(); });
@@ -211,7 +218,7 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the download stream broke"));
       return;
     }
-    if (buffer_position_ < buffer_.size()) {
+    if (buffer_position_ < buffer_size_) {
       WriteNextPiece();
       return;
     }
@@ -237,7 +244,9 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::
       Finish(ToGrpcStatus(planned));
       return;
     }
-    *response_.mutable_manifest() = reader_->manifest();
+    v1::DownloadResponse manifest;
+    *manifest.mutable_manifest() = reader_->manifest();
+    response_ = SerializeToByteBuffer(manifest);
     StartWrite(&response_);
   }
 
@@ -320,9 +329,11 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::
                                          chunk.length(), " bytes; chunks hold 0..", kChunkBytes)));
         return;
       }
-      // Straight into the reused buffer: one copy from the page cache, no buffer per chunk.
-      buffer_.resize(static_cast<size_t>(chunk.length()));
-      absl::Status read = reader_->ReadTensorInto(one_chunk, buffer_.data());
+      // Straight into a pooled buffer: one copy from the page cache, the only one before the
+      // socket.
+      buffer_ = service_.payload_pool_->Take();
+      buffer_size_ = static_cast<size_t>(chunk.length());
+      absl::Status read = reader_->ReadTensorInto(one_chunk, buffer_.get());
       if (!read.ok()) {
         Finish(ToGrpcStatus(absl::Status(
             read.code(),
@@ -334,25 +345,26 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::
       buffer_position_ = 0;
       buffer_offset_ = tensor_offset_;
       tensor_offset_ += chunk.length();
-      if (!buffer_.empty()) break;
+      if (buffer_size_ > 0) break;
     }
     WriteNextPiece();
   }
 
   void WriteNextPiece() {
-    const size_t size =
-        std::min(buffer_.size() - buffer_position_, static_cast<size_t>(piece_bytes_));
-    v1::TensorData* data = response_.mutable_data();
-    data->set_tensor_index(plan_[plan_position_]);
-    data->set_offset(buffer_offset_ + static_cast<int64_t>(buffer_position_));
-    data->set_data(buffer_.data() + buffer_position_, size);
+    const size_t size = std::min(buffer_size_ - buffer_position_, static_cast<size_t>(piece_bytes_));
+    response_ = TensorDataResponse(plan_[plan_position_],
+                                   buffer_offset_ + static_cast<int64_t>(buffer_position_),
+                                   absl::string_view(buffer_.get() + buffer_position_, size),
+                                   buffer_);
     buffer_position_ += size;
+    // The last piece's slice holds the buffer now; the next chunk takes another.
+    if (buffer_position_ == buffer_size_) buffer_.reset();
     StartWrite(&response_);
   }
 
   StoreService& service_;
   grpc::CallbackServerContext& context_;
-  const v1::DownloadRequest request_;
+  v1::DownloadRequest request_;  // set in the constructor, read-only after.
   std::atomic<bool> cancelled_{false};
   std::unique_ptr<VersionReader> reader_;
   int piece_bytes_ = kMaxTensorDataBytes;
@@ -360,10 +372,11 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<v1::
   size_t plan_position_ = 0;    // the tensor being sent.
   int chunk_index_ = 0;         // its next chunk to read.
   int64_t tensor_offset_ = 0;   // where that chunk starts in the tensor.
-  std::string buffer_;          // the chunk being sent...
-  size_t buffer_position_ = 0;  // ...how much of it was sent...
-  int64_t buffer_offset_ = 0;   // ...and where it starts in the tensor.
-  v1::DownloadResponse response_;
+  std::shared_ptr<char> buffer_;  // the chunk being sent (a PayloadPool buffer)...
+  size_t buffer_size_ = 0;        // ...its length...
+  size_t buffer_position_ = 0;    // ...how much of it was sent...
+  int64_t buffer_offset_ = 0;     // ...and where it starts in the tensor.
+  grpc::ByteBuffer response_;     // the message being written.
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -381,6 +394,7 @@ absl::StatusOr<std::unique_ptr<StoreService>> StoreService::Create(CheckpointSto
 StoreService::StoreService(CheckpointStore* store, StoreServiceOptions options)
     : store_(*store),
       options_(std::move(options)),
+      payload_pool_(PayloadPool::Create(kChunkBytes, /*max_idle=*/4)),
       work_queue_(std::make_unique<WorkQueue>(options_.worker_threads)) {}
 
 StoreService::~StoreService() {
@@ -431,8 +445,8 @@ grpc::ServerReadReactor<v1::UploadRequest>* StoreService::Upload(
   return new UploadReactor(this, context, response);
 }
 
-grpc::ServerWriteReactor<v1::DownloadResponse>* StoreService::Download(
-    grpc::CallbackServerContext* context, const v1::DownloadRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Download(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new DownloadReactor(this, context, request);
 }
 

@@ -57,6 +57,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_callback.h"
+#include "libs/rpc/tensor_data_message.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
 
@@ -85,7 +86,11 @@ struct StoreServiceOptions {
   int worker_threads = 8;
 };
 
-class StoreService final : public v1::CheckpointStore::CallbackService {
+// Download is a raw method (ByteBuffer in and out): its TensorData responses are written with
+// libs/rpc/tensor_data_message, straight from the chunk buffers, and parse as DownloadResponse.
+class StoreService final
+    : public v1::CheckpointStore::WithRawCallbackMethod_Download<
+          v1::CheckpointStore::CallbackService> {
  public:
   // `store` is not owned and must outlive the service. INVALID_ARGUMENT for worker_threads < 1.
   static absl::StatusOr<std::unique_ptr<StoreService>> Create(CheckpointStore* store,
@@ -100,8 +105,9 @@ class StoreService final : public v1::CheckpointStore::CallbackService {
   grpc::ServerUnaryReactor* FindMissingChunks(grpc::CallbackServerContext* context,
                                               const v1::FindMissingChunksRequest* request,
                                               v1::FindMissingChunksResponse* response) override;
-  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(
-      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  // `request` is a serialized DownloadRequest; responses are serialized DownloadResponses.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
@@ -152,6 +158,9 @@ class StoreService final : public v1::CheckpointStore::CallbackService {
 
   CheckpointStore& store_;
   const StoreServiceOptions options_;
+
+  // Chunk buffers of Download streams, which gRPC may hold past a write (see PayloadPool).
+  const std::shared_ptr<PayloadPool> payload_pool_;
 
   absl::Mutex mu_;
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Upload / Download reactors not yet done.

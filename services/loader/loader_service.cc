@@ -1,6 +1,9 @@
 #include "services/loader/loader_service.h"
 
 #include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -9,10 +12,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "libs/rpc/bearer_auth.h"
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -22,7 +25,6 @@
 
 namespace ckpt {
 namespace {
-
 
 // The piece size a request asks for: 0 is the default (1 MiB), larger is capped at 1 MiB.
 absl::StatusOr<size_t> PieceBytes(int32_t requested) {
@@ -127,20 +129,86 @@ absl::StatusOr<std::unique_ptr<LoaderService>> LoaderService::Create(CheckpointS
 }
 
 LoaderService::LoaderService(CheckpointStore* store, LoaderServiceOptions options)
-    : store_(*store), options_(std::move(options)), cache_(options_.cache_bytes) {}
+    : store_(*store),
+      options_(std::move(options)),
+      cache_(options_.cache_bytes),
+      payload_pool_(PayloadPool::Create(kMaxLoaderPieceBytes, /*max_idle=*/8)) {}
 
-absl::Status LoaderService::Authorize(const grpc::ServerContext& context) const {
+absl::Status LoaderService::Authorize(const grpc::ServerContextBase& context) const {
   return CheckBearerToken(context.client_metadata(), options_.auth_token, "loader");
 }
 
-grpc::Status LoaderService::Load(grpc::ServerContext* context, const v1::LoadRequest* request,
-                                 grpc::ServerWriter<v1::LoadResponse>* writer) {
-  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
-    return ToGrpcStatus(authorized);
+// A Load stream: the blocking DoLoad on a thread of the reactor's own, each write waited for.
+// Once its thread calls Finish it touches nothing more, so OnDone (on a gRPC thread, or inline
+// in that very Finish) can join or release it and delete the reactor.
+class LoaderService::LoadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  LoadReactor(LoaderService* service, grpc::CallbackServerContext* context,
+              const grpc::ByteBuffer* request)
+      : service_(*service), context_(*context) {
+    absl::Status ready = service_.Authorize(context_);
+    if (ready.ok()) {
+      slot_.emplace(service_);
+      ready = slot_->status();
+    }
+    if (ready.ok()) ready = ParseFromByteBuffer(*request, "LoadRequest", &request_);
+    if (!ready.ok()) {
+      Finish(ToGrpcStatus(ready));
+      return;
+    }
+    thread_ = std::thread([this] {
+      const absl::Status status =
+          service_.DoLoad(context_, request_,
+                          [this](grpc::ByteBuffer message) { return Write(std::move(message)); });
+      Finish(ToGrpcStatus(status));
+    });
   }
-  StreamSlot slot(*this);
-  if (!slot.status().ok()) return ToGrpcStatus(slot.status());
-  return ToGrpcStatus(DoLoad(*context, *request, *writer));
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    write_ok_ = ok;
+    write_pending_ = false;
+  }
+
+  void OnDone() override {
+    if (thread_.joinable()) {
+      if (thread_.get_id() == std::this_thread::get_id()) {
+        thread_.detach();  // inline in the thread's own Finish, its last step.
+      } else {
+        thread_.join();
+      }
+    }
+    delete this;
+  }
+
+ private:
+  bool Write(grpc::ByteBuffer message) {
+    message_ = std::move(message);
+    {
+      absl::MutexLock lock(&mu_);
+      write_pending_ = true;
+    }
+    StartWrite(&message_);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* pending) { return !*pending; }, &write_pending_));
+    return write_ok_;
+  }
+
+  LoaderService& service_;
+  grpc::CallbackServerContext& context_;
+  std::optional<StreamSlot> slot_;
+  v1::LoadRequest request_;
+  grpc::ByteBuffer message_;  // the message being written.
+  absl::Mutex mu_;
+  bool write_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_ok_ ABSL_GUARDED_BY(mu_) = true;
+  std::thread thread_;
+};
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* LoaderService::Load(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return new LoadReactor(this, context, request);
 }
 
 grpc::Status LoaderService::Preflight(grpc::ServerContext* context,
@@ -162,8 +230,8 @@ grpc::Status LoaderService::Export(grpc::ServerContext* context, const v1::Expor
   return ToGrpcStatus(DoExport(*context, *request, *writer));
 }
 
-absl::Status LoaderService::DoLoad(grpc::ServerContext& context, const v1::LoadRequest& request,
-                                   grpc::ServerWriter<v1::LoadResponse>& writer) {
+absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
+                                   const v1::LoadRequest& request, const MessageWriter& write) {
   ASSIGN_OR_RETURN(LoadTarget target, LoadTargetFromProto(request.target()));
   ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
   // The client places tensors; here they stay on the CPU.
@@ -175,18 +243,25 @@ absl::Status LoaderService::DoLoad(grpc::ServerContext& context, const v1::LoadR
   v1::LoadResponse response;
   ASSIGN_OR_RETURN(*response.mutable_manifest(), AdaptedManifest(manifest, planned, target));
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
-  const auto send = [&](int index, int64_t offset, absl::string_view bytes) -> absl::Status {
+  // Sends `bytes` in pieces: straight from their memory when `owner` keeps it alive, else each
+  // piece copied once into a pooled buffer (cached chunks may be evicted while gRPC holds them).
+  const auto send = [&](int index, int64_t offset, absl::string_view bytes,
+                        const std::shared_ptr<const void>& owner) -> absl::Status {
     while (!bytes.empty()) {
       if (context.IsCancelled()) {
         return absl::CancelledError(absl::StrCat("the Load of ", where, " was cancelled"));
       }
       const size_t n = std::min(bytes.size(), piece_bytes);
-      v1::LoadResponse piece;
-      v1::TensorData& data = *piece.mutable_data();
-      data.set_tensor_index(index);
-      data.set_offset(offset);
-      data.set_data(bytes.data(), n);
-      if (!writer.Write(piece)) {
+      grpc::ByteBuffer piece;
+      if (owner != nullptr) {
+        piece = TensorDataResponse(index, offset, bytes.substr(0, n), owner);
+      } else {
+        std::shared_ptr<char> copy = payload_pool_->Take();
+        const absl::string_view copied(copy.get(), n);  // before `copy` is moved from.
+        std::memcpy(copy.get(), bytes.data(), n);
+        piece = TensorDataResponse(index, offset, copied, std::move(copy));
+      }
+      if (!write(std::move(piece))) {
         return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
       }
       bytes.remove_prefix(n);
@@ -194,7 +269,7 @@ absl::Status LoaderService::DoLoad(grpc::ServerContext& context, const v1::LoadR
     }
     return absl::OkStatus();
   };
-  if (!writer.Write(response)) {
+  if (!write(SerializeToByteBuffer(response))) {
     return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
   }
   for (size_t i = 0; i < planned.size(); ++i) {
@@ -202,7 +277,7 @@ absl::Status LoaderService::DoLoad(grpc::ServerContext& context, const v1::LoadR
     if (target.dtype.Apply(static_cast<DType>(meta.dtype())) == static_cast<DType>(meta.dtype())) {
       // No cast: chunks go out as they come from the cache, never assembled into a tensor.
       RETURN_IF_ERROR(reader->ReadTensorChunks(meta, [&](int64_t offset, absl::string_view bytes) {
-        return send(static_cast<int>(i), offset, bytes);
+        return send(static_cast<int>(i), offset, bytes, nullptr);
       }));
       continue;
     }
@@ -210,16 +285,18 @@ absl::Status LoaderService::DoLoad(grpc::ServerContext& context, const v1::LoadR
     ASSIGN_OR_RETURN(at::Tensor cast, PlaceTensor(stored, DeviceSpec::Cpu(), target.dtype));
     stored = at::Tensor();
     RETURN_IF_ERROR(CatchTorchErrors([&] { cast = cast.contiguous(); }));
-    RETURN_IF_ERROR(
-        send(static_cast<int>(i), 0,
-             absl::string_view(static_cast<const char*>(cast.data_ptr()), cast.nbytes())));
+    // The cast tensor is this stream's own: its memory goes out as it is, kept alive by the
+    // messages that point into it.
+    const absl::string_view bytes(static_cast<const char*>(cast.data_ptr()), cast.nbytes());
+    RETURN_IF_ERROR(send(static_cast<int>(i), 0, bytes, std::make_shared<at::Tensor>(cast)));
   }
   const v1::Manifest& sent = response.manifest();
   for (int j = 0; j < sent.state_tensors_size(); ++j) {
     const int index = static_cast<int>(planned.size()) + j;
-    RETURN_IF_ERROR(reader->ReadTensorChunks(
-        manifest.state_tensors(j),
-        [&](int64_t offset, absl::string_view bytes) { return send(index, offset, bytes); }));
+    RETURN_IF_ERROR(reader->ReadTensorChunks(manifest.state_tensors(j),
+                                             [&](int64_t offset, absl::string_view bytes) {
+                                               return send(index, offset, bytes, nullptr);
+                                             }));
   }
   return absl::OkStatus();
 }

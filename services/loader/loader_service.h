@@ -24,11 +24,14 @@
 // Authentication as the store service: with auth_token set, calls must carry "authorization:
 // Bearer <token>", else UNAUTHENTICATED before any work; grpc.health.v1 stays open.
 //
-// Threading: gRPC's synchronous API. Each call runs on a gRPC server thread and blocks on store
-// reads, casts and Write (which waits for flow control), so a slow consumer holds its call at one
-// message, not the version. Streams beyond max_concurrent_streams fail with RESOURCE_EXHAUSTED.
-// The sync API was chosen over callback reactors because every step of a call blocks (store
-// reads, torch casts, file staging) and would otherwise need its own worker pool.
+// Threading: every step of a call blocks (store reads, torch casts, file staging), so each call
+// runs as straight-line code on a thread of its own and waits for each write (flow control): a
+// slow consumer holds its call at one message, not the version. Preflight and Export use gRPC's
+// synchronous API. Load is a raw callback method (ByteBuffer in and out) whose reactor runs the
+// same kind of blocking loop on a thread it starts: its TensorData messages are written with
+// libs/rpc/tensor_data_message, from the cast tensor's own memory or one copy of a cached chunk,
+// not through a protobuf (two copies fewer per byte). Streams beyond max_concurrent_streams fail
+// with RESOURCE_EXHAUSTED.
 //
 // Lifetime: `store` must outlive the service, and the service the server serving it.
 //
@@ -41,6 +44,7 @@
 //                    GrpcServer::Start({}, {{service.get(), v1::Loader::service_full_name()}}));
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,8 +53,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/sync_stream.h"
 #include "libs/loader/chunk_cache.h"
+#include "libs/rpc/tensor_data_message.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/loader.grpc.pb.h"
 
@@ -71,14 +78,15 @@ struct LoaderServiceOptions {
   std::string scratch_dir;
 };
 
-class LoaderService final : public v1::Loader::Service {
+class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Loader::Service> {
  public:
   // `store` is not owned. INVALID_ARGUMENT for negative cache_bytes or max_concurrent_streams < 1.
   static absl::StatusOr<std::unique_ptr<LoaderService>> Create(CheckpointStore* store,
                                                                LoaderServiceOptions options);
 
-  grpc::Status Load(grpc::ServerContext* context, const v1::LoadRequest* request,
-                    grpc::ServerWriter<v1::LoadResponse>* writer) override;
+  // `request` is a serialized LoadRequest; responses are serialized LoadResponses.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Load(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
   grpc::Status Preflight(grpc::ServerContext* context, const v1::PreflightRequest* request,
                          v1::PreflightResponse* response) override;
   grpc::Status Export(grpc::ServerContext* context, const v1::ExportRequest* request,
@@ -89,12 +97,16 @@ class LoaderService final : public v1::Loader::Service {
 
  private:
   class StreamSlot;
+  class LoadReactor;
+
+  // Writes one message and waits until gRPC has taken it; false once the stream is broken.
+  using MessageWriter = std::function<bool(grpc::ByteBuffer)>;
 
   LoaderService(CheckpointStore* store, LoaderServiceOptions options);
 
-  absl::Status Authorize(const grpc::ServerContext& context) const;
-  absl::Status DoLoad(grpc::ServerContext& context, const v1::LoadRequest& request,
-                      grpc::ServerWriter<v1::LoadResponse>& writer);
+  absl::Status Authorize(const grpc::ServerContextBase& context) const;
+  absl::Status DoLoad(const grpc::ServerContextBase& context, const v1::LoadRequest& request,
+                      const MessageWriter& write);
   absl::Status DoPreflight(const v1::PreflightRequest& request, v1::PreflightResponse& response);
   absl::Status DoExport(grpc::ServerContext& context, const v1::ExportRequest& request,
                         grpc::ServerWriter<v1::ExportResponse>& writer);
@@ -102,6 +114,8 @@ class LoaderService final : public v1::Loader::Service {
   CheckpointStore& store_;
   const LoaderServiceOptions options_;
   ChunkCache cache_;
+  // Copies of cached chunks on their way out; gRPC may hold one past its write (PayloadPool).
+  const std::shared_ptr<PayloadPool> payload_pool_;
   absl::Mutex mu_;
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
 };
