@@ -17,12 +17,17 @@
 // Each figure is one function below (FigureR1 ... FigureR8, FigureD1, FigureM1); --figures=R5,R8
 // measures only those (and what they need).
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +41,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -647,6 +653,86 @@ absl::StatusOr<double> TimeDownloadInto(CheckpointStore& store, const Workload& 
   return seconds;
 }
 
+// One TCP stream on 127.0.0.1 and no gRPC: a thread writes every byte of the saved tensors, this
+// one reads them into `destinations` (the faulted-in memory R4 downloads into). What loopback
+// TCP itself costs here (two kernel copies, the stack, both vCPUs): R4's ceiling.
+absl::StatusOr<double> TimeLoopbackTcp(const Workload& workload,
+                                       std::vector<at::Tensor>& destinations) {
+  const auto error = [](absl::string_view what) {
+    return absl::InternalError(absl::StrCat("loopback TCP baseline: ", what, ": ",
+                                            std::strerror(errno)));
+  };
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) return error("socket");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    close(listener);
+    return error("bind/listen");
+  }
+  const int sender = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sender < 0 || connect(sender, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    if (sender >= 0) close(sender);
+    close(listener);
+    return error("connect");
+  }
+  const int receiver = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  close(listener);
+  if (receiver < 0) {
+    close(sender);
+    return error("accept");
+  }
+  std::atomic<int> send_errno{0};
+  const Clock::time_point start = Clock::now();
+  std::thread writer([&] {
+    for (const at::Tensor& tensor : workload.tensors) {
+      const char* bytes = static_cast<const char*>(tensor.data_ptr());
+      size_t left = tensor.nbytes();
+      while (left > 0) {
+        const ssize_t sent = send(sender, bytes, left, MSG_NOSIGNAL);
+        if (sent < 0 && errno == EINTR) continue;
+        if (sent <= 0) {
+          send_errno.store(errno == 0 ? EPIPE : errno);
+          return;
+        }
+        bytes += sent;
+        left -= static_cast<size_t>(sent);
+      }
+    }
+  });
+  absl::Status received = absl::OkStatus();
+  for (at::Tensor& destination : destinations) {
+    char* bytes = static_cast<char*>(destination.data_ptr());
+    size_t left = destination.nbytes();
+    while (left > 0 && received.ok()) {
+      const ssize_t got = recv(receiver, bytes, left, 0);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        received = got == 0 ? absl::InternalError("loopback TCP baseline: the sender stopped early")
+                            : error("recv");
+        break;
+      }
+      bytes += got;
+      left -= static_cast<size_t>(got);
+    }
+  }
+  if (!received.ok()) shutdown(sender, SHUT_RDWR);  // unblocks the writer.
+  writer.join();
+  const double seconds = SecondsSince(start);
+  close(sender);
+  close(receiver);
+  RETURN_IF_ERROR(received);
+  if (send_errno.load() != 0) {
+    errno = send_errno.load();
+    return error("send");
+  }
+  return seconds;
+}
+
 // One Download stream from an in-process StoreService on 127.0.0.1 (the same store as R3) into
 // client memory that is already faulted in, against memcpy of the same bytes into such memory
 // (TimeMemcpy). A download into fresh tensors (RemoteCheckpointStore::LoadCheckpoint) is timed
@@ -661,6 +747,7 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                                      {{service.get(), v1::CheckpointStore::service_full_name()}}));
   std::vector<double> download_s;
   std::vector<double> fresh_s;
+  std::vector<double> tcp_s;
   absl::Status measured = [&]() -> absl::Status {
     RemoteStoreOptions remote_options;
     remote_options.address = server->address();
@@ -674,6 +761,8 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
       download_s.push_back(seconds);
       ASSIGN_OR_RETURN(double fresh, TimeStoreLoad(*remote, workload, /*compare=*/run == 0));
       fresh_s.push_back(fresh);
+      ASSIGN_OR_RETURN(double tcp, TimeLoopbackTcp(workload, destinations));
+      tcp_s.push_back(tcp);
     }
     return absl::OkStatus();
   }();
@@ -684,13 +773,17 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                    workload, download_s);
   report.AddTiming("gRPC download, 1 stream, loopback, into fresh tensors (LoadCheckpoint)",
                    workload, fresh_s);
+  report.AddTiming("TCP alone, 1 stream, loopback, into faulted-in memory (no gRPC)", workload,
+                   tcp_s);
   FigureRow row{"R4", workload.name, "one gRPC download stream / memcpy (throughput)"};
   ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(download_s, times.memcpy_s));
   row.target = 0.2;
-  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s; into fresh tensors %.2f GiB/s",
-                               GiBps(workload.bytes, download_s),
-                               GiBps(workload.bytes, times.memcpy_s),
-                               GiBps(workload.bytes, fresh_s));
+  row.detail = absl::StrFormat(
+      "%.2f vs %.2f GiB/s; into fresh tensors %.2f GiB/s; loopback TCP alone %.2f GiB/s (%.3f of "
+      "memcpy)",
+      GiBps(workload.bytes, download_s), GiBps(workload.bytes, times.memcpy_s),
+      GiBps(workload.bytes, fresh_s), GiBps(workload.bytes, tcp_s),
+      GiBps(workload.bytes, tcp_s) / GiBps(workload.bytes, times.memcpy_s));
   report.AddFigure(std::move(row));
   return absl::OkStatus();
 }
