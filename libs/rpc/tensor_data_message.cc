@@ -1,5 +1,6 @@
 #include "libs/rpc/tensor_data_message.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -44,15 +45,23 @@ class SliceCursor {
 
   size_t remaining() const { return remaining_; }
 
-  bool ReadVarint(uint64_t* value) {
+  // A varint of at most `max_bytes` bytes (a value: 10).
+  bool ReadVarint(uint64_t* value, int max_bytes = 10) {
     *value = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int i = 0, shift = 0; i < max_bytes; ++i, shift += 7) {
       uint8_t byte = 0;
       if (!ReadByte(&byte)) return false;
       *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
       if ((byte & 0x80) == 0) return true;
     }
-    return false;  // more than ten bytes: malformed.
+    return false;
+  }
+
+  // Tags and lengths as protobuf's parser reads them (at most 5 bytes; a tag fits 32 bits, a
+  // length 31). Anything else goes to the generated parser, which rejects or reads it its way.
+  bool ReadTag(uint64_t* tag) { return ReadVarint(tag, 5) && *tag <= UINT32_MAX; }
+  bool ReadLength(uint64_t* length) {
+    return ReadVarint(length, 5) && *length <= static_cast<uint64_t>(INT32_MAX);
   }
 
   // Moves past `size` bytes, appending views of them to `pieces` when it is not null.
@@ -214,17 +223,19 @@ bool TensorDataResponseReader::ReadFast(const grpc::ByteBuffer& buffer) {
   slices_.clear();
   data_ = TensorDataView();
   if (!buffer.Valid() || !buffer.Dump(&slices_).ok()) return false;
-  SliceCursor cursor(slices_, buffer.Length());
+  size_t size = 0;  // of the slices themselves, which Dump may have decompressed.
+  for (const grpc::Slice& slice : slices_) size += slice.size();
+  SliceCursor cursor(slices_, size);
   uint64_t tag = 0;
   uint64_t length = 0;
   // Exactly one field, the TensorData, filling the message.
-  if (!cursor.ReadVarint(&tag) || tag != Tag(kResponseDataField, kLengthDelimited) ||
-      !cursor.ReadVarint(&length) || length != cursor.remaining()) {
+  if (!cursor.ReadTag(&tag) || tag != Tag(kResponseDataField, kLengthDelimited) ||
+      !cursor.ReadLength(&length) || length != cursor.remaining()) {
     return false;
   }
   while (cursor.remaining() > 0) {
     uint64_t value = 0;
-    if (!cursor.ReadVarint(&tag)) return false;
+    if (!cursor.ReadTag(&tag)) return false;
     const uint64_t field = tag >> 3;
     const uint32_t wire_type = static_cast<uint32_t>(tag & 7);
     if (field == 0) return false;
@@ -238,7 +249,7 @@ bool TensorDataResponseReader::ReadFast(const grpc::ByteBuffer& buffer) {
       continue;
     }
     if (field == kBytesField) {
-      if (wire_type != kLengthDelimited || !cursor.ReadVarint(&length)) return false;
+      if (wire_type != kLengthDelimited || !cursor.ReadLength(&length)) return false;
       data_.pieces.clear();  // a repeated scalar field: the last one counts.
       data_.size = static_cast<int64_t>(length);
       if (!cursor.Advance(length, &data_.pieces)) return false;
@@ -253,7 +264,7 @@ bool TensorDataResponseReader::ReadFast(const grpc::ByteBuffer& buffer) {
         if (!cursor.Advance(8, nullptr)) return false;
         break;
       case kLengthDelimited:
-        if (!cursor.ReadVarint(&length) || !cursor.Advance(length, nullptr)) return false;
+        if (!cursor.ReadLength(&length) || !cursor.Advance(length, nullptr)) return false;
         break;
       case kFixed32:
         if (!cursor.Advance(4, nullptr)) return false;

@@ -205,7 +205,9 @@ TEST(TensorDataResponseReaderTest, UnusualEncodingsReadAsTheGeneratedParserReads
   fields_reversed += "\x08\x02";
   const std::string repeated_bytes =
       std::string("\x1a\x02", 2) + "ab" + std::string("\x1a\x03", 2) + "cde";
-  const std::vector<std::string> inner = {fields_reversed, repeated_bytes};
+  // A tag varint over 32 bits: protobuf keeps its low 32 bits (here: tensor_index again).
+  const std::string long_tag("\x08\x05\x88\x80\x80\x80\x10\x07", 8);
+  const std::vector<std::string> inner = {fields_reversed, repeated_bytes, long_tag};
   std::vector<std::string> messages;
   for (const std::string& body : inner) {
     messages.push_back(std::string("\x12") + static_cast<char>(body.size()) + body);

@@ -153,6 +153,7 @@ class LoaderService::LoadReactor final : public grpc::ServerWriteReactor<grpc::B
     }
     if (ready.ok()) ready = ParseFromByteBuffer(*request, "LoadRequest", &request_);
     if (!ready.ok()) {
+      slot_.reset();
       Finish(ToGrpcStatus(ready));
       return;
     }
@@ -160,6 +161,9 @@ class LoaderService::LoadReactor final : public grpc::ServerWriteReactor<grpc::B
       const absl::Status status =
           service_.DoLoad(context_, request_,
                           [this](grpc::ByteBuffer message) { return Write(std::move(message)); });
+      // The slot is free before the client hears the status, so it may start another stream
+      // at once.
+      slot_.reset();
       Finish(ToGrpcStatus(status));
     });
   }

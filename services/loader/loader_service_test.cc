@@ -258,6 +258,17 @@ TEST_F(LoaderServiceTest, ErrorsNameWhatIsWrong) {
               StatusIs(absl::StatusCode::kUnauthenticated, "not valid"));
 }
 
+// A stream's slot is free by the time its client has the status: one stream after another never
+// meets RESOURCE_EXHAUSTED, even with room for one.
+TEST_F(LoaderServiceTest, BackToBackStreamsFitOneSlot) {
+  LoaderServiceOptions options;
+  options.max_concurrent_streams = 1;
+  StartLoader(options);
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_OK(loader_->Load(ref_, LoadTarget()).status()) << "load " << i;
+  }
+}
+
 TEST(RemoteLoaderTest, ConnectToNothingIsUnavailableNamingTheAddress) {
   RemoteLoaderOptions options;
   options.address = "127.0.0.1:1";
