@@ -18,7 +18,9 @@
 //    TensorData. One store chunk (4 MiB) is read at a time and sent in pieces of at most
 //    min(1 MiB, DownloadRequest.max_message_bytes); the next piece is written only after the
 //    previous write completed, so a slow reader holds the server at one chunk, not the checkpoint.
-//    A cancelled call stops reading chunks.
+//    A cancelled call stops reading chunks. Download is a raw method: each chunk is read into a
+//    pooled buffer and its messages are gRPC slices of that buffer (libs/rpc/tensor_data_message),
+//    byte for byte what DownloadResponse's serializer would write.
 //  - ListModels / ListVersions page in the adapter: page_size 0 means kDefaultPageSize, larger
 //    than kMaxPageSize is capped; page_token is the last name (version) of the previous page.
 //  - Every other call is unary and forwards one store method.
@@ -86,8 +88,7 @@ struct StoreServiceOptions {
   int worker_threads = 8;
 };
 
-// Download is a raw method (ByteBuffer in and out): its TensorData responses are written with
-// libs/rpc/tensor_data_message, straight from the chunk buffers, and parse as DownloadResponse.
+// Download is a raw method (ByteBuffer in and out; see above).
 class StoreService final
     : public v1::CheckpointStore::WithRawCallbackMethod_Download<
           v1::CheckpointStore::CallbackService> {
