@@ -12,8 +12,9 @@
 // again (parsing). Here the same wire format is written from, and read in, the bytes' own memory:
 // the sender's payload becomes a gRPC slice as it is, and the receiver gets views into the slices
 // gRPC received. The bytes on the wire are exactly what SerializeToString writes, so either end
-// may be any protobuf implementation; a response this reader does not recognise on its fast path
-// (fields out of the usual order, a repeated oneof member, ...) is parsed by the generated class.
+// may be any protobuf implementation. The fast path reads a response that is one TensorData field
+// (its fields in any order, unknown ones skipped); anything else (the manifest, a second oneof
+// member, unknown top-level fields, groups, oversized varints) is parsed by the generated class.
 //
 // Example, server (a raw callback method, ServerWriteReactor<grpc::ByteBuffer>):
 //   std::shared_ptr<char> chunk = pool->Take();            // kChunkBytes, reused
@@ -36,7 +37,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/message_lite.h"
