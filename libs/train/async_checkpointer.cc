@@ -3,8 +3,10 @@
 #include <iostream>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
+#include "libs/io/parallel_copy.h"
 #include "libs/io/prefault.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -20,18 +22,19 @@ class BufferPool {
   void Add(at::Tensor tensor) {
     buffers_.emplace(Key(tensor), std::move(tensor));
   }
+  struct Buffer {
+    at::Tensor tensor;
+    bool fresh;  // newly allocated: its pages are not mapped yet.
+  };
   // A contiguous CPU tensor shaped and typed like `like`: a spare one when there is one.
-  at::Tensor Take(const at::Tensor& like) {
+  Buffer Take(const at::Tensor& like) {
     auto it = buffers_.find(Key(like));
     if (it == buffers_.end()) {
-      at::Tensor fresh = at::empty(like.sizes(), like.options().device(at::kCPU));
-      // Mapped in one call, not a page fault per 4 KiB during the copy (libs/io/prefault.h).
-      if (fresh.nbytes() >= (size_t{1} << 20)) PrefaultForWrite(fresh.data_ptr(), fresh.nbytes());
-      return fresh;
+      return {at::empty(like.sizes(), like.options().device(at::kCPU)), /*fresh=*/true};
     }
     at::Tensor buffer = std::move(it->second);
     buffers_.erase(it);
-    return buffer;
+    return {std::move(buffer), /*fresh=*/false};
   }
 
  private:
@@ -41,41 +44,70 @@ class BufferPool {
   std::multimap<std::string, at::Tensor> buffers_;
 };
 
-// A private contiguous CPU copy.
-at::Tensor HostCopy(const at::Tensor& tensor, BufferPool* pool) {
+// Mapping fresh pages in one call pays off for buffers of this size and up (libs/io/prefault.h).
+constexpr size_t kPrefaultMinBytes = size_t{1} << 20;
+
+// How a snapshot is taken: into the pool's buffers (fresh ones when it has none to spare), with
+// the plain copies collected and run together by ParallelCopy once every buffer is chosen.
+struct SnapshotContext {
+  BufferPool& pool;
+  std::vector<CopyRange> plain_copies;
+};
+
+// Whether `source`'s bytes are exactly its values in memory order, so that a memcpy into a
+// contiguous tensor of the same shape and dtype copies it.
+bool IsPlainCpuTensor(const at::Tensor& source) {
+  return source.device().is_cpu() && source.layout() == at::kStrided && source.is_contiguous() &&
+         !source.is_quantized() && !source.is_conj() && !source.is_neg();
+}
+
+// A private contiguous CPU copy. A plain CPU tensor's copy is only scheduled in
+// `context.plain_copies`: its bytes are there once the caller has run them.
+at::Tensor HostCopy(const at::Tensor& tensor, SnapshotContext& context) {
   const at::Tensor source = tensor.detach();
-  if (pool == nullptr || source.layout() != at::kStrided) {
+  if (source.layout() != at::kStrided) {  // sparse and other layouts: as they are.
     at::Tensor copy = source.to(at::kCPU, source.scalar_type(), /*non_blocking=*/false,
                                 /*copy=*/true);
     return copy.is_contiguous() ? copy : copy.contiguous();
   }
-  at::Tensor buffer = pool->Take(source);
-  buffer.copy_(source);
-  return buffer;
+  BufferPool::Buffer buffer = context.pool.Take(source);
+  const bool prefault = buffer.fresh && buffer.tensor.nbytes() >= kPrefaultMinBytes;
+  if (IsPlainCpuTensor(source) && buffer.tensor.is_contiguous() &&
+      buffer.tensor.scalar_type() == source.scalar_type()) {
+    if (source.nbytes() > 0) {
+      context.plain_copies.push_back(
+          {buffer.tensor.data_ptr(), source.data_ptr(), source.nbytes(), prefault});
+    }
+    return buffer.tensor;
+  }
+  if (prefault) PrefaultForWrite(buffer.tensor.data_ptr(), buffer.tensor.nbytes());
+  buffer.tensor.copy_(source);  // another device, strides, a conjugate or negative view.
+  return buffer.tensor;
 }
 
-Value SnapshotValue(const Value& value, BufferPool* pool) {
+Value SnapshotValue(const Value& value, SnapshotContext& context) {
   switch (value.kind()) {
     case Value::Kind::kTensor:
-      return Value::Tensor(HostCopy(value.tensor(), pool), value.tensor_original_device());
+      return Value::Tensor(HostCopy(value.tensor(), context), value.tensor_original_device());
     case Value::Kind::kList:
     case Value::Kind::kTuple: {
       std::vector<Value> items;
       items.reserve(value.items().size());
-      for (const Value& item : value.items()) items.push_back(SnapshotValue(item, pool));
+      for (const Value& item : value.items()) items.push_back(SnapshotValue(item, context));
       return value.is_list() ? Value::List(std::move(items)) : Value::Tuple(std::move(items));
     }
     case Value::Kind::kDict: {
       std::vector<Value::Entry> entries;
       entries.reserve(value.entries().size());
       for (const Value::Entry& entry : value.entries()) {
-        entries.emplace_back(entry.first, SnapshotValue(entry.second, pool));
+        entries.emplace_back(entry.first, SnapshotValue(entry.second, context));
       }
       return Value::Dict(std::move(entries));
     }
     case Value::Kind::kOpaque:
-      return Value::Opaque(value.opaque_class_name(), SnapshotValue(value.opaque_args(), pool),
-                           SnapshotValue(value.opaque_state(), pool));
+      return Value::Opaque(value.opaque_class_name(),
+                           SnapshotValue(value.opaque_args(), context),
+                           SnapshotValue(value.opaque_state(), context));
     default:
       return value;  // scalars and strings are values already.
   }
@@ -95,19 +127,23 @@ void CollectTensors(const Value& value, std::vector<at::Tensor>& out) {
 }
 
 absl::StatusOr<CheckpointContents> Snapshot(const CheckpointContents& contents,
-                                            BufferPool* pool) {
+                                            BufferPool& pool) {
   return CatchTorchErrors([&]() -> CheckpointContents {
+    SnapshotContext context{pool};
     CheckpointContents copy;
     for (const StateDict::Entry& entry : contents.model) {
-      copy.model.InsertOrAssign(entry.key, HostCopy(entry.tensor, pool),
+      copy.model.InsertOrAssign(entry.key, HostCopy(entry.tensor, context),
                                 entry.original_device.empty() ? entry.tensor.device().str()
                                                               : entry.original_device);
     }
-    if (contents.optimizer) copy.optimizer = SnapshotValue(*contents.optimizer, pool);
-    if (contents.scheduler) copy.scheduler = SnapshotValue(*contents.scheduler, pool);
-    copy.extra = SnapshotValue(contents.extra, pool);
+    if (contents.optimizer) copy.optimizer = SnapshotValue(*contents.optimizer, context);
+    if (contents.scheduler) copy.scheduler = SnapshotValue(*contents.scheduler, context);
+    copy.extra = SnapshotValue(contents.extra, context);
     copy.metadata = contents.metadata;
     copy.optimizer_param_names = contents.optimizer_param_names;
+    // The sources are `contents`' tensors, alive until this returns. The trainer waits for the
+    // snapshot, so the copy may take every core.
+    ParallelCopy(context.plain_copies, DefaultCopyThreads());
     return copy;
   });
 }
@@ -125,11 +161,18 @@ std::vector<at::Tensor> TensorsOf(const CheckpointContents& contents) {
 }  // namespace
 
 absl::StatusOr<Value> SnapshotValueToHost(const Value& value) {
-  return CatchTorchErrors([&] { return SnapshotValue(value, nullptr); });
+  return CatchTorchErrors([&] {
+    BufferPool fresh_buffers;
+    SnapshotContext context{fresh_buffers};
+    Value copy = SnapshotValue(value, context);
+    ParallelCopy(context.plain_copies, DefaultCopyThreads());
+    return copy;
+  });
 }
 
 absl::StatusOr<CheckpointContents> SnapshotToHost(const CheckpointContents& contents) {
-  return Snapshot(contents, nullptr);
+  BufferPool fresh_buffers;
+  return Snapshot(contents, fresh_buffers);
 }
 
 AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store, std::string model_name)
@@ -173,7 +216,7 @@ absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents,
     for (at::Tensor& tensor : spare_buffers_) pool.Add(std::move(tensor));
     spare_buffers_.clear();
   }
-  ASSIGN_OR_RETURN(CheckpointContents snapshot, Snapshot(contents, &pool));
+  ASSIGN_OR_RETURN(CheckpointContents snapshot, Snapshot(contents, pool));
   const absl::Time end = absl::Now();
   {
     absl::MutexLock lock(&mu_);

@@ -121,6 +121,78 @@ TEST_F(AsyncCheckpointerTest, FailedUploadIsReportedByTheNextCall) {
   EXPECT_EQ(checkpointer.stats().failed, 1);
 }
 
+// Tensors whose bytes are not simply their values in order, next to plain ones large enough to be
+// split between copying threads; each must come out equal, contiguous and in memory of its own.
+CheckpointContents AwkwardContents(float fill) {
+  CheckpointContents contents;
+  at::Tensor big = at::arange(3 * 1024 * 1024, at::kFloat).reshape({3, 1024, 1024}) + fill;
+  contents.model.InsertOrAssign("big", big);                      // 12 MiB: several shares.
+  contents.model.InsertOrAssign("slice", big[1].narrow(0, 5, 7));  // storage offset.
+  contents.model.InsertOrAssign("transposed", at::full({8, 3}, fill).t());
+  contents.model.InsertOrAssign("empty", at::empty({0, 4}));
+  contents.model.InsertOrAssign("flags", at::arange(10) % 3 == 0);
+  contents.model.InsertOrAssign("half", at::full({5}, fill, at::kHalf));
+  at::Tensor complex = at::complex(at::full({4}, fill), at::arange(4, at::kFloat));
+  contents.model.InsertOrAssign("conjugate", complex.conj());  // a conjugate bit, not bytes.
+  contents.model.InsertOrAssign("negative", at::imag(complex.conj()));  // a negative bit.
+  contents.optimizer = Value::Dict(
+      {{"state", Value::Dict({{0, Value::Dict({{"step", Value::Tensor(at::scalar_tensor(fill))},
+                                                {"exp_avg", Value::Tensor(big * 2)}})}})},
+       {"param_groups",
+        Value::List({Value::Dict({{"lr", Value::Float(0.1)},
+                                  {"params", Value::List({Value::Int(0)})}})})}});
+  contents.optimizer_param_names = {{0, "big"}};
+  contents.extra = Value::Dict({{"ids", Value::Tensor(at::arange(100, at::kLong))}});
+  return contents;
+}
+
+void ExpectSnapshotOf(const CheckpointContents& snapshot, const CheckpointContents& live) {
+  ASSERT_EQ(snapshot.model.size(), live.model.size());
+  for (const StateDict::Entry& entry : live.model) {
+    SCOPED_TRACE(entry.key);
+    const at::Tensor* copy = snapshot.model.Find(entry.key);
+    ASSERT_NE(copy, nullptr);
+    EXPECT_TRUE(copy->device().is_cpu());
+    EXPECT_TRUE(copy->is_contiguous());
+    EXPECT_EQ(copy->scalar_type(), entry.tensor.scalar_type());
+    EXPECT_TRUE(at::equal(copy->resolve_conj().resolve_neg(),
+                          entry.tensor.resolve_conj().resolve_neg()));
+    if (entry.tensor.numel() > 0) {
+      EXPECT_NE(copy->data_ptr(), entry.tensor.data_ptr());
+      EXPECT_FALSE(copy->is_alias_of(entry.tensor));
+    }
+  }
+  const Value* exp_avg = snapshot.optimizer->Find("state")->Find(0)->Find("exp_avg");
+  ASSERT_NE(exp_avg, nullptr);
+  EXPECT_TRUE(at::equal(exp_avg->tensor(),
+                        live.optimizer->Find("state")->Find(0)->Find("exp_avg")->tensor()));
+  EXPECT_TRUE(at::equal(snapshot.extra.Find("ids")->tensor(), at::arange(100, at::kLong)));
+}
+
+TEST(SnapshotToHostTest, CopiesEveryKindOfTensorExactly) {
+  const CheckpointContents live = AwkwardContents(1);
+  absl::StatusOr<CheckpointContents> snapshot = SnapshotToHost(live);
+  ASSERT_THAT(snapshot.status(), IsOk());
+  ExpectSnapshotOf(*snapshot, live);
+}
+
+TEST_F(AsyncCheckpointerTest, ReusedBuffersHoldEachSnapshotsOwnValues) {
+  AsyncCheckpointer checkpointer(store_.get(), "net");
+  for (int step = 1; step <= 3; ++step) {
+    CheckpointContents live = AwkwardContents(static_cast<float>(step));
+    ASSERT_THAT(checkpointer.Submit(live, {}), IsOk());
+    live.model.Find("big")->fill_(-1);  // the next step's in-place update.
+    ASSERT_THAT(checkpointer.Wait().status(), IsOk());
+  }
+  for (int version = 1; version <= 3; ++version) {
+    SCOPED_TRACE(version);
+    absl::StatusOr<LoadedCheckpoint> loaded =
+        store_->LoadCheckpoint(*ParseVersionRef("net@" + std::to_string(version)));
+    ASSERT_THAT(loaded.status(), IsOk());
+    ExpectSnapshotOf(loaded->contents, AwkwardContents(static_cast<float>(version)));
+  }
+}
+
 TEST_F(AsyncCheckpointerTest, WaitWithNothingSubmittedIsEmpty) {
   AsyncCheckpointer checkpointer(store_.get(), "net");
   absl::StatusOr<std::optional<CommitResult>> last = checkpointer.Wait();
