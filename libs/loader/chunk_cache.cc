@@ -23,6 +23,17 @@ ChunkCache::ChunkCache(int64_t capacity_bytes)
 
 absl::Status ChunkCache::ReadTensorChunks(const VersionReader& reader, const v1::TensorMeta& meta,
                                           const ChunkCallback& callback) {
+  return ReadTensorSharedChunks(
+      reader, meta,
+      [&callback](int64_t offset, absl::string_view bytes, const std::shared_ptr<const void>&) {
+        return callback(offset, bytes);
+      });
+}
+
+absl::Status ChunkCache::ReadTensorSharedChunks(const VersionReader& reader,
+                                                const v1::TensorMeta& meta,
+                                                const SharedChunkCallback& callback) {
+  static const std::shared_ptr<const void> kNoOwner;
   const int count = meta.chunks_size();
   std::vector<std::shared_ptr<Slot>> slots(count);
   std::vector<bool> mine(count, false);
@@ -75,10 +86,14 @@ absl::Status ChunkCache::ReadTensorChunks(const VersionReader& reader, const v1:
         ++stats_.uncached_reads;
       }
     }
-    if (!all_filled) return reader.ReadTensorChunks(meta, callback);
+    if (!all_filled) {
+      return reader.ReadTensorChunks(meta, [&](int64_t offset, absl::string_view bytes) {
+        return callback(offset, bytes, kNoOwner);
+      });
+    }
     int64_t offset = 0;
     for (const auto& chunk : chunks) {
-      absl::Status status = callback(offset, *chunk);
+      absl::Status status = callback(offset, *chunk, chunk);
       if (!status.ok()) return status;
       offset += static_cast<int64_t>(chunk->size());
     }
@@ -103,7 +118,7 @@ absl::Status ChunkCache::ReadTensorChunks(const VersionReader& reader, const v1:
               std::min<int64_t>(length - static_cast<int64_t>(pending.size()), bytes.size()));
           if (pending.empty() && static_cast<int64_t>(take) == length && !mine[current]) {
             // A whole chunk nobody waits on from us: pass it through without a copy.
-            absl::Status sent = callback(chunk_start, bytes.substr(0, take));
+            absl::Status sent = callback(chunk_start, bytes.substr(0, take), kNoOwner);
             if (!sent.ok()) return sent;
           } else {
             pending.append(bytes.data(), take);
@@ -114,7 +129,7 @@ absl::Status ChunkCache::ReadTensorChunks(const VersionReader& reader, const v1:
               Publish(slots[current], filled);
               mine[current] = false;
             }
-            absl::Status sent = callback(chunk_start, *filled);
+            absl::Status sent = callback(chunk_start, *filled, filled);
             if (!sent.ok()) return sent;
           }
           bytes.remove_prefix(take);

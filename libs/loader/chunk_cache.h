@@ -24,6 +24,7 @@
 //   ASSIGN_OR_RETURN(at::Tensor weight, cached->ReadTensor("fc.weight"));  // via the cache
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -62,6 +63,12 @@ struct ChunkCacheStats {
   std::string ToString() const;
 };
 
+// As ChunkCallback, with `owner`: when it is not null it keeps `bytes` alive and unchanged after
+// the call returns (a chunk the cache holds or has just filled), so the callee may keep a view of
+// them, e.g. to send them without a copy. When it is null, `bytes` are valid only during the call.
+using SharedChunkCallback = std::function<absl::Status(
+    int64_t offset, absl::string_view bytes, const std::shared_ptr<const void>& owner)>;
+
 class ChunkCache {
  public:
   // `capacity_bytes` >= 0; 0 caches nothing (but concurrent fills are still shared).
@@ -75,6 +82,10 @@ class ChunkCache {
   // from the reader (DATA_LOSS, ...) and from the callback as they are.
   absl::Status ReadTensorChunks(const VersionReader& reader, const v1::TensorMeta& meta,
                                 const ChunkCallback& callback);
+  // The same, handing out the cached chunks' owners too (the LoaderService sends them as gRPC
+  // slices of the cache's own memory). A chunk the cache does not keep comes without an owner.
+  absl::Status ReadTensorSharedChunks(const VersionReader& reader, const v1::TensorMeta& meta,
+                                      const SharedChunkCallback& callback);
 
   ChunkCacheStats stats() const;
   int64_t capacity_bytes() const { return capacity_bytes_; }

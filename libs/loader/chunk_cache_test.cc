@@ -131,5 +131,67 @@ TEST_F(ChunkCacheTest, CallbackErrorStopsTheReadAndLeavesNothingHalfFilled) {
   EXPECT_TRUE(BytesEqual(big, big_));
 }
 
+// What one ReadTensorSharedChunks call handed out.
+struct SharedPiece {
+  int64_t offset;
+  absl::string_view bytes;
+  std::shared_ptr<const void> owner;
+};
+
+std::vector<SharedPiece> ReadShared(ChunkCache& cache, const VersionReader& reader,
+                                    const v1::TensorMeta& meta) {
+  std::vector<SharedPiece> pieces;
+  const absl::Status status = cache.ReadTensorSharedChunks(
+      reader, meta,
+      [&](int64_t offset, absl::string_view bytes, const std::shared_ptr<const void>& owner) {
+        pieces.push_back({offset, bytes, owner});
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(status.ok()) << status;
+  return pieces;
+}
+
+// Each piece's bytes, read after the call (so only valid through their owners), are the
+// tensor's bytes at their offsets, and together they cover it.
+void ExpectOwnedPiecesHold(const std::vector<SharedPiece>& pieces, const at::Tensor& expected) {
+  const char* data = static_cast<const char*>(expected.data_ptr());
+  int64_t covered = 0;
+  for (const SharedPiece& piece : pieces) {
+    ASSERT_NE(piece.owner, nullptr) << "piece at " << piece.offset;
+    EXPECT_EQ(piece.offset, covered);
+    EXPECT_EQ(std::memcmp(piece.bytes.data(), data + piece.offset, piece.bytes.size()), 0)
+        << "piece at " << piece.offset;
+    covered += static_cast<int64_t>(piece.bytes.size());
+  }
+  EXPECT_EQ(covered, static_cast<int64_t>(expected.nbytes()));
+}
+
+TEST_F(ChunkCacheTest, SharedChunksAreTheCachesOwnMemoryAndOutliveEviction) {
+  ChunkCache cache(int64_t{64} << 20);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(ref_));
+  const v1::TensorMeta& meta = reader->manifest().tensors(0);
+  ASSERT_EQ(meta.key(), "big");
+  const std::vector<SharedPiece> filled = ReadShared(cache, *reader, meta);  // the fills.
+  const std::vector<SharedPiece> cached = ReadShared(cache, *reader, meta);  // hits.
+  ASSERT_EQ(filled.size(), 3u);
+  ASSERT_EQ(cached.size(), 3u);
+  for (size_t i = 0; i < filled.size(); ++i) {
+    EXPECT_EQ(cached[i].bytes.data(), filled[i].bytes.data()) << "a hit was copied: chunk " << i;
+  }
+  ExpectOwnedPiecesHold(filled, big_);
+
+  // A small cache evicts the 4 MiB chunks as the next ones fill; the owners keep them.
+  ChunkCache small_cache(int64_t{5} << 20);
+  const std::vector<SharedPiece> evicted = ReadShared(small_cache, *reader, meta);
+  EXPECT_GT(small_cache.stats().evictions, 0);
+  ExpectOwnedPiecesHold(evicted, big_);
+
+  // A chunk larger than the whole capacity is not kept, but still comes with its owner.
+  ChunkCache tiny_cache(int64_t{1} << 20);
+  const std::vector<SharedPiece> uncached = ReadShared(tiny_cache, *reader, meta);
+  EXPECT_EQ(tiny_cache.stats().entries, 0);
+  ExpectOwnedPiecesHold(uncached, big_);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -241,14 +241,16 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   // The client places tensors; here they stay on the CPU.
   target.device = DeviceSpec::Cpu();
   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
+  const VersionReader& store_reader = *opened;  // owned by `reader` from here on.
   const std::unique_ptr<VersionReader> reader = CachedVersionReader(std::move(opened), &cache_);
   const v1::Manifest& manifest = reader->manifest();
   ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned, PlanLoad(manifest, target));
   v1::LoadResponse response;
   ASSIGN_OR_RETURN(*response.mutable_manifest(), AdaptedManifest(manifest, planned, target));
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
-  // Sends `bytes` in pieces: straight from their memory when `owner` keeps it alive, else each
-  // piece copied once into a pooled buffer (cached chunks may be evicted while gRPC holds them).
+  // Sends `bytes` in pieces: straight from their memory when `owner` keeps it alive (a cached
+  // chunk, which stays valid after an eviction while gRPC holds it; a cast tensor), else each
+  // piece copied once into a pooled buffer.
   const auto send = [&](int index, int64_t offset, absl::string_view bytes,
                         const std::shared_ptr<const void>& owner) -> absl::Status {
     while (!bytes.empty()) {
@@ -273,6 +275,13 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
     }
     return absl::OkStatus();
   };
+  // The cache's callback for tensor `index`'s chunks.
+  const auto send_chunk = [&send](size_t index) {
+    return [&send, index](int64_t offset, absl::string_view bytes,
+                          const std::shared_ptr<const void>& owner) {
+      return send(static_cast<int>(index), offset, bytes, owner);
+    };
+  };
   if (!write(SerializeToByteBuffer(response))) {
     return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
   }
@@ -280,9 +289,7 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
     const v1::TensorMeta& meta = *planned[i].meta;
     if (target.dtype.Apply(static_cast<DType>(meta.dtype())) == static_cast<DType>(meta.dtype())) {
       // No cast: chunks go out as they come from the cache, never assembled into a tensor.
-      RETURN_IF_ERROR(reader->ReadTensorChunks(meta, [&](int64_t offset, absl::string_view bytes) {
-        return send(static_cast<int>(i), offset, bytes, nullptr);
-      }));
+      RETURN_IF_ERROR(cache_.ReadTensorSharedChunks(store_reader, meta, send_chunk(i)));
       continue;
     }
     ASSIGN_OR_RETURN(at::Tensor stored, reader->ReadTensor(meta));
@@ -296,11 +303,9 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   }
   const v1::Manifest& sent = response.manifest();
   for (int j = 0; j < sent.state_tensors_size(); ++j) {
-    const int index = static_cast<int>(planned.size()) + j;
-    RETURN_IF_ERROR(reader->ReadTensorChunks(manifest.state_tensors(j),
-                                             [&](int64_t offset, absl::string_view bytes) {
-                                               return send(index, offset, bytes, nullptr);
-                                             }));
+    const size_t index = planned.size() + static_cast<size_t>(j);
+    RETURN_IF_ERROR(
+        cache_.ReadTensorSharedChunks(store_reader, manifest.state_tensors(j), send_chunk(index)));
   }
   return absl::OkStatus();
 }
@@ -370,6 +375,7 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
   ASSIGN_OR_RETURN(options.target, LoadTargetFromProto(request.target()));
   ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
+  const VersionReader& store_reader = *opened;  // owned by `reader` from here on.
   const std::unique_ptr<VersionReader> reader = CachedVersionReader(std::move(opened), &cache_);
   const v1::Manifest& manifest = reader->manifest();
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
