@@ -143,11 +143,15 @@ at::Tensor DistributedDataParallel::OnGradient(int64_t parameter_index, const at
     view.add_(grad);
     return grad;
   }
-  view.copy_(grad);
   // The hook runs before autograd accumulates `grad` into .grad, so .grad still holds what
-  // earlier (NoSync) backward passes accumulated; the bucket carries the sum.
+  // earlier (NoSync) backward passes accumulated; the bucket carries the sum. (One pass over the
+  // bytes: LibTorch's zero_grad() leaves .grad defined, so this is the common case.)
   const at::Tensor& existing = parameter.grad();
-  if (existing.defined()) view.add_(existing);
+  if (existing.defined()) {
+    at::add_out(view, grad, existing);
+  } else {
+    view.copy_(grad);
+  }
   ready[static_cast<size_t>(location.slot)] = true;
   --bucket.pending;
   LaunchReadyBucketsLocked();
@@ -203,19 +207,21 @@ void DistributedDataParallel::FinishGradientSync() {
 
   std::lock_guard<std::mutex> lock(mutex_);
   at::NoGradGuard no_grad;
-  const int64_t world_size = group_->getSize();
+  // The average is written straight into .grad (one pass, not a division of the bucket and then
+  // a copy); the bucket is overwritten by the next backward anyway.
+  const at::Tensor world_size = at::scalar_tensor(
+      static_cast<double>(group_->getSize()), at::TensorOptions().dtype(at::kDouble));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
-    bucket.flat.div_(world_size);
     for (const Slot& slot : bucket.slots) {
       at::Tensor& parameter = parameters_[static_cast<size_t>(slot.parameter_index)];
-      at::Tensor averaged =
+      const at::Tensor summed =
           bucket.flat.narrow(0, slot.offset, slot.numel).view(parameter.sizes());
       at::Tensor& grad = parameter.mutable_grad();
-      if (grad.defined()) {
-        grad.copy_(averaged);
+      if (grad.defined() && SameKind(grad, summed) && grad.sizes() == summed.sizes()) {
+        at::div_out(grad, summed, world_size);
       } else {
-        grad = averaged.clone();
+        grad = at::div(summed, world_size);
       }
     }
     bucket.pending = static_cast<int64_t>(bucket.slots.size());
