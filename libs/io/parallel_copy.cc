@@ -37,16 +37,26 @@ void ParallelCopy(absl::Span<const CopyRange> ranges, int max_threads,
   if (total == 0) return;
   const size_t by_size = std::max<size_t>(1, total / std::max<size_t>(1, min_bytes_per_thread));
   const size_t threads = std::min<size_t>(std::max(1, max_threads), by_size);
-  std::vector<std::thread> helpers;
-  helpers.reserve(threads - 1);
   // Share i is [total * i / threads, total * (i + 1) / threads): equal to within a byte.
   auto share_begin = [&](size_t i) {
     return static_cast<size_t>(static_cast<unsigned __int128>(total) * i / threads);
   };
-  for (size_t i = 1; i < threads; ++i) {
-    helpers.emplace_back(CopyShare, ranges, share_begin(i), share_begin(i + 1));
+  std::vector<std::thread> helpers;
+  size_t first_share_without_thread = threads;
+  try {
+    helpers.reserve(threads - 1);
+    for (size_t i = 1; i < threads; ++i) {
+      helpers.emplace_back(CopyShare, ranges, share_begin(i), share_begin(i + 1));
+    }
+  } catch (...) {
+    // No thread to be had (EAGAIN, memory): the shares that got none are copied here. The
+    // threads that did start must still be joined, or their destructors would terminate.
+    first_share_without_thread = 1 + helpers.size();
   }
   CopyShare(ranges, 0, share_begin(1));
+  if (first_share_without_thread < threads) {
+    CopyShare(ranges, share_begin(first_share_without_thread), total);
+  }
   for (std::thread& helper : helpers) helper.join();
 }
 
