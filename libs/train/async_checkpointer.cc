@@ -58,14 +58,16 @@ struct SnapshotContext {
 // contiguous tensor of the same shape and dtype copies it.
 bool IsPlainCpuTensor(const at::Tensor& source) {
   return source.device().is_cpu() && source.layout() == at::kStrided && source.is_contiguous() &&
-         !source.is_quantized() && !source.is_conj() && !source.is_neg();
+         !source.is_quantized() && !source.is_conj() && !source.is_neg() &&
+         !source._is_zerotensor();  // a zero tensor has no storage to copy from.
 }
 
 // A private contiguous CPU copy. A plain CPU tensor's copy is only scheduled in
 // `context.plain_copies`: its bytes are there once the caller has run them.
 at::Tensor HostCopy(const at::Tensor& tensor, SnapshotContext& context) {
   const at::Tensor source = tensor.detach();
-  if (source.layout() != at::kStrided) {  // sparse and other layouts: as they are.
+  if (source.layout() != at::kStrided || source.is_quantized()) {
+    // Sparse and other layouts, and quantized tensors (their quantizer comes along): as they are.
     at::Tensor copy = source.to(at::kCPU, source.scalar_type(), /*non_blocking=*/false,
                                 /*copy=*/true);
     return copy.is_contiguous() ? copy : copy.contiguous();
@@ -81,7 +83,7 @@ at::Tensor HostCopy(const at::Tensor& tensor, SnapshotContext& context) {
     return buffer.tensor;
   }
   if (prefault) PrefaultForWrite(buffer.tensor.data_ptr(), buffer.tensor.nbytes());
-  buffer.tensor.copy_(source);  // another device, strides, a conjugate or negative view.
+  buffer.tensor.copy_(source);  // another device, strides, a conjugate, negative or zero view.
   return buffer.tensor;
 }
 

@@ -7,8 +7,10 @@
 // At most one upload is in flight: Submit() first waits for the previous one, so memory holds one
 // host copy of the checkpoint, and commits land in submission order. That copy's buffers are kept
 // and reused by the next snapshot of the same shapes: copying into memory already mapped avoids a
-// page fault per 4 KiB, which dominated the stall (tools/bench, R7). The copy runs on every core
-// (libs/io/parallel_copy.h), whatever LibTorch's intra-op thread count: the trainer waits for it.
+// page fault per 4 KiB, which dominated the stall (tools/bench, R7). Contiguous CPU tensors are
+// copied on up to eight threads of the snapshot's own (libs/io/parallel_copy.h), whatever
+// LibTorch's intra-op thread count: the trainer waits for the copy anyway. Tensors on other
+// devices, strided, conjugate or negative views are copied by LibTorch's copy_.
 // A failed upload is not lost silently: its error is returned by the next Submit() or Wait().
 //
 // Thread-safety: Submit and Wait are called from one thread (the training loop); stats() from any.

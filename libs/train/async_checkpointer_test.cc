@@ -176,6 +176,23 @@ TEST(SnapshotToHostTest, CopiesEveryKindOfTensorExactly) {
   ExpectSnapshotOf(*snapshot, live);
 }
 
+TEST(SnapshotToHostTest, QuantizedAndZeroTensorsKeepWhatTheyAre) {
+  CheckpointContents live;
+  const at::Tensor quantized =
+      at::quantize_per_tensor(at::rand({4, 4}), /*scale=*/0.1, /*zero_point=*/10, at::kQUInt8);
+  live.model.InsertOrAssign("quantized", quantized);
+  live.model.InsertOrAssign("zeros", at::_efficientzerotensor({3, 2}));
+  absl::StatusOr<CheckpointContents> snapshot = SnapshotToHost(live);
+  ASSERT_THAT(snapshot.status(), IsOk());
+  const at::Tensor& copy = *snapshot->model.Find("quantized");
+  ASSERT_TRUE(copy.is_quantized());
+  EXPECT_EQ(copy.q_scale(), 0.1);
+  EXPECT_EQ(copy.q_zero_point(), 10);
+  EXPECT_TRUE(at::equal(copy.int_repr(), quantized.int_repr()));
+  EXPECT_FALSE(copy.is_alias_of(quantized));
+  EXPECT_TRUE(at::equal(*snapshot->model.Find("zeros"), at::zeros({3, 2})));
+}
+
 TEST_F(AsyncCheckpointerTest, ReusedBuffersHoldEachSnapshotsOwnValues) {
   AsyncCheckpointer checkpointer(store_.get(), "net");
   for (int step = 1; step <= 3; ++step) {
