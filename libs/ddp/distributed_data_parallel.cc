@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "ATen/ScalarOps.h"
 #include "ATen/core/grad_mode.h"
 #include "c10/util/Exception.h"
 #include "torch/csrc/distributed/c10d/Types.hpp"
@@ -209,8 +210,10 @@ void DistributedDataParallel::FinishGradientSync() {
   at::NoGradGuard no_grad;
   // The average is written straight into .grad (one pass, not a division of the bucket and then
   // a copy); the bucket is overwritten by the next backward anyway.
-  const at::Tensor world_size = at::scalar_tensor(
-      static_cast<double>(group_->getSize()), at::TensorOptions().dtype(at::kDouble));
+  // A wrapped number, as a Scalar argument would be: it never changes the result's dtype (a 0-dim
+  // tensor would, for 0-dim gradients).
+  const at::Tensor world_size =
+      at::native::wrapped_scalar_tensor(c10::Scalar(static_cast<int64_t>(group_->getSize())));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     for (const Slot& slot : bucket.slots) {

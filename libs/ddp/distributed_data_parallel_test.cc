@@ -370,6 +370,37 @@ TEST(DistributedDataParallelTest, ParametersWithoutGradientGetZerosAndUndefinedG
   EXPECT_EQ(ddp.bytes_all_reduced(), Flat(model->parameters()).nbytes());
 }
 
+// 0-dim parameters (a learned temperature, as CLIP's logit_scale), one used and one not.
+struct ScalarNet : torch::nn::Module {
+  ScalarNet() {
+    scale = register_parameter("scale", at::full({}, 2.0f));
+    unused = register_parameter("unused", at::full({}, 5.0f));
+    half_unused = register_parameter("half_unused", at::full({}, 1.0f, at::kHalf));
+  }
+  at::Tensor scale, unused, half_unused;
+};
+
+TEST(DistributedDataParallelTest, ZeroDimParametersKeepTheirGradientDtype) {
+  RendezvousOptions options;
+  options.master_port = 0;
+  const ProcessGroupHandle pg = InitProcessGroup(options);
+  auto model = std::make_shared<ScalarNet>();
+  DistributedDataParallel ddp(model, pg.group, DataParallelOptions());
+  for (int step = 0; step < 2; ++step) {  // the second step finds .grad defined.
+    (model->scale * at::full({3}, 1.5f)).sum().backward();
+    ddp.FinishGradientSync();
+    SCOPED_TRACE(step);
+    EXPECT_EQ(model->scale.grad().scalar_type(), at::kFloat);
+    EXPECT_EQ(model->scale.grad().dim(), 0);
+    EXPECT_FLOAT_EQ(model->scale.grad().item<float>(), 4.5f * (step + 1));  // accumulates.
+    ASSERT_TRUE(model->unused.grad().defined());
+    EXPECT_EQ(model->unused.grad().scalar_type(), at::kFloat);
+    EXPECT_EQ(model->unused.grad().item<float>(), 0.0f);
+    ASSERT_TRUE(model->half_unused.grad().defined());
+    EXPECT_EQ(model->half_unused.grad().scalar_type(), at::kHalf);
+  }
+}
+
 }  // namespace
 }  // namespace ckpt::ddp
 
