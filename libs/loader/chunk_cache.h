@@ -82,8 +82,10 @@ class ChunkCache {
   // from the reader (DATA_LOSS, ...) and from the callback as they are.
   absl::Status ReadTensorChunks(const VersionReader& reader, const v1::TensorMeta& meta,
                                 const ChunkCallback& callback);
-  // The same, handing out the cached chunks' owners too (the LoaderService sends them as gRPC
-  // slices of the cache's own memory). A chunk the cache does not keep comes without an owner.
+  // The same, handing out owners too (the LoaderService sends owned chunks as gRPC slices of the
+  // cache's own memory). Chunks taken from the cache or assembled by this read come with their
+  // owner, even one too large for the cache to keep; chunks passed straight through from
+  // `reader` (another reader is filling them, or a fill failed) come without one.
   absl::Status ReadTensorSharedChunks(const VersionReader& reader, const v1::TensorMeta& meta,
                                       const SharedChunkCallback& callback);
 

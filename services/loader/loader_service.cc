@@ -375,7 +375,6 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
   ASSIGN_OR_RETURN(options.target, LoadTargetFromProto(request.target()));
   ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
-  const VersionReader& store_reader = *opened;  // owned by `reader` from here on.
   const std::unique_ptr<VersionReader> reader = CachedVersionReader(std::move(opened), &cache_);
   const v1::Manifest& manifest = reader->manifest();
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
