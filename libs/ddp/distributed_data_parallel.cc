@@ -221,7 +221,7 @@ void DistributedDataParallel::FinishGradientSync() {
       const at::Tensor summed =
           bucket.flat.narrow(0, slot.offset, slot.numel).view(parameter.sizes());
       at::Tensor& grad = parameter.mutable_grad();
-      if (grad.defined() && SameKind(grad, summed) && grad.sizes() == summed.sizes()) {
+      if (grad.defined()) {  // .grad has its parameter's dtype, device and shape, as the bucket.
         at::div_out(grad, summed, world_size);
       } else {
         grad = at::div(summed, world_size);

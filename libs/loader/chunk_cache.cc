@@ -33,7 +33,7 @@ absl::Status ChunkCache::ReadTensorChunks(const VersionReader& reader, const v1:
 absl::Status ChunkCache::ReadTensorSharedChunks(const VersionReader& reader,
                                                 const v1::TensorMeta& meta,
                                                 const SharedChunkCallback& callback) {
-  static const std::shared_ptr<const void> kNoOwner;
+  const std::shared_ptr<const void> no_owner;  // for bytes valid only during the call.
   const int count = meta.chunks_size();
   std::vector<std::shared_ptr<Slot>> slots(count);
   std::vector<bool> mine(count, false);
@@ -88,7 +88,7 @@ absl::Status ChunkCache::ReadTensorSharedChunks(const VersionReader& reader,
     }
     if (!all_filled) {
       return reader.ReadTensorChunks(meta, [&](int64_t offset, absl::string_view bytes) {
-        return callback(offset, bytes, kNoOwner);
+        return callback(offset, bytes, no_owner);
       });
     }
     int64_t offset = 0;
@@ -118,7 +118,7 @@ absl::Status ChunkCache::ReadTensorSharedChunks(const VersionReader& reader,
               std::min<int64_t>(length - static_cast<int64_t>(pending.size()), bytes.size()));
           if (pending.empty() && static_cast<int64_t>(take) == length && !mine[current]) {
             // A whole chunk nobody waits on from us: pass it through without a copy.
-            absl::Status sent = callback(chunk_start, bytes.substr(0, take), kNoOwner);
+            absl::Status sent = callback(chunk_start, bytes.substr(0, take), no_owner);
             if (!sent.ok()) return sent;
           } else {
             pending.append(bytes.data(), take);
