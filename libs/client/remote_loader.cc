@@ -276,6 +276,8 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(
         while (received.ok() && stream->Read(&response)) {
           if (first) {
             total = static_cast<uint64_t>(response.total_bytes());
+            result.left_out.assign(response.left_out().begin(), response.left_out().end());
+            result.warnings.assign(response.warnings().begin(), response.warnings().end());
             first = false;
           }
           received = out.Append(response.data());
@@ -298,6 +300,8 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(
         }
         RETURN_IF_ERROR(out.Commit());
         result.file_bytes = total;
+        result.bundle = format == ExportFormat::kTorch &&
+                        (target.include_optimizer || target.include_scheduler);
         return absl::OkStatus();
       }));
   return result;

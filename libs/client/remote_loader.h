@@ -83,8 +83,10 @@ class RemoteLoader {
                                                   const std::vector<ExpectedTensor>& expected,
                                                   const LoadTarget& target) const;
 
-  // Streams the export of `ref` into `path`, atomically. `progress` (may be empty) is called
-  // with bytes received and the file's total. Errors from the server, and from the filesystem as
+  // Streams the export of `ref` into `path`, atomically: the model's state dict, or the whole
+  // training bundle when `target` includes optimizer or scheduler state (format torch; see
+  // libs/loader/export.h), with what the file leaves out in ExportResult::left_out. `progress`
+  // (may be empty) is called with bytes received and the file's total. Errors from the server, and from the filesystem as
   // AtomicFileWriter reports them; DATA_LOSS when fewer or more bytes arrive than announced.
   absl::StatusOr<ExportResult> Export(
       const v1::VersionRef& ref, const LoadTarget& target, ExportFormat format,

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "libs/format/bundle.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/safetensors.h"
 #include "libs/format/torch_writer.h"
@@ -53,11 +54,19 @@ absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std
   read_options.model_key = options.model_key;
   ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile(in, read_options));
   report.warnings = file.warnings;
-  if (file.bundle.optimizer.has_value()) report.left_out.push_back("optimizer");
-  if (file.bundle.scheduler.has_value()) report.left_out.push_back("scheduler");
-  if (file.bundle.extra.is_dict()) {
-    for (const auto& [key, value] : file.bundle.extra.entries()) {
-      report.left_out.push_back(key.is_int() ? std::to_string(key.int_key()) : key.string_key());
+  report.bundle = report.format == "torch" && !options.model_only && options.model_key.empty() &&
+                  IsBundleLayout(file.bundle.layout);
+  if (!report.bundle) {
+    const std::string why = report.format == "safetensors"
+                                ? ": safetensors holds tensors only (write a .pt to keep it)"
+                                : ": model weights only";
+    if (file.bundle.optimizer.has_value()) report.left_out.push_back("optimizer" + why);
+    if (file.bundle.scheduler.has_value()) report.left_out.push_back("scheduler" + why);
+    if (file.bundle.extra.is_dict() && options.model_key.empty()) {
+      for (const auto& [key, value] : file.bundle.extra.entries()) {
+        report.left_out.push_back(
+            (key.is_int() ? std::to_string(key.int_key()) : key.string_key()) + why);
+      }
     }
   }
 
@@ -94,7 +103,19 @@ absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std
     if (!report.stripped_prefix.empty()) metadata["ckpt.stripped_prefix"] = report.stripped_prefix;
     RETURN_IF_ERROR(WriteSafetensorsFile(out, model, metadata));
   } else {
-    ASSIGN_OR_RETURN(TorchWriteReport written, WriteTorchFile(out, StateDictToValue(model)));
+    Value root = StateDictToValue(model);
+    if (report.bundle) {
+      BundleParts parts;
+      parts.model = std::move(root);
+      parts.optimizer = std::move(file.bundle.optimizer);
+      parts.scheduler = std::move(file.bundle.scheduler);
+      parts.extra = std::move(file.bundle.extra);
+      ASSIGN_OR_RETURN(AssembledBundle bundle,
+                       AssembleBundle(file.bundle.layout, std::move(parts)));
+      root = std::move(bundle.root);
+      report.left_out = std::move(bundle.left_out);
+    }
+    ASSIGN_OR_RETURN(TorchWriteReport written, WriteTorchFile(out, root));
     report.warnings.insert(report.warnings.end(), written.warnings.begin(), written.warnings.end());
   }
   ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> written, OpenFileSource(out));

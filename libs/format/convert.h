@@ -1,12 +1,16 @@
 #ifndef CKPT_LIBS_FORMAT_CONVERT_H_
 #define CKPT_LIBS_FORMAT_CONVERT_H_
 
-// `ckpt convert IN OUT`: the model state dict of any checkpoint ckpt reads, as a clean CPU file
-// any tool can load -- e.g. a DDP checkpoint saved on cuda:1 becomes a state dict with canonical
-// keys that `model.load_state_dict(torch.load(OUT, weights_only=True))` accepts on a CPU box.
+// `ckpt convert IN OUT`: any checkpoint ckpt reads, as a clean CPU file any tool can load -- e.g.
+// a DDP checkpoint saved on cuda:1 becomes a state dict with canonical keys that
+// `model.load_state_dict(torch.load(OUT, weights_only=True))` accepts on a CPU box.
 //
-// Only the model's weights are converted: optimizer, scheduler and other bundle entries are
-// left out (the report names them; `ckpt import` keeps them in the store).
+// A training bundle (torch.save({"epoch", "model", "optimizer", "scheduler", ...})) written as
+// torch stays a whole bundle: the producer's dict, order and value types, with the model's keys
+// converted and every tensor on the CPU (libs/format/bundle.h), so Python resumes from OUT as
+// from IN. Opaque objects (never written back as code) are left out and named. With
+// model_only, or for safetensors (which holds tensors only), OUT is the model's state dict and
+// the report names what was left out.
 
 #include <string>
 #include <vector>
@@ -25,8 +29,10 @@ struct ConvertOptions {
   // Prefix added to every key after stripping ("module." for a DDP consumer); empty: none.
   std::string add_prefix;
   // Where the model state dict is inside the file ("model", "ckpt/state_dict"); empty: found
-  // automatically.
+  // automatically. A model named this way is written alone (no bundle is rebuilt around it).
   std::string model_key;
+  // Write the model's state dict alone, even when IN is a bundle.
+  bool model_only = false;
 };
 
 struct ConvertReport {
@@ -35,7 +41,10 @@ struct ConvertReport {
   uint64_t tensor_bytes = 0;
   uint64_t file_bytes = 0;
   std::string stripped_prefix;    // What was removed from the front of every key.
-  std::vector<std::string> left_out;  // Bundle parts not converted ("optimizer", ...).
+  bool bundle = false;            // OUT is the whole bundle, not the state dict alone.
+  // What OUT does not hold, each with why ("optimizer: model weights only", "scheduler/
+  // anneal_func: a builtins.getattr object (never written back as code)").
+  std::vector<std::string> left_out;
   std::vector<std::string> warnings;
 };
 

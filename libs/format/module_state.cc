@@ -185,6 +185,31 @@ void RemoveAt(Value& root, const std::vector<DictKey>& path, const DictKey& key)
                 entries.end());
 }
 
+// Index of `key` among `dict`'s entries (-1 when absent).
+int PositionOf(const Value& dict, const DictKey& key) {
+  if (!dict.is_dict()) return -1;
+  const auto& entries = dict.entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].first == key) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void Place(v1::BundleLayout& layout, v1::BundleLayout::Part part, const std::vector<DictKey>& path,
+           int position) {
+  v1::BundleLayout::Placement* placement = layout.add_placements();
+  placement->set_part(part);
+  for (const DictKey& key : path) {
+    v1::PathKey* step = placement->add_path();
+    if (key.is_int()) {
+      step->set_int_key(key.int_key());
+    } else {
+      step->set_string_key(key.string_key());
+    }
+  }
+  placement->set_position(position);
+}
+
 std::string JoinPath(const std::vector<DictKey>& path) {
   std::vector<std::string> parts;
   for (const DictKey& key : path) {
@@ -259,21 +284,32 @@ absl::StatusOr<CheckpointBundle> ExtractCheckpointBundle(const Value& root) {
     ASSIGN_OR_RETURN(bundle.model, StateDictFromTensorDict(*location->value));
   }
   bundle.model_key_path = JoinPath(location->path);
-  if (!root.is_dict() || location->path.empty()) return bundle;
+  bundle.layout.set_model_plain_dict(location->value->is_dict() &&
+                                     !location->value->is_ordered_dict());
+  if (!root.is_dict() || location->path.empty()) {
+    Place(bundle.layout, v1::BundleLayout::PART_MODEL, {}, 0);
+    return bundle;
+  }
 
   bundle.extra = root;
   std::vector<DictKey> parent_path(location->path.begin(), location->path.end() - 1);
+  Place(bundle.layout, v1::BundleLayout::PART_MODEL, location->path,
+        PositionOf(*location->parent, location->path.back()));
   RemoveAt(bundle.extra, parent_path, location->path.back());
 
-  // Looks `names` up in the root, then in the model's parent; removes what it takes.
-  auto take = [&](const auto& names) -> std::optional<Value> {
-    std::vector<std::pair<const Value*, std::vector<DictKey>>> places = {{&root, {}}};
-    if (location->parent != nullptr && location->parent != &root) {
-      places.push_back({location->parent, parent_path});
-    }
+  // The dicts the other parts are looked for in: the root, then the model's parent.
+  std::vector<std::pair<const Value*, std::vector<DictKey>>> places = {{&root, {}}};
+  if (location->parent != nullptr && location->parent != &root) {
+    places.push_back({location->parent, parent_path});
+  }
+  // Takes the first of `names` found out of `extra`, recording where it sat in the layout.
+  auto take = [&](const auto& names, v1::BundleLayout::Part part) -> std::optional<Value> {
     for (const auto& [dict, path] : places) {
       for (const char* name : names) {
         if (const Value* found = dict->Find(name)) {
+          std::vector<DictKey> full_path = path;
+          full_path.push_back(name);
+          Place(bundle.layout, part, full_path, PositionOf(*dict, name));
           RemoveAt(bundle.extra, path, name);
           return *found;
         }
@@ -281,27 +317,22 @@ absl::StatusOr<CheckpointBundle> ExtractCheckpointBundle(const Value& root) {
     }
     return std::nullopt;
   };
-  bundle.optimizer = take(kOptimizerKeys);
-  bundle.scheduler = take(kSchedulerKeys);
-  auto take_count = [&](const auto& names) -> int64_t {
-    std::vector<std::pair<const Value*, std::vector<DictKey>>> places = {{&root, {}}};
-    if (location->parent != nullptr && location->parent != &root) {
-      places.push_back({location->parent, parent_path});
-    }
+  bundle.optimizer = take(kOptimizerKeys, v1::BundleLayout::PART_OPTIMIZER);
+  bundle.scheduler = take(kSchedulerKeys, v1::BundleLayout::PART_SCHEDULER);
+  // Epoch and step are read, not taken: they stay in `extra` exactly as saved (an int, a
+  // float, a tensor), so that writing the bundle back gives the producer's value and type.
+  auto find_count = [&](const auto& names) -> int64_t {
     for (const auto& [dict, path] : places) {
       for (const char* name : names) {
         const Value* found = dict->Find(name);
         if (found == nullptr) continue;
-        if (std::optional<int64_t> count = AsCount(*found)) {
-          RemoveAt(bundle.extra, path, name);
-          return *count;
-        }
+        if (std::optional<int64_t> count = AsCount(*found)) return *count;
       }
     }
     return -1;
   };
-  bundle.epoch = take_count(kEpochKeys);
-  bundle.step = take_count(kStepKeys);
+  bundle.epoch = find_count(kEpochKeys);
+  bundle.step = find_count(kStepKeys);
   return bundle;
 }
 

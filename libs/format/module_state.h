@@ -26,7 +26,9 @@
 // 'optimizer_state' or (PyTorch Lightning) 'optimizer_states'; the scheduler under 'scheduler',
 // 'lr_scheduler', 'scheduler_state_dict' or 'lr_schedulers'; epoch under 'epoch'; step under
 // 'step', 'global_step' or 'iteration'. Each is looked for in the root dict, then in the dict
-// that holds the model. Whatever is not taken stays in `extra`.
+// that holds the model. Model, optimizer and scheduler are taken out of `extra`, and where each
+// sat is recorded in `layout`; everything else -- epoch and step included, which are only read --
+// stays in `extra` as saved, so WriteBundle (bundle.h) can give the producer's object back.
 //
 // Example:
 //   ASSIGN_OR_RETURN(TorchFile file, ReadTorchFile(path));
@@ -41,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
+#include "proto/ckpt/v1/types.pb.h"
 
 namespace ckpt {
 
@@ -73,8 +76,12 @@ struct CheckpointBundle {
   // -1 when absent.
   int64_t epoch = -1;
   int64_t step = -1;
-  // The root dict without the entries taken above; None when the root was not a dict.
+  // The root dict without model, optimizer and scheduler; None when the root was not a dict.
   Value extra;
+  // Where model, optimizer and scheduler sat in the root (for a bare state dict or module: the
+  // model alone, at the root). Empty when the model was named by the caller (ReadCheckpointFile's
+  // model_key) rather than found.
+  v1::BundleLayout layout;
   // E.g. module hooks that were not run.
   std::vector<std::string> warnings;
 };

@@ -139,7 +139,7 @@ TEST(ExtractCheckpointBundleTest, SplitsATrainingBundle) {
     // What is left: numpy scalars as numbers, the config, the RNG state tensor.
     std::vector<std::string> extra_keys;
     for (const auto& [key, value] : bundle.extra.entries()) extra_keys.push_back(key.string_key());
-    EXPECT_THAT(extra_keys, ElementsAre("best_acc", "np_count", "config", "rng"));
+    EXPECT_THAT(extra_keys, ElementsAre("epoch", "global_step", "best_acc", "np_count", "config", "rng"));
     EXPECT_EQ(*bundle.extra.Find("best_acc"), Value::Float(0.875));
     EXPECT_EQ(*bundle.extra.Find("np_count"), Value::Int(42));
     EXPECT_EQ(*bundle.extra.Find("config")->Find("layers"),
@@ -170,7 +170,9 @@ TEST(ExtractCheckpointBundleTest, FindsANestedModelAndItsNeighbours) {
   ASSERT_TRUE(bundle.optimizer.has_value());
   EXPECT_NE(bundle.optimizer->Find("param_groups"), nullptr);
   EXPECT_FALSE(bundle.scheduler.has_value());
-  EXPECT_EQ(bundle.extra, Value::Dict({{"checkpoint", Value::Dict()}}));
+  // The step is read, not taken: it stays where the producer put it, as an int.
+  EXPECT_EQ(bundle.extra,
+            Value::Dict({{"checkpoint", Value::Dict({{"step", Value::Int(99)}})}}));
 }
 
 TEST(ExtractCheckpointBundleTest, ReadsAWholeDataParallelModelInABundle) {
@@ -230,7 +232,10 @@ TEST(ExtractCheckpointBundleTest, AcceptsCountsStoredAsFloatsOrTensors) {
   EXPECT_EQ(bundle.epoch, 4);
   EXPECT_EQ(bundle.step, 12);
   EXPECT_TRUE(bundle.scheduler.has_value());
-  EXPECT_EQ(bundle.extra, Value::Dict());
+  // Counts stay in `extra` with the producer's types (float, tensor).
+  ASSERT_EQ(bundle.extra.entries().size(), 2u);
+  EXPECT_EQ(*bundle.extra.Find("epoch"), Value::Float(4.0));
+  EXPECT_TRUE(bundle.extra.Find("iteration")->is_tensor());
 }
 
 }  // namespace

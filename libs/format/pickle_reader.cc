@@ -450,6 +450,7 @@ class Machine {
     const std::vector<Node*>& arg_items = args->items;
     if (IsDictClass(name)) {
       Node* dict = NewNode(Node::Kind::kDict);
+      dict->text = name;  // OrderedDict or dict: written back as the same class.
       if (arg_items.empty()) return dict;
       Node* source = arg_items[0];
       if (source->kind == Node::Kind::kDict) {
@@ -547,9 +548,11 @@ class Machine {
     const std::string& name = cls->text;
     if (IsDictClass(name) || IsListClass(name) || IsSetClass(name)) {
       // __new__ of these ignores its arguments; the items follow as SETITEMS / APPENDS.
-      return NewNode(IsDictClass(name)   ? Node::Kind::kDict
-                     : IsListClass(name) ? Node::Kind::kList
-                                         : Node::Kind::kSet);
+      Node* container = NewNode(IsDictClass(name)   ? Node::Kind::kDict
+                                : IsListClass(name) ? Node::Kind::kList
+                                                    : Node::Kind::kSet);
+      if (IsDictClass(name)) container->text = name;
+      return container;
     }
     if (IsTupleClass(name) || IsBytesClass(name)) return Call(cls, args, op);
     if (hooks_ != nullptr && hooks_->HandlesGlobal(name)) return CallHook(name, args);
@@ -977,8 +980,9 @@ class Machine {
   }
 
   // Builds a dict from `entries` and their converted children starting at values[next].
+  // `ordered`: the dict was made by collections.OrderedDict.
   absl::StatusOr<Value> FinishDict(const std::vector<std::pair<Node*, Node*>>& entries,
-                                   std::vector<Value>& values, size_t& next) {
+                                   std::vector<Value>& values, size_t& next, bool ordered) {
     if (!HasSimpleKeys(entries)) {
       std::vector<Value> pairs;
       pairs.reserve(entries.size());
@@ -1015,7 +1019,7 @@ class Machine {
         out.emplace_back(DictKey(key->int_value), std::move(value));
       }
     }
-    return Value::Dict(std::move(out));
+    return ordered ? Value::OrderedDict(std::move(out)) : Value::Dict(std::move(out));
   }
 
   absl::StatusOr<Value> Finish(const Node* node, std::vector<Value>& values) {
@@ -1027,7 +1031,8 @@ class Machine {
       case Node::Kind::kTuple:
         return Value::Tuple(std::move(values));
       case Node::Kind::kDict:
-        return FinishDict(node->entries, values, next);
+        return FinishDict(node->entries, values, next,
+                          node->text == "collections.OrderedDict");
       case Node::Kind::kObject: {
         Value args;
         if (node->args != nullptr) args = std::move(values[next++]);
@@ -1035,7 +1040,7 @@ class Machine {
         if (node->has_state) state = std::move(values[next++]);
         std::optional<Value> extra;
         if (!node->entries.empty()) {
-          ASSIGN_OR_RETURN(extra, FinishDict(node->entries, values, next));
+          ASSIGN_OR_RETURN(extra, FinishDict(node->entries, values, next, /*ordered=*/false));
         } else if (!node->items.empty()) {
           extra = Value::List(std::vector<Value>(std::make_move_iterator(values.begin() + next),
                                                  std::make_move_iterator(values.end())));

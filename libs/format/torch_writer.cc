@@ -243,13 +243,9 @@ class TorchPickler {
 
   absl::Status Dict(const Value& dict, int depth) {
     const std::vector<Value::Entry>& entries = dict.entries();
-    // A dict of named tensors is a state dict, which Module.state_dict() returns as an
-    // OrderedDict; everything else (optimizer state, bundles) is a plain dict, as in Python.
-    const bool state_dict =
-        !entries.empty() && std::all_of(entries.begin(), entries.end(), [](const Value::Entry& e) {
-          return !e.first.is_int() && e.second.is_tensor();
-        });
-    if (state_dict) {
+    // The producer's class: Module.state_dict() returns an OrderedDict; optimizer state dicts
+    // and bundles are plain dicts.
+    if (dict.is_ordered_dict()) {
       Global("collections", "OrderedDict");
       out_.push_back(op::kEmptyTuple);
       out_.push_back(op::kReduce);
@@ -407,7 +403,7 @@ Value StateDictToValue(const StateDict& state_dict) {
   for (const StateDict::Entry& entry : state_dict) {
     entries.emplace_back(DictKey(entry.key), Value::Tensor(entry.tensor, entry.original_device));
   }
-  return Value::Dict(std::move(entries));
+  return Value::OrderedDict(std::move(entries));
 }
 
 absl::StatusOr<TorchWriteReport> WriteTorchFile(const std::string& path, const Value& root,

@@ -52,9 +52,9 @@ struct TorchWriteReport {
 absl::StatusOr<TorchWriteReport> WriteTorchFile(const std::string& path, const Value& root,
                                                 const TorchWriteOptions& options = {});
 
-// A state dict as a Value: a dict of tensors, which the writer pickles as the OrderedDict that
-// Python's model.state_dict() returns. (Any dict whose keys are strings and whose values are all
-// tensors is written as an OrderedDict; other dicts as plain dicts.)
+// A state dict as a Value: an OrderedDict of tensors, as Python's model.state_dict() returns.
+// (The writer pickles a dict as an OrderedDict exactly when Value::is_ordered_dict() says it was
+// one, so optimizer state and bundles stay plain dicts, as Python saved them.)
 Value StateDictToValue(const StateDict& state_dict);
 
 }  // namespace ckpt

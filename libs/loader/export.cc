@@ -11,8 +11,11 @@
 
 #include "ATen/ATen.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "libs/format/bundle.h"
 #include "libs/format/safetensors.h"
 #include "libs/format/torch_writer.h"
 #include "libs/io/atomic_file.h"
@@ -35,6 +38,159 @@ LoadTarget OnCpu(const LoadTarget& target) {
   return cpu;
 }
 
+bool WantsBundle(const LoadTarget& target) {
+  return target.include_optimizer || target.include_scheduler;
+}
+
+// What a safetensors export of a bundle request cannot hold.
+std::vector<std::string> SafetensorsLeftOut(const v1::Manifest& manifest,
+                                            const LoadTarget& target) {
+  std::vector<std::string> left_out;
+  if (!WantsBundle(target)) return left_out;
+  constexpr absl::string_view kWhy = ": safetensors holds tensors only (export a torch .pt for "
+                                     "the whole bundle)";
+  if (manifest.has_optimizer_state()) left_out.push_back(absl::StrCat("optimizer", kWhy));
+  if (manifest.has_scheduler_state()) left_out.push_back(absl::StrCat("scheduler", kWhy));
+  if (manifest.has_extra_state()) left_out.push_back(absl::StrCat("the other fields", kWhy));
+  return left_out;
+}
+
+// The parameter indices the optimizer state's param_groups list, in order.
+std::vector<int64_t> OptimizerParameterIds(const v1::Value& optimizer) {
+  std::vector<int64_t> ids;
+  auto find = [](const v1::Value& dict, absl::string_view key) -> const v1::Value* {
+    for (const v1::DictEntry& entry : dict.dict_value().entries()) {
+      if (entry.key_case() == v1::DictEntry::kStringKey && entry.string_key() == key) {
+        return &entry.value();
+      }
+    }
+    return nullptr;
+  };
+  const v1::Value* groups = optimizer.has_dict_value() ? find(optimizer, "param_groups") : nullptr;
+  if (groups == nullptr || !groups->has_list_value()) return ids;
+  for (const v1::Value& group : groups->list_value().items()) {
+    const v1::Value* params = group.has_dict_value() ? find(group, "params") : nullptr;
+    if (params == nullptr || !params->has_list_value()) continue;
+    for (const v1::Value& id : params->list_value().items()) {
+      if (id.has_int_value()) ids.push_back(id.int_value());
+    }
+  }
+  return ids;
+}
+
+// Optimizer state is indexed by parameter position over the whole model: a subset may only drop
+// tensors the optimizer does not index (buffers, frozen parameters), and only when the store
+// knows which tensor each index is.
+absl::Status CheckOptimizerAlignment(const v1::Manifest& manifest,
+                                     const std::vector<PlannedTensor>& planned) {
+  if (static_cast<int>(planned.size()) == manifest.tensors_size()) return absl::OkStatus();
+  const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+  const std::string subset = absl::StrCat("the subset keeps ", planned.size(), " of ",
+                                          manifest.tensors_size(), " model tensors");
+  constexpr absl::string_view kWayOut =
+      "; leave the optimizer out of the export, or select every tensor it indexes";
+  if (manifest.optimizer_param_names().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", subset, ", but its optimizer state is indexed by parameter position over "
+        "the whole model and the version does not record which tensor each index is", kWayOut));
+  }
+  absl::flat_hash_set<std::string> kept;
+  for (const PlannedTensor& tensor : planned) kept.insert(tensor.meta->key());
+  std::vector<std::string> dropped;
+  for (int64_t id : OptimizerParameterIds(manifest.optimizer_state())) {
+    auto it = manifest.optimizer_param_names().find(id);
+    if (it == manifest.optimizer_param_names().end()) {
+      dropped.push_back(absl::StrCat(id, " (unnamed)"));
+    } else if (!kept.contains(it->second)) {
+      dropped.push_back(absl::StrCat(id, " (", it->second, ")"));
+    }
+  }
+  if (dropped.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, ": ", subset, ", but its optimizer state indexes parameters by position and would no "
+      "longer line up: the subset leaves out optimizer parameter(s) ", absl::StrJoin(dropped, ", "),
+      kWayOut));
+}
+
+// For a version that recorded no bundle layout (the trainer's, or one stored before layouts):
+// {"epoch", "global_step", "model", "optimizer", "scheduler", <the other fields>}. Epoch and step
+// come from the metadata when the other fields lack them and they are known: always for the
+// trainer, otherwise when non-zero (an import of a file without them stores 0).
+void DefaultLayout(const v1::Manifest& manifest, Value& extra, v1::BundleLayout& layout) {
+  Value fields = Value::Dict();
+  const bool trainer = manifest.metadata().source_format() == "trainer";
+  const auto has = [&](const char* key) { return extra.is_dict() && extra.Find(key) != nullptr; };
+  if ((trainer || manifest.metadata().epoch() != 0) && !has("epoch")) {
+    fields.Set("epoch", Value::Int(manifest.metadata().epoch()));
+  }
+  if ((trainer || manifest.metadata().global_step() != 0) && !has("global_step") && !has("step")) {
+    fields.Set("global_step", Value::Int(manifest.metadata().global_step()));
+  }
+  layout.Clear();
+  int position = static_cast<int>(fields.entries().size());
+  for (auto part : {v1::BundleLayout::PART_MODEL, v1::BundleLayout::PART_OPTIMIZER,
+                    v1::BundleLayout::PART_SCHEDULER}) {
+    v1::BundleLayout::Placement* placement = layout.add_placements();
+    placement->set_part(part);
+    placement->add_path()->set_string_key(part == v1::BundleLayout::PART_MODEL       ? "model"
+                                          : part == v1::BundleLayout::PART_OPTIMIZER ? "optimizer"
+                                                                                     : "scheduler");
+    placement->set_position(position++);
+  }
+  if (extra.is_dict()) {
+    for (Value::Entry& entry : extra.mutable_entries()) {
+      if (fields.Find(entry.first) == nullptr) fields.Set(entry.first, std::move(entry.second));
+    }
+  } else if (!extra.is_none()) {
+    fields.Set("extra", std::move(extra));
+  }
+  extra = std::move(fields);
+}
+
+// The whole bundle of `reader`'s version as `target` adapts it, on the CPU.
+absl::StatusOr<AssembledBundle> BundleOf(const VersionReader& reader, const LoadTarget& target) {
+  const v1::Manifest& manifest = reader.manifest();
+  const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+  if (target.include_optimizer && !manifest.has_optimizer_state()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " holds no optimizer state (it has ", manifest.tensors_size(), " model tensors",
+        manifest.has_scheduler_state() ? ", scheduler state" : "",
+        manifest.has_extra_state() ? " and other fields" : "",
+        "; retention drops optimizer state from older versions): export it without the "
+        "optimizer, or pick a version that has one"));
+  }
+  LoadTarget on_cpu = target;
+  on_cpu.device = DeviceSpec::Cpu();
+  if (target.include_optimizer) {
+    ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned, PlanLoad(manifest, on_cpu));
+    RETURN_IF_ERROR(CheckOptimizerAlignment(manifest, planned));
+  }
+  ASSIGN_OR_RETURN(LoadedState state, Load(reader, on_cpu));
+  BundleParts parts;
+  parts.model = StateDictToValue(state.model);
+  parts.optimizer = std::move(state.optimizer);
+  parts.scheduler = std::move(state.scheduler);
+  if (manifest.has_extra_state()) {
+    ASSIGN_OR_RETURN(parts.extra,
+                     LoadValueTree(reader, manifest, manifest.extra_state(), DeviceSpec::Cpu()));
+  }
+  v1::BundleLayout layout = manifest.bundle_layout();
+  if (!IsBundleLayout(layout)) DefaultLayout(manifest, parts.extra, layout);
+
+  std::vector<std::string> left_out;
+  if (manifest.has_optimizer_state() && !target.include_optimizer) {
+    left_out.push_back("optimizer: not asked for");
+  }
+  if (!manifest.has_scheduler_state() && target.include_scheduler) {
+    left_out.push_back("scheduler: the version holds none");
+  } else if (manifest.has_scheduler_state() && !target.include_scheduler) {
+    left_out.push_back("scheduler: not asked for");
+  }
+  ASSIGN_OR_RETURN(AssembledBundle bundle, AssembleBundle(layout, std::move(parts)));
+  bundle.left_out.insert(bundle.left_out.begin(), left_out.begin(), left_out.end());
+  return bundle;
+}
+
 // Streams a safetensors file of the adapted model tensors to `sink`, one tensor at a time.
 absl::StatusOr<ExportResult> StreamSafetensors(const VersionReader& reader,
                                                const ExportOptions& options,
@@ -54,9 +210,10 @@ absl::StatusOr<ExportResult> StreamSafetensors(const VersionReader& reader,
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"ckpt.version", FormatVersionRef(manifest.model(), manifest.version())}};
   ASSIGN_OR_RETURN(SafetensorsLayout layout, PlanSafetensors(specs, metadata));
-  RETURN_IF_ERROR(sink(layout.total_bytes, layout.header_bytes));
-  uint64_t done = layout.header_bytes.size();
   ExportResult result;
+  result.left_out = SafetensorsLeftOut(manifest, options.target);
+  RETURN_IF_ERROR(sink(result, layout.total_bytes, layout.header_bytes));
+  uint64_t done = layout.header_bytes.size();
   for (const SafetensorsTensorInfo& info : layout.tensors) {
     const PlannedTensor& tensor = *by_name.at(info.name);
     ASSIGN_OR_RETURN(at::Tensor stored, reader.ReadTensor(*tensor.meta));
@@ -70,7 +227,7 @@ absl::StatusOr<ExportResult> StreamSafetensors(const VersionReader& reader,
                                               info.end - info.begin));
     }
     if (nbytes > 0) {
-      RETURN_IF_ERROR(sink(layout.total_bytes,
+      RETURN_IF_ERROR(sink(result, layout.total_bytes,
                            absl::string_view(static_cast<const char*>(cast.data_ptr()), nbytes)));
     }
     done += nbytes;
@@ -83,11 +240,22 @@ absl::StatusOr<ExportResult> StreamSafetensors(const VersionReader& reader,
 
 absl::StatusOr<ExportResult> WriteTorch(const VersionReader& reader, const ExportOptions& options,
                                         const std::string& path) {
-  ASSIGN_OR_RETURN(LoadedState state, Load(reader, OnCpu(options.target)));
-  ASSIGN_OR_RETURN(TorchWriteReport report, WriteTorchFile(path, StateDictToValue(state.model)));
   ExportResult result;
+  ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned,
+                   PlanLoad(reader.manifest(), OnCpu(options.target)));
+  result.tensors = static_cast<int64_t>(planned.size());
+  Value root;
+  if (WantsBundle(options.target)) {
+    ASSIGN_OR_RETURN(AssembledBundle bundle, BundleOf(reader, options.target));
+    root = std::move(bundle.root);
+    result.bundle = true;
+    result.left_out = std::move(bundle.left_out);
+  } else {
+    ASSIGN_OR_RETURN(LoadedState state, Load(reader, OnCpu(options.target)));
+    root = StateDictToValue(state.model);
+  }
+  ASSIGN_OR_RETURN(TorchWriteReport report, WriteTorchFile(path, root));
   result.file_bytes = report.file_bytes;
-  result.tensors = static_cast<int64_t>(state.model.size());
   result.warnings = std::move(report.warnings);
   if (options.progress) options.progress(result.file_bytes, result.file_bytes);
   return result;
@@ -130,9 +298,10 @@ absl::StatusOr<ExportResult> ExportToFile(const VersionReader& reader, const Exp
   if (options.format == ExportFormat::kTorch) return WriteTorch(reader, options, path);
   ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
   ASSIGN_OR_RETURN(ExportResult result,
-                   StreamSafetensors(reader, options, [&](uint64_t, absl::string_view bytes) {
-                     return out.Append(bytes);
-                   }));
+                   StreamSafetensors(reader, options,
+                                     [&](const ExportResult&, uint64_t, absl::string_view bytes) {
+                                       return out.Append(bytes);
+                                     }));
   RETURN_IF_ERROR(out.Commit());
   return result;
 }
@@ -141,10 +310,11 @@ absl::StatusOr<ExportResult> ExportToSink(const VersionReader& reader, const Exp
                                           const std::string& scratch_dir, size_t piece_bytes,
                                           const ExportSink& sink) {
   if (piece_bytes == 0) return absl::InvalidArgumentError("ExportToSink: piece_bytes is 0");
-  const auto send_in_pieces = [&](uint64_t total, absl::string_view bytes) -> absl::Status {
+  const auto send_in_pieces = [&](const ExportResult& prepared, uint64_t total,
+                                  absl::string_view bytes) -> absl::Status {
     while (!bytes.empty()) {
       const size_t n = std::min(bytes.size(), piece_bytes);
-      RETURN_IF_ERROR(sink(total, bytes.substr(0, n)));
+      RETURN_IF_ERROR(sink(prepared, total, bytes.substr(0, n)));
       bytes.remove_prefix(n);
     }
     return absl::OkStatus();
@@ -179,7 +349,7 @@ absl::StatusOr<ExportResult> ExportToSink(const VersionReader& reader, const Exp
       return absl::DataLossError(absl::StrCat("staged export ", path, " ended after ", sent, " of ",
                                               result.file_bytes, " bytes"));
     }
-    RETURN_IF_ERROR(sink(result.file_bytes, absl::string_view(buffer.data(), n)));
+    RETURN_IF_ERROR(sink(result, result.file_bytes, absl::string_view(buffer.data(), n)));
     sent += static_cast<uint64_t>(n);
   }
   return result;

@@ -5,8 +5,17 @@
 // a file another framework reads -- a torch.save zip that Python's torch.load(weights_only=True)
 // accepts (libs/format/torch_writer.h), or safetensors (libs/format/safetensors.h).
 //
-// Only the model's tensors are exported (the state dict a consumer's load_state_dict takes);
-// LoadTarget::device is ignored (files hold CPU bytes).
+// What is exported: the model's tensors (the state dict a consumer's load_state_dict takes), or,
+// when the target asks for optimizer or scheduler state and the format is torch, the whole
+// training bundle as its producer saved it -- {"epoch", "model", "optimizer", "scheduler",
+// <every other plain field>} in the producer's order and types (libs/format/bundle.h), which
+// Python's model / optimizer / scheduler .load_state_dict() resume from. A version that recorded
+// no bundle layout (the trainer's) is written as {"epoch", "global_step", "model", "optimizer",
+// "scheduler", <its other fields>}. LoadTarget::device is ignored: files hold CPU bytes.
+//
+// A bundle's optimizer state is indexed by parameter position over the whole model, so with the
+// optimizer included a subset must keep every parameter the optimizer names (known from
+// Manifest.optimizer_param_names); anything else is refused rather than written misaligned.
 //
 // Memory: safetensors streams -- the layout is planned from the manifest (PlanSafetensors), then
 // one tensor at a time is read, cast and written. A torch file is built from the whole adapted
@@ -53,20 +62,29 @@ struct ExportOptions {
 
 struct ExportResult {
   uint64_t file_bytes = 0;
-  int64_t tensors = 0;
+  int64_t tensors = 0;                // model tensors written.
+  bool bundle = false;                // the file is the whole bundle, not the state dict alone.
+  // Parts of the version the file does not hold, each with why ("scheduler/anneal_func: a
+  // builtins.getattr object (never written back as code)", "optimizer: safetensors holds
+  // tensors only").
+  std::vector<std::string> left_out;
   std::vector<std::string> warnings;  // from the writer.
 };
 
 // Writes the export to `path` atomically (a failure leaves any previous file intact). Errors as
 // Load (INVALID_ARGUMENT for a bad subset or key policy, DATA_LOSS from the store), plus
-// INVALID_ARGUMENT for a dtype the format cannot hold and filesystem errors as AtomicFileWriter
-// reports them.
+// INVALID_ARGUMENT for a dtype the format cannot hold or a subset that would misalign the
+// optimizer state, FAILED_PRECONDITION when optimizer state is asked for and the version holds
+// none, and filesystem errors as AtomicFileWriter reports them.
 absl::StatusOr<ExportResult> ExportToFile(const VersionReader& reader, const ExportOptions& options,
                                           const std::string& path);
 
 // Receives the file in consecutive pieces; `total_bytes` is the whole file's size (known before
-// the first piece in both formats). A non-OK return stops the export and is returned.
-using ExportSink = std::function<absl::Status(uint64_t total_bytes, absl::string_view bytes)>;
+// the first piece in both formats); `prepared` says what the file holds and leaves out (its
+// file_bytes and tensors may still be 0 while a safetensors file streams). A non-OK return
+// stops the export and is returned.
+using ExportSink = std::function<absl::Status(const ExportResult& prepared, uint64_t total_bytes,
+                                              absl::string_view bytes)>;
 
 // Streams the export to `sink` in pieces of at most `piece_bytes`. A torch file is staged in
 // `scratch_dir` (deleted afterwards) because its zip directory comes last. Errors as

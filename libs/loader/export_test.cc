@@ -67,7 +67,8 @@ TEST_F(ExportTest, SafetensorsStreamsTheAdaptedSubsetInPiecesEqualToTheFile) {
   uint64_t announced = 0;
   ASSERT_OK_AND_ASSIGN(ExportResult result,
                        ExportToSink(*reader_, options, Dir(), /*piece_bytes=*/7,
-                                    [&](uint64_t total, absl::string_view bytes) {
+                                    [&](const ExportResult&, uint64_t total,
+                                        absl::string_view bytes) {
                                       EXPECT_LE(bytes.size(), 7u);
                                       announced = total;
                                       streamed.append(bytes.data(), bytes.size());
@@ -97,7 +98,8 @@ TEST_F(ExportTest, TorchFileStreamsLikeTheFileAndReadsBack) {
   EXPECT_TRUE(at::equal(*file.bundle.model.Find("enc.weight"), weight_));
 
   std::string streamed;
-  ASSERT_OK(ExportToSink(*reader_, options, Dir(), 1 << 20, [&](uint64_t, absl::string_view bytes) {
+  ASSERT_OK(ExportToSink(*reader_, options, Dir(), 1 << 20,
+                         [&](const ExportResult&, uint64_t, absl::string_view bytes) {
               streamed.append(bytes.data(), bytes.size());
               return absl::OkStatus();
             }).status());
@@ -113,7 +115,9 @@ TEST_F(ExportTest, SinkErrorsStopTheExportAndBadNamesAreRejected) {
   options.format = ExportFormat::kSafetensors;
   EXPECT_THAT(ExportToSink(
                   *reader_, options, Dir(), 64,
-                  [](uint64_t, absl::string_view) { return absl::CancelledError("consumer left"); })
+                  [](const ExportResult&, uint64_t, absl::string_view) {
+                    return absl::CancelledError("consumer left");
+                  })
                   .status(),
               StatusIs(absl::StatusCode::kCancelled, "consumer left"));
   EXPECT_THAT(ParseExportFormat("onnx").status(),

@@ -97,7 +97,8 @@ absl::StatusOr<std::vector<const v1::TensorMeta*>> SelectTensors(const v1::Manif
   return selected;
 }
 
-// A value tree of `manifest`, its tensors read one at a time and put on `device`.
+}  // namespace
+
 absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manifest& manifest,
                                     const v1::Value& tree, const DeviceSpec& device) {
   absl::flat_hash_map<std::string, const v1::TensorMeta*> state_tensors;
@@ -115,6 +116,8 @@ absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manif
     return PlaceTensor(tensor, device, DTypePolicy::Keep());
   });
 }
+
+namespace {
 
 // `checkpoint` (consumer keys and metas) against `expected`, in the consumer's order for missing
 // keys and shape mismatches and the checkpoint's order for unexpected keys.

@@ -70,6 +70,12 @@ absl::StatusOr<LoadedState> Load(CheckpointStore& store, const v1::VersionRef& r
 // device is checked only after the manifest is planned.
 absl::StatusOr<LoadedState> Load(const VersionReader& reader, const LoadTarget& target);
 
+// A value tree of `manifest` (its optimizer_state, scheduler_state or extra_state) with its
+// tensors read from `reader` one at a time and put on `device`, dtypes kept. DATA_LOSS for a
+// tensor reference the manifest lacks, and as VersionReader::ReadTensor.
+absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manifest& manifest,
+                                    const v1::Value& tree, const DeviceSpec& device);
+
 // One model tensor a load selects: its key under the target's key policy, and its stored meta
 // (pointing into the manifest given to PlanLoad).
 struct PlannedTensor {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "libs/format/bundle.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/status/status_macros.h"
 #include "libs/tensor/key_normalization.h"
@@ -42,9 +43,13 @@ absl::StatusOr<ImportResult> ImportCheckpointFile(CheckpointStore& store, const 
   }
   contents.optimizer = std::move(file.bundle.optimizer);
   contents.scheduler = std::move(file.bundle.scheduler);
-  if (file.bundle.extra.is_dict() && !file.bundle.extra.entries().empty()) {
+  // A bundle keeps its other fields even when there are none: the (empty) dict is where its
+  // parts go back on export, and it keeps the producer's dict class.
+  if (file.bundle.extra.is_dict() &&
+      (!file.bundle.extra.entries().empty() || IsBundleLayout(file.bundle.layout))) {
     contents.extra = std::move(file.bundle.extra);
   }
+  contents.bundle_layout = std::move(file.bundle.layout);
   if (file.bundle.epoch >= 0) metadata.set_epoch(file.bundle.epoch);
   if (file.bundle.step >= 0) metadata.set_global_step(file.bundle.step);
   metadata.set_source_format(result.source_format);

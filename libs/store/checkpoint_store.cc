@@ -299,6 +299,9 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
   if (!contents.extra.is_none()) {
     ASSIGN_OR_RETURN(*header.mutable_extra_state(), state.Add("extra", contents.extra, header));
   }
+  if (!contents.bundle_layout.placements().empty()) {
+    *header.mutable_bundle_layout() = contents.bundle_layout;
+  }
   for (const auto& [index, name] : contents.optimizer_param_names) {
     auto it = canonical_of.find(name);
     (*header.mutable_optimizer_param_names())[index] = it == canonical_of.end() ? name : it->second;
@@ -361,6 +364,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadCheckpoint(const v1::Versi
     ASSIGN_OR_RETURN(contents.extra, ValueFromProto(manifest.extra_state(), resolve));
   }
   contents.metadata = manifest.metadata();
+  contents.bundle_layout = manifest.bundle_layout();
   for (const auto& [index, name] : manifest.optimizer_param_names()) {
     contents.optimizer_param_names.emplace(index, name);
   }

@@ -176,6 +176,9 @@ struct CheckpointContents {
   v1::VersionMetadata metadata;
   // Optimizer parameter index -> state-dict key (original or canonical; stored canonical).
   std::map<int64_t, std::string> optimizer_param_names;
+  // Where model, optimizer and scheduler sat in the object the producer saved (an imported
+  // torch.save bundle), so that an export rebuilds it; no placements when unknown.
+  v1::BundleLayout bundle_layout;
 };
 
 struct LoadedCheckpoint {

@@ -297,6 +297,41 @@ absl::Status ValidateScheduler(const v1::Value& scheduler, const std::string& pa
   return absl::OkStatus();
 }
 
+// A layout an export can follow: known parts, each once, a model among them, keys on every path
+// step, and a model at the root only alone.
+absl::Status ValidateBundleLayout(const v1::BundleLayout& layout) {
+  if (layout.placements().empty()) return absl::OkStatus();
+  bool seen[v1::BundleLayout::PART_SCHEDULER + 1] = {};
+  for (const v1::BundleLayout::Placement& placement : layout.placements()) {
+    const int part = placement.part();
+    if (part < v1::BundleLayout::PART_MODEL || part > v1::BundleLayout::PART_SCHEDULER) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bundle_layout: placement of unknown part ", part));
+    }
+    const std::string& name = v1::BundleLayout::Part_Name(placement.part());
+    if (seen[part]) return absl::InvalidArgumentError(absl::StrCat("bundle_layout: ", name, " placed twice"));
+    seen[part] = true;
+    if (placement.position() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bundle_layout: ", name, " at negative position ", placement.position()));
+    }
+    for (const v1::PathKey& key : placement.path()) {
+      if (key.key_case() == v1::PathKey::KEY_NOT_SET) {
+        return absl::InvalidArgumentError(absl::StrCat("bundle_layout: ", name, " path has a step without a key"));
+      }
+    }
+    if (placement.path().empty() &&
+        (part != v1::BundleLayout::PART_MODEL || layout.placements_size() > 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bundle_layout: ", name, " at the root is allowed only for a model placed alone"));
+    }
+  }
+  if (!seen[v1::BundleLayout::PART_MODEL]) {
+    return absl::InvalidArgumentError("bundle_layout: places no model");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ValidateManifestHeader(const v1::Manifest& header) {
@@ -343,6 +378,7 @@ absl::StatusOr<std::vector<std::string>> ValidateManifestHeader(const v1::Manife
   if (header.has_scheduler_state()) {
     RETURN_IF_ERROR(ValidateScheduler(header.scheduler_state(), "scheduler_state", warnings));
   }
+  RETURN_IF_ERROR(ValidateBundleLayout(header.bundle_layout()));
   return warnings;
 }
 

@@ -131,6 +131,12 @@ Value Value::Dict(std::vector<Entry> entries) {
   return v;
 }
 
+Value Value::OrderedDict(std::vector<Entry> entries) {
+  Value v = Dict(std::move(entries));
+  v.ordered_dict_ = true;
+  return v;
+}
+
 Value Value::Tensor(at::Tensor tensor, std::string original_device) {
   Value v;
   v.kind_ = Kind::kTensor;

@@ -82,6 +82,9 @@ class Value {
   static Value List(std::vector<Value> items = {});
   static Value Tuple(std::vector<Value> items = {});
   static Value Dict(std::vector<Entry> entries = {});
+  // A collections.OrderedDict (what Module.state_dict() returns): a dict in every respect here,
+  // but written back as an OrderedDict, so a round trip keeps the producer's Python type.
+  static Value OrderedDict(std::vector<Entry> entries = {});
   // `original_device` is where the producer had the tensor ("cuda:1"); empty if unknown.
   static Value Tensor(at::Tensor tensor, std::string original_device = {});
   // A Python object ckpt does not execute: `class_name` is "module.QualName" as pickled,
@@ -103,6 +106,8 @@ class Value {
   bool is_opaque() const { return kind_ == Kind::kOpaque; }
   // A list or a tuple.
   bool is_sequence() const { return kind_ == Kind::kList || kind_ == Kind::kTuple; }
+  // A dict made by OrderedDict().
+  bool is_ordered_dict() const { return kind_ == Kind::kDict && ordered_dict_; }
 
   // Accessors: calling one that does not match kind() is a programmer error (checked).
   bool bool_value() const;
@@ -133,7 +138,8 @@ class Value {
   int64_t TensorCount() const;
 
   // Deep equality. Tensors are equal when dtype, shape and every element are equal (NaNs in the
-  // same places count as equal, so a round trip of a tensor holding NaN compares equal).
+  // same places count as equal, so a round trip of a tensor holding NaN compares equal). A dict
+  // and an OrderedDict with the same entries in the same order are equal, as in Python.
   friend bool operator==(const Value& a, const Value& b);
   friend bool operator!=(const Value& a, const Value& b) { return !(a == b); }
 
@@ -143,6 +149,7 @@ class Value {
  private:
   Kind kind_ = Kind::kNone;
   bool bool_ = false;
+  bool ordered_dict_ = false;  // kDict only.
   int64_t int_ = 0;
   double float_ = 0;
   std::string string_;  // kString, kBytes, the class name of kOpaque, a tensor's original device.

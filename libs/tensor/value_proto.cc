@@ -61,6 +61,7 @@ absl::Status ToProto(const Value& value, std::string& path, const TensorRegistra
     }
     case Value::Kind::kDict: {
       v1::ValueDict* dict = out.mutable_dict_value();
+      dict->set_ordered(value.is_ordered_dict());
       for (const auto& [key, child] : value.entries()) {
         v1::DictEntry* entry = dict->add_entries();
         if (key.is_int()) {
@@ -138,7 +139,8 @@ absl::StatusOr<Value> FromProto(const v1::Value& proto, const TensorResolver& re
             return absl::InvalidArgumentError("dict entry without a key in value tree");
         }
       }
-      return Value::Dict(std::move(entries));
+      return proto.dict_value().ordered() ? Value::OrderedDict(std::move(entries))
+                                          : Value::Dict(std::move(entries));
     }
     case v1::Value::kTensorValue: {
       ASSIGN_OR_RETURN(at::Tensor tensor, resolve_tensor(proto.tensor_value().key()));

@@ -380,7 +380,8 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
   bool first = true;
   return ExportToSink(*reader, options, options_.scratch_dir, piece_bytes,
-                      [&](uint64_t total_bytes, absl::string_view bytes) -> absl::Status {
+                      [&](const ExportResult& prepared, uint64_t total_bytes,
+                          absl::string_view bytes) -> absl::Status {
                         if (context.IsCancelled()) {
                           return absl::CancelledError(
                               absl::StrCat("the Export of ", where, " was cancelled"));
@@ -391,6 +392,12 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
                           piece.set_total_bytes(static_cast<int64_t>(total_bytes));
                           piece.set_file_name(
                               ExportFileName(manifest.model(), manifest.version(), options.format));
+                          for (const std::string& item : prepared.left_out) {
+                            piece.add_left_out(item);
+                          }
+                          for (const std::string& warning : prepared.warnings) {
+                            piece.add_warnings(warning);
+                          }
                           first = false;
                         }
                         if (!writer.Write(piece)) {

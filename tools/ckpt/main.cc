@@ -74,10 +74,13 @@ const std::vector<cli::CommandSpec>& Commands() {
         {"key", "PATH", "where the model state dict is, e.g. model or ckpt/state_dict", "auto"}}},
       {"convert",
        "IN OUT",
-       "Write IN's model state dict as a clean CPU file (torch .pt or safetensors).",
+       "Write IN as a clean CPU file: a training bundle stays a whole bundle (model, optimizer, "
+       "scheduler, epoch and every other plain field, as saved) in torch .pt; safetensors and "
+       "--model-only write the model's state dict alone.",
        2,
        2,
        {{"format", "torch|safetensors", "output format", "from OUT's extension"},
+        {"model-only", "", "write only the model's state dict, even from a bundle", ""},
         {"strip-prefix", "auto|none|PREFIX",
          "auto strips wrapper prefixes (module., _orig_mod., FSDP, checkpointing)", "auto"},
         {"add-prefix", "PREFIX", "prefix added to every key after stripping, e.g. module.", ""},
@@ -129,11 +132,17 @@ const std::vector<cli::CommandSpec>& Commands() {
       {"stats", "", "Models, versions, logical vs physical bytes, dedup ratio.", 0, 0, {}},
       {"export",
        "MODEL@REF OUT",
-       "Write a stored version's model tensors as a torch .pt (torch.load(weights_only=True) "
-       "safe) or safetensors file, written atomically.",
+       "Write a stored version's model tensors -- or with --bundle the whole training bundle "
+       "that Python resumes from -- as a torch .pt (torch.load(weights_only=True) globals only) "
+       "or safetensors file, written atomically.",
        2,
        2,
        {{"format", "torch|safetensors", "output format", "from OUT's extension"},
+        {"bundle", "",
+         "the whole bundle: model, optimizer, scheduler, epoch and every other plain field, in "
+         "the producer's layout (torch only)", ""},
+        {"no-optimizer", "", "with --bundle: leave the optimizer state out", ""},
+        {"no-scheduler", "", "with --bundle: leave the scheduler state out", ""},
         {"dtype", "DTYPE", "cast floating tensors, e.g. bf16, fp16, fp32", "keep"},
         {"key-prefix", "PREFIX", "prefix every key, e.g. module. for a DDP consumer", ""},
         {"include", "PREFIX[,PREFIX]", "only tensors whose canonical key starts with one", "all"},
@@ -504,6 +513,13 @@ std::string ModelKey(const cli::ParsedCommandLine& line) {
   return line.Has("key") ? line.Get("key") : "";
 }
 
+// What a written file does not hold, one item a line.
+void PrintLeftOut(const std::vector<std::string>& left_out) {
+  if (left_out.empty()) return;
+  std::cout << "left out:\n";
+  for (const std::string& item : left_out) std::cout << "  " << item << "\n";
+}
+
 absl::Status RunInspect(const cli::ParsedCommandLine& line) {
   ReadCheckpointOptions options;
   options.model_key = ModelKey(line);
@@ -520,20 +536,19 @@ absl::Status RunConvert(const cli::ParsedCommandLine& line) {
   options.strip_prefix = line.Get("strip-prefix");
   options.add_prefix = line.Get("add-prefix");
   options.model_key = ModelKey(line);
+  options.model_only = line.Has("model-only");
   const std::string& in = line.arguments()[0];
   const std::string& out = line.arguments()[1];
   absl::StatusOr<ConvertReport> report = ConvertCheckpoint(in, out, options);
   if (!report.ok()) return report.status();
-  std::cout << "wrote " << out << " (" << report->format << "): " << report->tensors
-            << " tensors, " << HumanBytes(report->tensor_bytes) << " of tensor data, "
+  std::cout << "wrote " << out << " (" << report->format
+            << (report->bundle ? ", whole bundle" : "") << "): " << report->tensors
+            << " model tensors, " << HumanBytes(report->tensor_bytes) << " of model tensor data, "
             << HumanBytes(report->file_bytes) << " on disk\n";
   if (!report->stripped_prefix.empty()) {
     std::cout << "stripped prefix '" << report->stripped_prefix << "' from every key\n";
   }
-  if (!report->left_out.empty()) {
-    std::cout << "not converted (model weights only): " << absl::StrJoin(report->left_out, ", ")
-              << "\n";
-  }
+  PrintLeftOut(report->left_out);
   for (const std::string& warning : report->warnings) std::cerr << "warning: " << warning << "\n";
   return absl::OkStatus();
 }
@@ -581,6 +596,20 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
         "cannot tell the format from '", out, "'; pass --format torch|safetensors"));
   }
   ASSIGN_OR_RETURN(options.target, TargetFromOptions(line));
+  if (line.Has("bundle")) {
+    if (options.format != ExportFormat::kTorch) {
+      return absl::InvalidArgumentError(
+          "--bundle needs the torch format: safetensors holds tensors only");
+    }
+    options.target.include_optimizer = !line.Has("no-optimizer");
+    options.target.include_scheduler = !line.Has("no-scheduler");
+    if (!options.target.include_optimizer && !options.target.include_scheduler) {
+      return absl::InvalidArgumentError(
+          "--bundle with --no-optimizer and --no-scheduler is the model alone: drop --bundle");
+    }
+  } else if (line.Has("no-optimizer") || line.Has("no-scheduler")) {
+    return absl::InvalidArgumentError("--no-optimizer and --no-scheduler go with --bundle");
+  }
   ProgressBar bar("exporting");
   options.progress = [&](uint64_t done, uint64_t total) {
     bar.Update(static_cast<int64_t>(done), static_cast<int64_t>(total),
@@ -600,8 +629,10 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
     version = FormatVersionRef(reader->manifest().model(), reader->manifest().version());
   }
   std::cout << "exported " << version << " to " << out << " ("
-            << (options.format == ExportFormat::kTorch ? "torch" : "safetensors") << "): "
-            << HumanBytes(result.file_bytes) << "\n";
+            << (options.format == ExportFormat::kTorch ? "torch" : "safetensors")
+            << (result.bundle ? ", whole bundle" : "") << "): " << result.tensors
+            << " model tensors, " << HumanBytes(result.file_bytes) << "\n";
+  PrintLeftOut(result.left_out);
   for (const std::string& warning : result.warnings) std::cerr << "warning: " << warning << "\n";
   return absl::OkStatus();
 }

@@ -66,6 +66,8 @@ def bundle(path):
     assert torch.equal(b["model"]["fc.weight"], torch.arange(6.0).reshape(2, 3))
     opt = b["optimizer"]
     assert type(opt) is dict
+    # A dict of tensors that was not an OrderedDict stays a plain dict (optimizer state is one).
+    assert type(opt["state"][0]) is dict, type(opt["state"][0])
     assert torch.equal(opt["state"][0]["step"], torch.tensor(5.0))
     assert torch.equal(opt["state"][0]["exp_avg"], torch.full((2, 3), 0.5))
     group = opt["param_groups"][0]

@@ -7,6 +7,15 @@ loads MODEL (latest) through the loader's streaming Load with python3-grpcio, re
 from the adapted manifest and the TensorData stream, loads it with strict=True into the unwrapped
 fixture model, and checks it equals FIXTURE_DIR/reference.pt. Then asks for a bfloat16 subset and
 checks the cast. Prints OK.
+
+As a module, connect() and export_bundle() are what a Python team needs to resume training from a
+stored version: export_bundle() streams the whole training bundle ({"epoch", "model",
+"optimizer", "scheduler", ...}) into a file that torch.load reads, e.g.
+
+    stub, loader_pb2, types_pb2 = connect("loader:7070", "/tmp/ckpt_stubs")
+    export_bundle(stub, loader_pb2, types_pb2, "resnet", token, "resume.pt")
+    bundle = torch.load("resume.pt")
+    model.load_state_dict(bundle["model"]); optimizer.load_state_dict(bundle["optimizer"])
 """
 import os
 import subprocess
@@ -24,6 +33,39 @@ def generate(gen_dir):
                     "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin"] + PROTOS,
                    check=True)
     sys.path.insert(0, gen_dir)
+
+
+def connect(address, gen_dir):
+    """A Loader stub over a plaintext channel, and the generated message modules."""
+    generate(gen_dir)
+    import grpc
+    from proto.ckpt.v1 import loader_pb2, loader_pb2_grpc, types_pb2
+    return loader_pb2_grpc.LoaderStub(grpc.insecure_channel(address)), loader_pb2, types_pb2
+
+
+def export_bundle(stub, loader_pb2, types_pb2, model, token, path, ref=None):
+    """Streams MODEL[@ref]'s whole training bundle (a torch .pt) into `path`, atomically; returns
+    what the server left out (e.g. an opaque object it never writes back as code)."""
+    version_ref = types_pb2.VersionRef(model=model)
+    if ref is not None:
+        version_ref.alias = ref
+    request = loader_pb2.ExportRequest(
+        ref=version_ref, format=loader_pb2.EXPORT_FORMAT_TORCH,
+        target=loader_pb2.LoadTarget(include_optimizer_state=True, include_scheduler_state=True))
+    stream = stub.Export(request, metadata=[("authorization", f"Bearer {token}")], timeout=120)
+    partial = path + ".partial"
+    total, left_out = None, []
+    with open(partial, "wb") as out:
+        for response in stream:
+            if total is None:
+                total, left_out = response.total_bytes, list(response.left_out)
+            out.write(response.data)
+        size = out.tell()
+    if total is None or size != total:
+        os.remove(partial)
+        raise RuntimeError(f"Export of {model} ended after {size} of {total} bytes")
+    os.replace(partial, path)
+    return left_out
 
 
 def load(stub, types_pb2, loader_pb2, model, token, target):
@@ -55,11 +97,8 @@ def load(stub, types_pb2, loader_pb2, model, token, target):
 
 def main():
     address, token, model, fixture_dir, gen_dir = sys.argv[1:6]
-    generate(gen_dir)
+    stub, loader_pb2, types_pb2 = connect(address, gen_dir)
     import grpc
-    from proto.ckpt.v1 import loader_pb2, loader_pb2_grpc, types_pb2
-
-    stub = loader_pb2_grpc.LoaderStub(grpc.insecure_channel(address))
 
     # Without the token the loader refuses.
     try:
