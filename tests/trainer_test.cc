@@ -35,6 +35,7 @@
 #include "libs/testing/python_runner.h"
 #include "libs/train/dataset.h"
 #include "libs/train/models.h"
+#include "libs/train/optimizer.h"
 #include "proto/ckpt/v1/trainer.grpc.pb.h"
 
 namespace ckpt {
@@ -442,6 +443,107 @@ TEST_P(PythonTwinTest, FinalCheckpointLoadsStrictlyIntoThePythonTwin) {
 
 INSTANTIATE_TEST_SUITE_P(Models, PythonTwinTest,
                          ::testing::Values("mlp", "cnn", "transformer"));
+
+// The trainer's final version exported with --bundle's options is a training bundle Python
+// resumes from with real torch.optim / lr_scheduler classes: the twin's loss on a batch, one
+// optimizer step on it, and the loss after that step all match the C++ model and optimizer
+// restored from the same version.
+TEST(TrainerTest, FinalVersionExportedAsABundleResumesInThePythonTwin) {
+  for (const std::string kind : {"sgd", "adamw"}) {
+    SCOPED_TRACE(kind);
+    const std::string dir = TempPath("bundle_" + kind);
+    std::vector<std::string> flags = SmallRun(dir, 1, 16, 12);
+    for (const char* flag : {"--model=mlp", "--scheduler=step", "--step_size=5", "--gamma=0.5"}) {
+      flags.push_back(flag);
+    }
+    flags.push_back("--optimizer=" + kind);
+    ASSERT_EQ(RunTrainer(flags, dir + ".log"), 0) << ReadFile(dir + ".log");
+
+    std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir);
+    ASSERT_NE(store, nullptr);
+    const v1::VersionRef ref = *ParseVersionRef("mlp-synthetic");
+    absl::StatusOr<std::unique_ptr<VersionReader>> reader = store->OpenVersion(ref);
+    ASSERT_THAT(reader.status(), IsOk());
+    const std::string bundle = dir + "_bundle.pt";
+    ExportOptions export_options;
+    export_options.target.include_optimizer = true;
+    export_options.target.include_scheduler = true;
+    absl::StatusOr<ExportResult> exported = ExportToFile(**reader, export_options, bundle);
+    ASSERT_THAT(exported.status(), IsOk());
+    EXPECT_TRUE(exported->bundle);
+    EXPECT_TRUE(exported->left_out.empty());
+
+    // The C++ side: model and optimizer restored from the store, one step on a fixed batch.
+    absl::StatusOr<LoadedCheckpoint> loaded = store->LoadCheckpoint(ref);
+    ASSERT_THAT(loaded.status(), IsOk());
+    train::DataSpec data_spec;
+    data_spec.model_kind = "mlp";
+    absl::StatusOr<std::unique_ptr<train::Dataset>> data = train::OpenDataset(data_spec);
+    ASSERT_THAT(data.status(), IsOk());
+    train::ModelSpec model_spec;
+    model_spec.kind = "mlp";
+    absl::StatusOr<std::shared_ptr<train::Model>> model = train::MakeModel(model_spec, **data);
+    ASSERT_THAT(model.status(), IsOk());
+    ASSERT_THAT(LoadInto(*store, ref, **model).status(), IsOk());
+    absl::StatusOr<train::OptimizerSpec> spec = train::ParseOptimizerKind(kind);
+    ASSERT_THAT(spec.status(), IsOk());
+    absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> optimizer =
+        train::MakeOptimizer(*spec, (*model)->parameters());
+    ASSERT_THAT(optimizer.status(), IsOk());
+    ASSERT_THAT(train::LoadOptimizerStateDict(**optimizer, *loaded->contents.optimizer), IsOk());
+    (*model)->train();
+    train::Batch batch = (*data)->Get({0, 1, 2, 3, 4, 5, 6, 7});
+    auto loss_of = [&] {
+      return at::nll_loss(at::log_softmax((*model)->forward(batch.inputs), 1), batch.targets);
+    };
+    at::Tensor loss_before = loss_of();
+    (*optimizer)->zero_grad();
+    loss_before.backward();
+    (*optimizer)->step();
+    at::Tensor loss_after;
+    {
+      at::NoGradGuard no_grad;
+      loss_after = loss_of();
+    }
+    StateDict io;
+    io.InsertOrAssign("inputs", batch.inputs);
+    io.InsertOrAssign("targets", batch.targets);
+    io.InsertOrAssign("loss_before", loss_before.detach());
+    io.InsertOrAssign("loss_after", loss_after);
+    io.InsertOrAssign("lr", at::scalar_tensor(train::CurrentLearningRate(**optimizer), at::kDouble));
+    const std::string io_path = dir + "_io.pt";
+    ASSERT_THAT(WriteTorchFile(io_path, StateDictToValue(io)).status(), IsOk());
+
+    const std::string twin = loaded->manifest.metadata().labels().at("python_twin");
+    const std::string optimizer_class = kind == "sgd" ? "SGD" : "AdamW";
+    const std::string script = absl::StrCat(
+        "import sys, torch; sys.path.insert(0, 'libs/train/python'); from twins import *\n"
+        "bundle = torch.load('", bundle, "')\n"
+        "assert list(bundle)[:5] == ['epoch', 'global_step', 'model', 'optimizer', 'scheduler'], "
+        "list(bundle)\n"
+        "assert bundle['global_step'] == 12 and bundle['trainer']['global_step'] == 12\n"
+        "model = ", twin, "\n",
+        "model.load_state_dict(bundle['model'], strict=True)\n"
+        "model.train()\n"
+        "optimizer = torch.optim.", optimizer_class, "(model.parameters(), lr=1.0)\n"
+        "optimizer.load_state_dict(bundle['optimizer'])\n"
+        "scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)\n"
+        "scheduler.load_state_dict(bundle['scheduler'])\n"
+        "io = torch.load('", io_path, "')\n"
+        "assert scheduler.get_last_lr()[0] == io['lr'].item(), (scheduler.get_last_lr(), io['lr'])\n"
+        "loss = torch.nn.functional.cross_entropy(model(io['inputs']), io['targets'])\n"
+        "assert abs(loss.item() - io['loss_before'].item()) < 1e-5, (loss, io['loss_before'])\n"
+        "optimizer.zero_grad(); loss.backward(); optimizer.step(); scheduler.step()\n"
+        "with torch.no_grad():\n"
+        "    after = torch.nn.functional.cross_entropy(model(io['inputs']), io['targets'])\n"
+        "assert abs(after.item() - io['loss_after'].item()) < 1e-5, (after, io['loss_after'])\n"
+        "assert after.item() != loss.item()\n"
+        "print('bundle ok', loss.item(), after.item())\n");
+    const std::string script_path = dir + "_resume.py";
+    std::ofstream(script_path) << script;
+    EXPECT_THAT(testing::RunPythonOrAddFailure(script_path, ""), HasSubstr("bundle ok"));
+  }
+}
 
 TEST(TrainerTest, TrainsOnATensorFileWrittenByPython) {
   const std::string data = TempPath("data.pt"), dir = TempPath("pt_data");
