@@ -32,23 +32,13 @@ constexpr char kScript[] = "tests/testdata/resume_bundle.py";
 constexpr int kSteps = 6;        // before the bundle is saved.
 constexpr int kMoreSteps = 5;    // after the resume.
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr.
-};
+using Result = testing::ShellResult;
 
 std::string Dir() { return std::getenv("TEST_TMPDIR"); }
 std::string Store() { return "--store_dir=" + Dir() + "/store"; }
 
 Result Ckpt(const std::string& args) {
-  const std::string command =
-      absl::StrCat(testing::RunfilesPath("tools/ckpt/ckpt"), " ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return testing::RunShell(absl::StrCat(testing::RunfilesPath("tools/ckpt/ckpt"), " ", args));
 }
 
 bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
@@ -195,6 +185,14 @@ TEST_F(BundleResumeTest, TheLoaderServiceExportsBundlesToAPythonClient) {
     }
     ExpectResumesExactly(out, combo, /*wrapped=*/false);
   }
+  // The C++ client (RemoteLoader) behind `ckpt export --loader` gets the same bundle and report.
+  const std::string out = dir + "/adamw_onecycle-cli.pt";
+  Result exported = Ckpt(absl::StrCat("export adamw_onecycle ", out, " --bundle --loader=127.0.0.1:",
+                                      port, " --auth_token_file=", dir, "/token"));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_THAT(exported.output, HasSubstr("whole bundle"));
+  EXPECT_THAT(exported.output, HasSubstr("scheduler/anneal_func: a builtins.getattr object"));
+  ExpectResumesExactly(out, "adamw_onecycle", /*wrapped=*/false);
   loader.Signal(SIGTERM);
   EXPECT_TRUE(loader.WaitForExit(absl::Seconds(20)).has_value());
 }

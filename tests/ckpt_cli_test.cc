@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/testing/child_process.h"
 #include "libs/testing/python_runner.h"
 #include "nlohmann/json.hpp"
 
@@ -23,22 +24,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr.
-};
+using Result = testing::ShellResult;
 
 std::string Dir() { return std::getenv("TEST_TMPDIR"); }
 
-Result Ckpt(const std::string& args) {
-  const std::string command = absl::StrCat("tools/ckpt/ckpt ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+Result Ckpt(const std::string& args) { return testing::RunShell("tools/ckpt/ckpt " + args); }
 
 class CkptCliTest : public ::testing::Test {
  protected:

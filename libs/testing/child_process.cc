@@ -5,6 +5,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -25,6 +26,18 @@ std::string RunfilesPath(const std::string& relative) {
   const char* workspace = std::getenv("TEST_WORKSPACE");
   return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
                       workspace != nullptr ? workspace : "ckpt", "/", relative);
+}
+
+ShellResult RunShell(const std::string& command_line) {
+  const std::string command = absl::StrCat(command_line, " 2>&1");
+  ShellResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
 }
 
 std::string ReadFileOrEmpty(const std::string& path) {

@@ -28,6 +28,17 @@ std::string RunfilesPath(const std::string& relative);
 // The contents of `path` ("" if it cannot be read).
 std::string ReadFileOrEmpty(const std::string& path);
 
+// How a command line ended and what it printed (stdout and stderr together); exit_code is -1
+// when a signal ended it.
+struct ShellResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs `command_line` with /bin/sh from the current directory (the runfiles root in a test) and
+// waits for it.
+ShellResult RunShell(const std::string& command_line);
+
 // Writes `contents` to `path` (replacing it).
 void WriteTextFile(const std::string& path, const std::string& contents);
 

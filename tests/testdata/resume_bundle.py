@@ -26,20 +26,14 @@ import math
 import os
 import pickletools
 import sys
-import zipfile
 
 import torch
 from torch import nn
 
-# Globals torch.load(weights_only=True) allows (PyTorch's _weights_only_unpickler).
-ALLOWED_GLOBALS = {
-    "collections OrderedDict",
-    "torch._utils _rebuild_tensor_v2",
-    "torch._utils _rebuild_parameter",
-} | {f"torch {name}" for name in [
-    "FloatStorage", "DoubleStorage", "HalfStorage", "BFloat16Storage", "ByteStorage", "CharStorage",
-    "ShortStorage", "IntStorage", "LongStorage", "BoolStorage", "ComplexFloatStorage",
-    "ComplexDoubleStorage", "ComplexHalfStorage"]}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "libs",
+                                "format", "testdata"))
+from checkpoint_fixtures import save_tagged  # noqa: E402  (torch.save with every tensor on TAG)
+from torch_export_check import ALLOWED_GLOBALS, data_pkl  # noqa: E402
 
 EXTRAS = {
     "best_acc": 0.8125,
@@ -90,15 +84,6 @@ def train(model, optimizer, scheduler, first, last):
         scheduler.step()
 
 
-def save_tagged(obj, path, location):
-    tag = torch.serialization.location_tag
-    torch.serialization.location_tag = lambda storage: location
-    try:
-        torch.save(obj, path)
-    finally:
-        torch.serialization.location_tag = tag
-
-
 def cmd_train(out_dir, combo, n, m):
     n, m = int(n), int(m)
     model = nn.DataParallel(make_model())  # on a CPU box DataParallel only wraps: keys "module."
@@ -117,10 +102,7 @@ def cmd_train(out_dir, combo, n, m):
 
 
 def check_globals(path):
-    with zipfile.ZipFile(path) as archive:
-        (name,) = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-        pickled = archive.read(name)
-    used = {arg for opcode, arg, _ in pickletools.genops(io.BytesIO(pickled))
+    used = {arg for opcode, arg, _ in pickletools.genops(io.BytesIO(data_pkl(path)))
             if opcode.name == "GLOBAL"}
     assert used <= ALLOWED_GLOBALS, f"globals weights_only refuses: {used - ALLOWED_GLOBALS}"
 

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/testing/child_process.h"
 #include "libs/testing/python_runner.h"
 
 namespace ckpt {
@@ -26,23 +27,10 @@ using ::testing::HasSubstr;
 
 constexpr char kFixtures[] = "libs/format/testdata/checkpoint_fixtures.py";
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr.
-};
+using Result = testing::ShellResult;
+using testing::RunShell;
 
 std::string Dir() { return std::getenv("TEST_TMPDIR"); }
-
-// Runs a shell command line from the runfiles root.
-Result RunShell(const std::string& command_line) {
-  const std::string command = absl::StrCat(command_line, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
 
 Result Ckpt(const std::string& args) { return RunShell("tools/ckpt/ckpt " + args); }
 
