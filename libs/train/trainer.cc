@@ -7,7 +7,6 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <sstream>
 #include <utility>
 
@@ -20,25 +19,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "libs/client/remote_checkpoint_store.h"
 #include "libs/ddp/distributed_data_parallel.h"
 #include "libs/ddp/distributed_sampler.h"
-#include "libs/rpc/grpc_server.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
-#include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/async_checkpointer.h"
-#include "services/checkpoint_store/store_service.h"
+#include "libs/train/trainer_state.h"
 #include "torch/nn/utils/clip_grad.h"
 
 namespace ckpt::train {
 namespace {
 
-constexpr char kExtraKey[] = "trainer";
-
-// Where the data continues and how the run was set up: what a checkpoint needs beyond the model,
-// optimizer and scheduler.
+// Where the data continues and the run's goal: what the loop advances and a checkpoint records.
 struct LoopState {
   int64_t epoch = 0;
   int64_t sampler_position = 0;  // samples of `epoch` each rank has consumed.
@@ -67,7 +60,7 @@ absl::Status RestoreModule(const StateDict& checkpoint, torch::nn::Module& modul
   if (!problems.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         version, " does not fit this model (", absl::StrJoin(problems, "; "),
-        "). Train under another --model_name, or pass --noresume to start over."));
+        "). Train under another model_name, or set resume to false to start over."));
   }
   return CatchTorchErrors([&] {
     at::NoGradGuard no_grad;
@@ -75,18 +68,6 @@ absl::Status RestoreModule(const StateDict& checkpoint, torch::nn::Module& modul
       entry.tensor.copy_(*checkpoint.Find(entry.key));
     }
   });
-}
-
-std::string RandomToken() {
-  std::random_device device;
-  std::string token;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(device(), absl::kZeroPad8));
-  return token;
-}
-
-int64_t IntField(const Value& dict, const char* key, int64_t fallback) {
-  const Value* value = dict.Find(key);
-  return value != nullptr && value->is_int() ? value->int_value() : fallback;
 }
 
 // The per-step collective: mean loss plus control flags, so every rank agrees on when to stop
@@ -119,481 +100,474 @@ std::string FormatClock(absl::Duration duration) {
   return absl::StrFormat("%d:%02d:%02d", seconds / 3600, (seconds / 60) % 60, seconds % 60);
 }
 
-// The stores a rank uses: rank 0 may own an embedded RocksDB store and serve it to the others.
-struct RankStores {
-  std::unique_ptr<RocksDbCheckpointStore> embedded;
-  std::unique_ptr<StoreService> service;
-  std::unique_ptr<GrpcServer> server;
-  std::unique_ptr<RemoteCheckpointStore> remote;
-  CheckpointStore* store = nullptr;
-  std::string location;
-
-  ~RankStores() {
-    if (server != nullptr) server->Shutdown(absl::Seconds(5));
-    server.reset();
-    service.reset();
+absl::Status ValidateConfig(const TrainerConfig& config) {
+  if (config.batch_size <= 0) return absl::InvalidArgumentError("batch_size must be positive");
+  if (config.accumulation_steps <= 0) {
+    return absl::InvalidArgumentError("accumulation_steps must be positive");
   }
-};
-
-absl::Status OpenStores(const TrainerConfig& config, const ddp::ProcessGroupHandle& group,
-                        RankStores& stores) {
-  RemoteStoreOptions remote_options;
-  if (!config.store_address.empty()) {
-    remote_options.address = config.store_address;
-    remote_options.auth_token = config.store_auth_token;
-    ASSIGN_OR_RETURN(stores.remote, RemoteCheckpointStore::Connect(remote_options));
-    stores.store = stores.remote.get();
-    stores.location = config.store_address;
-    return absl::OkStatus();
-  }
-  // Embedded: RocksDB admits one process, so rank 0 opens it and lends it to the others.
-  std::string shared_address;
-  if (group.rank == 0) {
-    StoreOptions store_options;
-    store_options.db_path = config.store_dir;
-    store_options.create_if_missing = true;
-    ASSIGN_OR_RETURN(stores.embedded, RocksDbCheckpointStore::Open(store_options));
-    stores.store = stores.embedded.get();
-    char resolved[PATH_MAX];
-    stores.location =
-        realpath(config.store_dir.c_str(), resolved) != nullptr ? resolved : config.store_dir;
-    if (group.world_size > 1) {
-      StoreServiceOptions service_options;
-      service_options.auth_token = RandomToken();
-      service_options.worker_threads = 2;
-      ASSIGN_OR_RETURN(stores.service,
-                       StoreService::Create(stores.embedded.get(), service_options));
-      GrpcServerOptions server_options;
-      server_options.listen_address = "0.0.0.0:0";
-      ASSIGN_OR_RETURN(stores.server,
-                       GrpcServer::Start(server_options,
-                                         {{stores.service.get(), "ckpt.v1.CheckpointStore"}}));
-      shared_address = absl::StrCat(config.rendezvous.master_addr, ":", stores.server->port(),
-                                    " ", service_options.auth_token);
-    }
-  }
-  if (group.world_size > 1) {
-    ASSIGN_OR_RETURN(shared_address, CatchTorchErrors([&] {
-                       return ddp::BroadcastString(*group.group, shared_address);
-                     }));
-  }
-  if (group.rank != 0) {
-    const size_t space = shared_address.find(' ');
-    remote_options.address = shared_address.substr(0, space);
-    remote_options.auth_token = shared_address.substr(space + 1);
-    ASSIGN_OR_RETURN(stores.remote, RemoteCheckpointStore::Connect(remote_options));
-    stores.store = stores.remote.get();
-    stores.location = config.store_dir;
+  if (config.steps < 0) return absl::InvalidArgumentError("steps must be >= 0");
+  if (config.device != "cpu" && config.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device must be cpu or cuda, not \"", config.device, "\""));
   }
   return absl::OkStatus();
 }
 
-Value ModelSpecValue(const ModelSpec& spec) {
-  return Value::Dict({{"kind", Value::String(spec.kind)},
-                      {"hidden", Value::Int(spec.hidden)},
-                      {"layers", Value::Int(spec.layers)},
-                      {"heads", Value::Int(spec.heads)}});
-}
+// One rank's run, from building the model to the final checkpoint. The phases are methods so
+// that each reads on its own; the state they share is the members below. Used once, by
+// RunTrainingRank, on one thread.
+class RankRun {
+ public:
+  RankRun(const TrainerConfig& config, const ddp::ProcessGroupHandle& group,
+          CheckpointStore& store, TrainerControl& control)
+      : config_(config),
+        group_(group),
+        store_(store),
+        control_(control),
+        leader_(group.rank == 0) {}
 
-}  // namespace
-
-absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
-                                                TrainerControl* control) {
-  TrainerControl local_control;
-  if (control == nullptr) control = &local_control;
-  if (config.batch_size <= 0) return absl::InvalidArgumentError("--batch_size must be positive");
-  if (config.accumulation_steps <= 0) {
-    return absl::InvalidArgumentError("--accumulation_steps must be positive");
+  absl::StatusOr<TrainingSummary> Run() {
+    RETURN_IF_ERROR(Build());
+    RETURN_IF_ERROR(Resume());
+    loop_.target_step = loop_.global_step < loop_.target_step
+                            ? loop_.target_step
+                            : loop_.global_step + config_.steps;
+    summary_.target_step = loop_.target_step;
+    RETURN_IF_ERROR(SetUpDataParallel());
+    RETURN_IF_ERROR(TrainLoop());
+    RETURN_IF_ERROR(Finish());
+    return summary_;
   }
-  if (config.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
 
-  at::set_num_threads(config.threads_per_rank);
-  at::Device device(at::kCPU);
-  if (config.device == "cuda") {
+ private:
+  // Device, data, model, optimizer and scheduler: the same on every rank (same seed).
+  absl::Status Build();
+  // Rank 0 picks the version to resume from (the model's latest), every rank loads that one.
+  absl::Status Resume();
+  absl::Status RestoreFrom(const v1::VersionRef& ref);
+  absl::Status SetUpDataParallel();
+  absl::Status TrainLoop();
+  // One optimizer step over `micro_batches`; the mean loss of this rank.
+  absl::StatusOr<double> TrainStep(const std::vector<std::vector<int64_t>>& micro_batches);
+  // Rank 0: the progress line and status after a step, then a checkpoint when one is due.
+  absl::Status AfterStep(const StepConsensus& consensus, bool epoch_end, bool last_step,
+                         int64_t steps_done, absl::Duration elapsed);
+  absl::Status TakeCheckpoint(bool wait);
+  void RecordCommitted();
+  absl::Status Finish();
+
+  const TrainerConfig& config_;
+  const ddp::ProcessGroupHandle& group_;
+  CheckpointStore& store_;
+  TrainerControl& control_;
+  const bool leader_;
+
+  at::Device device_{at::kCPU};
+  std::unique_ptr<Dataset> data_;
+  std::shared_ptr<Model> model_;
+  std::vector<at::Tensor> parameters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<LrScheduler> scheduler_;
+  std::unique_ptr<ddp::DistributedDataParallel> data_parallel_;
+  std::unique_ptr<ddp::DistributedSampler> sampler_;
+  std::unique_ptr<AsyncCheckpointer> checkpointer_;  // rank 0 only.
+
+  LoopState loop_;
+  TrainingSummary summary_;
+  v1::TrainerStatus status_;
+  absl::Time start_;
+  int64_t first_step_ = 0;
+  int64_t last_checkpoint_step_ = -1;
+  bool skip_final_checkpoint_ = false;
+  double last_loss_ = 0;
+  double samples_per_second_ = 0;
+};
+
+absl::Status RankRun::Build() {
+  at::set_num_threads(config_.threads_per_rank);
+  if (config_.device == "cuda") {
     if (!at::hasCUDA()) {
       return absl::FailedPreconditionError(
-          "--device=cuda, but this build of LibTorch has no CUDA: build with --config=cuda "
+          "device cuda, but this build of LibTorch has no CUDA: build with --config=cuda "
           "against a CUDA LibTorch (README, \"CUDA\")");
     }
-    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(config.local_rank));
-  } else if (config.device != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device must be cpu or cuda, not \"", config.device, "\""));
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(config_.local_rank));
   }
+  summary_.world_size = group_.world_size;
+  summary_.backend = group_.backend;
+  summary_.store_location = config_.store_location;
 
-  TrainingSummary summary;
-  ASSIGN_OR_RETURN(ddp::ProcessGroupHandle group, CatchTorchErrors([&] {
-                     return ddp::InitProcessGroup(config.rendezvous);
-                   }, absl::StatusCode::kUnavailable));
-  summary.world_size = group.world_size;
-  summary.backend = group.backend;
-  const bool leader = group.rank == 0;
+  ASSIGN_OR_RETURN(data_, OpenDataset(config_.data));
+  at::manual_seed(config_.seed);
+  ASSIGN_OR_RETURN(model_, MakeModel(config_.model, *data_));
+  const std::string data_kind = config_.data.source.substr(0, config_.data.source.find(':'));
+  summary_.model_name = config_.model_name.empty()
+                            ? absl::StrCat(config_.model.kind, "-", data_kind)
+                            : config_.model_name;
+  summary_.python_twin = model_->PythonTwin();
+  RETURN_IF_ERROR(CatchTorchErrors([&] { model_->to(device_); }));
+  parameters_ = model_->parameters();
+  ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_.optimizer, parameters_));
+  ASSIGN_OR_RETURN(scheduler_, MakeScheduler(config_.scheduler, *optimizer_));
+  return absl::OkStatus();
+}
 
-  RankStores stores;
-  RETURN_IF_ERROR(OpenStores(config, group, stores));
-  summary.store_location = stores.location;
-
-  // Data and model: every rank builds the same model from the same seed.
-  ASSIGN_OR_RETURN(std::unique_ptr<Dataset> data, OpenDataset(config.data));
-  at::manual_seed(config.seed);
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, MakeModel(config.model, *data));
-  std::string data_kind = config.data.source.substr(0, config.data.source.find(':'));
-  summary.model_name =
-      config.model_name.empty() ? absl::StrCat(config.model.kind, "-", data_kind)
-                                : config.model_name;
-  summary.python_twin = model->PythonTwin();
-  RETURN_IF_ERROR(CatchTorchErrors([&] { model->to(device); }));
-
-  std::vector<at::Tensor> parameters = model->parameters();
-  ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> optimizer,
-                   MakeOptimizer(config.optimizer, parameters));
-  ASSIGN_OR_RETURN(std::unique_ptr<LrScheduler> scheduler,
-                   MakeScheduler(config.scheduler, *optimizer));
-
-  // ---- Resume: rank 0 picks the version, every rank loads that one.
-  LoopState loop;
+absl::Status RankRun::Resume() {
   std::string resume_version;
-  if (leader && config.resume) {
-    absl::StatusOr<v1::Manifest> latest =
-        stores.store->GetManifest(*ParseVersionRef(summary.model_name));
+  if (leader_ && config_.resume) {
+    absl::StatusOr<v1::Manifest> latest = store_.GetManifest(*ParseVersionRef(summary_.model_name));
     if (latest.ok()) {
       resume_version = std::to_string(latest->version());
     } else if (latest.status().code() != absl::StatusCode::kNotFound) {
       return latest.status();
     }
   }
-  if (group.world_size > 1) {
+  if (group_.world_size > 1) {
     ASSIGN_OR_RETURN(resume_version, CatchTorchErrors([&] {
-                       return ddp::BroadcastString(*group.group, resume_version);
+                       return ddp::BroadcastString(*group_.group, resume_version);
                      }));
   }
-  if (!resume_version.empty()) {
-    int64_t version = 0;
-    if (!absl::SimpleAtoi(resume_version, &version)) {
-      return absl::InternalError("rank 0 sent a malformed version: " + resume_version);
-    }
-    const v1::VersionRef ref = MakeVersionRef(summary.model_name, version);
-    const std::string name = FormatVersionRef(ref);
-    ASSIGN_OR_RETURN(LoadedCheckpoint loaded, stores.store->LoadCheckpoint(ref));
-    const auto& labels = loaded.manifest.metadata().labels();
-    if (auto twin = labels.find("python_twin");
-        twin != labels.end() && twin->second != summary.python_twin) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, " holds a ", twin->second, " but this run builds a ", summary.python_twin,
-          ". Train under another --model_name, or pass --noresume to start over."));
-    }
-    RETURN_IF_ERROR(RestoreModule(loaded.contents.model, *model, name));
-    if (!loaded.contents.optimizer || !loaded.contents.scheduler) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, " has no optimizer or scheduler state (retention may have dropped it), so it "
-                "cannot be resumed exactly; pass --noresume to start over from scratch"));
-    }
-    const Value* extra = loaded.contents.extra.is_dict()
-                             ? loaded.contents.extra.Find(kExtraKey)
-                             : nullptr;
-    if (extra == nullptr || !extra->is_dict()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(name, " was not written by the trainer (no extra.trainer state)"));
-    }
-    loop.epoch = IntField(*extra, "epoch", 0);
-    loop.sampler_position = IntField(*extra, "sampler_position", 0);
-    loop.global_step = IntField(*extra, "global_step", 0);
-    loop.target_step = IntField(*extra, "target_step", loop.global_step);
-    RETURN_IF_ERROR(LoadOptimizerStateDict(*optimizer, *loaded.contents.optimizer));
-    if (loop.global_step < loop.target_step) {
-      // An interrupted leg continues exactly where it was.
-      RETURN_IF_ERROR(scheduler->LoadStateDict(*loaded.contents.scheduler));
-    } else {
-      // A finished leg (its schedule ran out, e.g. cosine down to 0): the new leg keeps the
-      // weights and optimizer moments but starts a fresh schedule from the configured rate.
-      for (auto& group : optimizer->param_groups()) group.options().set_lr(config.optimizer.lr);
-      ASSIGN_OR_RETURN(scheduler, MakeScheduler(config.scheduler, *optimizer));
-      if (leader) {
-        std::cerr << "trainer: " << name << " ended its run at step " << loop.global_step
-                  << "; training " << config.steps
-                  << " more steps with a fresh learning-rate schedule\n";
-      }
-    }
-    const int64_t saved_world = IntField(*extra, "world_size", group.world_size);
-    if (saved_world != group.world_size) {
-      // Positions are per rank: keep the number of samples consumed across all ranks.
-      loop.sampler_position = loop.sampler_position * saved_world / group.world_size;
-      if (leader) {
-        std::cerr << "trainer: " << name << " was written by " << saved_world
-                  << " ranks, this run has " << group.world_size
-                  << "; the epoch continues at the same global sample count\n";
-      }
-    }
-    if (const Value* rng = extra->Find("rng_cpu"); rng != nullptr && rng->is_tensor()) {
-      RETURN_IF_ERROR(CatchTorchErrors([&] {
-        at::Generator generator = at::detail::getDefaultCPUGenerator();
-        std::lock_guard<std::mutex> lock(generator.mutex());
-        generator.set_state(rng->tensor());
-      }));
-    }
-    summary.resumed_from = ref;
-    summary.start_step = loop.global_step;
+  if (resume_version.empty()) return absl::OkStatus();
+  int64_t version = 0;
+  if (!absl::SimpleAtoi(resume_version, &version)) {
+    return absl::InternalError("rank 0 sent a malformed version: " + resume_version);
   }
-  loop.target_step = loop.global_step < loop.target_step ? loop.target_step
-                                                         : loop.global_step + config.steps;
-  summary.target_step = loop.target_step;
+  return RestoreFrom(MakeVersionRef(summary_.model_name, version));
+}
 
-  // ---- DDP and the sampler.
+absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
+  const std::string name = FormatVersionRef(ref);
+  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store_.LoadCheckpoint(ref));
+  const auto& labels = loaded.manifest.metadata().labels();
+  if (auto twin = labels.find("python_twin");
+      twin != labels.end() && twin->second != summary_.python_twin) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, " holds a ", twin->second, " but this run builds a ", summary_.python_twin,
+        ". Train under another model_name, or set resume to false to start over."));
+  }
+  RETURN_IF_ERROR(RestoreModule(loaded.contents.model, *model_, name));
+  if (!loaded.contents.optimizer || !loaded.contents.scheduler) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, " has no optimizer or scheduler state (retention may have dropped it), so it "
+              "cannot be resumed exactly; set resume to false to start over from scratch"));
+  }
+  ASSIGN_OR_RETURN(TrainerState state, DecodeTrainerState(loaded.contents.extra, name));
+  loop_.epoch = state.epoch;
+  loop_.sampler_position = state.sampler_position;
+  loop_.global_step = state.global_step;
+  loop_.target_step = state.target_step;
+  RETURN_IF_ERROR(LoadOptimizerStateDict(*optimizer_, *loaded.contents.optimizer));
+  if (loop_.global_step < loop_.target_step) {
+    // An interrupted leg continues exactly where it was.
+    RETURN_IF_ERROR(scheduler_->LoadStateDict(*loaded.contents.scheduler));
+  } else {
+    // A finished leg (its schedule ran out, e.g. cosine down to 0): the new leg keeps the
+    // weights and optimizer moments but starts a fresh schedule from the configured rate.
+    for (auto& param_group : optimizer_->param_groups()) {
+      param_group.options().set_lr(config_.optimizer.lr);
+    }
+    ASSIGN_OR_RETURN(scheduler_, MakeScheduler(config_.scheduler, *optimizer_));
+    if (leader_) {
+      std::cerr << "trainer: " << name << " ended its run at step " << loop_.global_step
+                << "; training " << config_.steps
+                << " more steps with a fresh learning-rate schedule\n";
+    }
+  }
+  const int saved_world = state.world_size > 0 ? state.world_size : group_.world_size;
+  if (saved_world != group_.world_size) {
+    // Positions are per rank: keep the number of samples consumed across all ranks.
+    loop_.sampler_position = loop_.sampler_position * saved_world / group_.world_size;
+    if (leader_) {
+      std::cerr << "trainer: " << name << " was written by " << saved_world
+                << " ranks, this run has " << group_.world_size
+                << "; the epoch continues at the same global sample count\n";
+    }
+  }
+  if (state.rng_cpu.defined()) {
+    RETURN_IF_ERROR(CatchTorchErrors([&] {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state.rng_cpu);
+    }));
+  }
+  summary_.resumed_from = ref;
+  summary_.start_step = loop_.global_step;
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::SetUpDataParallel() {
   ddp::DataParallelOptions ddp_options;
-  ddp_options.bucket_cap_bytes = config.bucket_cap_bytes;
-  ASSIGN_OR_RETURN(std::unique_ptr<ddp::DistributedDataParallel> data_parallel, CatchTorchErrors([&] {
-                     return std::make_unique<ddp::DistributedDataParallel>(model, group.group,
+  ddp_options.bucket_cap_bytes = config_.bucket_cap_bytes;
+  ASSIGN_OR_RETURN(data_parallel_, CatchTorchErrors([&] {
+                     return std::make_unique<ddp::DistributedDataParallel>(model_, group_.group,
                                                                            ddp_options);
                    }));
-  ASSIGN_OR_RETURN(std::unique_ptr<ddp::DistributedSampler> sampler, CatchTorchErrors([&] {
+  ASSIGN_OR_RETURN(sampler_, CatchTorchErrors([&] {
                      auto sampler = std::make_unique<ddp::DistributedSampler>(
-                         data->size(), group.rank, group.world_size, config.shuffle, config.seed,
-                         config.drop_last);
-                     sampler->set_epoch(loop.epoch);
-                     sampler->set_position(std::min(loop.sampler_position,
+                         data_->size(), group_.rank, group_.world_size, config_.shuffle,
+                         config_.seed, config_.drop_last);
+                     sampler->set_epoch(loop_.epoch);
+                     sampler->set_position(std::min(loop_.sampler_position,
                                                     sampler->num_samples()));
                      return sampler;
                    }));
-  const int64_t samples_per_step = config.batch_size * config.accumulation_steps;
-  const int64_t steps_per_epoch = (sampler->num_samples() + samples_per_step - 1) / samples_per_step;
+  const int64_t samples_per_step = config_.batch_size * config_.accumulation_steps;
+  const int64_t steps_per_epoch =
+      (sampler_->num_samples() + samples_per_step - 1) / samples_per_step;
   if (steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the data set (", data->size(), " examples) gives no batches to ", group.world_size,
+        "the data set (", data_->size(), " examples) gives no batches to ", group_.world_size,
         " ranks with drop_last"));
   }
+  if (leader_) checkpointer_ = std::make_unique<AsyncCheckpointer>(&store_, summary_.model_name);
 
-  // ---- Checkpoints (rank 0).
-  std::unique_ptr<AsyncCheckpointer> checkpointer;
-  if (leader) checkpointer = std::make_unique<AsyncCheckpointer>(stores.store, summary.model_name);
-  double last_loss = 0;
-  double samples_per_second = 0;
-  auto record_committed = [&] {
-    std::optional<CommitResult> last = checkpointer->stats().last_commit;
-    if (!last) return;
-    if (summary.versions_written.empty() ||
-        summary.versions_written.back().version() != last->version.version()) {
-      summary.versions_written.push_back(last->version);
-    }
-  };
-  auto take_checkpoint = [&](bool wait) -> absl::Status {
-    CheckpointContents contents;
-    contents.model = ModelStateDict(*model);
-    ASSIGN_OR_RETURN(Value optimizer_state, OptimizerStateDict(*optimizer));
-    contents.optimizer = std::move(optimizer_state);
-    contents.scheduler = scheduler->StateDict();
-    contents.optimizer_param_names = OptimizerParamNames(*model);
-    ASSIGN_OR_RETURN(at::Tensor rng_state, CatchTorchErrors([&] {
-                       at::Generator generator = at::detail::getDefaultCPUGenerator();
-                       std::lock_guard<std::mutex> lock(generator.mutex());
-                       return generator.get_state();
-                     }));
-    contents.extra = Value::Dict({{kExtraKey,
-                                   Value::Dict({
-                                       {"epoch", Value::Int(loop.epoch)},
-                                       {"sampler_position", Value::Int(loop.sampler_position)},
-                                       {"global_step", Value::Int(loop.global_step)},
-                                       {"target_step", Value::Int(loop.target_step)},
-                                       {"world_size", Value::Int(group.world_size)},
-                                       {"backend", Value::String(group.backend)},
-                                       {"seed", Value::Int(static_cast<int64_t>(config.seed))},
-                                       {"batch_size", Value::Int(config.batch_size)},
-                                       {"accumulation_steps",
-                                        Value::Int(config.accumulation_steps)},
-                                       {"model", ModelSpecValue(config.model)},
-                                       {"data", Value::String(config.data.source)},
-                                       {"rng_cpu", Value::Tensor(rng_state)},
-                                   })}});
-    v1::VersionMetadata& metadata = contents.metadata;
-    metadata.set_epoch(loop.epoch);
-    metadata.set_global_step(loop.global_step);
-    (*metadata.mutable_metrics())["loss"] = last_loss;
-    (*metadata.mutable_metrics())["samples_per_second"] = samples_per_second;
-    (*metadata.mutable_metrics())["learning_rate"] = CurrentLearningRate(*optimizer);
-    metadata.set_world_size(group.world_size);
-    metadata.set_backend(group.backend);
-    metadata.set_source_format("trainer");
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    metadata.set_producer(absl::StrCat("ckpt trainer on ", host));
-    (*metadata.mutable_labels())["model_kind"] = config.model.kind;
-    (*metadata.mutable_labels())["data"] = config.data.source;
-    (*metadata.mutable_labels())["python_twin"] = summary.python_twin;
-    metadata.set_description(absl::StrCat(config.model.kind, " step ", loop.global_step,
-                                          " epoch ", loop.epoch, " loss ", last_loss));
-    RETURN_IF_ERROR(checkpointer->Submit(contents, CommitOptions()));
-    record_committed();
-    if (wait) {
-      RETURN_IF_ERROR(checkpointer->Wait().status());
-      record_committed();
-    }
-    return absl::OkStatus();
-  };
-
-  v1::TrainerStatus status;
-  status.set_state(v1::TrainerStatus::STATE_TRAINING);
-  status.set_model(summary.model_name);
-  status.set_world_size(group.world_size);
-  status.set_backend(group.backend);
-  status.set_device(device.str());
-  status.set_total_steps(loop.target_step);
-  control->SetStatus(status);
-
-  if (leader) {
+  status_.set_state(v1::TrainerStatus::STATE_TRAINING);
+  status_.set_model(summary_.model_name);
+  status_.set_world_size(group_.world_size);
+  status_.set_backend(group_.backend);
+  status_.set_device(device_.str());
+  status_.set_total_steps(loop_.target_step);
+  control_.SetStatus(status_);
+  if (leader_) {
     std::cerr << absl::StrFormat(
         "trainer: %s, %d rank(s) over %s, %s; %s\n"
         "trainer: %s from step %d to %d (%d steps/epoch, batch %d x %d per rank), store %s\n",
-        summary.model_name, group.world_size, group.backend, device.str(), data->Describe(),
-        summary.resumed_from ? "resuming " + FormatVersionRef(*summary.resumed_from)
-                             : std::string("starting fresh"),
-        loop.global_step, loop.target_step, steps_per_epoch, config.batch_size,
-        config.accumulation_steps, summary.store_location);
+        summary_.model_name, group_.world_size, group_.backend, device_.str(), data_->Describe(),
+        summary_.resumed_from ? "resuming " + FormatVersionRef(*summary_.resumed_from)
+                              : std::string("starting fresh"),
+        loop_.global_step, loop_.target_step, steps_per_epoch, config_.batch_size,
+        config_.accumulation_steps, summary_.store_location);
   }
+  return absl::OkStatus();
+}
 
-  // ---- The loop.
-  const absl::Time start = absl::Now();
-  const int64_t first_step = loop.global_step;
-  int64_t last_checkpoint_step = summary.resumed_from ? loop.global_step : -1;
+absl::StatusOr<double> RankRun::TrainStep(
+    const std::vector<std::vector<int64_t>>& micro_batches) {
+  return CatchTorchErrors([&] {
+    model_->train();
+    optimizer_->zero_grad();
+    double loss_sum = 0;
+    const double scale = 1.0 / static_cast<double>(micro_batches.size());
+    for (size_t i = 0; i < micro_batches.size(); ++i) {
+      Batch batch = data_->Get(micro_batches[i]);
+      std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
+      if (i + 1 < micro_batches.size()) no_sync.emplace(data_parallel_->NoSync());
+      data_parallel_->PrepareForward();
+      at::Tensor logits = model_->forward(batch.inputs.to(device_));
+      at::Tensor loss = at::nll_loss(at::log_softmax(logits, 1), batch.targets.to(device_));
+      (micro_batches.size() > 1 ? loss * scale : loss).backward();
+      loss_sum += loss.item<double>();
+    }
+    data_parallel_->FinishGradientSync();
+    if (config_.clip_grad_norm > 0) {
+      torch::nn::utils::clip_grad_norm_(parameters_, config_.clip_grad_norm);
+    }
+    optimizer_->step();
+    scheduler_->Step();
+    return loss_sum * scale;
+  });
+}
+
+absl::Status RankRun::TrainLoop() {
+  start_ = absl::Now();
+  first_step_ = loop_.global_step;
+  last_checkpoint_step_ = summary_.resumed_from ? loop_.global_step : -1;
   bool stop = false;
-  bool skip_final_checkpoint = false;
-  while (loop.global_step < loop.target_step && !stop) {
+  while (loop_.global_step < loop_.target_step && !stop) {
     // One optimizer step: accumulation_steps micro-batches (fewer at the end of an epoch), all
     // but the last inside NoSync so only the last backward pass communicates.
     std::vector<std::vector<int64_t>> micro_batches;
-    for (int64_t i = 0; i < config.accumulation_steps; ++i) {
-      std::vector<int64_t> indices = sampler->NextBatch(config.batch_size);
+    for (int64_t i = 0; i < config_.accumulation_steps; ++i) {
+      std::vector<int64_t> indices = sampler_->NextBatch(config_.batch_size);
       if (indices.empty()) break;
       micro_batches.push_back(std::move(indices));
     }
     if (micro_batches.empty()) {  // epoch end (its checkpoint was taken with its last step).
-      ++loop.epoch;
-      sampler->set_epoch(loop.epoch);
-      sampler->set_position(0);
+      ++loop_.epoch;
+      sampler_->set_epoch(loop_.epoch);
+      sampler_->set_position(0);
       continue;
     }
-    absl::StatusOr<double> step_loss = CatchTorchErrors([&] {
-      model->train();
-      optimizer->zero_grad();
-      double loss_sum = 0;
-      const double scale = 1.0 / static_cast<double>(micro_batches.size());
-      for (size_t i = 0; i < micro_batches.size(); ++i) {
-        Batch batch = data->Get(micro_batches[i]);
-        std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
-        if (i + 1 < micro_batches.size()) no_sync.emplace(data_parallel->NoSync());
-        data_parallel->PrepareForward();
-        at::Tensor logits = model->forward(batch.inputs.to(device));
-        at::Tensor loss = at::nll_loss(at::log_softmax(logits, 1), batch.targets.to(device));
-        (micro_batches.size() > 1 ? loss * scale : loss).backward();
-        loss_sum += loss.item<double>();
-      }
-      data_parallel->FinishGradientSync();
-      if (config.clip_grad_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(parameters, config.clip_grad_norm);
-      }
-      optimizer->step();
-      scheduler->Step();
-      return loss_sum * scale;
-    });
-    if (!step_loss.ok()) return step_loss.status();
-    ++loop.global_step;
-    loop.sampler_position = sampler->position();
-    const bool epoch_end = sampler->position() >= sampler->num_samples();
+    ASSIGN_OR_RETURN(const double step_loss, TrainStep(micro_batches));
+    ++loop_.global_step;
+    loop_.sampler_position = sampler_->position();
+    const bool epoch_end = sampler_->position() >= sampler_->num_samples();
     if (epoch_end) {  // the checkpoint should continue with the next epoch.
-      ++loop.epoch;
-      loop.sampler_position = 0;
-      sampler->set_epoch(loop.epoch);
-      sampler->set_position(0);
+      ++loop_.epoch;
+      loop_.sampler_position = 0;
+      sampler_->set_epoch(loop_.epoch);
+      sampler_->set_position(0);
     }
 
     ASSIGN_OR_RETURN(StepConsensus consensus, CatchTorchErrors([&] {
-                       return AgreeOnStep(*group.group, *step_loss, control->pending());
+                       return AgreeOnStep(*group_.group, step_loss, control_.pending());
                      }));
-    last_loss = consensus.mean_loss;
+    last_loss_ = consensus.mean_loss;
     stop = consensus.stop;
-    skip_final_checkpoint = consensus.skip_checkpoint;
+    skip_final_checkpoint_ = consensus.skip_checkpoint;
 
-    const absl::Duration elapsed = absl::Now() - start;
-    const int64_t steps_done = loop.global_step - first_step;
-    samples_per_second = steps_done * config.batch_size * config.accumulation_steps *
-                         group.world_size /
-                         std::max(absl::ToDoubleSeconds(elapsed), 1e-9);
-    const bool last_step = loop.global_step == loop.target_step;
-    if (steps_done % std::max<int64_t>(config.log_every, 1) == 0 || last_step) {
-      summary.loss_curve.emplace_back(loop.global_step, last_loss);
+    const absl::Duration elapsed = absl::Now() - start_;
+    const int64_t steps_done = loop_.global_step - first_step_;
+    samples_per_second_ = steps_done * config_.batch_size * config_.accumulation_steps *
+                          group_.world_size / std::max(absl::ToDoubleSeconds(elapsed), 1e-9);
+    const bool last_step = loop_.global_step == loop_.target_step;
+    if (steps_done % std::max<int64_t>(config_.log_every, 1) == 0 || last_step) {
+      summary_.loss_curve.emplace_back(loop_.global_step, last_loss_);
     }
-
-    if (leader) {
-      const double seconds_per_step = absl::ToDoubleSeconds(elapsed) / steps_done;
-      const absl::Duration eta =
-          absl::Seconds(seconds_per_step * (loop.target_step - loop.global_step));
-      const std::string line = absl::StrFormat(
-          "epoch %d  step %d/%d  loss %.4f  lr %.3g  %.0f samples/s  ETA %s", loop.epoch,
-          loop.global_step, loop.target_step, last_loss, CurrentLearningRate(*optimizer),
-          samples_per_second, FormatClock(eta));
-      if (config.progress_line) {
-        std::cerr << "\r\x1b[K" << line << std::flush;
-      } else if (steps_done % std::max<int64_t>(config.log_every, 1) == 0 || last_step) {
-        std::cerr << "trainer: " << line << "\n";
-      }
-      status.set_epoch(loop.epoch);
-      status.set_global_step(loop.global_step);
-      status.set_loss(last_loss);
-      status.set_samples_per_second(samples_per_second);
-      if (!summary.versions_written.empty()) {
-        *status.mutable_last_committed_version() = summary.versions_written.back();
-      }
-      control->SetStatus(status);
-
-      const bool periodic = config.checkpoint_every > 0 &&
-                            loop.global_step % config.checkpoint_every == 0;
-      const bool final = last_step || (stop && !skip_final_checkpoint);
-      if (periodic || (epoch_end && config.checkpoint_at_epoch_end) ||
-          consensus.checkpoint_now || final) {
-        status.set_state(v1::TrainerStatus::STATE_CHECKPOINTING);
-        control->SetStatus(status);
-        // A requested or final checkpoint is waited for; the others upload in the background.
-        absl::Status taken = take_checkpoint(/*wait=*/consensus.checkpoint_now || final);
-        if (!taken.ok()) {
-          control->CheckpointFinished(taken);
-          return absl::Status(taken.code(),
-                              absl::StrCat("checkpoint at step ", loop.global_step,
-                                           " failed: ", taken.message()));
-        }
-        last_checkpoint_step = loop.global_step;
-        if (consensus.checkpoint_now || final) {
-          control->CheckpointFinished(summary.versions_written.back());
-        }
-        status.set_state(v1::TrainerStatus::STATE_TRAINING);
-        if (!summary.versions_written.empty()) {
-          *status.mutable_last_committed_version() = summary.versions_written.back();
-        }
-        control->SetStatus(status);
-      }
+    if (leader_) {
+      RETURN_IF_ERROR(AfterStep(consensus, epoch_end, last_step, steps_done, elapsed));
     }
   }
-  if (config.progress_line && leader) std::cerr << "\n";
+  if (config_.progress_line && leader_) std::cerr << "\n";
+  return absl::OkStatus();
+}
 
+absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool epoch_end, bool last_step,
+                                int64_t steps_done, absl::Duration elapsed) {
+  const double seconds_per_step = absl::ToDoubleSeconds(elapsed) / steps_done;
+  const absl::Duration eta =
+      absl::Seconds(seconds_per_step * (loop_.target_step - loop_.global_step));
+  const std::string line = absl::StrFormat(
+      "epoch %d  step %d/%d  loss %.4f  lr %.3g  %.0f samples/s  ETA %s", loop_.epoch,
+      loop_.global_step, loop_.target_step, last_loss_, CurrentLearningRate(*optimizer_),
+      samples_per_second_, FormatClock(eta));
+  if (config_.progress_line) {
+    std::cerr << "\r\x1b[K" << line << std::flush;
+  } else if (steps_done % std::max<int64_t>(config_.log_every, 1) == 0 || last_step) {
+    std::cerr << "trainer: " << line << "\n";
+  }
+  status_.set_epoch(loop_.epoch);
+  status_.set_global_step(loop_.global_step);
+  status_.set_loss(last_loss_);
+  status_.set_samples_per_second(samples_per_second_);
+  if (!summary_.versions_written.empty()) {
+    *status_.mutable_last_committed_version() = summary_.versions_written.back();
+  }
+  control_.SetStatus(status_);
+
+  const bool periodic =
+      config_.checkpoint_every > 0 && loop_.global_step % config_.checkpoint_every == 0;
+  const bool final = last_step || (consensus.stop && !skip_final_checkpoint_);
+  if (!periodic && !(epoch_end && config_.checkpoint_at_epoch_end) && !consensus.checkpoint_now &&
+      !final) {
+    return absl::OkStatus();
+  }
+  status_.set_state(v1::TrainerStatus::STATE_CHECKPOINTING);
+  control_.SetStatus(status_);
+  // A requested or final checkpoint is waited for; the others upload in the background.
+  absl::Status taken = TakeCheckpoint(/*wait=*/consensus.checkpoint_now || final);
+  if (!taken.ok()) {
+    control_.CheckpointFinished(taken);
+    return absl::Status(taken.code(), absl::StrCat("checkpoint at step ", loop_.global_step,
+                                                   " failed: ", taken.message()));
+  }
+  last_checkpoint_step_ = loop_.global_step;
+  if (consensus.checkpoint_now || final) {
+    control_.CheckpointFinished(summary_.versions_written.back());
+  }
+  status_.set_state(v1::TrainerStatus::STATE_TRAINING);
+  if (!summary_.versions_written.empty()) {
+    *status_.mutable_last_committed_version() = summary_.versions_written.back();
+  }
+  control_.SetStatus(status_);
+  return absl::OkStatus();
+}
+
+void RankRun::RecordCommitted() {
+  std::optional<CommitResult> last = checkpointer_->stats().last_commit;
+  if (!last) return;
+  if (summary_.versions_written.empty() ||
+      summary_.versions_written.back().version() != last->version.version()) {
+    summary_.versions_written.push_back(last->version);
+  }
+}
+
+absl::Status RankRun::TakeCheckpoint(bool wait) {
+  CheckpointContents contents;
+  contents.model = ModelStateDict(*model_);
+  ASSIGN_OR_RETURN(Value optimizer_state, OptimizerStateDict(*optimizer_));
+  contents.optimizer = std::move(optimizer_state);
+  contents.scheduler = scheduler_->StateDict();
+  contents.optimizer_param_names = OptimizerParamNames(*model_);
+  TrainerState state;
+  state.epoch = loop_.epoch;
+  state.sampler_position = loop_.sampler_position;
+  state.global_step = loop_.global_step;
+  state.target_step = loop_.target_step;
+  state.world_size = group_.world_size;
+  state.backend = group_.backend;
+  state.seed = config_.seed;
+  state.batch_size = config_.batch_size;
+  state.accumulation_steps = config_.accumulation_steps;
+  state.model = config_.model;
+  state.data = config_.data.source;
+  ASSIGN_OR_RETURN(state.rng_cpu, CatchTorchErrors([&] {
+                     at::Generator generator = at::detail::getDefaultCPUGenerator();
+                     std::lock_guard<std::mutex> lock(generator.mutex());
+                     return generator.get_state();
+                   }));
+  contents.extra = EncodeTrainerState(state);
+  v1::VersionMetadata& metadata = contents.metadata;
+  metadata.set_epoch(loop_.epoch);
+  metadata.set_global_step(loop_.global_step);
+  (*metadata.mutable_metrics())["loss"] = last_loss_;
+  (*metadata.mutable_metrics())["samples_per_second"] = samples_per_second_;
+  (*metadata.mutable_metrics())["learning_rate"] = CurrentLearningRate(*optimizer_);
+  metadata.set_world_size(group_.world_size);
+  metadata.set_backend(group_.backend);
+  metadata.set_source_format("trainer");
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  metadata.set_producer(absl::StrCat("ckpt trainer on ", host));
+  (*metadata.mutable_labels())["model_kind"] = config_.model.kind;
+  (*metadata.mutable_labels())["data"] = config_.data.source;
+  (*metadata.mutable_labels())["python_twin"] = summary_.python_twin;
+  metadata.set_description(absl::StrCat(config_.model.kind, " step ", loop_.global_step,
+                                        " epoch ", loop_.epoch, " loss ", last_loss_));
+  RETURN_IF_ERROR(checkpointer_->Submit(contents, CommitOptions()));
+  RecordCommitted();
+  if (wait) {
+    RETURN_IF_ERROR(checkpointer_->Wait().status());
+    RecordCommitted();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::Finish() {
   std::optional<v1::VersionRef> final_version;
-  if (leader) {
-    if (last_checkpoint_step != loop.global_step && !skip_final_checkpoint) {
-      RETURN_IF_ERROR(take_checkpoint(/*wait=*/true));  // e.g. a zero-step leg.
+  if (leader_) {
+    if (last_checkpoint_step_ != loop_.global_step && !skip_final_checkpoint_) {
+      RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));  // e.g. a zero-step leg.
     }
-    ASSIGN_OR_RETURN(std::optional<CommitResult> last, checkpointer->Wait());
-    record_committed();
-    if (!skip_final_checkpoint && last) final_version = last->version;
-    summary.checkpoint_stall = checkpointer->stats().total_stall;
+    ASSIGN_OR_RETURN(std::optional<CommitResult> last, checkpointer_->Wait());
+    RecordCommitted();
+    if (!skip_final_checkpoint_ && last) final_version = last->version;
+    summary_.checkpoint_stall = checkpointer_->stats().total_stall;
   }
   // Nobody leaves before rank 0's store has committed: the other ranks may still be reading it.
-  RETURN_IF_ERROR(CatchTorchErrors([&] { ddp::Barrier(*group.group); }));
-  status.set_state(v1::TrainerStatus::STATE_FINISHED);
-  control->SetStatus(status);
-  control->Finished(final_version);
+  RETURN_IF_ERROR(CatchTorchErrors([&] { ddp::Barrier(*group_.group); }));
+  status_.set_state(v1::TrainerStatus::STATE_FINISHED);
+  control_.SetStatus(status_);
+  control_.Finished(final_version);
 
-  summary.final_step = loop.global_step;
-  summary.final_epoch = loop.epoch;
-  summary.stopped_early = loop.global_step < loop.target_step;
-  summary.wall_time = absl::Now() - start;
-  summary.samples_per_second = samples_per_second;
-  return summary;
+  summary_.final_step = loop_.global_step;
+  summary_.final_epoch = loop_.epoch;
+  summary_.stopped_early = loop_.global_step < loop_.target_step;
+  summary_.wall_time = absl::Now() - start_;
+  summary_.samples_per_second = samples_per_second_;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
+                                                const ddp::ProcessGroupHandle& group,
+                                                CheckpointStore& store, TrainerControl* control) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  if (group.group == nullptr) return absl::InvalidArgumentError("no process group");
+  TrainerControl local_control;
+  RankRun run(config, group, store, control != nullptr ? *control : local_control);
+  return run.Run();
 }
 
 std::string FormatSummary(const TrainingSummary& summary) {

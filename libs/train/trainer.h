@@ -8,17 +8,17 @@
 //   model       the module's parameters and buffers under canonical keys (never "module.");
 //   optimizer   PyTorch's optimizer.state_dict() layout (libs/train/optimizer.h);
 //   scheduler   PyTorch's scheduler.state_dict() layout (libs/train/lr_scheduler.h);
-//   extra       {"trainer": {epoch, sampler_position, global_step, target_step, world_size,
-//                backend, seed, batch_size, rng_cpu, model, data}}, where (epoch,
-//                sampler_position) is where the data continues: samples of the epoch each rank
-//                has consumed;
+//   extra       {"trainer": {...}}: where the data continues, the run's goal and set-up
+//               (libs/train/trainer_state.h);
 //   metadata    epoch, global step, loss, samples/s, world size, backend; labels model_kind,
 //               data, python_twin (the constructor of the model's PyTorch twin).
 //
 // Only rank 0 writes checkpoints (the ranks' states are identical: DDP keeps them so). Rank 0
-// resolves "latest" and broadcasts the version, so every rank resumes from the same one. With
-// an embedded store (no store_address) rank 0 owns the RocksDB directory and serves it to the
-// other ranks over gRPC on an ephemeral port with a random token, sent over the process group.
+// resolves "latest" and broadcasts the version, so every rank resumes from the same one.
+//
+// The process group and the store are given, as c10d's Reducer is given its ProcessGroup: where
+// the store runs (embedded, lent by rank 0 to the others, a remote service) is the binary's
+// decision (services/trainer/rank_stores.h), not training logic's.
 //
 // Resume is exact on the CPU with deterministic settings (one intra-op thread per rank): the
 // parameters after an interrupted and resumed run equal, bit for bit, those of an uninterrupted
@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libs/ddp/process_group.h"
+#include "libs/store/checkpoint_store.h"
 #include "libs/train/dataset.h"
 #include "libs/train/lr_scheduler.h"
 #include "libs/train/models.h"
@@ -67,13 +68,11 @@ struct TrainerConfig {
   int64_t log_every = 20;        // steps between plain log lines (when not on a terminal).
   bool progress_line = false;    // one updating line on stderr (rank 0, on a terminal).
 
-  // ---- Where checkpoints go.
-  std::string store_address;     // HOST:PORT of a store service; "" -> embedded store_dir.
-  std::string store_auth_token;
-  std::string store_dir = "ckpt-data";
+  // How the summary names the store (a directory, or HOST:PORT of a store service), for the
+  // `ckpt` commands it prints; the store itself is given to RunTrainingRank.
+  std::string store_location;
 
-  // ---- Distribution.
-  ddp::RendezvousOptions rendezvous;  // backend "gloo" | "nccl".
+  // ---- Placement.
   std::string device = "cpu";         // "cpu" | "cuda" (cuda:<local_rank>).
   int local_rank = 0;
 };
@@ -98,12 +97,14 @@ struct TrainingSummary {
   std::string python_twin;
 };
 
-// Runs this process's rank to the end. `control` (rank 0; may be null) receives status and is
-// asked for requests at every step boundary. Errors: the rendezvous, the store, the data, a
-// checkpoint of another model shape (FAILED_PRECONDITION, saying how to start fresh), a failed
-// checkpoint upload.
+// Runs this process's rank of `group` to the end, reading and (rank 0) writing checkpoints in
+// `store`. `control` (rank 0; may be null) receives status and is asked for requests at every
+// step boundary. Errors: INVALID_ARGUMENT for a bad setting (naming it), collectives failing
+// (a dead peer), the store, the data, a checkpoint of another model shape
+// (FAILED_PRECONDITION, saying how to start fresh), a failed checkpoint upload.
 absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
-                                                TrainerControl* control);
+                                                const ddp::ProcessGroupHandle& group,
+                                                CheckpointStore& store, TrainerControl* control);
 
 // Human-readable end-of-run report (rank 0), ending with how to inspect the versions with ckpt.
 std::string FormatSummary(const TrainingSummary& summary);

@@ -34,9 +34,12 @@
 #include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/grpc_server.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
 #include "libs/train/rank_supervisor.h"
 #include "libs/train/trainer.h"
 #include "libs/train/trainer_control.h"
+#include "services/trainer/rank_stores.h"
 #include "services/trainer/trainer_service.h"
 
 // ---- Launcher (torchrun's flags).
@@ -165,11 +168,11 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   config.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);
   config.bucket_cap_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_bucket_cap_mb)) << 20;
   config.log_every = absl::GetFlag(FLAGS_log_every);
-  config.store_dir = absl::GetFlag(FLAGS_store_dir);
-  config.store_address = absl::GetFlag(FLAGS_store);
   config.device = absl::GetFlag(FLAGS_device);
-  config.rendezvous.backend = absl::GetFlag(FLAGS_backend);
-  if (config.rendezvous.backend != "gloo" && config.rendezvous.backend != "nccl") {
+  if (config.device != "cpu" && config.device != "cuda") {
+    return absl::InvalidArgumentError("--device must be cpu or cuda");
+  }
+  if (absl::GetFlag(FLAGS_backend) != "gloo" && absl::GetFlag(FLAGS_backend) != "nccl") {
     return absl::InvalidArgumentError("--backend must be gloo or nccl");
   }
   if (config.batch_size <= 0 || config.accumulation_steps <= 0 || config.steps < 0 || config.threads_per_rank <= 0 ||
@@ -179,21 +182,38 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
         "positive; --steps and "
         "--checkpoint_every must not be negative");
   }
-  if (const std::string path = absl::GetFlag(FLAGS_store_auth_token_file); !path.empty()) {
-    auto token = ReadAuthTokenFile(path, "--store_auth_token_file");
-    if (!token.ok()) return token.status();
-    config.store_auth_token = *token;
-  }
   return config;
 }
 
+absl::StatusOr<RankStoreOptions> StoreOptionsFromFlags() {
+  RankStoreOptions options;
+  options.store_dir = absl::GetFlag(FLAGS_store_dir);
+  options.store_address = absl::GetFlag(FLAGS_store);
+  if (const std::string path = absl::GetFlag(FLAGS_store_auth_token_file); !path.empty()) {
+    ASSIGN_OR_RETURN(options.store_auth_token,
+                     ReadAuthTokenFile(path, "--store_auth_token_file"));
+  }
+  return options;
+}
+
+// The process group and the store this rank trains with, then the training itself.
+absl::StatusOr<train::TrainingSummary> RunWithStore(train::TrainerConfig config,
+                                                    const RankStoreOptions& store_options,
+                                                    const ddp::RendezvousOptions& rendezvous,
+                                                    train::TrainerControl& control) {
+  ASSIGN_OR_RETURN(ddp::ProcessGroupHandle group, CatchTorchErrors([&] {
+                     return ddp::InitProcessGroup(rendezvous);
+                   }, absl::StatusCode::kUnavailable));
+  ASSIGN_OR_RETURN(std::unique_ptr<RankStores> stores, OpenRankStores(store_options, group));
+  config.store_location = stores->location();
+  return train::RunTrainingRank(config, group, stores->store(), &control);
+}
+
 // One rank, as started by the launcher (or torchrun).
-int RunRank(train::TrainerConfig config, const ddp::RendezvousOptions& rendezvous,
-            int local_rank) {
-  config.rendezvous.master_addr = rendezvous.master_addr;
-  config.rendezvous.master_port = rendezvous.master_port;
-  config.rendezvous.rank = rendezvous.rank;
-  config.rendezvous.world_size = rendezvous.world_size;
+int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
+            ddp::RendezvousOptions rendezvous, int local_rank) {
+  rendezvous.backend = absl::GetFlag(FLAGS_backend);
+  store_options.master_addr = rendezvous.master_addr;
   config.local_rank = local_rank;
   config.progress_line = rendezvous.rank == 0 && isatty(STDERR_FILENO);
 
@@ -236,7 +256,8 @@ int RunRank(train::TrainerConfig config, const ddp::RendezvousOptions& rendezvou
     std::cerr << "trainer: control API (ckpt.v1.Trainer) on " << server->address() << "\n";
   }
 
-  absl::StatusOr<train::TrainingSummary> summary = train::RunTrainingRank(config, &control);
+  absl::StatusOr<train::TrainingSummary> summary = RunWithStore(config, store_options, rendezvous,
+                                                                 control);
   if (server != nullptr) server->Shutdown(absl::Seconds(2));
   g_control = nullptr;
   if (!summary.ok()) {
@@ -316,9 +337,12 @@ int main(int argc, char** argv) {
     if (chdir(caller) != 0) std::perror("trainer: chdir to BUILD_WORKING_DIRECTORY");
   }
   absl::StatusOr<ckpt::train::TrainerConfig> config = ckpt::ConfigFromFlags();
-  if (!config.ok()) {
-    std::cerr << "trainer: " << config.status().message() << " (see --help)\n";
-    return ckpt::kExitBadFlags;
+  absl::StatusOr<ckpt::RankStoreOptions> store_options = ckpt::StoreOptionsFromFlags();
+  for (const absl::Status& status : {config.status(), store_options.status()}) {
+    if (!status.ok()) {
+      std::cerr << "trainer: " << status.message() << " (see --help)\n";
+      return ckpt::kExitBadFlags;
+    }
   }
   int local_rank = 0;
   std::optional<ckpt::ddp::RendezvousOptions> rendezvous;
@@ -329,5 +353,5 @@ int main(int argc, char** argv) {
     return ckpt::kExitBadFlags;
   }
   if (!rendezvous) return ckpt::Launch(argc, argv);
-  return ckpt::RunRank(*std::move(config), *rendezvous, local_rank);
+  return ckpt::RunRank(*std::move(config), *std::move(store_options), *rendezvous, local_rank);
 }
