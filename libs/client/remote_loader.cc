@@ -13,6 +13,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "libs/io/atomic_file.h"
 #include "libs/io/prefault.h"
+#include "libs/loader/loader_proto.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
@@ -234,29 +235,27 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
   return state;
 }
 
-absl::StatusOr<v1::PreflightResponse> RemoteLoader::Preflight(
+absl::StatusOr<PreflightReport> RemoteLoader::Preflight(
     const v1::VersionRef& ref, const std::vector<ExpectedTensor>& expected,
     const LoadTarget& target) const {
   v1::PreflightRequest request;
   *request.mutable_ref() = ref;
   *request.mutable_target() = LoadTargetToProto(target);
-  for (const ExpectedTensor& tensor : expected) {
-    v1::ExpectedTensor& out = *request.add_expected();
-    out.set_key(tensor.key);
-    for (int64_t d : tensor.shape) out.add_shape(d);
-  }
+  ExpectedTensorsToProto(expected, *request.mutable_expected());
   v1::PreflightResponse response;
   RETURN_IF_ERROR(WithRetries(options_.deadline, [&](grpc::ClientContext& context) {
     response.Clear();
     return FromGrpcStatus(stub_->Preflight(&context, request, &response));
   }));
-  return response;
+  return PreflightReportFromProto(response);
 }
 
-absl::StatusOr<ExportResult> RemoteLoader::Export(
-    const v1::VersionRef& ref, const LoadTarget& target, ExportFormat format,
-    const std::string& path,
-    const std::function<void(uint64_t bytes_done, uint64_t bytes_total)>& progress) const {
+absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
+                                                  const ExportOptions& options,
+                                                  const std::string& path) const {
+  const LoadTarget& target = options.target;
+  const ExportFormat format = options.format;
+  const auto& progress = options.progress;
   v1::ExportRequest request;
   *request.mutable_ref() = ref;
   *request.mutable_target() = LoadTargetToProto(target);
@@ -276,6 +275,7 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(
         while (received.ok() && stream->Read(&response)) {
           if (first) {
             total = static_cast<uint64_t>(response.total_bytes());
+            result.version = response.version().empty() ? where : response.version();
             result.left_out.assign(response.left_out().begin(), response.left_out().end());
             result.warnings.assign(response.warnings().begin(), response.warnings().end());
             first = false;

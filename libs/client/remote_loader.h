@@ -1,7 +1,8 @@
 #ifndef CKPT_LIBS_CLIENT_REMOTE_LOADER_H_
 #define CKPT_LIBS_CLIENT_REMOTE_LOADER_H_
 
-// RemoteLoader: the C++ client of a loader server (//services/loader, ckpt.v1.Loader). What other
+// RemoteLoader: the C++ client of a loader server (//services/loader, ckpt.v1.Loader), and the
+// Loader (libs/loader/loader_interface.h) whose work happens there. What other
 // teams link to get a stored version into their process in their own shape: the server selects,
 // renames and casts; this client receives the stream and places each tensor on the target
 // device as soon as its bytes are complete (so a GPU target holds at most one tensor on the CPU).
@@ -23,7 +24,7 @@
 //   options.auth_token = token;  // "" for a server without --auth_token_file
 //   ASSIGN_OR_RETURN(std::unique_ptr<RemoteLoader> loader, RemoteLoader::Connect(options));
 //   ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef("resnet@best"));
-//   ASSIGN_OR_RETURN(v1::PreflightResponse report,
+//   ASSIGN_OR_RETURN(PreflightReport report,
 //                    loader->Preflight(ref, ExpectedTensorsOf(net), LoadTarget()));
 //   LoadTarget target;
 //   target.device = *ParseDevice("cuda:0");
@@ -41,6 +42,7 @@
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
+#include "libs/loader/loader_interface.h"
 #include "proto/ckpt/v1/loader.grpc.pb.h"
 #include "proto/ckpt/v1/types.pb.h"
 
@@ -65,7 +67,7 @@ struct RemoteLoaderOptions {
   int max_receive_message_bytes = 64 << 20;
 };
 
-class RemoteLoader {
+class RemoteLoader final : public Loader {
  public:
   // Opens a channel and waits up to connect_timeout for it. INVALID_ARGUMENT for bad options;
   // UNAVAILABLE naming the address when it does not connect.
@@ -75,23 +77,23 @@ class RemoteLoader {
   // LoadedState.manifest is the adapted manifest the server sent (consumer keys, cast dtypes).
   // FAILED_PRECONDITION (before any call) when target.device is unusable in this process;
   // DATA_LOSS when the stream is inconsistent with its manifest; server errors as they are.
-  absl::StatusOr<LoadedState> Load(const v1::VersionRef& ref, const LoadTarget& target) const;
+  absl::StatusOr<LoadedState> Load(const v1::VersionRef& ref,
+                                   const LoadTarget& target) const override;
 
   // The compatibility report of `ref` (restricted to target's subset, keys under target.keys)
-  // against `expected`; moves no tensor bytes.
-  absl::StatusOr<v1::PreflightResponse> Preflight(const v1::VersionRef& ref,
-                                                  const std::vector<ExpectedTensor>& expected,
-                                                  const LoadTarget& target) const;
+  // against `expected`, computed by the server; moves no tensor bytes.
+  absl::StatusOr<PreflightReport> Preflight(const v1::VersionRef& ref,
+                                            const std::vector<ExpectedTensor>& expected,
+                                            const LoadTarget& target) const override;
 
   // Streams the export of `ref` into `path`, atomically: the model's state dict, or the whole
-  // training bundle when `target` includes optimizer or scheduler state (format torch; see
-  // libs/loader/export.h), with what the file leaves out in ExportResult::left_out. `progress`
-  // (may be empty) is called with bytes received and the file's total. Errors from the server, and from the filesystem as
-  // AtomicFileWriter reports them; DATA_LOSS when fewer or more bytes arrive than announced.
-  absl::StatusOr<ExportResult> Export(
-      const v1::VersionRef& ref, const LoadTarget& target, ExportFormat format,
-      const std::string& path,
-      const std::function<void(uint64_t bytes_done, uint64_t bytes_total)>& progress = {}) const;
+  // training bundle when options.target includes optimizer or scheduler state (format torch;
+  // see libs/loader/export.h), with what the file leaves out in ExportResult::left_out.
+  // options.progress (may be empty) is called with bytes received and the file's total. Errors
+  // from the server, and from the filesystem as AtomicFileWriter reports them; DATA_LOSS when
+  // fewer or more bytes arrive than announced.
+  absl::StatusOr<ExportResult> Export(const v1::VersionRef& ref, const ExportOptions& options,
+                                      const std::string& path) const override;
 
   const std::string& address() const { return options_.address; }
 

@@ -211,6 +211,7 @@ absl::StatusOr<ExportResult> StreamSafetensors(const VersionReader& reader,
       {"format", "pt"}, {"ckpt.version", FormatVersionRef(manifest.model(), manifest.version())}};
   ASSIGN_OR_RETURN(SafetensorsLayout layout, PlanSafetensors(specs, metadata));
   ExportResult result;
+  result.version = FormatVersionRef(manifest.model(), manifest.version());
   result.left_out = SafetensorsLeftOut(manifest, options.target);
   RETURN_IF_ERROR(sink(result, layout.total_bytes, layout.header_bytes));
   uint64_t done = layout.header_bytes.size();
@@ -241,6 +242,7 @@ absl::StatusOr<ExportResult> StreamSafetensors(const VersionReader& reader,
 absl::StatusOr<ExportResult> WriteTorch(const VersionReader& reader, const ExportOptions& options,
                                         const std::string& path) {
   ExportResult result;
+  result.version = FormatVersionRef(reader.manifest().model(), reader.manifest().version());
   ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned,
                    PlanLoad(reader.manifest(), OnCpu(options.target)));
   result.tensors = static_cast<int64_t>(planned.size());

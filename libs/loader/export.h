@@ -61,6 +61,7 @@ struct ExportOptions {
 };
 
 struct ExportResult {
+  std::string version;                // what was exported: "MODEL@N".
   uint64_t file_bytes = 0;
   int64_t tensors = 0;                // model tensors written.
   bool bundle = false;                // the file is the whole bundle, not the state dict alone.

@@ -350,4 +350,39 @@ absl::StatusOr<PreflightReport> Preflight(CheckpointStore& store, const v1::Vers
   return Preflight(manifest, expected, keys);
 }
 
+absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
+                                             const std::vector<PlannedTensor>& planned,
+                                             const LoadTarget& target) {
+  v1::Manifest adapted = stored;
+  adapted.clear_tensors();
+  for (const PlannedTensor& tensor : planned) {
+    v1::TensorMeta& meta = *adapted.add_tensors();
+    meta = *tensor.meta;
+    meta.clear_chunks();
+    meta.set_key(tensor.key);
+    const DType cast = target.dtype.Apply(static_cast<DType>(tensor.meta->dtype()));
+    if (static_cast<int>(cast) != tensor.meta->dtype()) {
+      meta.set_dtype(static_cast<v1::DType>(cast));
+      ASSIGN_OR_RETURN(const int64_t bytes,
+                       ByteLengthOf(cast, std::vector<int64_t>(tensor.meta->shape().begin(),
+                                                               tensor.meta->shape().end())));
+      meta.set_byte_length(bytes);
+      meta.clear_content_hash();  // the hash was of the stored bytes.
+    }
+  }
+  if (!target.include_optimizer) {
+    adapted.clear_optimizer_state();
+    adapted.clear_optimizer_param_names();
+  }
+  if (!target.include_scheduler) adapted.clear_scheduler_state();
+  adapted.clear_extra_state();  // a loader serves model, optimizer and scheduler state.
+  if (!target.include_optimizer && !target.include_scheduler) {
+    adapted.clear_state_tensors();
+  } else {
+    for (v1::TensorMeta& meta : *adapted.mutable_state_tensors()) meta.clear_chunks();
+  }
+  return adapted;
+}
+
+
 }  // namespace ckpt

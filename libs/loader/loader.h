@@ -33,6 +33,7 @@
 #include "libs/loader/load_target.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/tensor/device.h"
+#include "libs/tensor/dtype.h"
 #include "libs/tensor/key_normalization.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
@@ -138,6 +139,9 @@ absl::StatusOr<CompatibilityReport> LoadInto(CheckpointStore& store, const v1::V
 struct ExpectedTensor {
   std::string key;
   std::vector<int64_t> shape;
+  // kUnspecified: any. Otherwise a differing dtype (after the target's cast) is reported in
+  // PreflightReport::dtype_differences; loading casts, so it is not an incompatibility.
+  DType dtype = DType::kUnspecified;
 };
 
 // Keys and shapes of `module`'s named_parameters() and named_buffers().
@@ -151,9 +155,21 @@ struct PreflightReport {
   // prefix every expected key shares ("module.", then "module._orig_mod.", ...), original.
   // nullopt when none fits.
   std::optional<KeyPolicy> suggested_keys;
+  // "fc.weight: bfloat16 in checkpoint, float32 expected" for expected tensors that declare a
+  // dtype other than the one the load would give (informational: loading casts).
+  std::vector<std::string> dtype_differences;
   // One human-readable paragraph.
   std::string summary;
 };
+
+// The manifest a stream of `planned` (from PlanLoad of `stored` with `target`) starts with: what
+// the consumer receives, as it receives it -- tensors renamed and, where `target` casts, with the
+// cast dtype and byte length and no content hash (that was of the stored bytes); chunk refs
+// cleared; optimizer / scheduler state only when asked for; no extra state. INVALID_ARGUMENT for
+// a shape whose cast byte length overflows.
+absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
+                                             const std::vector<PlannedTensor>& planned,
+                                             const LoadTarget& target);
 
 // Compares `manifest`'s model tensors, named under `keys`, with `expected`. Reads no bytes.
 PreflightReport Preflight(const v1::Manifest& manifest, const std::vector<ExpectedTensor>& expected,

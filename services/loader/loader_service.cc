@@ -15,6 +15,7 @@
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
+#include "libs/loader/loader_proto.h"
 #include "libs/rpc/bearer_auth.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
@@ -34,53 +35,6 @@ absl::StatusOr<size_t> PieceBytes(int32_t requested) {
   }
   if (requested == 0 || requested > kMaxLoaderPieceBytes) return kMaxLoaderPieceBytes;
   return static_cast<size_t>(requested);
-}
-
-v1::KeyPolicy KeyPolicyToProto(const KeyPolicy& policy) {
-  switch (policy.kind()) {
-    case KeyPolicy::Kind::kCanonical:
-      return v1::KEY_POLICY_CANONICAL;
-    case KeyPolicy::Kind::kAddPrefix:
-      return v1::KEY_POLICY_ADD_PREFIX;
-    case KeyPolicy::Kind::kOriginal:
-      return v1::KEY_POLICY_ORIGINAL;
-  }
-  return v1::KEY_POLICY_CANONICAL;
-}
-
-// The manifest a Load stream starts with: what the client will receive, as it will receive it.
-absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
-                                             const std::vector<PlannedTensor>& planned,
-                                             const LoadTarget& target) {
-  v1::Manifest adapted = stored;
-  adapted.clear_tensors();
-  for (const PlannedTensor& tensor : planned) {
-    v1::TensorMeta& meta = *adapted.add_tensors();
-    meta = *tensor.meta;
-    meta.clear_chunks();
-    meta.set_key(tensor.key);
-    const DType cast = target.dtype.Apply(static_cast<DType>(tensor.meta->dtype()));
-    if (static_cast<int>(cast) != tensor.meta->dtype()) {
-      meta.set_dtype(static_cast<v1::DType>(cast));
-      ASSIGN_OR_RETURN(const int64_t bytes,
-                       ByteLengthOf(cast, std::vector<int64_t>(tensor.meta->shape().begin(),
-                                                               tensor.meta->shape().end())));
-      meta.set_byte_length(bytes);
-      meta.clear_content_hash();  // the hash was of the stored bytes.
-    }
-  }
-  if (!target.include_optimizer) {
-    adapted.clear_optimizer_state();
-    adapted.clear_optimizer_param_names();
-  }
-  if (!target.include_scheduler) adapted.clear_scheduler_state();
-  adapted.clear_extra_state();  // a loader serves model, optimizer and scheduler state.
-  if (!target.include_optimizer && !target.include_scheduler) {
-    adapted.clear_state_tensors();
-  } else {
-    for (v1::TensorMeta& meta : *adapted.mutable_state_tensors()) meta.clear_chunks();
-  }
-  return adapted;
 }
 
 }  // namespace
@@ -131,7 +85,7 @@ absl::StatusOr<std::unique_ptr<LoaderService>> LoaderService::Create(CheckpointS
 LoaderService::LoaderService(CheckpointStore* store, LoaderServiceOptions options)
     : store_(*store),
       options_(std::move(options)),
-      cache_(options_.cache_bytes),
+      loader_(*store, options_.cache_bytes),
       payload_pool_(PayloadPool::Create(kMaxLoaderPieceBytes, /*max_idle=*/8)) {}
 
 absl::Status LoaderService::Authorize(const grpc::ServerContextBase& context) const {
@@ -242,7 +196,8 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   target.device = DeviceSpec::Cpu();
   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
   const VersionReader& store_reader = *opened;  // owned by `reader` from here on.
-  const std::unique_ptr<VersionReader> reader = CachedVersionReader(std::move(opened), &cache_);
+  const std::unique_ptr<VersionReader> reader =
+      CachedVersionReader(std::move(opened), &loader_.cache());
   const v1::Manifest& manifest = reader->manifest();
   ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned, PlanLoad(manifest, target));
   v1::LoadResponse response;
@@ -289,7 +244,7 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
     const v1::TensorMeta& meta = *planned[i].meta;
     if (target.dtype.Apply(static_cast<DType>(meta.dtype())) == static_cast<DType>(meta.dtype())) {
       // No cast: chunks go out as they come from the cache, never assembled into a tensor.
-      RETURN_IF_ERROR(cache_.ReadTensorSharedChunks(store_reader, meta, send_chunk(i)));
+      RETURN_IF_ERROR(loader_.cache().ReadTensorSharedChunks(store_reader, meta, send_chunk(i)));
       continue;
     }
     ASSIGN_OR_RETURN(at::Tensor stored, reader->ReadTensor(meta));
@@ -305,7 +260,7 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   for (int j = 0; j < sent.state_tensors_size(); ++j) {
     const size_t index = planned.size() + static_cast<size_t>(j);
     RETURN_IF_ERROR(
-        cache_.ReadTensorSharedChunks(store_reader, manifest.state_tensors(j), send_chunk(index)));
+        loader_.cache().ReadTensorSharedChunks(store_reader, manifest.state_tensors(j), send_chunk(index)));
   }
   return absl::OkStatus();
 }
@@ -313,58 +268,10 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
 absl::Status LoaderService::DoPreflight(const v1::PreflightRequest& request,
                                         v1::PreflightResponse& response) {
   ASSIGN_OR_RETURN(LoadTarget target, LoadTargetFromProto(request.target()));
-  ASSIGN_OR_RETURN(v1::Manifest manifest, store_.GetManifest(request.ref()));
-  // Restrict the manifest to the subset the consumer would load.
-  LoadTarget canonical = target;
-  canonical.keys = KeyPolicy::Canonical();
-  ASSIGN_OR_RETURN(std::vector<PlannedTensor> selected, PlanLoad(manifest, canonical));
-  absl::flat_hash_set<std::string> keep;
-  for (const PlannedTensor& tensor : selected) keep.insert(tensor.key);
-  v1::Manifest subset = manifest;
-  subset.clear_tensors();
-  for (const v1::TensorMeta& meta : manifest.tensors()) {
-    if (keep.contains(meta.key())) *subset.add_tensors() = meta;
-  }
-  std::vector<ExpectedTensor> expected;
-  expected.reserve(request.expected_size());
-  for (const v1::ExpectedTensor& tensor : request.expected()) {
-    expected.push_back({tensor.key(), {tensor.shape().begin(), tensor.shape().end()}});
-  }
-  const PreflightReport report = ckpt::Preflight(subset, expected, target.keys);
-  response.set_compatible(report.report.compatible());
-  for (const std::string& key : report.report.missing_keys) response.add_missing_keys(key);
-  for (const std::string& key : report.report.unexpected_keys) response.add_unexpected_keys(key);
-  for (const ShapeMismatch& mismatch : report.report.shape_mismatches) {
-    v1::ShapeMismatch& out = *response.add_shape_mismatches();
-    out.set_key(mismatch.key);
-    for (int64_t d : mismatch.checkpoint_shape) out.add_checkpoint_shape(d);
-    for (int64_t d : mismatch.expected_shape) out.add_expected_shape(d);
-  }
-  // Dtypes the load would cast (informational): checkpoint dtype after the target's policy vs.
-  // what the consumer declared.
-  target.include_keys.clear();
-  target.include_prefixes.clear();
-  absl::StatusOr<std::vector<PlannedTensor>> named = PlanLoad(subset, target);
-  if (named.ok()) {
-    absl::flat_hash_map<std::string, const v1::TensorMeta*> by_key;
-    for (const PlannedTensor& tensor : *named) by_key.emplace(tensor.key, tensor.meta);
-    for (const v1::ExpectedTensor& tensor : request.expected()) {
-      if (tensor.dtype() == v1::DTYPE_UNSPECIFIED) continue;
-      auto it = by_key.find(tensor.key());
-      if (it == by_key.end()) continue;
-      const DType loaded = target.dtype.Apply(static_cast<DType>(it->second->dtype()));
-      if (static_cast<int>(loaded) != tensor.dtype()) {
-        response.add_dtype_differences(
-            absl::StrCat(tensor.key(), ": ", DTypeName(loaded), " in checkpoint, ",
-                         DTypeName(static_cast<DType>(tensor.dtype())), " expected"));
-      }
-    }
-  }
-  if (report.suggested_keys.has_value()) {
-    response.set_suggested_key_policy(KeyPolicyToProto(*report.suggested_keys));
-    response.set_suggested_key_prefix(report.suggested_keys->prefix());
-  }
-  response.set_summary(report.summary);
+  ASSIGN_OR_RETURN(std::vector<ExpectedTensor> expected,
+                   ExpectedTensorsFromProto(request.expected()));
+  ASSIGN_OR_RETURN(PreflightReport report, loader_.Preflight(request.ref(), expected, target));
+  response = PreflightReportToProto(report);
   return absl::OkStatus();
 }
 
@@ -374,8 +281,7 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
   ASSIGN_OR_RETURN(options.format, ExportFormatFromProto(request.format()));
   ASSIGN_OR_RETURN(options.target, LoadTargetFromProto(request.target()));
   ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
-  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
-  const std::unique_ptr<VersionReader> reader = CachedVersionReader(std::move(opened), &cache_);
+  ASSIGN_OR_RETURN(const std::unique_ptr<VersionReader> reader, loader_.OpenVersion(request.ref()));
   const v1::Manifest& manifest = reader->manifest();
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
   bool first = true;
@@ -392,6 +298,7 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
                           piece.set_total_bytes(static_cast<int64_t>(total_bytes));
                           piece.set_file_name(
                               ExportFileName(manifest.model(), manifest.version(), options.format));
+                          piece.set_version(prepared.version);
                           for (const std::string& item : prepared.left_out) {
                             piece.add_left_out(item);
                           }

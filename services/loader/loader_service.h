@@ -57,6 +57,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/sync_stream.h"
 #include "libs/loader/chunk_cache.h"
+#include "libs/loader/local_loader.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/loader.grpc.pb.h"
@@ -93,7 +94,7 @@ class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Lo
                       grpc::ServerWriter<v1::ExportResponse>* writer) override;
 
   // The shared chunk cache's counters (for logs and tests).
-  ChunkCacheStats cache_stats() const { return cache_.stats(); }
+  ChunkCacheStats cache_stats() const { return loader_.cache().stats(); }
 
  private:
   class StreamSlot;
@@ -113,7 +114,8 @@ class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Lo
 
   CheckpointStore& store_;
   const LoaderServiceOptions options_;
-  ChunkCache cache_;
+  // The loader logic (preflight, export, the chunk cache); the streaming stays here.
+  const LocalLoader loader_;
   // Copies of cached chunks on their way out; gRPC may hold one past its write (PayloadPool).
   const std::shared_ptr<PayloadPool> payload_pool_;
   absl::Mutex mu_;

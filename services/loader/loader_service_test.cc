@@ -141,12 +141,18 @@ void LoadStrict(const StateDict& state, torch::nn::Module& module) {
   }
 }
 
+ExportOptions Exporting(ExportFormat format) {
+  ExportOptions options;
+  options.format = format;
+  return options;
+}
+
 TEST_F(LoaderServiceTest, DdpCheckpointFromCuda1LoadsIntoUnwrappedCpuModule) {
   StartLoader();
   torch::nn::Sequential model = MakeModel();
-  ASSERT_OK_AND_ASSIGN(v1::PreflightResponse preflight,
+  ASSERT_OK_AND_ASSIGN(PreflightReport preflight,
                        loader_->Preflight(ref_, ExpectedTensorsOf(*model), LoadTarget()));
-  EXPECT_TRUE(preflight.compatible()) << preflight.summary();
+  EXPECT_TRUE(preflight.report.compatible()) << preflight.summary;
 
   ASSERT_OK_AND_ASSIGN(LoadedState state, loader_->Load(ref_, LoadTarget()));
   ExpectReference(state.model, "");
@@ -163,17 +169,18 @@ TEST_F(LoaderServiceTest, DdpCheckpointFromCuda1LoadsIntoUnwrappedCpuModule) {
 TEST_F(LoaderServiceTest, DdpStyleConsumerGetsModulePrefixSuggestedThenLoads) {
   StartLoader();
   DdpModel model;
-  ASSERT_OK_AND_ASSIGN(v1::PreflightResponse preflight,
+  ASSERT_OK_AND_ASSIGN(PreflightReport preflight,
                        loader_->Preflight(ref_, ExpectedTensorsOf(model), LoadTarget()));
-  EXPECT_FALSE(preflight.compatible());
-  EXPECT_EQ(preflight.missing_keys_size(), static_cast<int>(reference_.size()));
-  EXPECT_EQ(preflight.suggested_key_policy(), v1::KEY_POLICY_ADD_PREFIX);
-  EXPECT_EQ(preflight.suggested_key_prefix(), "module.");
+  EXPECT_FALSE(preflight.report.compatible());
+  EXPECT_EQ(preflight.report.missing_keys.size(), reference_.size());
+  ASSERT_TRUE(preflight.suggested_keys.has_value());
+  EXPECT_EQ(preflight.suggested_keys->kind(), KeyPolicy::Kind::kAddPrefix);
+  EXPECT_EQ(preflight.suggested_keys->prefix(), "module.");
 
   LoadTarget target;
   target.keys = KeyPolicy::AddPrefix("module.");
   ASSERT_OK_AND_ASSIGN(preflight, loader_->Preflight(ref_, ExpectedTensorsOf(model), target));
-  EXPECT_TRUE(preflight.compatible()) << preflight.summary();
+  EXPECT_TRUE(preflight.report.compatible()) << preflight.summary;
   ASSERT_OK_AND_ASSIGN(LoadedState state, loader_->Load(ref_, target));
   EXPECT_EQ(state.model.entry(0).key, "module.0.weight");
   ExpectReference(state.model, "module.");
@@ -206,7 +213,7 @@ TEST_F(LoaderServiceTest, ExportedTorchFileLoadsInPythonWeightsOnly) {
   StartLoader();
   const std::string path = Dir() + "/export.pt";
   ASSERT_OK_AND_ASSIGN(ExportResult result,
-                       loader_->Export(ref_, LoadTarget(), ExportFormat::kTorch, path));
+                       loader_->Export(ref_, Exporting(ExportFormat::kTorch), path));
   EXPECT_GT(result.file_bytes, 0u);
   EXPECT_THAT(
       ::ckpt::testing::RunPythonOrAddFailure(kFixtures, "verify_torch " + path + " " + Dir()),
@@ -217,11 +224,10 @@ TEST_F(LoaderServiceTest, ExportedSafetensorsParsesIndependently) {
   StartLoader();
   const std::string path = Dir() + "/export.safetensors";
   uint64_t last_done = 0, last_total = 0;
-  ASSERT_OK_AND_ASSIGN(ExportResult result,
-                       loader_->Export(ref_, LoadTarget(), ExportFormat::kSafetensors, path,
-                                       [&](uint64_t done, uint64_t total) {
-                                         last_done = done, last_total = total;
-                                       }));
+  ExportOptions options = Exporting(ExportFormat::kSafetensors);
+  options.progress = [&](uint64_t done, uint64_t total) { last_done = done, last_total = total; };
+  ASSERT_OK_AND_ASSIGN(ExportResult result, loader_->Export(ref_, options, path));
+  EXPECT_EQ(result.version, "mlp@1");
   EXPECT_EQ(last_done, result.file_bytes);
   EXPECT_EQ(last_total, result.file_bytes);
   EXPECT_THAT(
@@ -247,7 +253,9 @@ TEST_F(LoaderServiceTest, ErrorsNameWhatIsWrong) {
   subset.include_keys = {"0.weight", "9.weight"};
   EXPECT_THAT(loader_->Load(ref_, subset).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "9.weight"));
-  EXPECT_THAT(loader_->Export(ref_, subset, ExportFormat::kSafetensors, Dir() + "/bad.st").status(),
+  ExportOptions bad_subset = Exporting(ExportFormat::kSafetensors);
+  bad_subset.target = subset;
+  EXPECT_THAT(loader_->Export(ref_, bad_subset, Dir() + "/bad.st").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "9.weight"));
   StopLoader();
 

@@ -27,6 +27,7 @@
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/client/remote_loader.h"
 #include "libs/loader/export.h"
+#include "libs/loader/local_loader.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/store/checkpoint_import.h"
@@ -581,6 +582,24 @@ absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCom
   return RemoteLoader::Connect(options);
 }
 
+// The Loader `export` and `check` use: a loader service (--loader), or this process over the
+// store (--store / --store_dir), which must outlive it.
+struct LoaderHandle {
+  std::unique_ptr<CheckpointStore> store;
+  std::unique_ptr<Loader> loader;
+};
+
+absl::StatusOr<LoaderHandle> OpenLoader(const cli::ParsedCommandLine& line) {
+  LoaderHandle handle;
+  if (line.Has("loader")) {
+    ASSIGN_OR_RETURN(handle.loader, ConnectLoader(line));
+    return handle;
+  }
+  ASSIGN_OR_RETURN(handle.store, OpenStore(line, false));
+  handle.loader = std::make_unique<LocalLoader>(*handle.store);
+  return handle;
+}
+
 absl::Status RunExport(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(line.arguments()[0]));
   const std::string& out = line.arguments()[1];
@@ -615,20 +634,9 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
     bar.Update(static_cast<int64_t>(done), static_cast<int64_t>(total),
                absl::StrCat(HumanBytes(done), " / ", HumanBytes(total)));
   };
-  ExportResult result;
-  std::string version;
-  if (line.Has("loader")) {
-    ASSIGN_OR_RETURN(std::unique_ptr<RemoteLoader> loader, ConnectLoader(line));
-    ASSIGN_OR_RETURN(result, loader->Export(ref, options.target, options.format, out,
-                                            options.progress));
-    version = FormatVersionRef(ref);
-  } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
-    ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store->OpenVersion(ref));
-    ASSIGN_OR_RETURN(result, ExportToFile(*reader, options, out));
-    version = FormatVersionRef(reader->manifest().model(), reader->manifest().version());
-  }
-  std::cout << "exported " << version << " to " << out << " ("
+  ASSIGN_OR_RETURN(LoaderHandle loader, OpenLoader(line));
+  ASSIGN_OR_RETURN(ExportResult result, loader.loader->Export(ref, options, out));
+  std::cout << "exported " << result.version << " to " << out << " ("
             << (options.format == ExportFormat::kTorch ? "torch" : "safetensors")
             << (result.bundle ? ", whole bundle" : "") << "): " << result.tensors
             << " model tensors, " << HumanBytes(result.file_bytes) << "\n";
@@ -649,27 +657,10 @@ absl::Status RunCheck(const cli::ParsedCommandLine& line) {
   for (const StateDict::Entry& entry : file->bundle.model) {
     expected.push_back({entry.key, entry.tensor.sizes().vec()});
   }
-  bool compatible = false;
-  std::string summary;
-  if (line.Has("loader")) {
-    ASSIGN_OR_RETURN(std::unique_ptr<RemoteLoader> loader, ConnectLoader(line));
-    ASSIGN_OR_RETURN(v1::PreflightResponse response, loader->Preflight(ref, expected, target));
-    compatible = response.compatible();
-    summary = response.summary();
-  } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
-    ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
-    // The subset the consumer would load, by canonical key.
-    LoadTarget canonical = target;
-    canonical.keys = KeyPolicy::Canonical();
-    ASSIGN_OR_RETURN(std::vector<PlannedTensor> selected, PlanLoad(manifest, canonical));
-    v1::Manifest subset = manifest;
-    subset.clear_tensors();
-    for (const PlannedTensor& tensor : selected) *subset.add_tensors() = *tensor.meta;
-    const PreflightReport report = Preflight(subset, expected, target.keys);
-    compatible = report.report.compatible();
-    summary = report.summary;
-  }
+  ASSIGN_OR_RETURN(LoaderHandle loader, OpenLoader(line));
+  ASSIGN_OR_RETURN(PreflightReport report, loader.loader->Preflight(ref, expected, target));
+  const bool compatible = report.report.compatible();
+  const std::string& summary = report.summary;
   std::cout << summary << "\n";
   if (!compatible) {
     return absl::FailedPreconditionError(

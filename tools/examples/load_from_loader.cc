@@ -68,16 +68,15 @@ absl::Status Run() {
   module->to(device);
 
   // 3. Preflight: does the checkpoint fit, and under which key layout? No tensor bytes move.
-  ASSIGN_OR_RETURN(ckpt::v1::PreflightResponse preflight,
+  ASSIGN_OR_RETURN(ckpt::PreflightReport preflight,
                    loader->Preflight(ref, ckpt::ExpectedTensorsOf(*module), target));
-  if (!preflight.compatible() &&
-      preflight.suggested_key_policy() == ckpt::v1::KEY_POLICY_ADD_PREFIX) {
+  if (!preflight.report.compatible() && preflight.suggested_keys.has_value()) {
     // E.g. a DDP consumer of a checkpoint stored under canonical keys: ask for "module." keys.
-    target.keys = ckpt::KeyPolicy::AddPrefix(preflight.suggested_key_prefix());
+    target.keys = *preflight.suggested_keys;
     ASSIGN_OR_RETURN(preflight, loader->Preflight(ref, ckpt::ExpectedTensorsOf(*module), target));
   }
-  std::cout << preflight.summary() << "\n";
-  if (!preflight.compatible()) {
+  std::cout << preflight.summary << "\n";
+  if (!preflight.report.compatible()) {
     return absl::FailedPreconditionError("the checkpoint does not fit this module");
   }
 
