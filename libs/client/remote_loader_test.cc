@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/loader/testing/loader_conformance.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
@@ -188,5 +189,52 @@ TEST_F(RemoteLoaderTest, BadOptionsAndUnusableDevicesFailBeforeAnyCall) {
   }
 }
 
+// RemoteLoader runs the Loader conformance suite against a loader service over the suite's
+// store: the same answers as LocalLoader, through gRPC.
+class ServedLoader final : public ::ckpt::testing::LoaderHarness {
+ public:
+  explicit ServedLoader(CheckpointStore& store) {
+    absl::StatusOr<std::unique_ptr<LoaderService>> service = LoaderService::Create(&store, {});
+    EXPECT_OK(service.status());
+    service_ = *std::move(service);
+    GrpcServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+        GrpcServer::Start(options, {{service_.get(), v1::Loader::service_full_name()}});
+    EXPECT_OK(server.status());
+    server_ = *std::move(server);
+    RemoteLoaderOptions loader_options;
+    loader_options.address = server_->address();
+    absl::StatusOr<std::unique_ptr<RemoteLoader>> loader = RemoteLoader::Connect(loader_options);
+    EXPECT_OK(loader.status());
+    loader_ = *std::move(loader);
+  }
+  ~ServedLoader() override {
+    loader_.reset();
+    server_->Shutdown(absl::ZeroDuration());
+    server_->Wait();
+  }
+  const Loader& loader() const override { return *loader_; }
+
+ private:
+  std::unique_ptr<LoaderService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<RemoteLoader> loader_;
+};
+
+}  // namespace
+
+namespace testing {
+INSTANTIATE_TEST_SUITE_P(
+    Remote, LoaderConformanceTest,
+    ::testing::Values(LoaderConformanceParam{
+        "remote",
+        [](CheckpointStore& store) -> std::unique_ptr<LoaderHarness> {
+          return std::make_unique<ServedLoader>(store);
+        }}),
+    [](const ::testing::TestParamInfo<LoaderConformanceParam>& info) { return info.param.name; });
+}  // namespace testing
+
+namespace {
 }  // namespace
 }  // namespace ckpt

@@ -1,0 +1,151 @@
+#include "libs/loader/testing/loader_conformance.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "libs/format/checkpoint_file.h"
+#include "libs/status/status_matchers.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/version_ref.h"
+
+namespace ckpt::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+at::Tensor Weight() { return at::arange(12, at::kFloat).reshape({3, 4}) / 7; }
+
+}  // namespace
+
+std::string LoaderConformanceTest::Dir() const {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(name.begin(), name.end(), '/', '_');  // "Case/param" of a parameterized test.
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+}
+
+void LoaderConformanceTest::SetUp() {
+  StoreOptions options;
+  options.db_path = Dir();
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> opened =
+      RocksDbCheckpointStore::Open(options);
+  ASSERT_OK(opened.status());
+  store_ = *std::move(opened);
+  CheckpointContents contents;
+  ASSERT_OK(contents.model.Insert("module.fc.weight", Weight(), "cuda:1"));
+  ASSERT_OK(contents.model.Insert("module.fc.steps", at::full({}, 5, at::kLong), "cuda:1"));
+  ASSERT_OK(contents.model.Insert("module.head.bias", at::ones({4}), "cuda:1"));
+  ASSERT_OK_AND_ASSIGN(CommitResult weights, store_->CommitCheckpoint("m", contents));
+  weights_only_ = weights.version;
+  contents.optimizer = Value::Dict(
+      {{"state", Value::Dict({{0, Value::Dict({{"momentum_buffer",
+                                                Value::Tensor(at::full({3, 4}, 0.5))}})}})},
+       {"param_groups", Value::List({Value::Dict({{"lr", Value::Float(0.1)},
+                                                  {"params", Value::List({Value::Int(0),
+                                                                          Value::Int(1)})}})})}});
+  contents.scheduler = Value::Dict({{"last_epoch", Value::Int(2)}});
+  contents.extra = Value::Dict({{"best_acc", Value::Float(0.75)}});
+  ASSERT_OK_AND_ASSIGN(CommitResult bundle, store_->CommitCheckpoint("m", contents));
+  bundle_ = bundle.version;
+  harness_ = GetParam().make(*store_);
+  ASSERT_NE(harness_, nullptr);
+}
+
+void LoaderConformanceTest::TearDown() { harness_.reset(); }
+
+TEST_P(LoaderConformanceTest, LoadsEveryTensorUnderTheAskedKeysWithItsBytes) {
+  ASSERT_OK_AND_ASSIGN(LoadedState canonical, loader().Load(weights_only_, LoadTarget()));
+  EXPECT_THAT(canonical.model.keys(), ElementsAre("fc.weight", "fc.steps", "head.bias"));
+  EXPECT_TRUE(at::equal(*canonical.model.Find("fc.weight"), Weight()));
+  EXPECT_EQ(canonical.model.entry(0).original_device, "cuda:1");
+  LoadTarget original;
+  original.keys = KeyPolicy::Original();
+  ASSERT_OK_AND_ASSIGN(LoadedState producer, loader().Load(weights_only_, original));
+  EXPECT_THAT(producer.model.keys(),
+              ElementsAre("module.fc.weight", "module.fc.steps", "module.head.bias"));
+}
+
+TEST_P(LoaderConformanceTest, CastsFloatingTensorsOnlyAndLoadsStateWhenAsked) {
+  LoadTarget target;
+  ASSERT_OK_AND_ASSIGN(target.dtype, DTypePolicy::CastFloatingTo(DType::kBFloat16));
+  target.include_optimizer = true;
+  ASSERT_OK_AND_ASSIGN(LoadedState state, loader().Load(bundle_, target));
+  EXPECT_EQ(state.model.Find("fc.weight")->scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(*state.model.Find("fc.weight"), Weight().to(at::kBFloat16)));
+  EXPECT_EQ(state.model.Find("fc.steps")->scalar_type(), at::kLong);
+  ASSERT_TRUE(state.optimizer.has_value());
+  EXPECT_TRUE(at::equal(
+      state.optimizer->Find("state")->Find(0)->Find("momentum_buffer")->tensor(),
+      at::full({3, 4}, 0.5)));
+  EXPECT_FALSE(state.scheduler.has_value());
+}
+
+TEST_P(LoaderConformanceTest, NamesWhatIsMissing) {
+  EXPECT_THAT(loader().Load(MakeVersionRef("m", 9), LoadTarget()).status(),
+              StatusIs(absl::StatusCode::kNotFound, "m@9"));
+  LoadTarget subset;
+  subset.include_keys = {"fc.weight", "fc.nope"};
+  EXPECT_THAT(loader().Load(bundle_, subset).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "fc.nope"));
+  EXPECT_THAT(loader().Preflight(bundle_, {}, subset).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "fc.nope"));
+}
+
+TEST_P(LoaderConformanceTest, PreflightSuggestsTheLayoutAndReportsDtypes) {
+  std::vector<ExpectedTensor> ddp_consumer = {{"module.fc.weight", {3, 4}, DType::kFloat16},
+                                              {"module.fc.steps", {}, DType::kUnspecified},
+                                              {"module.head.bias", {4}, DType::kFloat32}};
+  ASSERT_OK_AND_ASSIGN(PreflightReport report,
+                       loader().Preflight(bundle_, ddp_consumer, LoadTarget()));
+  EXPECT_FALSE(report.report.compatible());
+  ASSERT_TRUE(report.suggested_keys.has_value());
+  EXPECT_EQ(report.suggested_keys->kind(), KeyPolicy::Kind::kAddPrefix);
+  EXPECT_EQ(report.suggested_keys->prefix(), "module.");
+  LoadTarget prefixed;
+  prefixed.keys = *report.suggested_keys;
+  ASSERT_OK_AND_ASSIGN(report, loader().Preflight(bundle_, ddp_consumer, prefixed));
+  EXPECT_TRUE(report.report.compatible()) << report.summary;
+  EXPECT_THAT(report.dtype_differences,
+              ElementsAre("module.fc.weight: float32 in checkpoint, float16 expected"));
+  // A subset restricts the comparison: the other tensors are not "unexpected".
+  prefixed.include_prefixes = {"fc."};
+  ASSERT_OK_AND_ASSIGN(report, loader().Preflight(bundle_, {ddp_consumer[0]}, prefixed));
+  EXPECT_THAT(report.report.unexpected_keys, ElementsAre("module.fc.steps"));
+}
+
+TEST_P(LoaderConformanceTest, ExportsTheWholeBundleAndSaysWhatItLeavesOut) {
+  ExportOptions options;
+  options.target.include_optimizer = true;
+  options.target.include_scheduler = true;
+  const std::string path = Dir() + "-bundle.pt";
+  ASSERT_OK_AND_ASSIGN(ExportResult result, loader().Export(bundle_, options, path));
+  EXPECT_EQ(result.version, "m@2");
+  EXPECT_TRUE(result.bundle);
+  EXPECT_TRUE(result.left_out.empty());
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(path));
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : file.root.entries()) keys.push_back(key.string_key());
+  EXPECT_THAT(keys, ElementsAre("model", "optimizer", "scheduler", "best_acc"));
+  EXPECT_EQ(*file.root.Find("best_acc"), Value::Float(0.75));
+
+  options.format = ExportFormat::kSafetensors;
+  ASSERT_OK_AND_ASSIGN(result, loader().Export(bundle_, options, Dir() + "-model.safetensors"));
+  EXPECT_FALSE(result.bundle);
+  EXPECT_THAT(result.left_out, ::testing::Contains(HasSubstr("safetensors holds tensors only")));
+}
+
+TEST_P(LoaderConformanceTest, ABundleOfAVersionWithoutOptimizerStateIsRefused) {
+  ExportOptions options;
+  options.target.include_optimizer = true;
+  const std::string path = Dir() + "-none.pt";
+  EXPECT_THAT(loader().Export(weights_only_, options, path).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "m@1 holds no optimizer state"));
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+}  // namespace ckpt::testing
