@@ -28,7 +28,7 @@
 #include "libs/tensor/value.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "services/checkpoint_store/store_service.h"
-#include "services/checkpoint_store/testing/instrumented_store.h"
+#include "libs/store/testing/instrumented_store.h"
 
 namespace ckpt {
 namespace {

@@ -22,7 +22,7 @@
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
 #include "libs/tensor/value.h"
-#include "services/checkpoint_store/testing/instrumented_store.h"
+#include "libs/store/testing/instrumented_store.h"
 #include "services/loader/loader_service.h"
 
 namespace ckpt {

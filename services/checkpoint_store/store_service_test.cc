@@ -27,7 +27,7 @@
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
-#include "services/checkpoint_store/testing/instrumented_store.h"
+#include "libs/store/testing/instrumented_store.h"
 
 namespace ckpt {
 namespace {

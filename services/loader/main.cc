@@ -32,11 +32,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/rpc/bearer_auth.h"
-#include "libs/client/remote_checkpoint_store.h"
+#include "libs/client/open_store.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/grpc_server.h"
-#include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/loader/loader_service.h"
 
 ABSL_FLAG(std::string, store, "",
@@ -139,22 +138,11 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const ServerConfig& config) {
-  if (!config.store_dir.empty()) {
-    StoreOptions options;
-    options.db_path = config.store_dir;
-    options.create_if_missing = false;
-    absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-        RocksDbCheckpointStore::Open(options);
-    if (!store.ok()) return store.status();
-    return std::unique_ptr<CheckpointStore>(std::move(*store));
-  }
-  RemoteStoreOptions options;
-  options.address = config.store_address;
-  options.auth_token = config.store_auth_token;
-  absl::StatusOr<std::unique_ptr<RemoteCheckpointStore>> store =
-      RemoteCheckpointStore::Connect(options);
-  if (!store.ok()) return store.status();
-  return std::unique_ptr<CheckpointStore>(std::move(*store));
+  StoreLocation location;
+  location.address = config.store_address;
+  location.auth_token = config.store_auth_token;
+  location.directory = config.store_dir;
+  return OpenCheckpointStore(location);
 }
 
 int Serve(const ServerConfig& config, const sigset_t& stop_signals) {

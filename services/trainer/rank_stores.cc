@@ -6,11 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "libs/client/remote_checkpoint_store.h"
+#include "libs/client/open_store.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
-#include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/checkpoint_store/store_service.h"
 
 namespace ckpt {
@@ -30,14 +29,12 @@ class RankStoresImpl final : public RankStores {
     server.reset();
     service.reset();
   }
-  CheckpointStore& store() override { return *store_in_use; }
+  CheckpointStore& store() override { return *opened; }
   const std::string& location() const override { return where; }
 
-  std::unique_ptr<RocksDbCheckpointStore> embedded;
-  std::unique_ptr<StoreService> service;
+  std::unique_ptr<CheckpointStore> opened;  // the embedded store, or a client.
+  std::unique_ptr<StoreService> service;    // rank 0, lending the embedded store.
   std::unique_ptr<GrpcServer> server;
-  std::unique_ptr<RemoteCheckpointStore> remote;
-  CheckpointStore* store_in_use = nullptr;
   std::string where;
 };
 
@@ -45,11 +42,10 @@ class RankStoresImpl final : public RankStores {
 // Returns what the others need to connect ("HOST:PORT TOKEN"; empty when alone).
 absl::StatusOr<std::string> OpenEmbedded(const RankStoreOptions& options, int world_size,
                                          RankStoresImpl& stores) {
-  StoreOptions store_options;
-  store_options.db_path = options.store_dir;
-  store_options.create_if_missing = true;
-  ASSIGN_OR_RETURN(stores.embedded, RocksDbCheckpointStore::Open(store_options));
-  stores.store_in_use = stores.embedded.get();
+  StoreLocation location;
+  location.directory = options.store_dir;
+  location.create_if_missing = true;
+  ASSIGN_OR_RETURN(stores.opened, OpenCheckpointStore(location));
   char resolved[PATH_MAX];
   stores.where =
       realpath(options.store_dir.c_str(), resolved) != nullptr ? resolved : options.store_dir;
@@ -57,7 +53,7 @@ absl::StatusOr<std::string> OpenEmbedded(const RankStoreOptions& options, int wo
   StoreServiceOptions service_options;
   service_options.auth_token = RandomToken();
   service_options.worker_threads = 2;
-  ASSIGN_OR_RETURN(stores.service, StoreService::Create(stores.embedded.get(), service_options));
+  ASSIGN_OR_RETURN(stores.service, StoreService::Create(stores.opened.get(), service_options));
   GrpcServerOptions server_options;
   server_options.listen_address = "0.0.0.0:0";
   ASSIGN_OR_RETURN(stores.server, GrpcServer::Start(server_options, {{stores.service.get(),
@@ -71,12 +67,11 @@ absl::StatusOr<std::string> OpenEmbedded(const RankStoreOptions& options, int wo
 absl::StatusOr<std::unique_ptr<RankStores>> OpenRankStores(const RankStoreOptions& options,
                                                            const ddp::ProcessGroupHandle& group) {
   auto stores = std::make_unique<RankStoresImpl>();
-  RemoteStoreOptions remote_options;
+  StoreLocation remote;
   if (!options.store_address.empty()) {
-    remote_options.address = options.store_address;
-    remote_options.auth_token = options.store_auth_token;
-    ASSIGN_OR_RETURN(stores->remote, RemoteCheckpointStore::Connect(remote_options));
-    stores->store_in_use = stores->remote.get();
+    remote.address = options.store_address;
+    remote.auth_token = options.store_auth_token;
+    ASSIGN_OR_RETURN(stores->opened, OpenCheckpointStore(remote));
     stores->where = options.store_address;
     return stores;
   }
@@ -91,10 +86,9 @@ absl::StatusOr<std::unique_ptr<RankStores>> OpenRankStores(const RankStoreOption
   }
   if (group.rank != 0) {
     const size_t space = shared_address.find(' ');
-    remote_options.address = shared_address.substr(0, space);
-    remote_options.auth_token = shared_address.substr(space + 1);
-    ASSIGN_OR_RETURN(stores->remote, RemoteCheckpointStore::Connect(remote_options));
-    stores->store_in_use = stores->remote.get();
+    remote.address = shared_address.substr(0, space);
+    remote.auth_token = shared_address.substr(space + 1);
+    ASSIGN_OR_RETURN(stores->opened, OpenCheckpointStore(remote));
     stores->where = options.store_dir;
   }
   return stores;

@@ -24,7 +24,7 @@
 #include "libs/format/inspect.h"
 #include "libs/status/status_macros.h"
 #include "libs/tensor/dtype.h"
-#include "libs/client/remote_checkpoint_store.h"
+#include "libs/client/open_store.h"
 #include "libs/client/remote_loader.h"
 #include "libs/loader/export.h"
 #include "libs/loader/local_loader.h"
@@ -32,7 +32,6 @@
 #include "libs/loader/loader.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/checkpoint_store.h"
-#include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_diff.h"
 #include "libs/store/version_ref.h"
 #include "google/protobuf/util/json_util.h"
@@ -210,31 +209,30 @@ absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
 // The store the command works on: a service (--store) or a database opened in-process.
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
                                                            bool create) {
+  StoreLocation location;
   if (line.Has("store")) {
-    RemoteStoreOptions remote;
-    remote.address = line.Get("store");
+    location.address = line.Get("store");
     if (line.Has("auth_token_file")) {
-      ASSIGN_OR_RETURN(remote.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
+      ASSIGN_OR_RETURN(location.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> store,
-                     RemoteCheckpointStore::Connect(remote));
-    return std::unique_ptr<CheckpointStore>(std::move(store));
-  }
-  if (line.Has("auth_token_file")) {
+  } else if (line.Has("auth_token_file")) {
     return absl::InvalidArgumentError("--auth_token_file needs --store=HOST:PORT");
+  } else {
+    location.directory = line.Get("store_dir");
+    location.create_if_missing = create;
   }
-  StoreOptions options;
-  options.db_path = line.Get("store_dir");
-  options.create_if_missing = create;
-  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-      RocksDbCheckpointStore::Open(options);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenCheckpointStore(location);
   if (!store.ok()) {
+    // The hint fits a store that is not there, not one that is damaged or held by another process.
+    const bool absent = store.status().code() == absl::StatusCode::kNotFound;
     return absl::Status(store.status().code(),
-                        absl::StrCat("opening the store in ", options.db_path, ": ",
+                        absl::StrCat("opening the store ", location.ToString(), ": ",
                                      store.status().message(),
-                                     create ? "" : " (import a checkpoint first, or pass --store_dir)"));
+                                     absent && !create && location.address.empty()
+                                         ? " (import a checkpoint first, or pass --store_dir)"
+                                         : ""));
   }
-  return std::unique_ptr<CheckpointStore>(std::move(*store));
+  return store;
 }
 
 absl::Status RunImport(const cli::ParsedCommandLine& line) {

@@ -1,5 +1,5 @@
-#ifndef CKPT_SERVICES_CHECKPOINT_STORE_TESTING_INSTRUMENTED_STORE_H_
-#define CKPT_SERVICES_CHECKPOINT_STORE_TESTING_INSTRUMENTED_STORE_H_
+#ifndef CKPT_LIBS_STORE_TESTING_INSTRUMENTED_STORE_H_
+#define CKPT_LIBS_STORE_TESTING_INSTRUMENTED_STORE_H_
 
 // InstrumentedStore (testonly): a CheckpointStore that forwards every call to another store and
 // lets a test watch or hold calls: a hook runs at the start of each method, and of each chunk read
@@ -79,4 +79,4 @@ class InstrumentedStore final : public CheckpointStore {
 
 }  // namespace ckpt
 
-#endif  // CKPT_SERVICES_CHECKPOINT_STORE_TESTING_INSTRUMENTED_STORE_H_
+#endif  // CKPT_LIBS_STORE_TESTING_INSTRUMENTED_STORE_H_

@@ -1,4 +1,4 @@
-#include "services/checkpoint_store/testing/instrumented_store.h"
+#include "libs/store/testing/instrumented_store.h"
 
 #include <utility>
 

@@ -1,0 +1,44 @@
+#ifndef CKPT_LIBS_CLIENT_OPEN_STORE_H_
+#define CKPT_LIBS_CLIENT_OPEN_STORE_H_
+
+// One way for every binary (ckpt, the loader, the trainer) to open "the store" a user named:
+// an embedded RocksDB directory, or the address of a checkpoint_store service. Both are a
+// CheckpointStore, so what follows does not care which.
+//
+// Example:
+//   StoreLocation location;
+//   location.directory = "ckpt-data";
+//   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenCheckpointStore(location));
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "libs/store/checkpoint_store.h"
+
+namespace ckpt {
+
+struct StoreLocation {
+  // HOST:PORT of a checkpoint_store service.
+  std::string address;
+  // With address: the bearer token the service wants (empty: none).
+  std::string auth_token;
+  // A RocksDB store directory, opened in this process (no other process may have it open).
+  std::string directory;
+  // With directory: create an empty store when there is none.
+  bool create_if_missing = false;
+
+  // "DIR" or "HOST:PORT", for messages.
+  std::string ToString() const { return address.empty() ? directory : address; }
+};
+
+// INVALID_ARGUMENT unless exactly one of address and directory is given, or for an auth_token
+// without an address; otherwise the errors of RocksDbCheckpointStore::Open (NOT_FOUND for a
+// directory without a store and !create_if_missing) or RemoteCheckpointStore::Connect
+// (UNAVAILABLE naming the address).
+absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenCheckpointStore(
+    const StoreLocation& location);
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_CLIENT_OPEN_STORE_H_
