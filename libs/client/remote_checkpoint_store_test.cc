@@ -29,6 +29,7 @@
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "services/checkpoint_store/store_service.h"
 #include "libs/store/testing/instrumented_store.h"
+#include "libs/store/testing/store_conformance.h"
 
 namespace ckpt {
 namespace {
@@ -41,63 +42,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-constexpr int64_t kMiB = 1 << 20;
-
-v1::VersionRef Ref(absl::string_view text) {
-  absl::StatusOr<v1::VersionRef> ref = ParseVersionRef(text);
-  EXPECT_OK(ref.status());
-  return ref.value_or(v1::VersionRef());
-}
-
-at::Tensor Seeded(std::vector<int64_t> shape, uint64_t seed) {
-  at::manual_seed(seed);
-  return at::randn(shape);
-}
-
-// Every byte, dtype and shape equal.
-void ExpectSameTensor(const at::Tensor& actual, const at::Tensor& expected,
-                      const std::string& what) {
-  ASSERT_TRUE(actual.defined()) << what;
-  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const at::Tensor a = actual.contiguous();
-  const at::Tensor b = expected.contiguous();
-  ASSERT_EQ(a.nbytes(), b.nbytes()) << what;
-  if (a.nbytes() > 0) {
-    EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << what;
-  }
-}
-
-Value AdamState(const std::vector<at::Tensor>& params, uint64_t seed) {
-  Value state = Value::Dict();
-  std::vector<Value> indices;
-  for (size_t i = 0; i < params.size(); ++i) {
-    Value per_param = Value::Dict();
-    per_param.Set("step", Value::Tensor(at::full({}, 100.0)));
-    per_param.Set("exp_avg", Value::Tensor(Seeded(params[i].sizes().vec(), seed + i)));
-    per_param.Set("exp_avg_sq",
-                  Value::Tensor(Seeded(params[i].sizes().vec(), seed + 50 + i).abs()));
-    state.Set(static_cast<int64_t>(i), per_param);
-    indices.push_back(Value::Int(static_cast<int64_t>(i)));
-  }
-  Value group = Value::Dict();
-  group.Set("lr", Value::Float(1e-3));
-  group.Set("betas", Value::Tuple({Value::Float(0.9), Value::Float(0.999)}));
-  group.Set("params", Value::List(indices));
-  Value optimizer = Value::Dict();
-  optimizer.Set("state", state);
-  optimizer.Set("param_groups", Value::List({group}));
-  return optimizer;
-}
-
-Value StepLrState(int64_t last_epoch) {
-  Value scheduler = Value::Dict();
-  scheduler.Set("step_size", Value::Int(30));
-  scheduler.Set("gamma", Value::Float(0.1));
-  scheduler.Set("base_lrs", Value::List({Value::Float(1e-3)}));
-  scheduler.Set("last_epoch", Value::Int(last_epoch));
-  return scheduler;
-}
+using ::ckpt::testing::AdamState;
+using ::ckpt::testing::ExpectSameTensor;
+using ::ckpt::testing::kMiB;
+using ::ckpt::testing::Ref;
+using ::ckpt::testing::Seeded;
+using ::ckpt::testing::StepLrState;
 
 // A DDP-wrapped model of mixed dtypes whose first tensor (4.7 MiB) spans two store chunks, with
 // Adam state, a StepLR scheduler and extra bundle entries.
@@ -117,7 +67,8 @@ CheckpointContents FullCheckpoint(uint64_t seed) {
   EXPECT_OK(contents.model.Insert("module.codebook",
                                   at::arange(257, at::kInt).remainder(251).to(at::kByte)));
   EXPECT_OK(contents.model.Insert("module.empty", at::empty({0, 4})));
-  contents.optimizer = AdamState({encoder_weight, encoder_bias, head_weight, head_bias}, seed);
+  contents.optimizer =
+      AdamState({encoder_weight, encoder_bias, head_weight, head_bias}, /*step=*/100, seed);
   contents.optimizer_param_names = {{0, "module.encoder.weight"},
                                     {1, "module.encoder.bias"},
                                     {2, "module.head.weight"},
@@ -269,32 +220,6 @@ class RemoteCheckpointStoreTest : public ::testing::Test {
   absl::Notification release_get_stats_;
 };
 
-TEST_F(RemoteCheckpointStoreTest, RoundTripsAFullCheckpointByteForByte) {
-  StartServer();
-  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
-  ASSERT_NE(remote, nullptr);
-  const CheckpointContents original = FullCheckpoint(1);
-  CommitOptions options;
-  options.aliases = {"best"};
-  ASSERT_OK_AND_ASSIGN(CommitResult committed,
-                       remote->CommitCheckpoint("resnet", original, options));
-  EXPECT_EQ(FormatVersionRef(committed.version), "resnet@1");
-  EXPECT_GT(committed.logical_bytes, 3 * 4 * kMiB);
-  EXPECT_GT(committed.new_bytes, 0);
-
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("resnet@best")));
-  ExpectSameCheckpoint(loaded.contents, original);
-  EXPECT_THAT(loaded.manifest.aliases(), ElementsAre("best"));
-  EXPECT_EQ(loaded.contents.optimizer_param_names.at(0), "encoder.weight");
-  EXPECT_EQ(loaded.manifest.metadata().key_normalization().stripped_prefix(), "module.");
-
-  // What went over the wire is what the store holds.
-  ASSERT_OK_AND_ASSIGN(v1::Manifest stored, local_->GetManifest(Ref("resnet@1")));
-  EXPECT_TRUE(MessageDifferencer::Equals(loaded.manifest, stored));
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint from_disk, local_->LoadCheckpoint(Ref("resnet@1")));
-  ExpectSameCheckpoint(from_disk.contents, original);
-}
-
 TEST_F(RemoteCheckpointStoreTest, ReadsTensorsOutOfOrderRepeatedAndChunkByChunk) {
   StartServer();
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
@@ -342,117 +267,6 @@ TEST_F(RemoteCheckpointStoreTest, ReadsTensorsOutOfOrderRepeatedAndChunkByChunk)
   EXPECT_THAT(
       remote->ReadTensorChunks(big, [](int64_t, absl::string_view) { return absl::OkStatus(); }),
       StatusIs(absl::StatusCode::kUnimplemented, "OpenVersion"));
-}
-
-TEST_F(RemoteCheckpointStoreTest, ManagesVersionsAliasesRetentionAndGcThroughTheWire) {
-  StartServer();
-  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
-  ASSERT_NE(remote, nullptr);
-  for (int i = 1; i <= 5; ++i) {
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, remote->CommitCheckpoint("m", SmallCheckpoint(i)));
-    EXPECT_EQ(committed.version.version(), i);
-  }
-  ASSERT_OK(remote->CommitCheckpoint("other", SmallCheckpoint(100)).status());
-
-  ASSERT_OK_AND_ASSIGN(int64_t previous, remote->SetAlias("m", "best", 2));
-  EXPECT_EQ(previous, 0);
-  ASSERT_OK_AND_ASSIGN(previous, remote->SetAlias("m", "best", 3, 2));
-  EXPECT_EQ(previous, 2);
-  ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, remote->ListModels());
-  ASSERT_EQ(models.size(), 2u);
-  EXPECT_EQ(models[0].name(), "m");
-  EXPECT_EQ(models[0].latest_version(), 5);
-  EXPECT_EQ(models[0].version_count(), 5);
-  EXPECT_EQ(models[0].aliases().at("best"), 3);
-  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, remote->ListVersions("m"));
-  ASSERT_EQ(versions.size(), 5u);
-  EXPECT_THAT(versions[2].aliases(), ElementsAre("best"));
-  ASSERT_OK_AND_ASSIGN(v1::Manifest best, remote->GetManifest(Ref("m@best")));
-  EXPECT_EQ(best.version(), 3);
-
-  ASSERT_OK(remote->DeleteAlias("m", "best"));
-  EXPECT_THAT(remote->DeleteAlias("m", "best"), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_OK(remote->SetAlias("m", "production", 1).status());
-  EXPECT_THAT(remote->DeleteVersion("m", 1, /*force=*/false),
-              StatusIs(absl::StatusCode::kFailedPrecondition, "production"));
-  ASSERT_OK_AND_ASSIGN(int64_t released, remote->DeleteVersion("m", 1, /*force=*/true));
-  EXPECT_GT(released, 0);
-
-  v1::RetentionPolicy policy;
-  policy.set_keep_last(2);
-  ASSERT_OK_AND_ASSIGN(v1::ApplyRetentionResponse dry, remote->ApplyRetention("m", policy, true));
-  EXPECT_THAT(dry.deleted_versions(), ElementsAre(2, 3));
-  ASSERT_OK_AND_ASSIGN(versions, remote->ListVersions("m"));
-  EXPECT_EQ(versions.size(), 4u);
-  ASSERT_OK_AND_ASSIGN(v1::ApplyRetentionResponse applied,
-                       remote->ApplyRetention("m", policy, false));
-  EXPECT_THAT(applied.deleted_versions(), ElementsAre(2, 3));
-  ASSERT_OK_AND_ASSIGN(versions, remote->ListVersions("m"));
-  ASSERT_EQ(versions.size(), 2u);
-  EXPECT_EQ(versions[0].version(), 4);
-
-  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse would, remote->GarbageCollect(true));
-  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, remote->GarbageCollect(false));
-  EXPECT_GT(collected.bytes_freed(), 0);
-  EXPECT_EQ(would.bytes_freed(), collected.bytes_freed());
-
-  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, remote->Verify("", 0));
-  EXPECT_THAT(verified.problems(), IsEmpty());
-  EXPECT_GT(verified.chunks_checked(), 0);
-  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, remote->GetStats());
-  ASSERT_OK_AND_ASSIGN(v1::StoreStats local_stats, local_->GetStats());
-  EXPECT_TRUE(MessageDifferencer::Equals(stats, local_stats));
-  EXPECT_EQ(stats.versions(), 3);
-
-  ASSERT_OK_AND_ASSIGN(v1::Manifest latest, remote->GetManifest(Ref("m")));
-  const std::string known = latest.tensors(0).chunks(0).sha256();
-  const std::string unknown(32, 'x');
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> missing,
-                       remote->FindMissingChunks({known, unknown}));
-  EXPECT_THAT(missing, ElementsAre(unknown));
-}
-
-TEST_F(RemoteCheckpointStoreTest, StoreErrorsPassThroughUnchanged) {
-  StartServer();
-  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
-  ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1)).status());
-  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(2)).status());
-
-  const absl::Status local_missing = local_->GetManifest(Ref("m@9")).status();
-  ASSERT_EQ(local_missing.code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(remote->GetManifest(Ref("m@9")).status(), local_missing);
-  EXPECT_EQ(remote->OpenVersion(Ref("m@9")).status(), local_missing);
-  EXPECT_EQ(remote->ListVersions("nope").status(), local_->ListVersions("nope").status());
-  EXPECT_THAT(remote->SetAlias("m", "best", 1, /*expected_current_version=*/2),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(remote->FindMissingChunks({"short"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, "SHA-256"));
-
-  // Header problems come from BeginUpload, before any byte is sent.
-  CommitOptions stale;
-  stale.expected_latest_version = 1;
-  EXPECT_THAT(remote->CommitCheckpoint("m", SmallCheckpoint(3), stale),
-              StatusIs(absl::StatusCode::kFailedPrecondition, "expects latest version 1"));
-  CommitOptions reserved;
-  reserved.aliases = {"latest"};
-  EXPECT_THAT(remote->BeginUpload("m", OneTensorHeader(4), reserved),
-              StatusIs(absl::StatusCode::kInvalidArgument, "latest"));
-  EXPECT_THAT(remote->BeginUpload("bad name", OneTensorHeader(4), {}),
-              StatusIs(absl::StatusCode::kInvalidArgument));
-
-  // Session misuse fails locally, as the store's sessions do; an incomplete commit fails there.
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
-                       remote->BeginUpload("m", OneTensorHeader(4), {}));
-  EXPECT_EQ(session->tensor_count(), 1);
-  EXPECT_THAT(session->AddTensorData(0, 4, "abcd"),
-              StatusIs(absl::StatusCode::kInvalidArgument, "expected offset 0"));
-  EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kFailedPrecondition, "failed earlier"));
-  ASSERT_OK_AND_ASSIGN(session, remote->BeginUpload("m", OneTensorHeader(4), {}));
-  ASSERT_OK(session->AddTensorData(0, 0, "abcd"));
-  EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kInvalidArgument, "incomplete"));
-  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, local_->ListVersions("m"));
-  EXPECT_EQ(versions.size(), 2u);
 }
 
 TEST_F(RemoteCheckpointStoreTest, RequiresTheConfiguredBearerTokenButHealthStaysOpen) {
@@ -503,45 +317,6 @@ TEST_F(RemoteCheckpointStoreTest, AbandonedUploadLeavesNoVersionAndGcReclaimsIt)
   ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, remote->GarbageCollect(false));
   EXPECT_EQ(collected.abandoned_uploads_reclaimed(), 1);
   EXPECT_EQ(collected.bytes_freed(), 4 * kMiB);
-}
-
-TEST_F(RemoteCheckpointStoreTest, ConcurrentWritersOnOneModelGetDistinctVersions) {
-  StartServer();
-  constexpr int kWriters = 3;
-  constexpr int kCommitsEach = 3;
-  // LibTorch's generator is global: make every checkpoint before the threads start.
-  std::vector<std::vector<CheckpointContents>> contents(kWriters);
-  for (int w = 0; w < kWriters; ++w) {
-    for (int i = 0; i < kCommitsEach; ++i) contents[w].push_back(SmallCheckpoint(w * 10 + i));
-  }
-  std::vector<std::vector<int64_t>> versions(kWriters);
-  std::vector<std::thread> writers;
-  for (int w = 0; w < kWriters; ++w) {
-    writers.emplace_back([&, w] {
-      std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
-      if (remote == nullptr) return;
-      for (int i = 0; i < kCommitsEach; ++i) {
-        absl::StatusOr<CommitResult> committed = remote->CommitCheckpoint("shared", contents[w][i]);
-        EXPECT_OK(committed.status());
-        if (committed.ok()) versions[w].push_back(committed->version.version());
-      }
-    });
-  }
-  for (std::thread& writer : writers) writer.join();
-  std::vector<int64_t> all;
-  for (const auto& mine : versions) all.insert(all.end(), mine.begin(), mine.end());
-  std::sort(all.begin(), all.end());
-  EXPECT_THAT(all, ElementsAre(1, 2, 3, 4, 5, 6, 7, 8, 9));
-  // Each writer's version holds that writer's bytes.
-  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
-  ASSERT_NE(remote, nullptr);
-  for (int w = 0; w < kWriters; ++w) {
-    for (int i = 0; i < static_cast<int>(versions[w].size()); ++i) {
-      ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
-                           remote->LoadCheckpoint(MakeVersionRef("shared", versions[w][i])));
-      ExpectSameCheckpoint(loaded.contents, contents[w][i]);
-    }
-  }
 }
 
 TEST_F(RemoteCheckpointStoreTest, ConcurrentReadersOfOneVersionSeeTheSameBytes) {
@@ -686,5 +461,62 @@ TEST(RemoteStoreOptionsTest, BadOptionsAreInvalidArguments) {
               StatusIs(absl::StatusCode::kInvalidArgument, "deadline"));
 }
 
+// RemoteCheckpointStore runs the CheckpointStore conformance suite (libs/store/testing) through
+// a real store service on loopback over a RocksDB store.
+class ServedStore final : public ::ckpt::testing::StoreHarness {
+ public:
+  explicit ServedStore(const std::string& dir) {
+    StoreOptions options;
+    options.db_path = dir + "/db";
+    options.abandoned_upload_grace = absl::ZeroDuration();
+    absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> local =
+        RocksDbCheckpointStore::Open(options);
+    EXPECT_OK(local.status());
+    local_ = *std::move(local);
+    StoreServiceOptions service_options;
+    service_options.worker_threads = 4;
+    absl::StatusOr<std::unique_ptr<StoreService>> service =
+        StoreService::Create(local_.get(), service_options);
+    EXPECT_OK(service.status());
+    service_ = *std::move(service);
+    absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+        GrpcServer::Start({}, {{service_.get(), v1::CheckpointStore::service_full_name()}});
+    EXPECT_OK(server.status());
+    server_ = *std::move(server);
+    RemoteStoreOptions remote_options;
+    remote_options.address = server_->address();
+    absl::StatusOr<std::unique_ptr<RemoteCheckpointStore>> remote =
+        RemoteCheckpointStore::Connect(remote_options);
+    EXPECT_OK(remote.status());
+    remote_ = *std::move(remote);
+  }
+  ~ServedStore() override {
+    remote_.reset();
+    server_->Shutdown(absl::ZeroDuration());
+    server_->Wait();
+  }
+  CheckpointStore& store() override { return *remote_; }
+
+ private:
+  std::unique_ptr<RocksDbCheckpointStore> local_;
+  std::unique_ptr<StoreService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<RemoteCheckpointStore> remote_;
+};
+
+}  // namespace
+
+namespace testing {
+INSTANTIATE_TEST_SUITE_P(
+    Remote, StoreConformanceTest,
+    ::testing::Values(StoreConformanceParam{
+        "remote",
+        [](const std::string& dir) -> std::unique_ptr<StoreHarness> {
+          return std::make_unique<ServedStore>(dir);
+        }}),
+    [](const ::testing::TestParamInfo<StoreConformanceParam>& info) { return info.param.name; });
+}  // namespace testing
+
+namespace {
 }  // namespace
 }  // namespace ckpt

@@ -1,0 +1,716 @@
+#include "libs/store/testing/store_conformance.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "libs/status/status_matchers.h"
+#include "libs/store/chunk_hasher.h"
+#include "libs/store/version_ref.h"
+
+namespace ckpt::testing {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+// Every byte, dtype and shape equal.
+void ExpectSameTensor(const at::Tensor& actual, const at::Tensor& expected,
+                      const std::string& what) {
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const at::Tensor a = actual.contiguous();
+  const at::Tensor b = expected.contiguous();
+  ASSERT_EQ(a.nbytes(), b.nbytes()) << what;
+  if (a.nbytes() > 0) {
+    EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()), 0) << what;
+  }
+}
+
+std::string TensorBytes(const at::Tensor& tensor) {
+  const at::Tensor contiguous = tensor.contiguous();
+  return std::string(static_cast<const char*>(contiguous.data_ptr()), contiguous.nbytes());
+}
+
+at::Tensor Seeded(std::vector<int64_t> shape, uint64_t seed) {
+  at::manual_seed(seed);
+  return at::randn(shape);
+}
+
+StateDict MakeStateDict(std::vector<std::pair<std::string, at::Tensor>> entries) {
+  StateDict state_dict;
+  for (auto& [key, tensor] : entries) EXPECT_OK(state_dict.Insert(key, tensor));
+  return state_dict;
+}
+
+CheckpointContents WeightsOnly(std::vector<std::pair<std::string, at::Tensor>> entries) {
+  CheckpointContents contents;
+  contents.model = MakeStateDict(std::move(entries));
+  return contents;
+}
+
+v1::VersionRef Ref(absl::string_view text) {
+  absl::StatusOr<v1::VersionRef> ref = ParseVersionRef(text);
+  EXPECT_OK(ref.status());
+  return ref.value_or(v1::VersionRef());
+}
+
+// An Adam-like optimizer state dict for `params` parameters with the shapes of `like`.
+Value AdamState(const std::vector<at::Tensor>& like, int64_t step, uint64_t seed) {
+  Value state = Value::Dict();
+  std::vector<Value> params;
+  for (size_t i = 0; i < like.size(); ++i) {
+    Value per_param = Value::Dict();
+    per_param.Set("step", Value::Tensor(at::full({}, static_cast<double>(step))));
+    per_param.Set("exp_avg", Value::Tensor(Seeded(like[i].sizes().vec(), seed + i)));
+    per_param.Set("exp_avg_sq", Value::Tensor(Seeded(like[i].sizes().vec(), seed + 100 + i).abs()));
+    state.Set(static_cast<int64_t>(i), per_param);
+    params.push_back(Value::Int(static_cast<int64_t>(i)));
+  }
+  Value group = Value::Dict();
+  group.Set("lr", Value::Float(1e-3));
+  group.Set("betas", Value::Tuple({Value::Float(0.9), Value::Float(0.999)}));
+  group.Set("eps", Value::Float(1e-8));
+  group.Set("amsgrad", Value::Bool(false));
+  group.Set("params", Value::List(params));
+  Value optimizer = Value::Dict();
+  optimizer.Set("state", state);
+  optimizer.Set("param_groups", Value::List({group}));
+  return optimizer;
+}
+
+Value StepLrState(int64_t last_epoch) {
+  Value scheduler = Value::Dict();
+  scheduler.Set("step_size", Value::Int(30));
+  scheduler.Set("gamma", Value::Float(0.1));
+  scheduler.Set("base_lrs", Value::List({Value::Float(1e-3)}));
+  scheduler.Set("last_epoch", Value::Int(last_epoch));
+  scheduler.Set("_step_count", Value::Int(last_epoch + 1));
+  scheduler.Set("_last_lr", Value::List({Value::Float(1e-3)}));
+  return scheduler;
+}
+
+
+v1::Manifest OneTensorHeader(const std::string& key, int64_t bytes) {
+  v1::Manifest header;
+  v1::TensorMeta* meta = header.add_tensors();
+  meta->set_key(key);
+  meta->set_dtype(v1::DTYPE_UINT8);
+  meta->add_shape(bytes);
+  meta->set_byte_length(bytes);
+  return header;
+}
+
+void StoreConformanceTest::SetUp() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(name.begin(), name.end(), '/', '_');  // "Case/param" of a parameterized test.
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
+  harness_ = GetParam().make(dir);
+  ASSERT_NE(harness_, nullptr);
+  store_ = &harness_->store();
+}
+
+void StoreConformanceTest::TearDown() {
+  store_ = nullptr;
+  harness_.reset();
+}
+
+CommitResult StoreConformanceTest::MustCommit(const std::string& model,
+                                              const CheckpointContents& contents,
+                                              const CommitOptions& options) {
+  absl::StatusOr<CommitResult> result = store_->CommitCheckpoint(model, contents, options);
+  EXPECT_OK(result.status());
+  return result.value_or(CommitResult());
+}
+
+TEST_P(StoreConformanceTest, RoundTripsMixedDTypesByteForByte) {
+  const at::Tensor wide = Seeded({6, 8}, 1);
+  const at::Tensor big = Seeded({10 * kMiB / 4}, 2);  // 10 MiB: chunks of 4 + 4 + 2 MiB.
+  const at::Tensor exact = Seeded({2 * kMiB}, 3);     // 8 MiB: exactly two chunks.
+  CheckpointContents contents = WeightsOnly({
+      {"fc.weight", Seeded({3, 4}, 4)},
+      {"emb.bf16", Seeded({5}, 5).to(at::kBFloat16)},
+      {"ids", at::arange(7, at::kLong)},
+      {"mask", at::arange(9) % 2 == 0},
+      {"transposed", wide.t()},  // not contiguous
+      {"scale", at::full({}, 3.25, at::kDouble)},
+      {"empty", at::empty({0, 3})},
+      {"big", big},
+      {"exact", exact},
+  });
+  ASSERT_FALSE(contents.model.Find("transposed")->is_contiguous());
+  const CommitResult committed = MustCommit("mixed", contents);
+  EXPECT_EQ(FormatVersionRef(committed.version), "mixed@1");
+  EXPECT_EQ(committed.logical_bytes, contents.model.TotalBytes());
+  EXPECT_EQ(committed.new_bytes, contents.model.TotalBytes());
+
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("mixed")));
+  ASSERT_EQ(loaded.contents.model.size(), contents.model.size());
+  for (size_t i = 0; i < contents.model.size(); ++i) {
+    const StateDict::Entry& expected = contents.model.entry(i);
+    const StateDict::Entry& actual = loaded.contents.model.entry(i);
+    EXPECT_EQ(actual.key, expected.key);
+    EXPECT_EQ(actual.original_device, "cpu");
+    EXPECT_TRUE(actual.tensor.is_contiguous());
+    ExpectSameTensor(actual.tensor, expected.tensor, expected.key);
+  }
+  EXPECT_FALSE(loaded.contents.optimizer.has_value());
+  EXPECT_TRUE(loaded.contents.extra.is_none());
+
+  // The manifest describes chunks and content hashes.
+  const v1::Manifest& manifest = loaded.manifest;
+  EXPECT_EQ(manifest.model(), "mixed");
+  EXPECT_EQ(manifest.version(), 1);
+  const v1::TensorMeta& big_meta = manifest.tensors(7);
+  ASSERT_EQ(big_meta.chunks_size(), 3);
+  EXPECT_EQ(big_meta.chunks(0).length(), 4 * kMiB);
+  EXPECT_EQ(big_meta.chunks(2).length(), 2 * kMiB);
+  EXPECT_EQ(big_meta.content_hash(), ContentHashOfBytes(TensorBytes(big)));
+  EXPECT_EQ(big_meta.chunks(1).sha256(),
+            Sha256(absl::string_view(TensorBytes(big)).substr(4 * kMiB, 4 * kMiB)));
+  EXPECT_EQ(manifest.tensors(8).chunks_size(), 2);
+  EXPECT_EQ(manifest.tensors(6).chunks_size(), 0);  // empty
+  EXPECT_EQ(manifest.tensors(6).content_hash(), Sha256(""));
+  EXPECT_EQ(manifest.tensors(5).shape_size(), 0);   // scalar
+  EXPECT_GT(manifest.metadata().created_unix_micros(), 0);
+
+  // One tensor, and the chunk-level stream of a version's reader. (The store-level
+  // ReadTensorChunks(meta) is not part of this contract: a remote store has no way to read by
+  // chunk list and says so.)
+  ASSERT_OK_AND_ASSIGN(at::Tensor read, store_->ReadTensor("mixed", 1, "transposed"));
+  ExpectSameTensor(read, wide.t(), "transposed");
+  std::string streamed;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader,
+                       store_->OpenVersion(MakeVersionRef("mixed", 1)));
+  ASSERT_OK(reader->ReadTensorChunks(big_meta, [&](int64_t offset, absl::string_view bytes) {
+    EXPECT_EQ(offset, static_cast<int64_t>(streamed.size()));
+    streamed.append(bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(streamed, TensorBytes(big));
+  EXPECT_THAT(store_->ReadTensor("mixed", 1, "nope"),
+              StatusIs(absl::StatusCode::kNotFound, "no tensor 'nope' in mixed@1"));
+}
+
+TEST_P(StoreConformanceTest, RoundTripsQuantizedTensors) {
+  const at::Tensor per_tensor = at::quantize_per_tensor(Seeded({4, 4}, 1), 0.05, 3, at::kQInt8);
+  const at::Tensor per_channel = at::quantize_per_channel(
+      Seeded({3, 5}, 2), at::tensor(std::vector<double>{0.1, 0.2, 0.3}),
+      at::tensor(std::vector<int64_t>{0, 1, 2}), 0, at::kQUInt8);
+  MustCommit("quantized", WeightsOnly({{"q", per_tensor}, {"qc", per_channel}}));
+  ASSERT_OK_AND_ASSIGN(at::Tensor q, store_->ReadTensor("quantized", 1, "q"));
+  EXPECT_EQ(q.qscheme(), at::kPerTensorAffine);
+  EXPECT_EQ(q.q_scale(), 0.05);
+  EXPECT_EQ(q.q_zero_point(), 3);
+  EXPECT_TRUE(at::equal(q.int_repr(), per_tensor.int_repr()));
+  ASSERT_OK_AND_ASSIGN(at::Tensor qc, store_->ReadTensor("quantized", 1, "qc"));
+  EXPECT_TRUE(at::equal(qc.q_per_channel_scales(), per_channel.q_per_channel_scales()));
+  EXPECT_TRUE(at::equal(qc.int_repr(), per_channel.int_repr()));
+  EXPECT_TRUE(at::equal(qc.dequantize(), per_channel.dequantize()));
+}
+
+TEST_P(StoreConformanceTest, NormalizesDdpPrefixAndRecordsIt) {
+  CheckpointContents contents = WeightsOnly({
+      {"module.encoder.weight", Seeded({4, 4}, 1)},
+      {"module.encoder.bias", Seeded({4}, 2)},
+  });
+  contents.optimizer = AdamState({Seeded({4, 4}, 0), Seeded({4}, 0)}, 1, 10);
+  contents.optimizer_param_names = {{0, "module.encoder.weight"}, {1, "encoder.bias"}};
+  MustCommit("ddp", contents);
+
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("ddp@1")));
+  EXPECT_THAT(loaded.contents.model.keys(), ElementsAre("encoder.weight", "encoder.bias"));
+  ExpectSameTensor(*loaded.contents.model.Find("encoder.weight"),
+                   *contents.model.Find("module.encoder.weight"), "weight");
+  const v1::KeyNormalization& normalization = loaded.manifest.metadata().key_normalization();
+  EXPECT_EQ(normalization.stripped_prefix(), "module.");
+  EXPECT_THAT(normalization.wrappers(), ElementsAre("ddp"));
+  EXPECT_EQ(loaded.manifest.tensors(0).original_key(), "module.encoder.weight");
+  EXPECT_THAT(loaded.contents.optimizer_param_names,
+              ElementsAre(std::make_pair(0, "encoder.weight"), std::make_pair(1, "encoder.bias")));
+}
+
+TEST_P(StoreConformanceTest, KeepsKeysAsGivenWhenNormalizationIsOff) {
+  CommitOptions options;
+  options.normalize_keys = false;
+  MustCommit("raw", WeightsOnly({{"module.w", Seeded({2}, 1)}}), options);
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(Ref("raw")));
+  EXPECT_EQ(manifest.tensors(0).key(), "module.w");
+}
+
+TEST_P(StoreConformanceTest, OptimizerSchedulerAndExtraRoundTripEqual) {
+  const at::Tensor weight = Seeded({16, 8}, 1);
+  const at::Tensor bias = Seeded({16}, 2);
+  CheckpointContents contents = WeightsOnly({
+      {"fc.weight", weight},
+      {"fc.bias", bias},
+      {"bn.num_batches_tracked", at::full({}, 7, at::kLong)},
+  });
+  contents.optimizer = AdamState({weight, bias}, 12, 20);
+  contents.scheduler = StepLrState(12);
+  Value extra = Value::Dict();
+  extra.Set("epoch", Value::Int(3));
+  extra.Set("rng_state", Value::Tensor(at::arange(16, at::kByte)));
+  extra.Set("note", Value::String("resume here"));
+  extra.Set("none", Value::None());
+  contents.extra = extra;
+  contents.metadata.set_epoch(3);
+  contents.metadata.set_global_step(1200);
+  (*contents.metadata.mutable_metrics())["loss"] = 0.25;
+  contents.optimizer_param_names = {{0, "fc.weight"}, {1, "fc.bias"}};
+  const CommitResult committed = MustCommit("resume", contents);
+  EXPECT_THAT(committed.warnings, IsEmpty());
+
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("resume@1")));
+  ASSERT_TRUE(loaded.contents.optimizer.has_value());
+  EXPECT_EQ(*loaded.contents.optimizer, *contents.optimizer)
+      << loaded.contents.optimizer->DebugString();
+  ASSERT_TRUE(loaded.contents.scheduler.has_value());
+  EXPECT_EQ(*loaded.contents.scheduler, *contents.scheduler);
+  EXPECT_EQ(loaded.contents.extra, contents.extra) << loaded.contents.extra.DebugString();
+  EXPECT_EQ(loaded.contents.metadata.epoch(), 3);
+  EXPECT_EQ(loaded.contents.metadata.global_step(), 1200);
+  EXPECT_EQ(loaded.contents.metadata.metrics().at("loss"), 0.25);
+
+  std::vector<std::string> state_keys;
+  for (const v1::TensorMeta& meta : loaded.manifest.state_tensors()) state_keys.push_back(meta.key());
+  EXPECT_THAT(state_keys, ElementsAre("optimizer/state/0/step", "optimizer/state/0/exp_avg",
+                                      "optimizer/state/0/exp_avg_sq", "optimizer/state/1/step",
+                                      "optimizer/state/1/exp_avg", "optimizer/state/1/exp_avg_sq",
+                                      "extra/rng_state"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor exp_avg,
+                       store_->ReadTensor("resume", 1, "optimizer/state/1/exp_avg"));
+  ExpectSameTensor(exp_avg, contents.optimizer->Find("state")->Find(1)->Find("exp_avg")->tensor(),
+                   "exp_avg");
+}
+
+TEST_P(StoreConformanceTest, VersionsIncrementAndRefsResolve) {
+  for (int i = 1; i <= 3; ++i) {
+    const CommitResult committed = MustCommit("m", WeightsOnly({{"w", at::full({4}, 1.0 * i)}}));
+    EXPECT_EQ(committed.version.version(), i);
+  }
+  ASSERT_OK_AND_ASSIGN(v1::Manifest latest, store_->GetManifest(Ref("m")));
+  EXPECT_EQ(latest.version(), 3);
+  ASSERT_OK_AND_ASSIGN(v1::Manifest second, store_->GetManifest(Ref("m@2")));
+  EXPECT_EQ(second.version(), 2);
+  ASSERT_OK_AND_ASSIGN(at::Tensor w, store_->ReadTensor("m", 2, "w"));
+  EXPECT_TRUE(at::equal(w, at::full({4}, 2.0)));
+
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, store_->ListVersions("m"));
+  ASSERT_EQ(versions.size(), 3u);
+  EXPECT_EQ(versions[0].version(), 1);
+  EXPECT_EQ(versions[2].version(), 3);
+  EXPECT_EQ(versions[2].logical_bytes(), 16);
+  EXPECT_EQ(versions[2].tensor_count(), 1);
+  EXPECT_FALSE(versions[2].has_optimizer_state());
+
+  MustCommit("other", WeightsOnly({{"w", at::full({4}, 1)}}));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, store_->ListModels());
+  ASSERT_EQ(models.size(), 2u);
+  EXPECT_EQ(models[0].name(), "m");
+  EXPECT_EQ(models[0].latest_version(), 3);
+  EXPECT_EQ(models[0].version_count(), 3);
+  EXPECT_EQ(models[0].logical_bytes(), 48);
+  EXPECT_EQ(models[1].name(), "other");
+}
+
+TEST_P(StoreConformanceTest, MissingRefsAreNotFoundNamingTheRef) {
+  MustCommit("m", WeightsOnly({{"w", at::ones({2})}}));
+  EXPECT_THAT(store_->GetManifest(Ref("m@9")), StatusIs(absl::StatusCode::kNotFound, "m@9"));
+  EXPECT_THAT(store_->GetManifest(Ref("m@best")),
+              StatusIs(absl::StatusCode::kNotFound, "m@best not found: model 'm' has no alias"));
+  EXPECT_THAT(store_->GetManifest(Ref("ghost")),
+              StatusIs(absl::StatusCode::kNotFound, "ghost@latest: no model 'ghost'"));
+  EXPECT_THAT(store_->ListVersions("ghost"), StatusIs(absl::StatusCode::kNotFound, "ghost"));
+}
+
+TEST_P(StoreConformanceTest, AliasesMoveAtomicallyWithCompareAndSet) {
+  for (int i = 1; i <= 3; ++i) MustCommit("m", WeightsOnly({{"w", at::full({2}, i)}}));
+  ASSERT_OK_AND_ASSIGN(int64_t previous, store_->SetAlias("m", "best", 1, 0));
+  EXPECT_EQ(previous, 0);
+  ASSERT_OK_AND_ASSIGN(previous, store_->SetAlias("m", "best", 2, /*expected_current=*/1));
+  EXPECT_EQ(previous, 1);
+  EXPECT_THAT(store_->SetAlias("m", "best", 3, /*expected_current=*/1),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "alias m@best points at version 2; expected version 1"));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest best, store_->GetManifest(Ref("m@best")));
+  EXPECT_EQ(best.version(), 2);
+  EXPECT_THAT(best.aliases(), ElementsAre("best"));
+
+  // A commit moves aliases in the same batch.
+  CommitOptions options;
+  options.aliases = {"best", "production"};
+  MustCommit("m", WeightsOnly({{"w", at::full({2}, 4)}}), options);
+  ASSERT_OK_AND_ASSIGN(best, store_->GetManifest(Ref("m@best")));
+  EXPECT_EQ(best.version(), 4);
+  EXPECT_THAT(best.aliases(), ElementsAre("best", "production"));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, store_->ListModels());
+  EXPECT_EQ(models[0].aliases().at("production"), 4);
+
+  EXPECT_THAT(store_->SetAlias("m", "latest", 1, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, "reserved"));
+  EXPECT_THAT(store_->SetAlias("m", "best", 99, 0), StatusIs(absl::StatusCode::kNotFound, "m@99"));
+  ASSERT_OK(store_->DeleteAlias("m", "best"));
+  EXPECT_THAT(store_->GetManifest(Ref("m@best")), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->DeleteAlias("m", "best"), StatusIs(absl::StatusCode::kNotFound, "best"));
+}
+
+TEST_P(StoreConformanceTest, ExpectedLatestVersionConflictIsFailedPrecondition) {
+  MustCommit("m", WeightsOnly({{"w", at::ones({2})}}));
+  CommitOptions expect_one;
+  expect_one.expected_latest_version = 1;
+  CommitOptions expect_five;
+  expect_five.expected_latest_version = 5;
+  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"w", at::ones({2})}}), expect_five),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "expects latest version 5"));
+
+  // Checked again atomically at commit: another writer got in between.
+  v1::Manifest header;
+  v1::TensorMeta* meta = header.add_tensors();
+  meta->set_key("w");
+  meta->set_dtype(v1::DTYPE_UINT8);
+  meta->add_shape(3);
+  meta->set_byte_length(3);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       store_->BeginUpload("m", header, expect_one));
+  ASSERT_OK(session->AddTensorData(0, 0, "abc"));
+  MustCommit("m", WeightsOnly({{"w", at::zeros({2})}}));
+  EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          "expected latest version 1 but it is 2"));
+  EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kFailedPrecondition, "failed earlier"));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest latest, store_->GetManifest(Ref("m")));
+  EXPECT_EQ(latest.version(), 2);
+}
+
+TEST_P(StoreConformanceTest, TwoThreadsCommittingToOneModelGetDistinctVersions) {
+  constexpr int kPerThread = 5;
+  std::vector<int64_t> versions[2];
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 2; ++t) {
+    writers.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const float value = static_cast<float>(t * 100 + i);
+        absl::StatusOr<CommitResult> committed = store_->CommitCheckpoint(
+            "shared", WeightsOnly({{"w", at::full({64 * 1024}, value)}}));
+        ASSERT_OK(committed.status());
+        versions[t].push_back(committed->version.version());
+      }
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+
+  std::set<int64_t> all(versions[0].begin(), versions[0].end());
+  all.insert(versions[1].begin(), versions[1].end());
+  EXPECT_EQ(all.size(), 2u * kPerThread);
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), 2 * kPerThread);
+  for (int t = 0; t < 2; ++t) {
+    for (int i = 0; i < kPerThread; ++i) {
+      ASSERT_OK_AND_ASSIGN(at::Tensor w, store_->ReadTensor("shared", versions[t][i], "w"));
+      EXPECT_TRUE(at::equal(w, at::full({64 * 1024}, static_cast<float>(t * 100 + i))));
+    }
+  }
+}
+
+TEST_P(StoreConformanceTest, FrozenBackboneCostsItsBytesOnce) {
+  const at::Tensor backbone = Seeded({2 * kMiB}, 1);  // 8 MiB
+  constexpr int64_t kHeadElements = 16 * 1024;         // 64 KiB
+  int64_t logical = 0;
+  for (int i = 0; i < 10; ++i) {
+    const CommitResult committed = MustCommit(
+        "finetune",
+        WeightsOnly({{"backbone.weight", backbone}, {"head.weight", Seeded({kHeadElements}, 100 + i)}}));
+    logical += committed.logical_bytes;
+    EXPECT_EQ(committed.new_bytes, i == 0 ? 8 * kMiB + 4 * kHeadElements : 4 * kHeadElements);
+  }
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, store_->GetStats());
+  const double expected_physical = 8.0 * kMiB + 10.0 * 4 * kHeadElements;
+  EXPECT_NEAR(static_cast<double>(stats.physical_bytes()), expected_physical,
+              0.02 * expected_physical);
+  EXPECT_EQ(stats.logical_bytes(), logical);
+  EXPECT_EQ(stats.logical_bytes(), 10 * (8 * kMiB + 4 * kHeadElements));
+  EXPECT_EQ(stats.chunks(), 2 + 10);
+  EXPECT_EQ(stats.models(), 1);
+  EXPECT_EQ(stats.versions(), 10);
+  std::cout << "dedup: logical " << stats.logical_bytes() << " bytes, physical "
+            << stats.physical_bytes() << " bytes, ratio "
+            << static_cast<double>(stats.logical_bytes()) / stats.physical_bytes() << "\n";
+}
+
+TEST_P(StoreConformanceTest, DeleteAndGcFreeExactlyTheUnreferencedChunks) {
+  const at::Tensor shared = Seeded({kMiB}, 1);  // 4 MiB, one chunk
+  const at::Tensor only_v1 = Seeded({1000}, 2);
+  const at::Tensor only_v2 = Seeded({2000}, 3);
+  MustCommit("m", WeightsOnly({{"shared", shared}, {"mine", only_v1}}));
+  MustCommit("m", WeightsOnly({{"shared", shared}, {"mine", only_v2}}));
+
+  // Nothing is unreferenced yet.
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse nothing, store_->GarbageCollect(false));
+  EXPECT_EQ(nothing.chunks_freed(), 0);
+
+  ASSERT_OK_AND_ASSIGN(int64_t released, store_->DeleteVersion("m", 1, false));
+  EXPECT_EQ(released, 4000);
+  EXPECT_THAT(store_->GetManifest(Ref("m@1")), StatusIs(absl::StatusCode::kNotFound, "m@1"));
+
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse dry, store_->GarbageCollect(true));
+  EXPECT_EQ(dry.chunks_freed(), 1);
+  EXPECT_EQ(dry.bytes_freed(), 4000);
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store_->GarbageCollect(false));
+  EXPECT_EQ(collected.chunks_freed(), 1);
+  EXPECT_EQ(collected.bytes_freed(), 4000);
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse again, store_->GarbageCollect(false));
+  EXPECT_EQ(again.chunks_freed(), 0);
+
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint v2, store_->LoadCheckpoint(Ref("m@2")));
+  ExpectSameTensor(*v2.contents.model.Find("shared"), shared, "shared");
+  ExpectSameTensor(*v2.contents.model.Find("mine"), only_v2, "mine");
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, store_->GetStats());
+  EXPECT_EQ(stats.chunks(), 2);
+  EXPECT_EQ(stats.physical_bytes(), 4 * kMiB + 8000);
+  EXPECT_EQ(stats.versions(), 1);
+}
+
+TEST_P(StoreConformanceTest, DeletingAnAliasedVersionNeedsForceAndLatestMovesBack) {
+  MustCommit("m", WeightsOnly({{"w", at::full({2}, 1)}}));
+  CommitOptions best;
+  best.aliases = {"best"};
+  MustCommit("m", WeightsOnly({{"w", at::full({2}, 2)}}), best);
+  EXPECT_THAT(store_->DeleteVersion("m", 2, false),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "m@2 has aliases best"));
+  ASSERT_OK(store_->DeleteVersion("m", 2, true).status());
+  EXPECT_THAT(store_->GetManifest(Ref("m@best")), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest latest, store_->GetManifest(Ref("m")));
+  EXPECT_EQ(latest.version(), 1);
+  // Numbers are never reused.
+  EXPECT_EQ(MustCommit("m", WeightsOnly({{"w", at::full({2}, 3)}})).version.version(), 3);
+}
+
+TEST_P(StoreConformanceTest, RetentionNeverDropsAliasedOrLatestVersions) {
+  for (int i = 1; i <= 10; ++i) MustCommit("m", WeightsOnly({{"w", at::full({8}, 1.0 * i)}}));
+  ASSERT_OK(store_->SetAlias("m", "best", 2, 0).status());
+  v1::RetentionPolicy policy;
+  policy.set_keep_last(3);
+  policy.set_keep_every(4);
+
+  ASSERT_OK_AND_ASSIGN(v1::ApplyRetentionResponse dry, store_->ApplyRetention("m", policy, true));
+  EXPECT_THAT(dry.deleted_versions(), ElementsAre(1, 3, 5, 6, 7));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> before, store_->ListVersions("m"));
+  EXPECT_EQ(before.size(), 10u);
+
+  ASSERT_OK_AND_ASSIGN(v1::ApplyRetentionResponse applied,
+                       store_->ApplyRetention("m", policy, false));
+  EXPECT_THAT(applied.deleted_versions(), ElementsAre(1, 3, 5, 6, 7));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> after, store_->ListVersions("m"));
+  std::vector<int64_t> kept;
+  for (const v1::VersionInfo& info : after) kept.push_back(info.version());
+  EXPECT_THAT(kept, ElementsAre(2, 4, 8, 9, 10));
+  ASSERT_OK_AND_ASSIGN(at::Tensor best, store_->ReadTensor("m", 2, "w"));
+  EXPECT_TRUE(at::equal(best, at::full({8}, 2.0)));
+
+  // keep_last 1 still keeps the aliased version and the latest.
+  policy.set_keep_last(1);
+  policy.set_keep_every(0);
+  ASSERT_OK_AND_ASSIGN(applied, store_->ApplyRetention("m", policy, false));
+  EXPECT_THAT(applied.deleted_versions(), ElementsAre(4, 8, 9));
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store_->GarbageCollect(false));
+  EXPECT_EQ(collected.chunks_freed(), 8);
+  EXPECT_EQ(collected.bytes_freed(), 8 * 32);
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+
+  v1::RetentionPolicy negative;
+  negative.set_keep_last(-1);
+  EXPECT_THAT(store_->ApplyRetention("m", negative, false),
+              StatusIs(absl::StatusCode::kInvalidArgument, ">= 0"));
+}
+
+TEST_P(StoreConformanceTest, DroppingOptimizerStateKeepsWeightsAndSchedulers) {
+  const at::Tensor weight = Seeded({256, 256}, 1);  // 256 KiB
+  for (int i = 1; i <= 4; ++i) {
+    CheckpointContents contents = WeightsOnly({{"w", weight}});
+    contents.optimizer = AdamState({weight}, i, 10 * i);
+    contents.scheduler = StepLrState(i);
+    MustCommit("m", contents);
+  }
+  v1::RetentionPolicy policy;
+  policy.set_drop_optimizer_state_older_than(2);
+  ASSERT_OK_AND_ASSIGN(v1::ApplyRetentionResponse applied,
+                       store_->ApplyRetention("m", policy, false));
+  EXPECT_THAT(applied.deleted_versions(), IsEmpty());
+  EXPECT_THAT(applied.optimizer_state_dropped(), ElementsAre(1, 2));
+
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint old, store_->LoadCheckpoint(Ref("m@1")));
+  EXPECT_FALSE(old.contents.optimizer.has_value());
+  EXPECT_TRUE(old.contents.optimizer_param_names.empty());
+  ASSERT_TRUE(old.contents.scheduler.has_value());
+  EXPECT_EQ(*old.contents.scheduler, StepLrState(1));
+  ExpectSameTensor(*old.contents.model.Find("w"), weight, "w");
+  EXPECT_THAT(old.manifest.warnings(), ElementsAre(HasSubstr("optimizer state dropped")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint recent, store_->LoadCheckpoint(Ref("m@3")));
+  ASSERT_TRUE(recent.contents.optimizer.has_value());
+  EXPECT_EQ(*recent.contents.optimizer, AdamState({weight}, 3, 30));
+
+  // Exp_avg / exp_avg_sq / step of versions 1 and 2 are now unreferenced.
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store_->GarbageCollect(false));
+  EXPECT_EQ(collected.chunks_freed(), 2 * 3);
+  EXPECT_EQ(collected.bytes_freed(), 2 * (2 * 256 * 256 * 4 + 4));
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, store_->ListModels());
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, store_->ListVersions("m"));
+  int64_t sum = 0;
+  for (const v1::VersionInfo& info : versions) sum += info.logical_bytes();
+  EXPECT_EQ(models[0].logical_bytes(), sum);
+}
+
+TEST_P(StoreConformanceTest, RecordsOriginalDeviceAndRejectsSparseTensors) {
+  CheckpointContents contents;
+  ASSERT_OK(contents.model.Insert("w", at::ones({3}), "cuda:1"));
+  MustCommit("m", contents);
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  EXPECT_EQ(loaded.manifest.tensors(0).original_device(), "cuda:1");
+  EXPECT_EQ(loaded.contents.model.entry(0).original_device, "cuda:1");
+  EXPECT_TRUE(loaded.contents.model.entry(0).tensor.device().is_cpu());
+
+  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"s", at::eye(3).to_sparse()}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 's' has layout Sparse"));
+}
+
+TEST_P(StoreConformanceTest, OpenReaderSurvivesDeleteAndGc) {
+  const at::Tensor w = Seeded({kMiB / 2}, 1);
+  MustCommit("m", WeightsOnly({{"w", w}}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@1")));
+  ASSERT_OK(store_->DeleteVersion("m", 1, false).status());
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store_->GarbageCollect(false));
+  EXPECT_EQ(collected.chunks_freed(), 1);
+  ASSERT_OK_AND_ASSIGN(at::Tensor read, reader->ReadTensor("w"));
+  ExpectSameTensor(read, w, "w");
+}
+
+TEST_P(StoreConformanceTest, StreamedUploadInPiecesDedupsWithOneShotCommit) {
+  const at::Tensor big = Seeded({9 * kMiB / 4}, 1);  // 9 MiB
+  const at::Tensor small = Seeded({1000}, 2);
+  MustCommit("m", WeightsOnly({{"big", big}, {"small", small}}));
+
+  // The same bytes in 1 MiB messages (what the gRPC service sends), tensors interleaved.
+  v1::Manifest header;
+  for (const auto& [key, tensor] : {std::make_pair("big", big), std::make_pair("small", small)}) {
+    v1::TensorMeta* meta = header.add_tensors();
+    meta->set_key(key);
+    meta->set_dtype(v1::DTYPE_FLOAT32);
+    meta->add_shape(tensor.numel());
+    meta->set_byte_length(tensor.nbytes());
+  }
+  const std::string big_bytes = TensorBytes(big);
+  const std::string small_bytes = TensorBytes(small);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session, store_->BeginUpload("m", header, {}));
+  ASSERT_OK(session->AddTensorData(1, 0, absl::string_view(small_bytes).substr(0, 1000)));
+  for (int64_t offset = 0; offset < static_cast<int64_t>(big_bytes.size()); offset += kMiB) {
+    ASSERT_OK(session->AddTensorData(0, offset, absl::string_view(big_bytes).substr(offset, kMiB)));
+  }
+  ASSERT_OK(session->AddTensorData(1, 1000, absl::string_view(small_bytes).substr(1000)));
+  ASSERT_OK_AND_ASSIGN(CommitResult committed, session->Commit());
+  EXPECT_EQ(committed.new_bytes, 0);
+  ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, store_->GetStats());
+  EXPECT_EQ(stats.chunks(), 4);  // 4 + 4 + 1 MiB and the small tensor
+
+  ASSERT_OK_AND_ASSIGN(v1::Manifest one_shot, store_->GetManifest(Ref("m@1")));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest streamed, store_->GetManifest(Ref("m@2")));
+  EXPECT_EQ(streamed.tensors(0).content_hash(), one_shot.tensors(0).content_hash());
+  EXPECT_EQ(streamed.tensors(0).chunks_size(), 3);
+
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> missing,
+                       store_->FindMissingChunks({one_shot.tensors(0).chunks(0).sha256(),
+                                                  Sha256("not stored")}));
+  EXPECT_THAT(missing, ElementsAre(Sha256("not stored")));
+}
+
+TEST_P(StoreConformanceTest, ValidationErrorsAreInvalidArgumentWithClearMessages) {
+  EXPECT_THAT(store_->CommitCheckpoint("bad name", WeightsOnly({{"w", at::ones({1})}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model name 'bad name' has ' '"));
+  CommitOptions latest_alias;
+  latest_alias.aliases = {"latest"};
+  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"w", at::ones({1})}}), latest_alias),
+              StatusIs(absl::StatusCode::kInvalidArgument, "reserved"));
+
+  v1::Manifest wrong_length = OneTensorHeader("w", 10);
+  wrong_length.mutable_tensors(0)->set_byte_length(11);
+  EXPECT_THAT(store_->BeginUpload("m", wrong_length, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "tensor 'w' (index 0): byte_length 11 but uint8 [10] is 10 bytes"));
+
+  v1::Manifest dangling = OneTensorHeader("w", 10);
+  dangling.mutable_optimizer_state()->mutable_tensor_value()->set_key("optimizer/x");
+  EXPECT_THAT(store_->BeginUpload("m", dangling, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "references tensor 'optimizer/x', which is not in state_tensors"));
+
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> short_upload,
+                         store_->BeginUpload("m", OneTensorHeader("w", 10), {}));
+    ASSERT_OK(short_upload->AddTensorData(0, 0, "12345"));
+    EXPECT_THAT(short_upload->Commit(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "incomplete: tensor 'w' (index 0) got 5 of 10 bytes"));
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> long_upload,
+                         store_->BeginUpload("m", OneTensorHeader("w", 10), {}));
+    EXPECT_THAT(long_upload->AddTensorData(0, 0, "12345678901"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "11 bytes sent but its byte_length is 10"));
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> gap,
+                         store_->BeginUpload("m", OneTensorHeader("w", 10), {}));
+    ASSERT_OK(gap->AddTensorData(0, 0, "123"));
+    EXPECT_THAT(gap->AddTensorData(0, 5, "45"),
+                StatusIs(absl::StatusCode::kInvalidArgument, "offset 5, expected offset 3"));
+    EXPECT_THAT(gap->AddTensorData(7, 0, "45"),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "failed earlier"));
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> bad_index,
+                         store_->BeginUpload("m", OneTensorHeader("w", 10), {}));
+    EXPECT_THAT(bad_index->AddTensorData(1, 0, "1"),
+                StatusIs(absl::StatusCode::kInvalidArgument, "tensor index 1 is out of range"));
+  }
+  // None of them left a version behind.
+  EXPECT_THAT(store_->GetManifest(Ref("m")), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_P(StoreConformanceTest, ContentHashFromTheClientIsChecked) {
+  v1::Manifest header = OneTensorHeader("w", 3);
+  header.mutable_tensors(0)->set_content_hash(ContentHashOfBytes("abc"));
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                         store_->BeginUpload("m", header, {}));
+    // A store checks when the tensor is complete (local) or at the latest on Commit (a remote
+    // store streams the bytes and hears back once).
+    absl::Status added = session->AddTensorData(0, 0, "abd");
+    absl::Status failed = added.ok() ? session->Commit().status() : added;
+    EXPECT_THAT(failed, StatusIs(absl::StatusCode::kDataLoss,
+                                 "content_hash is " + HexEncode(ContentHashOfBytes("abc"))));
+  }
+  EXPECT_THAT(store_->GetManifest(Ref("m")), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session, store_->BeginUpload("m", header, {}));
+  ASSERT_OK(session->AddTensorData(0, 0, "abc"));
+  ASSERT_OK(session->Commit().status());
+}
+
+}  // namespace ckpt::testing
