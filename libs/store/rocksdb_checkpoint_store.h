@@ -57,11 +57,10 @@ struct StoreOptions {
   // Every chunk is still checked on load, and two tensors never share memory. Such a tensor is not resizable, and holds its
   // pack file (and its disk space) until it is freed. Default true.
   bool map_tensors_on_load = true;
-  // For tools/bench's R6 only: chunks get serial addresses instead of SHA-256 and no xxh3, so the
-  // store's cost without hashing can be measured. Nothing deduplicates, and the versions written
-  // cannot be read back (every chunk fails its checksum). Never set it elsewhere.
-  bool benchmark_only_skip_hashing = false;
 };
+
+// A seam for tools/bench only (libs/store/benchmark_seams.h, visible to tools/bench alone).
+struct StoreBenchmarkSeams;
 
 class RocksDbCheckpointStore final : public CheckpointStore {
  public:
@@ -101,10 +100,14 @@ class RocksDbCheckpointStore final : public CheckpointStore {
 
   const std::string& db_path() const;
 
-  // Internal state shared with sessions and readers (defined in the .cc).
+  // Internal state shared with sessions and readers (internal/rocksdb_store_core.h).
   class Core;
 
  private:
+  friend struct StoreBenchmarkSeams;
+  // `skip_hashing`: see StoreBenchmarkSeams::OpenWithoutHashing.
+  static absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> Open(const StoreOptions& options,
+                                                                      bool skip_hashing);
   explicit RocksDbCheckpointStore(std::shared_ptr<Core> core);
   std::shared_ptr<Core> core_;
 };

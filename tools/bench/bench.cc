@@ -69,6 +69,7 @@
 #include "libs/status/torch_status.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/benchmark_seams.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/async_checkpointer.h"
@@ -332,7 +333,7 @@ double TimeStoreHashing(const Workload& workload) {
 }
 
 struct StoreKnobs {
-  bool skip_hashing = false;  // StoreOptions::benchmark_only_skip_hashing (R6's baseline).
+  bool skip_hashing = false;  // StoreBenchmarkSeams::OpenWithoutHashing (R6's baseline).
   bool map_on_load = true;    // StoreOptions::map_tensors_on_load.
 };
 
@@ -340,8 +341,8 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> OpenStore(const std::str
                                                                  StoreKnobs knobs = {}) {
   StoreOptions options;
   options.db_path = path;
-  options.benchmark_only_skip_hashing = knobs.skip_hashing;
   options.map_tensors_on_load = knobs.map_on_load;
+  if (knobs.skip_hashing) return StoreBenchmarkSeams::OpenWithoutHashing(options);
   return RocksDbCheckpointStore::Open(options);
 }
 
@@ -537,7 +538,7 @@ absl::StatusOr<SaveLoadTimes> MeasureSaveLoad(const BenchOptions& options,
   }
   report.AddTiming("raw write + fsync", workload, times.raw_s);
   report.AddTiming("store save (CommitCheckpoint, synced)", workload, times.store_save_s);
-  report.AddTiming("store save without hashing (benchmark_only_skip_hashing)", workload,
+  report.AddTiming("store save without hashing (StoreBenchmarkSeams)", workload,
                    times.unhashed_save_s);
   report.AddTiming("SHA-256 + xxh3 per chunk, one thread, alone", workload, times.hash_s);
   report.AddTiming("memcpy (destination already faulted in)", workload, times.memcpy_s);
@@ -587,7 +588,7 @@ absl::Status FigureR3(const Workload& workload, const SaveLoadTimes& times, Repo
   return absl::OkStatus();
 }
 
-// The save without hashing is the same store code with StoreOptions::benchmark_only_skip_hashing
+// The save without hashing is the same store code opened through StoreBenchmarkSeams::OpenWithoutHashing
 // (serial chunk addresses, no xxh3), run after each save on a fresh store: what SHA-256 and xxh3
 // add to a save once the store overlaps them with its writes.
 absl::Status FigureR6(const Workload& workload, const SaveLoadTimes& times, Report& report) {

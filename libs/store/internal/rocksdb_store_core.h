@@ -1,0 +1,675 @@
+#ifndef CKPT_LIBS_STORE_INTERNAL_ROCKSDB_STORE_CORE_H_
+#define CKPT_LIBS_STORE_INTERNAL_ROCKSDB_STORE_CORE_H_
+
+// RocksDbCheckpointStore's private core, shared by its files (listed in srcs only): Core -- the
+// store's RocksDB handle, record reads and writes, chunk I/O over pack files, pack space,
+// readers' registrations and live uploads. The public API
+// is rocksdb_checkpoint_store.h; the upload session is internal/rocksdb_upload_session.h.
+//
+// The files, by concern (as RocksDB splits db_impl.cc):
+//   rocksdb_checkpoint_store.cc              open, begin upload, reads, versions and aliases
+//   rocksdb_checkpoint_store_maintenance.cc  retention, garbage collection, verify, stats
+//   internal/rocksdb_upload_session.cc       the upload session and its hashing pipeline
+//   internal/rocksdb_store_core.h            this file
+//   internal/rocksdb_store_records.h         small helpers every file uses
+
+#include "libs/store/internal/rocksdb_store_records.h"
+
+namespace ckpt {
+
+// The helpers above are this store's own; its files use them unqualified.
+using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): a private header.
+
+// The whole-pack mappings one reader shares among the tensors it maps, and the regions it has
+// handed out.
+struct PackMappings {
+  absl::Mutex mu;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<MappedPackRegion>> packs ABSL_GUARDED_BY(mu);
+  // Per pack, the byte ranges handed out (start -> end), which never overlap.
+  absl::flat_hash_map<uint64_t, std::map<int64_t, int64_t>> handed_out ABSL_GUARDED_BY(mu);
+
+  // Claims bytes [start, end) of pack `pack_id`; false when they overlap bytes handed out
+  // before (a deduplicated chunk can lie inside another tensor's run, or runs can touch).
+  bool Claim(uint64_t pack_id, int64_t start, int64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::map<int64_t, int64_t>& ranges = handed_out[pack_id];
+    auto next = ranges.lower_bound(start);
+    if (next != ranges.end() && next->first < end) return false;
+    if (next != ranges.begin() && std::prev(next)->second > start) return false;
+    ranges.emplace(start, end);
+    return true;
+  }
+};
+
+class RocksDbCheckpointStore::Core {
+ public:
+  Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::unique_ptr<PackDirectory> packs,
+       bool skip_hashing)
+      : options_(std::move(options)),
+        skip_hashing_(skip_hashing),
+        store_db_(std::move(db)),
+        db_(store_db_->db()),
+        packs_(std::move(packs)) {
+    std::random_device random;
+    upload_id_base_ = (static_cast<uint64_t>(random()) << 32) ^ random();
+  }
+
+  const StoreOptions& options() const { return options_; }
+  // StoreBenchmarkSeams::OpenWithoutHashing: chunks get serial addresses, nothing is hashed.
+  bool skip_hashing() const { return skip_hashing_; }
+  rocksdb::DB* db() const { return db_; }
+  PackDirectory& packs() const { return *packs_; }
+
+  // Readers register before they take their snapshot, with the latest sequence number then (their
+  // snapshot sees at least that much). GarbageCollect closes a removed pack's descriptor once
+  // every registered reader started after the batch that stopped naming the pack.
+  int64_t AddReader() {
+    absl::MutexLock lock(&readers_mu_);
+    const int64_t id = next_reader_id_++;
+    readers_.emplace(id, db_->GetLatestSequenceNumber());
+    return id;
+  }
+  void RemoveReader(int64_t id) {
+    absl::MutexLock lock(&readers_mu_);
+    readers_.erase(id);
+  }
+  // The oldest sequence number a registered reader may see; the newest when there is none.
+  uint64_t OldestReaderSequence() {
+    absl::MutexLock lock(&readers_mu_);
+    uint64_t oldest = db_->GetLatestSequenceNumber();
+    for (const auto& [id, sequence] : readers_) oldest = std::min(oldest, sequence);
+    return oldest;
+  }
+  rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const { return store_db_->cf(cf); }
+
+  rocksdb::ReadOptions Read(const rocksdb::Snapshot* snapshot = nullptr) const {
+    rocksdb::ReadOptions read;
+    read.snapshot = snapshot;
+    read.verify_checksums = true;
+    return read;
+  }
+
+  absl::Status Write(rocksdb::WriteBatch& batch, absl::string_view what, bool sync) {
+    rocksdb::WriteOptions write;
+    write.sync = sync && options_.sync_commits;
+    return FromRocksDbStatus(db_->Write(write, &batch), what);
+  }
+
+  // Synced whatever sync_commits says: for batches after which files are removed (GC), whose loss
+  // in a power failure would bring back locations naming deleted packs.
+  absl::Status WriteDurably(rocksdb::WriteBatch& batch, absl::string_view what) {
+    rocksdb::WriteOptions write;
+    write.sync = true;
+    return FromRocksDbStatus(db_->Write(write, &batch), what);
+  }
+
+  // ---- Records.
+
+  absl::StatusOr<std::optional<ModelRecord>> ReadModel(absl::string_view model,
+                                                       const rocksdb::Snapshot* snapshot) const {
+    std::string bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kModels), ToSlice(model),
+                                    &bytes);
+    if (read.IsNotFound()) return std::nullopt;
+    RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading model '", model, "'")));
+    ModelRecord record;
+    RETURN_IF_ERROR(ParseRecord(bytes, record, absl::StrCat("model '", model, "'")));
+    return record;
+  }
+
+  absl::StatusOr<ModelRecord> ReadExistingModel(absl::string_view model,
+                                                const rocksdb::Snapshot* snapshot,
+                                                absl::string_view ref_text) const {
+    ASSIGN_OR_RETURN(std::optional<ModelRecord> record, ReadModel(model, snapshot));
+    if (!record.has_value()) {
+      return absl::NotFoundError(absl::StrCat(ref_text.empty() ? "" : absl::StrCat(ref_text, ": "),
+                                              "no model '", model, "' in the store"));
+    }
+    return *record;
+  }
+
+  // The version `ref` names.
+  absl::StatusOr<int64_t> ResolveVersion(const v1::VersionRef& ref,
+                                         const rocksdb::Snapshot* snapshot) const {
+    RETURN_IF_ERROR(ValidateModelName(ref.model()));
+    const std::string ref_text = FormatVersionRef(ref);
+    ASSIGN_OR_RETURN(ModelRecord record, ReadExistingModel(ref.model(), snapshot, ref_text));
+    if (ref.ref_case() == v1::VersionRef::kVersion) {
+      if (ref.version() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(ref_text, ": versions are numbered from 1"));
+      }
+      return ref.version();
+    }
+    if (ref.alias().empty() || ref.alias() == kLatestAlias) {
+      if (record.latest_version() == 0) {
+        return absl::NotFoundError(absl::StrCat(ref_text, " not found: model '", ref.model(),
+                                                "' has no versions"));
+      }
+      return record.latest_version();
+    }
+    std::string bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kAliases),
+                                    AliasKey(ref.model(), ref.alias()), &bytes);
+    if (read.IsNotFound()) {
+      return absl::NotFoundError(absl::StrCat(ref_text, " not found: model '", ref.model(),
+                                              "' has no alias '", ref.alias(), "'"));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading alias ", ref_text)));
+    absl::StatusOr<uint64_t> version = DecodeBigEndian64(bytes);
+    if (!version.ok()) return absl::DataLossError(absl::StrCat("alias ", ref_text, ": unreadable"));
+    return static_cast<int64_t>(*version);
+  }
+
+  absl::StatusOr<v1::Manifest> ReadManifest(absl::string_view model, int64_t version,
+                                            const rocksdb::Snapshot* snapshot) const {
+    std::string bytes;
+    const std::string ref_text = FormatVersionRef(model, version);
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kVersions),
+                                    VersionKey(model, version), &bytes);
+    if (read.IsNotFound()) return absl::NotFoundError(absl::StrCat(ref_text, " not found"));
+    RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading ", ref_text)));
+    v1::Manifest manifest;
+    RETURN_IF_ERROR(ParseRecord(bytes, manifest, absl::StrCat("manifest of ", ref_text)));
+    return manifest;
+  }
+
+  // version -> aliases (by name) of `model`.
+  absl::StatusOr<std::map<int64_t, std::vector<std::string>>> ReadAliases(
+      absl::string_view model, const rocksdb::Snapshot* snapshot) const {
+    std::map<int64_t, std::vector<std::string>> aliases;
+    const std::string prefix = ModelPrefix(model);
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(snapshot), cf(ColumnFamily::kAliases)));
+    for (it->Seek(prefix); it->Valid() && StartsWith(it->key(), prefix); it->Next()) {
+      absl::StatusOr<uint64_t> version = DecodeBigEndian64(ToView(it->value()));
+      if (!version.ok()) {
+        return absl::DataLossError(absl::StrCat("unreadable alias of model '", model, "'"));
+      }
+      aliases[static_cast<int64_t>(*version)].emplace_back(
+          AliasFromKey(ToView(it->key()), model));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("listing aliases of ", model)));
+    return aliases;
+  }
+
+  // Every (version, manifest) of `model`, oldest first.
+  absl::StatusOr<std::vector<std::pair<int64_t, v1::Manifest>>> ReadAllManifests(
+      absl::string_view model, const rocksdb::Snapshot* snapshot) const {
+    std::vector<std::pair<int64_t, v1::Manifest>> manifests;
+    const std::string prefix = ModelPrefix(model);
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(snapshot), cf(ColumnFamily::kVersions)));
+    for (it->Seek(prefix); it->Valid() && StartsWith(it->key(), prefix); it->Next()) {
+      ASSIGN_OR_RETURN(int64_t version, VersionFromKey(ToView(it->key()), model));
+      v1::Manifest manifest;
+      RETURN_IF_ERROR(ParseRecord(ToView(it->value()), manifest,
+                                  absl::StrCat("manifest of ", FormatVersionRef(model, version))));
+      manifests.emplace_back(version, std::move(manifest));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("listing versions of ", model)));
+    return manifests;
+  }
+
+  // Every model name.
+  absl::StatusOr<std::vector<std::pair<std::string, ModelRecord>>> ReadAllModels(
+      const rocksdb::Snapshot* snapshot) const {
+    std::vector<std::pair<std::string, ModelRecord>> models;
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(snapshot), cf(ColumnFamily::kModels)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      ModelRecord record;
+      RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record,
+                                  absl::StrCat("model '", ToView(it->key()), "'")));
+      models.emplace_back(it->key().ToString(), std::move(record));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing models"));
+    return models;
+  }
+
+  // Newest version of `model` other than those in `excluded`; 0 if none.
+  absl::StatusOr<int64_t> NewestVersionExcept(absl::string_view model,
+                                              const std::set<int64_t>& excluded) const {
+    const std::string prefix = ModelPrefix(model);
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(), cf(ColumnFamily::kVersions)));
+    for (it->SeekForPrev(absl::StrCat(prefix, EncodeBigEndian64(~uint64_t{0})));
+         it->Valid() && StartsWith(it->key(), prefix); it->Prev()) {
+      ASSIGN_OR_RETURN(int64_t version, VersionFromKey(ToView(it->key()), model));
+      if (!excluded.count(version)) return version;
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("listing versions of ", model)));
+    return 0;
+  }
+
+  // Applies summed refcount changes to `batch`. Adds to `*released_bytes` the bytes of chunks
+  // whose count reaches zero and to `*new_bytes` those of chunks counted for the first time.
+  absl::Status ApplyRefDeltas(const RefDeltas& deltas, rocksdb::WriteBatch& batch,
+                              int64_t* released_bytes, int64_t* new_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t now = NowMicros();
+    for (const auto& [sha256, delta] : deltas) {
+      if (delta.delta == 0) continue;
+      std::string bytes;
+      rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kRefs), sha256, &bytes);
+      ChunkRecord record;
+      if (read.IsNotFound()) {
+        if (delta.delta < 0) {
+          return absl::DataLossError(absl::StrCat(
+              "chunk ", HexEncode(sha256),
+              " has no refcount record but a manifest references it; run verify"));
+        }
+        record.set_length(delta.length);
+        record.set_xxh3_64(delta.xxh3_64);
+        record.set_created_unix_micros(now);
+        if (new_bytes != nullptr) *new_bytes += delta.length;
+      } else {
+        RETURN_IF_ERROR(FromRocksDbStatus(read, "reading a chunk refcount"));
+        RETURN_IF_ERROR(ParseRecord(bytes, record, absl::StrCat("refcount of chunk ",
+                                                                HexEncode(sha256))));
+      }
+      const int64_t count = record.refcount() + delta.delta;
+      if (count < 0) {
+        return absl::DataLossError(absl::StrCat("refcount of chunk ", HexEncode(sha256),
+                                                " would drop to ", count, "; run verify"));
+      }
+      if (count == 0 && record.refcount() > 0 && released_bytes != nullptr) {
+        *released_bytes += record.length();
+      }
+      record.set_refcount(count);
+      batch.Put(cf(ColumnFamily::kRefs), sha256, record.SerializeAsString());
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Chunks.
+
+  // Reads chunk `chunk` into `destination` (chunk.length() bytes) from its pack, or from the
+  // `chunks` column family for schema-1 data. NOT_FOUND when the store holds neither; DATA_LOSS
+  // when the stored length disagrees. Checks nothing else: callers verify the xxh3.
+  absl::Status ReadChunkInto(const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot,
+                             char* destination) const {
+    std::string location_bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks),
+                                    chunk.sha256(), &location_bytes);
+    if (read.ok()) {
+      PackedChunk record;
+      RETURN_IF_ERROR(ParseRecord(location_bytes, record, "chunk location"));
+      if (record.length() != chunk.length()) {
+        return absl::DataLossError(absl::StrCat("stored ", record.length(),
+                                                " bytes; the manifest says ", chunk.length()));
+      }
+      return packs_->Read({record.pack_id(), record.offset(), record.length()}, destination);
+    }
+    if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk location");
+    rocksdb::PinnableSlice value;
+    read = db_->Get(Read(snapshot), cf(ColumnFamily::kChunks), chunk.sha256(), &value);
+    if (read.IsNotFound()) return absl::NotFoundError("missing from the store");
+    RETURN_IF_ERROR(FromRocksDbStatus(read, "reading an inline chunk"));
+    if (static_cast<int64_t>(value.size()) != chunk.length()) {
+      return absl::DataLossError(absl::StrCat("stored ", value.size(),
+                                              " bytes; the manifest says ", chunk.length()));
+    }
+    std::memcpy(destination, value.data(), value.size());
+    return absl::OkStatus();
+  }
+
+  // Where `chunk` lives in a pack; nullopt for a schema-1 inline chunk or a missing one.
+  absl::StatusOr<std::optional<PackLocation>> FindPackLocation(
+      const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot) const {
+    std::string location_bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks),
+                                    chunk.sha256(), &location_bytes);
+    if (read.IsNotFound()) return std::nullopt;
+    RETURN_IF_ERROR(FromRocksDbStatus(read, "looking up a chunk location"));
+    PackedChunk record;
+    RETURN_IF_ERROR(ParseRecord(location_bytes, record, "chunk location"));
+    // ReadChunkInto reports a location that cannot be right (packs_->Read checks the extent).
+    if (record.length() != chunk.length() || record.offset() < 0 || record.length() < 0 ||
+        record.offset() > std::numeric_limits<int64_t>::max() - record.length()) {
+      return std::nullopt;
+    }
+    return PackLocation{record.pack_id(), record.offset(), record.length()};
+  }
+
+  static std::string ChunkName(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
+                               int64_t offset, absl::string_view where) {
+    return absl::StrCat("chunk ", HexEncode(chunk.sha256()), " of tensor '", meta.key(), "'",
+                        where.empty() ? "" : absl::StrCat(" of ", where), " (bytes ", offset,
+                        "..", offset + chunk.length(), ")");
+  }
+
+  static absl::Status CheckChunkBytes(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
+                                      int64_t offset, absl::string_view where,
+                                      absl::string_view bytes) {
+    const uint64_t xxh3 = Xxh3(bytes);
+    if (xxh3 != chunk.xxh3_64()) {
+      return absl::DataLossError(absl::StrCat(
+          ChunkName(meta, chunk, offset, where), " fails its xxh3 checksum (expected ",
+          Hex64(chunk.xxh3_64()), ", computed ", Hex64(xxh3),
+          "): the stored bytes are corrupt and were not returned"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckChunkLayout(const v1::TensorMeta& meta) const {
+    int64_t total = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      if (chunk.length() < 0 || chunk.length() > kChunkBytes) {
+        return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "': a chunk of ",
+                                                chunk.length(), " bytes"));
+      }
+      total += chunk.length();
+    }
+    if (total != meta.byte_length()) {
+      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "': chunks hold ", total,
+                                              " bytes, byte_length is ", meta.byte_length()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads every chunk of `meta` into `destination` (byte_length bytes), checking each.
+  absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination,
+                              const rocksdb::Snapshot* snapshot, absl::string_view where) const {
+    RETURN_IF_ERROR(CheckChunkLayout(meta));
+    int64_t offset = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      absl::Status read = ReadChunkInto(chunk, snapshot, destination + offset);
+      if (!read.ok()) return ChunkReadError(meta, chunk, offset, where, read);
+      RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where,
+                                      absl::string_view(destination + offset, chunk.length())));
+      offset += chunk.length();
+    }
+    return absl::OkStatus();
+  }
+
+  // Maps `meta`'s bytes in place when its chunks lie back to back in one pack (how an upload
+  // writes a tensor it did not deduplicate), checking every chunk; data is null when they do not,
+  // or when `mappings` already handed out any of these bytes (a deduplicated twin, or a chunk
+  // inside another tensor's run: two tensors must not share memory, or a write to one would show
+  // in the other).
+  absl::StatusOr<VersionReader::MappedBytes> MapTensor(const v1::TensorMeta& meta,
+                                                       const rocksdb::Snapshot* snapshot,
+                                                       absl::string_view where,
+                                                       PackMappings& mappings) const {
+    RETURN_IF_ERROR(CheckChunkLayout(meta));
+    VersionReader::MappedBytes mapped;
+    if (meta.chunks_size() == 0) return mapped;
+    std::optional<PackLocation> whole;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      ASSIGN_OR_RETURN(std::optional<PackLocation> location, FindPackLocation(chunk, snapshot));
+      if (!location.has_value()) return mapped;
+      if (!whole.has_value()) {
+        whole = location;
+      } else if (location->pack_id != whole->pack_id ||
+                 location->offset != whole->offset + whole->length) {
+        return mapped;
+      } else {
+        whole->length += location->length;
+      }
+    }
+    if (whole->offset % 64 != 0) return mapped;  // element alignment
+    std::shared_ptr<MappedPackRegion> region;
+    {
+      absl::MutexLock lock(&mappings.mu);
+      if (!mappings.Claim(whole->pack_id, whole->offset, whole->offset + whole->length)) {
+        return mapped;
+      }
+      std::shared_ptr<MappedPackRegion>& pack = mappings.packs[whole->pack_id];
+      if (pack == nullptr || pack->size() < whole->offset + whole->length) {
+        absl::StatusOr<std::shared_ptr<MappedPackRegion>> mapping =
+            packs_->MapWhole(whole->pack_id);
+        if (!mapping.ok()) {
+          return ChunkReadError(meta, meta.chunks(0), 0, where, mapping.status());
+        }
+        pack = *std::move(mapping);
+      }
+      region = pack;
+    }
+    if (region->size() < whole->offset + whole->length) {
+      // Never touched: a mapping past the end of the file is SIGBUS on first access.
+      return ChunkReadError(
+          meta, meta.chunks(0), 0, where,
+          absl::DataLossError(absl::StrCat("pack ", PackFileName(whole->pack_id), " bytes ",
+                                           whole->offset, "..", whole->offset + whole->length,
+                                           " lie beyond the end of the ", region->size(),
+                                           "-byte file")));
+    }
+    char* data = region->data() + whole->offset;
+    // Checking every chunk touches every page: map them in one call, not a fault per page.
+    PrefaultForRead(data, static_cast<size_t>(whole->length));
+    int64_t offset = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where,
+                                      absl::string_view(data + offset, chunk.length())));
+      offset += chunk.length();
+    }
+    mapped.data = data;
+    mapped.owner = std::move(region);
+    return mapped;
+  }
+
+  static absl::Status ChunkReadError(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
+                                     int64_t offset, absl::string_view where,
+                                     const absl::Status& status) {
+    const std::string name = ChunkName(meta, chunk, offset, where);
+    if (absl::IsNotFound(status)) {
+      return absl::DataLossError(absl::StrCat(name, " is missing from the store"));
+    }
+    return absl::Status(status.code(), absl::StrCat(name, ": ", status.message()));
+  }
+
+  // Streams the chunks of `meta`, checking each. `where` names the version for messages.
+  absl::Status ReadChunks(const v1::TensorMeta& meta, const ChunkCallback& callback,
+                          const rocksdb::Snapshot* snapshot, absl::string_view where) const {
+    RETURN_IF_ERROR(CheckChunkLayout(meta));
+    // One chunk buffer per thread, reused: a fresh 4 MiB per call costs a page fault per 4 KiB.
+    // (A callback that reads again on this thread gets a buffer of its own.)
+    thread_local std::string reused;
+    thread_local bool reused_busy = false;
+    std::string own;
+    std::string& buffer = reused_busy ? own : reused;
+    const bool took_reused = !reused_busy;
+    reused_busy = true;
+    struct Release {
+      bool active;
+      ~Release() {
+        if (active) reused_busy = false;
+      }
+    } release{took_reused};
+    int64_t offset = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      if (buffer.size() < static_cast<size_t>(chunk.length())) buffer.resize(chunk.length());
+      absl::Status read = ReadChunkInto(chunk, snapshot, buffer.data());
+      if (!read.ok()) return ChunkReadError(meta, chunk, offset, where, read);
+      const absl::string_view bytes(buffer.data(), chunk.length());
+      RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where, bytes));
+      RETURN_IF_ERROR(callback(offset, bytes));
+      offset += chunk.length();
+    }
+    return absl::OkStatus();
+  }
+
+  // Re-reads one chunk and re-hashes it; "" when it is sound, else what is wrong.
+  std::string CheckChunk(const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot) const {
+    if (chunk.length() < 0 || chunk.length() > kChunkBytes) {
+      return absl::StrCat("the manifest gives the chunk ", chunk.length(), " bytes");
+    }
+    std::string buffer(chunk.length(), '\0');
+    absl::Status read = ReadChunkInto(chunk, snapshot, buffer.data());
+    if (absl::IsNotFound(read)) return "chunk is missing from the store";
+    if (!read.ok()) return absl::StrCat("chunk unreadable: ", read.message());
+    const uint64_t xxh3 = Xxh3(buffer);
+    if (xxh3 != chunk.xxh3_64()) {
+      return absl::StrCat("xxh3 mismatch: expected ", Hex64(chunk.xxh3_64()), ", computed ",
+                          Hex64(xxh3));
+    }
+    const std::string sha256 = Sha256(buffer);
+    if (sha256 != chunk.sha256()) {
+      return absl::StrCat("SHA-256 mismatch: the stored bytes hash to ", HexEncode(sha256));
+    }
+    return "";
+  }
+
+  // Pins `digest` for an upload (GC leaves it alone) and stores the chunk unless the store already
+  // holds it committed or this upload wrote it.
+  // New chunks are appended to `pack` (the upload's own pack file); `written` maps each chunk the
+  // upload stored to its location, which Commit records in its synced batch.
+  // The upload record of each stored chunk goes into `records`, which the session writes in
+  // batches (UploadRecordBatch).
+  absl::Status PinAndStoreChunk(absl::string_view upload_id, const ChunkDigest& digest,
+                                absl::string_view bytes, int64_t alignment, PackWriter& pack,
+                                absl::flat_hash_set<std::string>& pinned,
+                                absl::flat_hash_map<std::string, PackLocation>& written,
+                                rocksdb::WriteBatch& records) {
+    if (pinned.insert(digest.sha256).second) {
+      absl::MutexLock lock(&mu_);
+      ++pinned_chunks_[digest.sha256];
+    }
+    if (written.contains(digest.sha256)) return absl::OkStatus();
+    // Pinned first, then checked: GC either ran before the pin (and its deletion is visible now)
+    // or runs after it and skips this chunk.
+    std::string record;
+    rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kRefs), digest.sha256, &record);
+    if (read.ok()) return absl::OkStatus();
+    if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk");
+    ASSIGN_OR_RETURN(const int64_t offset, pack.Append(bytes, alignment));
+    const PackLocation location{pack.pack_id(), offset, digest.length};
+    // The location is recorded by Commit, after the pack is synced: `packed_chunks` only ever
+    // names durable bytes. Until then the upload record (written in batches, see
+    // kUploadRecordBatch) accounts for the chunk in GarbageCollect.
+    records.Put(cf(ColumnFamily::kUploads), UploadChunkKey(upload_id, digest.sha256),
+                EncodeBigEndian64(static_cast<uint64_t>(digest.length)));
+    written.emplace(digest.sha256, location);
+    return absl::OkStatus();
+  }
+
+  // ---- Pack space.
+
+  // Removes pack files that no committed location names, except the packs of uploads in
+  // `writing` (live, or abandoned within the grace period), and rewrites packs whose live chunks
+  // fill less than kCompactPackBelowLiveFraction of them. Under mu_, so no commit records
+  // locations meanwhile; uploads only append to their own packs, which are never touched.
+  absl::Status ReclaimPacks(const absl::flat_hash_set<uint64_t>& writing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::flat_hash_map<uint64_t, std::vector<std::pair<std::string, PackLocation>>> live;
+    absl::flat_hash_map<uint64_t, int64_t> live_bytes;
+    {
+      std::unique_ptr<rocksdb::Iterator> it(
+          db_->NewIterator(Read(), cf(ColumnFamily::kPackedChunks)));
+      for (it->SeekToFirst(); it->Valid(); it->Next()) {
+        PackedChunk record;
+        RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record, "chunk location"));
+        live[record.pack_id()].emplace_back(
+            it->key().ToString(), PackLocation{record.pack_id(), record.offset(), record.length()});
+        live_bytes[record.pack_id()] += record.length();
+      }
+      RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk locations"));
+    }
+    ASSIGN_OR_RETURN(auto files, packs_->List());
+    for (const auto& [pack_id, size] : files) {
+      if (writing.contains(pack_id)) continue;
+      auto found = live_bytes.find(pack_id);
+      if (found == live_bytes.end()) {
+        RETURN_IF_ERROR(packs_->Remove(pack_id, db_->GetLatestSequenceNumber()));
+      } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size) &&
+                 size - found->second >= kCompactPackMinDeadBytes) {
+        RETURN_IF_ERROR(CompactPack(pack_id, live[pack_id]));
+      }
+    }
+    // Readers on an older snapshot may still read removed packs through their descriptors.
+    packs_->ReleaseRemoved(OldestReaderSequence());
+    return absl::OkStatus();
+  }
+
+  // Copies the live chunks of pack `pack_id` to a new pack (in their order; a chunk on a 4096- or
+  // 64-byte boundary stays on one, so tensors stay mappable, at the price of padding a chunk that
+  // sat on a page by chance), syncs it, moves their locations, removes the old pack.
+  absl::Status CompactPack(uint64_t pack_id,
+                           std::vector<std::pair<std::string, PackLocation>>& chunks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::sort(chunks.begin(), chunks.end(), [](const auto& a, const auto& b) {
+      return a.second.offset < b.second.offset;
+    });
+    ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs_->NewPack(NewUploadNumber()));
+    rocksdb::WriteBatch batch;
+    std::string buffer;
+    for (const auto& [sha256, location] : chunks) {
+      buffer.resize(static_cast<size_t>(location.length));
+      RETURN_IF_ERROR(packs_->Read(location, buffer.data()));
+      const int64_t alignment =
+          location.offset % 4096 == 0 ? 4096 : location.offset % 64 == 0 ? 64 : 1;
+      ASSIGN_OR_RETURN(const int64_t offset, writer->Append(buffer, alignment));
+      batch.Put(cf(ColumnFamily::kPackedChunks), sha256,
+                EncodeLocation({writer->pack_id(), offset, location.length}));
+    }
+    RETURN_IF_ERROR(writer->Sync());
+    RETURN_IF_ERROR(WriteDurably(batch, absl::StrCat("relocating the chunks of pack ",
+                                                     PackFileName(pack_id))));
+    return packs_->Remove(pack_id, db_->GetLatestSequenceNumber());
+  }
+
+  // ---- Uploads.
+
+  // A fresh upload id; its number also names the upload's pack file.
+  uint64_t NewUploadNumber() {
+    const uint64_t serial = next_upload_serial_.fetch_add(1);
+    return upload_id_base_ + serial * 0x9e3779b97f4a7c15ull;
+  }
+
+  void AddLiveUpload(const std::string& upload_id) {
+    absl::MutexLock lock(&mu_);
+    live_uploads_.insert(upload_id);
+  }
+
+  void EndUploadLocked(const std::string& upload_id,
+                       const absl::flat_hash_set<std::string>& pinned)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    live_uploads_.erase(upload_id);
+    for (const std::string& sha256 : pinned) {
+      auto it = pinned_chunks_.find(sha256);
+      if (it != pinned_chunks_.end() && --it->second == 0) pinned_chunks_.erase(it);
+    }
+  }
+
+  void EndUpload(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned) {
+    absl::MutexLock lock(&mu_);
+    EndUploadLocked(upload_id, pinned);
+  }
+
+  int64_t LiveUploadCount() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int64_t>(live_uploads_.size());
+  }
+
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  const absl::flat_hash_set<std::string>& live_uploads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return live_uploads_;
+  }
+  const absl::flat_hash_map<std::string, int>& pinned_chunks() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pinned_chunks_;
+  }
+
+ private:
+  const StoreOptions options_;
+  const bool skip_hashing_;
+  const std::unique_ptr<StoreDb> store_db_;
+  rocksdb::DB* const db_;
+  const std::unique_ptr<PackDirectory> packs_;
+  absl::Mutex readers_mu_;
+  int64_t next_reader_id_ ABSL_GUARDED_BY(readers_mu_) = 0;
+  // Registered reader -> the latest sequence number when it registered.
+  std::map<int64_t, uint64_t> readers_ ABSL_GUARDED_BY(readers_mu_);
+  uint64_t upload_id_base_ = 0;
+  std::atomic<uint64_t> next_upload_serial_{0};
+
+  // Serializes every read-modify-write of metadata: commits, alias moves, deletes, retention, GC.
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> live_uploads_ ABSL_GUARDED_BY(mu_);
+  // Chunk -> number of live uploads that stored it or rely on it being present.
+  absl::flat_hash_map<std::string, int> pinned_chunks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_STORE_INTERNAL_ROCKSDB_STORE_CORE_H_

@@ -1,0 +1,25 @@
+#ifndef CKPT_LIBS_STORE_INTERNAL_ROCKSDB_UPLOAD_SESSION_H_
+#define CKPT_LIBS_STORE_INTERNAL_ROCKSDB_UPLOAD_SESSION_H_
+
+// The RocksDB store's UploadSession (private; see internal/rocksdb_store_core.h): chunks are
+// hashed and written to the upload's pack file as they fill, on a background pipeline for stable
+// data, and Commit makes the version visible in one synced batch.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libs/store/internal/rocksdb_store_core.h"
+
+namespace ckpt {
+
+// A session for the upload `upload_id` (already recorded and registered live in `core`), writing
+// pack `pack_id`, for a validated `header`.
+std::unique_ptr<UploadSession> NewRocksDbUploadSession(
+    std::shared_ptr<RocksDbCheckpointStore::Core> core, std::string upload_id, uint64_t pack_id,
+    v1::Manifest header, CommitOptions options, std::vector<std::string> warnings);
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_STORE_INTERNAL_ROCKSDB_UPLOAD_SESSION_H_
