@@ -29,8 +29,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr char kScript[] = "tests/testdata/resume_bundle.py";
-constexpr int kSteps = 6;        // before the bundle is saved.
-constexpr int kMoreSteps = 5;    // after the resume.
+constexpr int kSteps = 6;      // before the bundle is saved.
+constexpr int kMoreSteps = 5;  // after the resume.
 
 using Result = testing::ShellResult;
 
@@ -61,7 +61,8 @@ void ExpectResumesExactly(const std::string& file, const std::string& combo, boo
 nlohmann::json Contents(const std::string& ref) {
   Result shown = Ckpt(absl::StrCat("show ", ref, " --json ", Store()));
   EXPECT_EQ(shown.exit_code, 0) << shown.output;
-  nlohmann::json manifest = nlohmann::json::parse(shown.output, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json manifest =
+      nlohmann::json::parse(shown.output, nullptr, /*allow_exceptions=*/false);
   EXPECT_FALSE(manifest.is_discarded()) << shown.output;
   manifest.erase("version");
   manifest.erase("aliases");
@@ -124,11 +125,12 @@ TEST_F(BundleResumeTest, ConvertKeepsTheWholeBundle) {
     ExpectResumesExactly(out, combo, /*wrapped=*/false);
   }
   // --model-only and safetensors give the weights alone and say what they left out.
-  Result weights = Ckpt(absl::StrCat("convert ", Dir(), "/sgd_step.pt ", Dir(),
-                                     "/weights.safetensors"));
+  Result weights =
+      Ckpt(absl::StrCat("convert ", Dir(), "/sgd_step.pt ", Dir(), "/weights.safetensors"));
   ASSERT_EQ(weights.exit_code, 0) << weights.output;
   EXPECT_THAT(weights.output, HasSubstr("optimizer: safetensors holds tensors only"));
-  weights = Ckpt(absl::StrCat("convert ", Dir(), "/sgd_step.pt ", Dir(), "/weights.pt --model-only"));
+  weights =
+      Ckpt(absl::StrCat("convert ", Dir(), "/sgd_step.pt ", Dir(), "/weights.pt --model-only"));
   ASSERT_EQ(weights.exit_code, 0) << weights.output;
   EXPECT_THAT(weights.output, HasSubstr("scheduler: model weights only"));
 }
@@ -146,9 +148,10 @@ TEST_F(BundleResumeTest, ReimportingAnExportGivesTheSameVersionForFree) {
   // The producer's keys (module.) come back with --key-prefix module., so the re-import records
   // the same normalization, and every chunk is already in the store.
   const std::string exported = Dir() + "/roundtrip.pt";
-  ASSERT_EQ(Ckpt(absl::StrCat("export sgd_step ", exported, " --bundle --key-prefix module. ",
-                              Store())).exit_code,
-            0);
+  ASSERT_EQ(
+      Ckpt(absl::StrCat("export sgd_step ", exported, " --bundle --key-prefix module. ", Store()))
+          .exit_code,
+      0);
   Result imported = Ckpt(absl::StrCat("import ", exported, " --model roundtrip ", Store()));
   ASSERT_EQ(imported.exit_code, 0) << imported.output;
   EXPECT_THAT(imported.output, HasSubstr("0 B new after dedup"));
@@ -156,7 +159,8 @@ TEST_F(BundleResumeTest, ReimportingAnExportGivesTheSameVersionForFree) {
   nlohmann::json again = Contents("roundtrip@1");
   original.erase("model");
   again.erase("model");
-  EXPECT_EQ(original, again) << "original:\n" << original.dump(1) << "\nre-imported:\n"
+  EXPECT_EQ(original, again) << "original:\n"
+                             << original.dump(1) << "\nre-imported:\n"
                              << again.dump(1);
   EXPECT_TRUE(original.contains("bundle_layout"));
 }
@@ -169,16 +173,16 @@ TEST_F(BundleResumeTest, TheLoaderServiceExportsBundlesToAPythonClient) {
   const std::string copy = dir + "/store";
   ASSERT_EQ(std::system(absl::StrCat("cp -r ", Dir(), "/store ", copy).c_str()), 0);
   testing::ChildProcess loader(testing::RunfilesPath("services/loader/loader"), dir);
-  ASSERT_TRUE(loader.Start({"--store_dir=" + copy, "--listen=127.0.0.1:0",
-                            "--port_file=" + dir + "/port", "--auth_token_file=" + dir + "/token",
-                            "--shutdown_grace=2s"}));
+  ASSERT_TRUE(
+      loader.Start({"--store_dir=" + copy, "--listen=127.0.0.1:0", "--port_file=" + dir + "/port",
+                    "--auth_token_file=" + dir + "/token", "--shutdown_grace=2s"}));
   const int port = loader.WaitForPort(dir + "/port", absl::Seconds(30));
   ASSERT_GT(port, 0) << loader.stderr_text();
   for (const std::string combo : {"sgd_step", "adamw_onecycle"}) {
     SCOPED_TRACE(combo);
     const std::string out = absl::StrCat(dir, "/", combo, "-rpc.pt");
-    const std::string printed = Python(absl::StrCat("export 127.0.0.1:", port, " tok-bundle ",
-                                                    combo, " ", out, " ", dir, "/gen"));
+    const std::string printed = Python(
+        absl::StrCat("export 127.0.0.1:", port, " tok-bundle ", combo, " ", out, " ", dir, "/gen"));
     EXPECT_THAT(printed, HasSubstr("OK"));
     if (combo == "adamw_onecycle") {
       EXPECT_THAT(printed, HasSubstr("left out: scheduler/anneal_func"));
@@ -187,8 +191,9 @@ TEST_F(BundleResumeTest, TheLoaderServiceExportsBundlesToAPythonClient) {
   }
   // The C++ client (RemoteLoader) behind `ckpt export --loader` gets the same bundle and report.
   const std::string out = dir + "/adamw_onecycle-cli.pt";
-  Result exported = Ckpt(absl::StrCat("export adamw_onecycle ", out, " --bundle --loader=127.0.0.1:",
-                                      port, " --auth_token_file=", dir, "/token"));
+  Result exported =
+      Ckpt(absl::StrCat("export adamw_onecycle ", out, " --bundle --loader=127.0.0.1:", port,
+                        " --auth_token_file=", dir, "/token"));
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   EXPECT_THAT(exported.output, HasSubstr("whole bundle"));
   EXPECT_THAT(exported.output, HasSubstr("scheduler/anneal_func: a builtins.getattr object"));
@@ -222,12 +227,14 @@ TEST_F(BundleResumeTest, BadRequestsFailClearlyAndLeaveNoFile) {
   EXPECT_FALSE(Exists(converted));
 
   // A version without optimizer state asked for as a bundle.
-  ASSERT_EQ(Ckpt(absl::StrCat("convert ", Dir(), "/sgd_step.pt ", Dir(), "/weights-only.pt "
-                              "--model-only")).exit_code,
-            0);
-  ASSERT_EQ(Ckpt(absl::StrCat("import ", Dir(), "/weights-only.pt --model weights ", Store()))
+  ASSERT_EQ(Ckpt(absl::StrCat("convert ", Dir(), "/sgd_step.pt ", Dir(),
+                              "/weights-only.pt "
+                              "--model-only"))
                 .exit_code,
             0);
+  ASSERT_EQ(
+      Ckpt(absl::StrCat("import ", Dir(), "/weights-only.pt --model weights ", Store())).exit_code,
+      0);
   const std::string bundle = Dir() + "/weights-bundle.pt";
   refused = Ckpt(absl::StrCat("export weights ", bundle, " --bundle ", Store()));
   EXPECT_NE(refused.exit_code, 0);

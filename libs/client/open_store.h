@@ -36,8 +36,7 @@ struct StoreLocation {
 // without an address; otherwise the errors of RocksDbCheckpointStore::Open (NOT_FOUND for a
 // directory without a store and !create_if_missing) or RemoteCheckpointStore::Connect
 // (UNAVAILABLE naming the address).
-absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenCheckpointStore(
-    const StoreLocation& location);
+absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenCheckpointStore(const StoreLocation& location);
 
 }  // namespace ckpt
 

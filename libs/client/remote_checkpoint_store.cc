@@ -15,6 +15,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/sync_stream.h"
 #include "libs/rpc/tensor_data_message.h"
+#include "libs/rpc/wire_constants.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/chunk_hasher.h"
@@ -24,14 +25,8 @@
 namespace ckpt {
 namespace {
 
-// Wire facts shared with //services/checkpoint_store (store_service.h documents them; the tests
-// here run against the real service, so a mismatch fails them).
-constexpr int kMaxTensorDataBytes = 1 << 20;
-constexpr char kUploadAcceptedMetadata[] = "ckpt-upload-accepted";
-constexpr char kDownloadMethod[] = "/ckpt.v1.CheckpointStore/Download";
-constexpr char kUploadWarningMetadata[] = "ckpt-upload-warning-bin";
-// Listing pages asked for: the service's maximum.
-constexpr int kListPageSize = 1000;
+// Listing pages asked for: the service's maximum (libs/rpc/wire_constants.h).
+constexpr int kListPageSize = kMaxPageSize;
 
 using Stub = v1::CheckpointStore::Stub;
 

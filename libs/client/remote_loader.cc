@@ -15,6 +15,7 @@
 #include "libs/io/prefault.h"
 #include "libs/loader/loader_proto.h"
 #include "libs/rpc/tensor_data_message.h"
+#include "libs/rpc/wire_constants.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -26,7 +27,6 @@
 namespace ckpt {
 namespace {
 
-constexpr char kLoadMethod[] = "/ckpt.v1.Loader/Load";
 
 // A CPU tensor for `meta`'s dtype and shape, checked against its byte_length.
 absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::string_view where) {

@@ -90,9 +90,9 @@ bool IsBundleLayout(const v1::BundleLayout& layout) {
 absl::StatusOr<AssembledBundle> AssembleBundle(const v1::BundleLayout& layout, BundleParts parts) {
   AssembledBundle result;
   if (parts.model.is_dict()) {
-    parts.model = layout.model_plain_dict() ? Value::Dict(std::move(parts.model.mutable_entries()))
-                                            : Value::OrderedDict(
-                                                  std::move(parts.model.mutable_entries()));
+    parts.model = layout.model_plain_dict()
+                      ? Value::Dict(std::move(parts.model.mutable_entries()))
+                      : Value::OrderedDict(std::move(parts.model.mutable_entries()));
   }
   // Placements of the present parts, each part once, in position order within their dicts.
   std::vector<const v1::BundleLayout::Placement*> placements;
@@ -137,17 +137,17 @@ absl::StatusOr<AssembledBundle> AssembleBundle(const v1::BundleLayout& layout, B
 
   result.root = parts.extra.is_none() ? Value::Dict() : std::move(parts.extra);
   if (!result.root.is_dict()) {
-    return absl::InvalidArgumentError("bundle layout: the saved object's other fields are not a dict");
+    return absl::InvalidArgumentError(
+        "bundle layout: the saved object's other fields are not a dict");
   }
   for (const v1::BundleLayout::Placement* placement : placements) {
     Value* dict = &result.root;
     for (int i = 0; i + 1 < placement->path_size(); ++i) {
       dict = dict->FindMutable(ToDictKey(placement->path(i)));
       if (dict == nullptr || !dict->is_dict()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bundle layout: ", v1::BundleLayout::Part_Name(placement->part()),
-                         " belongs at '", PathText(*placement),
-                         "', but the saved object has no dict on that path"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bundle layout: ", v1::BundleLayout::Part_Name(placement->part()), " belongs at '",
+            PathText(*placement), "', but the saved object has no dict on that path"));
       }
     }
     Value part;
@@ -165,11 +165,12 @@ absl::StatusOr<AssembledBundle> AssembleBundle(const v1::BundleLayout& layout, B
     }
     const DictKey key = ToDictKey(placement->path(placement->path_size() - 1));
     if (dict->Find(key) != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("bundle layout: ", name,
-                                                     " is both a part and another field"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bundle layout: ", name, " is both a part and another field"));
     }
     auto& entries = dict->mutable_entries();
-    const size_t at = std::min(entries.size(), static_cast<size_t>(std::max(0, placement->position())));
+    const size_t at =
+        std::min(entries.size(), static_cast<size_t>(std::max(0, placement->position())));
     entries.insert(entries.begin() + static_cast<std::ptrdiff_t>(at),
                    Value::Entry(key, std::move(part)));
   }

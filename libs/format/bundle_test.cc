@@ -12,9 +12,9 @@
 namespace ckpt {
 namespace {
 
+using ::ckpt::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::ckpt::testing::StatusIs;
 
 Value Tensor(float value) { return Value::Tensor(at::full({2}, value)); }
 
@@ -29,7 +29,9 @@ Value OptimizerState() {
                       {"param_groups", Value::List({group})}});
 }
 
-Value Model() { return Value::OrderedDict({{"module.fc.weight", Tensor(3)}, {"module.fc.bias", Tensor(4)}}); }
+Value Model() {
+  return Value::OrderedDict({{"module.fc.weight", Tensor(3)}, {"module.fc.bias", Tensor(4)}});
+}
 
 // Splits `root` as an import does and puts it back together as an export does.
 AssembledBundle RoundTrip(const Value& root) {
@@ -57,14 +59,15 @@ std::vector<std::string> Keys(const Value& dict) {
 
 TEST(BundleTest, RebuildsTheSavedDictInItsOrderWithItsTypes) {
   // The optimizer before the model, epoch in the middle: the order is the producer's, not ours.
-  const Value root = Value::Dict({{"optimizer", OptimizerState()},
-                                  {"epoch", Value::Int(7)},
-                                  {"model", Model()},
-                                  {"best_acc", Value::Float(0.875)},
-                                  {"scheduler", Value::Dict({{"last_epoch", Value::Int(7)},
-                                                             {"_last_lr", Value::List({Value::Float(0.01)})}})},
-                                  {"note", Value::None()},
-                                  {"metric", Tensor(5)}});
+  const Value root =
+      Value::Dict({{"optimizer", OptimizerState()},
+                   {"epoch", Value::Int(7)},
+                   {"model", Model()},
+                   {"best_acc", Value::Float(0.875)},
+                   {"scheduler", Value::Dict({{"last_epoch", Value::Int(7)},
+                                              {"_last_lr", Value::List({Value::Float(0.01)})}})},
+                   {"note", Value::None()},
+                   {"metric", Tensor(5)}});
   const AssembledBundle assembled = RoundTrip(root);
   EXPECT_EQ(assembled.root, root);
   EXPECT_THAT(Keys(assembled.root), ElementsAre("'optimizer'", "'epoch'", "'model'", "'best_acc'",
@@ -79,12 +82,12 @@ TEST(BundleTest, RebuildsTheSavedDictInItsOrderWithItsTypes) {
 
 TEST(BundleTest, KeepsAPlainDictModelPlainAndNestedPartsWhereTheyWere) {
   const Value plain_model = Value::Dict({{"w", Tensor(1)}});
-  const Value root = Value::OrderedDict(
-      {{"run", Value::String("r1")},
-       {"checkpoint", Value::Dict({{"step", Value::Float(12.0)},
-                                   {"state_dict", plain_model},
-                                   {"optimizer_state_dict", OptimizerState()},
-                                   {"tag", Value::String("x")}})}});
+  const Value root =
+      Value::OrderedDict({{"run", Value::String("r1")},
+                          {"checkpoint", Value::Dict({{"step", Value::Float(12.0)},
+                                                      {"state_dict", plain_model},
+                                                      {"optimizer_state_dict", OptimizerState()},
+                                                      {"tag", Value::String("x")}})}});
   const AssembledBundle assembled = RoundTrip(root);
   EXPECT_EQ(assembled.root, root);
   EXPECT_TRUE(assembled.root.is_ordered_dict());
@@ -99,29 +102,30 @@ TEST(BundleTest, KeepsAPlainDictModelPlainAndNestedPartsWhereTheyWere) {
 TEST(BundleTest, LeavesOutOpaqueObjectsAndNamesThem) {
   // torch 1.13's OneCycleLR pickles a bound method; a user class hides in a list of callbacks.
   const Value method = Value::Opaque(
-      "builtins.getattr", Value::Tuple({Value::Opaque("torch.optim.lr_scheduler.OneCycleLR",
-                                                      Value::None(), Value::None()),
-                                        Value::String("_annealing_cos")}),
+      "builtins.getattr",
+      Value::Tuple(
+          {Value::Opaque("torch.optim.lr_scheduler.OneCycleLR", Value::None(), Value::None()),
+           Value::String("_annealing_cos")}),
       Value::None());
   const Value root = Value::Dict(
       {{"model", Model()},
        {"opaque_first", Value::Opaque("mypkg.Config", Value::None(), Value::Dict())},
        {"optimizer", OptimizerState()},
        {"scheduler", Value::Dict({{"total_steps", Value::Int(10)}, {"anneal_func", method}})},
-       {"callbacks", Value::List({Value::Int(1), Value::Opaque("mypkg.Hook", Value::None(),
-                                                               Value::None())})},
-       {"fine", Value::List({Value::Dict({{"x", Value::Int(1)},
-                                          {"obj", Value::Opaque("mypkg.X", Value::None(),
-                                                                Value::None())}})})}});
+       {"callbacks",
+        Value::List({Value::Int(1), Value::Opaque("mypkg.Hook", Value::None(), Value::None())})},
+       {"fine", Value::List({Value::Dict(
+                    {{"x", Value::Int(1)},
+                     {"obj", Value::Opaque("mypkg.X", Value::None(), Value::None())}})})}});
   const AssembledBundle assembled = RoundTrip(root);
   EXPECT_THAT(Keys(assembled.root), ElementsAre("'model'", "'optimizer'", "'scheduler'", "'fine'"));
   EXPECT_THAT(Keys(*assembled.root.Find("scheduler")), ElementsAre("'total_steps'"));
-  EXPECT_EQ(*assembled.root.Find("fine"),
-            Value::List({Value::Dict({{"x", Value::Int(1)}})}));
+  EXPECT_EQ(*assembled.root.Find("fine"), Value::List({Value::Dict({{"x", Value::Int(1)}})}));
   ASSERT_EQ(assembled.left_out.size(), 4u);
   EXPECT_THAT(assembled.left_out[0], HasSubstr("opaque_first: a mypkg.Config object"));
   EXPECT_THAT(assembled.left_out[1], HasSubstr("scheduler/anneal_func: a builtins.getattr object"));
-  EXPECT_THAT(assembled.left_out[2], HasSubstr("callbacks: holds a mypkg.Hook object at callbacks/1"));
+  EXPECT_THAT(assembled.left_out[2],
+              HasSubstr("callbacks: holds a mypkg.Hook object at callbacks/1"));
   EXPECT_THAT(assembled.left_out[3], HasSubstr("fine/0/obj: a mypkg.X object"));
 }
 

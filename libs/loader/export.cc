@@ -47,8 +47,9 @@ std::vector<std::string> SafetensorsLeftOut(const v1::Manifest& manifest,
                                             const LoadTarget& target) {
   std::vector<std::string> left_out;
   if (!WantsBundle(target)) return left_out;
-  constexpr absl::string_view kWhy = ": safetensors holds tensors only (export a torch .pt for "
-                                     "the whole bundle)";
+  constexpr absl::string_view kWhy =
+      ": safetensors holds tensors only (export a torch .pt for "
+      "the whole bundle)";
   if (manifest.has_optimizer_state()) left_out.push_back(absl::StrCat("optimizer", kWhy));
   if (manifest.has_scheduler_state()) left_out.push_back(absl::StrCat("scheduler", kWhy));
   if (manifest.has_extra_state()) left_out.push_back(absl::StrCat("the other fields", kWhy));
@@ -90,9 +91,11 @@ absl::Status CheckOptimizerAlignment(const v1::Manifest& manifest,
   constexpr absl::string_view kWayOut =
       "; leave the optimizer out of the export, or select every tensor it indexes";
   if (manifest.optimizer_param_names().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": ", subset, ", but its optimizer state is indexed by parameter position over "
-        "the whole model and the version does not record which tensor each index is", kWayOut));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", subset,
+                     ", but its optimizer state is indexed by parameter position over "
+                     "the whole model and the version does not record which tensor each index is",
+                     kWayOut));
   }
   absl::flat_hash_set<std::string> kept;
   for (const PlannedTensor& tensor : planned) kept.insert(tensor.meta->key());
@@ -106,10 +109,11 @@ absl::Status CheckOptimizerAlignment(const v1::Manifest& manifest,
     }
   }
   if (dropped.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      where, ": ", subset, ", but its optimizer state indexes parameters by position and would no "
-      "longer line up: the subset leaves out optimizer parameter(s) ", absl::StrJoin(dropped, ", "),
-      kWayOut));
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": ", subset,
+                   ", but its optimizer state indexes parameters by position and would no "
+                   "longer line up: the subset leaves out optimizer parameter(s) ",
+                   absl::StrJoin(dropped, ", "), kWayOut));
 }
 
 // For a version that recorded no bundle layout (the trainer's, or one stored before layouts):

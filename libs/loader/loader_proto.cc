@@ -68,8 +68,7 @@ v1::PreflightResponse PreflightReportToProto(const PreflightReport& report) {
 
 absl::StatusOr<PreflightReport> PreflightReportFromProto(const v1::PreflightResponse& response) {
   PreflightReport report;
-  report.report.missing_keys.assign(response.missing_keys().begin(),
-                                    response.missing_keys().end());
+  report.report.missing_keys.assign(response.missing_keys().begin(), response.missing_keys().end());
   report.report.unexpected_keys.assign(response.unexpected_keys().begin(),
                                        response.unexpected_keys().end());
   for (const v1::ShapeMismatch& mismatch : response.shape_mismatches()) {
@@ -93,9 +92,9 @@ absl::StatusOr<PreflightReport> PreflightReportFromProto(const v1::PreflightResp
         report.suggested_keys = KeyPolicy::Original();
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "PreflightResponse.suggested_key_policy: unknown value ",
-            response.suggested_key_policy()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("PreflightResponse.suggested_key_policy: unknown value ",
+                         response.suggested_key_policy()));
     }
   }
   report.summary = response.summary();

@@ -104,9 +104,8 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
     absl::string_view model, v1::Manifest header, const CommitOptions& options) {
   RETURN_IF_ERROR(ValidateModelName(model));
   if (!header.model().empty() && header.model() != model) {
-    return absl::InvalidArgumentError(absl::StrCat("upload to model '", model,
-                                                   "' has a header for model '", header.model(),
-                                                   "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "upload to model '", model, "' has a header for model '", header.model(), "'"));
   }
   for (const std::string& alias : options.aliases) RETURN_IF_ERROR(ValidateAliasName(alias));
   if (options.expected_latest_version < 0) {
@@ -126,9 +125,9 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
     ASSIGN_OR_RETURN(std::optional<store::ModelRecord> record, core_->ReadModel(model, nullptr));
     const int64_t latest = record.has_value() ? record->latest_version() : 0;
     if (latest != options.expected_latest_version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "upload to '", model, "' expects latest version ", options.expected_latest_version,
-          " but it is ", latest));
+      return absl::FailedPreconditionError(
+          absl::StrCat("upload to '", model, "' expects latest version ",
+                       options.expected_latest_version, " but it is ", latest));
     }
   }
 
@@ -255,15 +254,16 @@ absl::StatusOr<int64_t> RocksDbCheckpointStore::SetAlias(absl::string_view model
   if (!read.IsNotFound()) {
     RETURN_IF_ERROR(FromRocksDbStatus(read, "reading an alias"));
     absl::StatusOr<uint64_t> decoded = DecodeBigEndian64(bytes);
-    if (!decoded.ok()) return absl::DataLossError(absl::StrCat("alias ", model, "@", alias,
-                                                               " is unreadable"));
+    if (!decoded.ok())
+      return absl::DataLossError(absl::StrCat("alias ", model, "@", alias, " is unreadable"));
     previous = static_cast<int64_t>(*decoded);
   }
   if (expected_current_version > 0 && previous != expected_current_version) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "alias ", model, "@", alias, " ",
-        previous == 0 ? std::string("does not exist") : absl::StrCat("points at version ", previous),
-        "; expected version ", expected_current_version));
+    return absl::FailedPreconditionError(
+        absl::StrCat("alias ", model, "@", alias, " ",
+                     previous == 0 ? std::string("does not exist")
+                                   : absl::StrCat("points at version ", previous),
+                     "; expected version ", expected_current_version));
   }
   rocksdb::WriteBatch batch;
   batch.Put(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias),
@@ -272,8 +272,7 @@ absl::StatusOr<int64_t> RocksDbCheckpointStore::SetAlias(absl::string_view model
   return previous;
 }
 
-absl::Status RocksDbCheckpointStore::DeleteAlias(absl::string_view model,
-                                                 absl::string_view alias) {
+absl::Status RocksDbCheckpointStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
   RETURN_IF_ERROR(ValidateModelName(model));
   RETURN_IF_ERROR(ValidateAliasName(alias));
   absl::MutexLock lock(&core_->mu());

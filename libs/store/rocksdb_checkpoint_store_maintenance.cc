@@ -1,9 +1,8 @@
 // RocksDbCheckpointStore: retention, garbage collection, verification and statistics (the
 // maintenance half; see internal/rocksdb_store_core.h for how the store's files divide).
 
-#include "libs/store/rocksdb_checkpoint_store.h"
-
 #include "libs/store/internal/rocksdb_store_core.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
 
 namespace ckpt {
 
@@ -12,10 +11,10 @@ absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetentio
   RETURN_IF_ERROR(ValidateModelName(model));
   if (policy.keep_last() < 0 || policy.keep_every() < 0 ||
       policy.drop_optimizer_state_older_than() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "retention policy numbers must be >= 0; got keep_last ", policy.keep_last(),
-        ", keep_every ", policy.keep_every(), ", drop_optimizer_state_older_than ",
-        policy.drop_optimizer_state_older_than()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("retention policy numbers must be >= 0; got keep_last ", policy.keep_last(),
+                     ", keep_every ", policy.keep_every(), ", drop_optimizer_state_older_than ",
+                     policy.drop_optimizer_state_older_than()));
   }
   absl::MutexLock lock(&core_->mu());
   ASSIGN_OR_RETURN(ModelRecord record, core_->ReadExistingModel(model, nullptr, ""));
@@ -30,8 +29,7 @@ absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetentio
     const int64_t version = manifests[rank].first;
     const bool aliased = aliases.count(version) > 0 && !aliases[version].empty();
     const bool protected_version = aliased || version == record.latest_version();
-    const bool kept = policy.keep_last() == 0 ||
-                      rank < static_cast<size_t>(policy.keep_last()) ||
+    const bool kept = policy.keep_last() == 0 || rank < static_cast<size_t>(policy.keep_last()) ||
                       (policy.keep_every() > 0 && version % policy.keep_every() == 0) ||
                       protected_version;
     if (!kept) {
@@ -145,7 +143,8 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
       batch.Delete(core_->cf(ColumnFamily::kUploads), UploadChunkKey(*id, sha256));
       if (protected_chunks.contains(sha256) || freed.contains(sha256)) continue;
       std::string record;
-      rocksdb::Status read = db->Get(core_->Read(), core_->cf(ColumnFamily::kRefs), sha256, &record);
+      rocksdb::Status read =
+          db->Get(core_->Read(), core_->cf(ColumnFamily::kRefs), sha256, &record);
       if (read.ok()) continue;  // committed by some version since: not ours to free.
       if (!read.IsNotFound()) return FromRocksDbStatus(read, "looking up a chunk");
       batch.Delete(core_->cf(ColumnFamily::kChunks), sha256);

@@ -49,18 +49,17 @@ absl::Status RestoreModule(const StateDict& checkpoint, torch::nn::Module& modul
     if (saved == nullptr) {
       problems.push_back("missing " + entry.key);
     } else if (saved->sizes() != entry.tensor.sizes()) {
-      problems.push_back(absl::StrCat(entry.key, ": ", c10::str(saved->sizes()),
-                                      " in checkpoint, ", c10::str(entry.tensor.sizes()),
-                                      " in model"));
+      problems.push_back(absl::StrCat(entry.key, ": ", c10::str(saved->sizes()), " in checkpoint, ",
+                                      c10::str(entry.tensor.sizes()), " in model"));
     }
   }
   for (const StateDict::Entry& entry : checkpoint) {
     if (!live.contains(entry.key)) problems.push_back("unexpected " + entry.key);
   }
   if (!problems.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        version, " does not fit this model (", absl::StrJoin(problems, "; "),
-        "). Train under another model_name, or set resume to false to start over."));
+    return absl::FailedPreconditionError(
+        absl::StrCat(version, " does not fit this model (", absl::StrJoin(problems, "; "),
+                     "). Train under another model_name, or set resume to false to start over."));
   }
   return CatchTorchErrors([&] {
     at::NoGradGuard no_grad;
@@ -81,10 +80,10 @@ struct StepConsensus {
 
 StepConsensus AgreeOnStep(c10d::ProcessGroup& group, double loss,
                           const TrainerControl::Requests& requests) {
-  at::Tensor values = at::tensor({loss, requests.stop ? 1.0 : 0.0,
-                                  requests.skip_checkpoint ? 1.0 : 0.0,
-                                  requests.checkpoint ? 1.0 : 0.0},
-                                 at::kDouble);
+  at::Tensor values =
+      at::tensor({loss, requests.stop ? 1.0 : 0.0, requests.skip_checkpoint ? 1.0 : 0.0,
+                  requests.checkpoint ? 1.0 : 0.0},
+                 at::kDouble);
   std::vector<at::Tensor> tensors = {values};
   group.allreduce(tensors)->wait();
   StepConsensus consensus;
@@ -118,8 +117,8 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
 // RunTrainingRank, on one thread.
 class RankRun {
  public:
-  RankRun(const TrainerConfig& config, const ddp::ProcessGroupHandle& group,
-          CheckpointStore& store, TrainerControl& control)
+  RankRun(const TrainerConfig& config, const ddp::ProcessGroupHandle& group, CheckpointStore& store,
+          TrainerControl& control)
       : config_(config),
         group_(group),
         store_(store),
@@ -129,9 +128,8 @@ class RankRun {
   absl::StatusOr<TrainingSummary> Run() {
     RETURN_IF_ERROR(Build());
     RETURN_IF_ERROR(Resume());
-    loop_.target_step = loop_.global_step < loop_.target_step
-                            ? loop_.target_step
-                            : loop_.global_step + config_.steps;
+    loop_.target_step = loop_.global_step < loop_.target_step ? loop_.target_step
+                                                              : loop_.global_step + config_.steps;
     summary_.target_step = loop_.target_step;
     RETURN_IF_ERROR(SetUpDataParallel());
     RETURN_IF_ERROR(TrainLoop());
@@ -247,9 +245,10 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
   }
   RETURN_IF_ERROR(RestoreModule(loaded.contents.model, *model_, name));
   if (!loaded.contents.optimizer || !loaded.contents.scheduler) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, " has no optimizer or scheduler state (retention may have dropped it), so it "
-              "cannot be resumed exactly; set resume to false to start over from scratch"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(name,
+                     " has no optimizer or scheduler state (retention may have dropped it), so it "
+                     "cannot be resumed exactly; set resume to false to start over from scratch"));
   }
   ASSIGN_OR_RETURN(TrainerState state, DecodeTrainerState(loaded.contents.extra, name));
   loop_.epoch = state.epoch;
@@ -302,22 +301,22 @@ absl::Status RankRun::SetUpDataParallel() {
                      return std::make_unique<ddp::DistributedDataParallel>(model_, group_.group,
                                                                            ddp_options);
                    }));
-  ASSIGN_OR_RETURN(sampler_, CatchTorchErrors([&] {
-                     auto sampler = std::make_unique<ddp::DistributedSampler>(
-                         data_->size(), group_.rank, group_.world_size, config_.shuffle,
-                         config_.seed, config_.drop_last);
-                     sampler->set_epoch(loop_.epoch);
-                     sampler->set_position(std::min(loop_.sampler_position,
-                                                    sampler->num_samples()));
-                     return sampler;
-                   }));
+  ASSIGN_OR_RETURN(
+      sampler_, CatchTorchErrors([&] {
+        auto sampler = std::make_unique<ddp::DistributedSampler>(data_->size(), group_.rank,
+                                                                 group_.world_size, config_.shuffle,
+                                                                 config_.seed, config_.drop_last);
+        sampler->set_epoch(loop_.epoch);
+        sampler->set_position(std::min(loop_.sampler_position, sampler->num_samples()));
+        return sampler;
+      }));
   const int64_t samples_per_step = config_.batch_size * config_.accumulation_steps;
   const int64_t steps_per_epoch =
       (sampler_->num_samples() + samples_per_step - 1) / samples_per_step;
   if (steps_per_epoch == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the data set (", data_->size(), " examples) gives no batches to ", group_.world_size,
-        " ranks with drop_last"));
+    return absl::InvalidArgumentError(absl::StrCat("the data set (", data_->size(),
+                                                   " examples) gives no batches to ",
+                                                   group_.world_size, " ranks with drop_last"));
   }
   if (leader_) checkpointer_ = std::make_unique<AsyncCheckpointer>(&store_, summary_.model_name);
 
@@ -341,8 +340,7 @@ absl::Status RankRun::SetUpDataParallel() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> RankRun::TrainStep(
-    const std::vector<std::vector<int64_t>>& micro_batches) {
+absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>>& micro_batches) {
   return CatchTorchErrors([&] {
     model_->train();
     optimizer_->zero_grad();
@@ -427,10 +425,10 @@ absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool epoch_end, 
   const double seconds_per_step = absl::ToDoubleSeconds(elapsed) / steps_done;
   const absl::Duration eta =
       absl::Seconds(seconds_per_step * (loop_.target_step - loop_.global_step));
-  const std::string line = absl::StrFormat(
-      "epoch %d  step %d/%d  loss %.4f  lr %.3g  %.0f samples/s  ETA %s", loop_.epoch,
-      loop_.global_step, loop_.target_step, last_loss_, CurrentLearningRate(*optimizer_),
-      samples_per_second_, FormatClock(eta));
+  const std::string line =
+      absl::StrFormat("epoch %d  step %d/%d  loss %.4f  lr %.3g  %.0f samples/s  ETA %s",
+                      loop_.epoch, loop_.global_step, loop_.target_step, last_loss_,
+                      CurrentLearningRate(*optimizer_), samples_per_second_, FormatClock(eta));
   if (config_.progress_line) {
     std::cerr << "\r\x1b[K" << line << std::flush;
   } else if (steps_done % std::max<int64_t>(config_.log_every, 1) == 0 || last_step) {
@@ -522,8 +520,8 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   (*metadata.mutable_labels())["model_kind"] = config_.model.kind;
   (*metadata.mutable_labels())["data"] = config_.data.source;
   (*metadata.mutable_labels())["python_twin"] = summary_.python_twin;
-  metadata.set_description(absl::StrCat(config_.model.kind, " step ", loop_.global_step,
-                                        " epoch ", loop_.epoch, " loss ", last_loss_));
+  metadata.set_description(absl::StrCat(config_.model.kind, " step ", loop_.global_step, " epoch ",
+                                        loop_.epoch, " loss ", last_loss_));
   RETURN_IF_ERROR(checkpointer_->Submit(contents, CommitOptions()));
   RecordCommitted();
   if (wait) {
@@ -572,16 +570,16 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
 
 std::string FormatSummary(const TrainingSummary& summary) {
   std::string out = absl::StrFormat(
-      "\n== %s: %s at step %d of %d (epoch %d), %d rank(s) over %s\n",
-      summary.model_name, summary.stopped_early ? "stopped" : "finished", summary.final_step,
-      summary.target_step, summary.final_epoch, summary.world_size, summary.backend);
+      "\n== %s: %s at step %d of %d (epoch %d), %d rank(s) over %s\n", summary.model_name,
+      summary.stopped_early ? "stopped" : "finished", summary.final_step, summary.target_step,
+      summary.final_epoch, summary.world_size, summary.backend);
   if (summary.resumed_from) {
     absl::StrAppend(&out, "   resumed from ", FormatVersionRef(*summary.resumed_from), " (step ",
                     summary.start_step, ")\n");
   }
   absl::StrAppendFormat(&out, "   %d steps in %s, %.0f samples/s; checkpoint stall %.3f s\n",
-                        summary.final_step - summary.start_step,
-                        FormatClock(summary.wall_time), summary.samples_per_second,
+                        summary.final_step - summary.start_step, FormatClock(summary.wall_time),
+                        summary.samples_per_second,
                         absl::ToDoubleSeconds(summary.checkpoint_stall));
   if (!summary.loss_curve.empty()) {
     // At most ~12 points, evenly spread, always the last.
@@ -598,20 +596,20 @@ std::string FormatSummary(const TrainingSummary& summary) {
   for (const v1::VersionRef& ref : summary.versions_written) {
     versions.push_back(absl::StrCat("@", ref.version()));
   }
-  absl::StrAppend(&out, "   versions written: ",
-                  versions.empty() ? "none" : absl::StrJoin(versions, " "), "\n");
+  absl::StrAppend(&out,
+                  "   versions written: ", versions.empty() ? "none" : absl::StrJoin(versions, " "),
+                  "\n");
   absl::StrAppend(&out, "   PyTorch twin: ", summary.python_twin,
                   " (libs/train/python/twins.py)\n");
   if (!summary.versions_written.empty()) {
     const bool remote = summary.store_location.find(':') != std::string::npos &&
                         summary.store_location.find('/') == std::string::npos;
-    const std::string where = remote ? "--store=" + summary.store_location
-                                     : "--store_dir=" + summary.store_location;
+    const std::string where =
+        remote ? "--store=" + summary.store_location : "--store_dir=" + summary.store_location;
     absl::StrAppend(&out, "   inspect:  bazel run //tools/ckpt -- ", where, " ls ",
-                    summary.model_name, "\n",
-                    "             bazel run //tools/ckpt -- ", where, " show ",
-                    summary.model_name, "@latest\n",
-                    "   run again to continue from ", summary.model_name, "@latest\n");
+                    summary.model_name, "\n", "             bazel run //tools/ckpt -- ", where,
+                    " show ", summary.model_name, "@latest\n", "   run again to continue from ",
+                    summary.model_name, "@latest\n");
   }
   return out;
 }

@@ -41,9 +41,9 @@ Value EncodeTrainerState(const TrainerState& state) {
 absl::StatusOr<TrainerState> DecodeTrainerState(const Value& extra, absl::string_view version) {
   const Value* trainer = extra.is_dict() ? extra.Find(kTrainerStateKey) : nullptr;
   if (trainer == nullptr || !trainer->is_dict()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        version, " was not written by the trainer (its extra state has no '", kTrainerStateKey,
-        "' dict)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(version, " was not written by the trainer (its extra state has no '",
+                     kTrainerStateKey, "' dict)"));
   }
   TrainerState state;
   state.epoch = IntField(*trainer, "epoch", 0);

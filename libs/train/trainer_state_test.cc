@@ -57,10 +57,9 @@ TEST(TrainerStateTest, OlderVersionsWithoutTheGoalOrWorldSizeGetDefaults) {
 }
 
 TEST(TrainerStateTest, AVersionTheTrainerDidNotWriteIsAPreconditionError) {
-  EXPECT_THAT(DecodeTrainerState(Value::Dict({{"best_acc", Value::Float(0.5)}}), "imported@2")
-                  .status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       "imported@2 was not written by the trainer"));
+  EXPECT_THAT(
+      DecodeTrainerState(Value::Dict({{"best_acc", Value::Float(0.5)}}), "imported@2").status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "imported@2 was not written by the trainer"));
   EXPECT_THAT(DecodeTrainerState(Value(), "x@1").status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "no 'trainer' dict"));
 }

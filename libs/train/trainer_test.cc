@@ -95,8 +95,7 @@ TEST_F(TrainerTest, AVersionOfAnotherModelShapeIsRefusedWithTheWayOut) {
   TrainerConfig wider = SmallRun(3);
   wider.model.hidden = 32;
   EXPECT_THAT(RunTrainingRank(wider, group_, *store_, nullptr).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       "set resume to false to start over"));
+              StatusIs(absl::StatusCode::kFailedPrecondition, "set resume to false to start over"));
   wider.resume = false;
   EXPECT_OK(RunTrainingRank(wider, group_, *store_, nullptr).status());
 }

@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_callback.h"
 #include "libs/rpc/tensor_data_message.h"
+#include "libs/rpc/wire_constants.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
 
@@ -69,15 +70,7 @@ namespace store_service_internal {
 class WorkQueue;
 }  // namespace store_service_internal
 
-// Bytes of tensor data one TensorData message may carry, in either direction (1 MiB).
-inline constexpr int kMaxTensorDataBytes = 1 << 20;
-// Page sizes of ListModels / ListVersions when the request says 0, and the most one page holds.
-inline constexpr int kDefaultPageSize = 100;
-inline constexpr int kMaxPageSize = 1000;
-
-// Metadata of the Upload protocol (see above).
-inline constexpr char kUploadAcceptedMetadata[] = "ckpt-upload-accepted";
-inline constexpr char kUploadWarningMetadata[] = "ckpt-upload-warning-bin";
+// kMaxTensorDataBytes, the page sizes and the Upload metadata names: libs/rpc/wire_constants.h.
 
 struct StoreServiceOptions {
   // When non-empty, every call must carry "authorization: Bearer <auth_token>"; calls without it,

@@ -59,13 +59,11 @@
 #include "libs/loader/chunk_cache.h"
 #include "libs/loader/local_loader.h"
 #include "libs/rpc/tensor_data_message.h"
+#include "libs/rpc/wire_constants.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/loader.grpc.pb.h"
 
 namespace ckpt {
-
-// Tensor bytes one Load / Export message carries at most (1 MiB).
-inline constexpr int kMaxLoaderPieceBytes = 1 << 20;
 
 struct LoaderServiceOptions {
   // When non-empty, every call must carry "authorization: Bearer <auth_token>". Default: none.

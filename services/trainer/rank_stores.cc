@@ -56,8 +56,9 @@ absl::StatusOr<std::string> OpenEmbedded(const RankStoreOptions& options, int wo
   ASSIGN_OR_RETURN(stores.service, StoreService::Create(stores.opened.get(), service_options));
   GrpcServerOptions server_options;
   server_options.listen_address = "0.0.0.0:0";
-  ASSIGN_OR_RETURN(stores.server, GrpcServer::Start(server_options, {{stores.service.get(),
-                                                                      "ckpt.v1.CheckpointStore"}}));
+  ASSIGN_OR_RETURN(
+      stores.server,
+      GrpcServer::Start(server_options, {{stores.service.get(), "ckpt.v1.CheckpointStore"}}));
   return absl::StrCat(options.master_addr, ":", stores.server->port(), " ",
                       service_options.auth_token);
 }
@@ -80,9 +81,10 @@ absl::StatusOr<std::unique_ptr<RankStores>> OpenRankStores(const RankStoreOption
     ASSIGN_OR_RETURN(shared_address, OpenEmbedded(options, group.world_size, *stores));
   }
   if (group.world_size > 1) {
-    ASSIGN_OR_RETURN(shared_address, CatchTorchErrors([&] {
-                       return ddp::BroadcastString(*group.group, shared_address);
-                     }, absl::StatusCode::kUnavailable));
+    ASSIGN_OR_RETURN(
+        shared_address,
+        CatchTorchErrors([&] { return ddp::BroadcastString(*group.group, shared_address); },
+                         absl::StatusCode::kUnavailable));
   }
   if (group.rank != 0) {
     const size_t space = shared_address.find(' ');

@@ -45,9 +45,9 @@ void LoaderConformanceTest::SetUp() {
   contents.optimizer = Value::Dict(
       {{"state", Value::Dict({{0, Value::Dict({{"momentum_buffer",
                                                 Value::Tensor(at::full({3, 4}, 0.5))}})}})},
-       {"param_groups", Value::List({Value::Dict({{"lr", Value::Float(0.1)},
-                                                  {"params", Value::List({Value::Int(0),
-                                                                          Value::Int(1)})}})})}});
+       {"param_groups",
+        Value::List({Value::Dict({{"lr", Value::Float(0.1)},
+                                  {"params", Value::List({Value::Int(0), Value::Int(1)})}})})}});
   contents.scheduler = Value::Dict({{"last_epoch", Value::Int(2)}});
   contents.extra = Value::Dict({{"best_acc", Value::Float(0.75)}});
   ASSERT_OK_AND_ASSIGN(CommitResult bundle, store_->CommitCheckpoint("m", contents));
@@ -79,9 +79,8 @@ TEST_P(LoaderConformanceTest, CastsFloatingTensorsOnlyAndLoadsStateWhenAsked) {
   EXPECT_TRUE(at::equal(*state.model.Find("fc.weight"), Weight().to(at::kBFloat16)));
   EXPECT_EQ(state.model.Find("fc.steps")->scalar_type(), at::kLong);
   ASSERT_TRUE(state.optimizer.has_value());
-  EXPECT_TRUE(at::equal(
-      state.optimizer->Find("state")->Find(0)->Find("momentum_buffer")->tensor(),
-      at::full({3, 4}, 0.5)));
+  EXPECT_TRUE(at::equal(state.optimizer->Find("state")->Find(0)->Find("momentum_buffer")->tensor(),
+                        at::full({3, 4}, 0.5)));
   EXPECT_FALSE(state.scheduler.has_value());
 }
 

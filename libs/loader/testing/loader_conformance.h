@@ -8,8 +8,10 @@
 //
 // An implementation's test instantiates it with a factory:
 //   INSTANTIATE_TEST_SUITE_P(Local, LoaderConformanceTest,
-//                            ::testing::Values(LoaderConformanceParam{"local", [](CheckpointStore& s) {
-//                              return std::make_unique<OwnedLoader>(std::make_unique<LocalLoader>(s));
+//                            ::testing::Values(LoaderConformanceParam{"local", [](CheckpointStore&
+//                            s) {
+//                              return
+//                              std::make_unique<OwnedLoader>(std::make_unique<LocalLoader>(s));
 //                            }}),
 //                            [](const auto& info) { return info.param.name; });
 
@@ -56,8 +58,8 @@ class LoaderConformanceTest : public ::testing::TestWithParam<LoaderConformanceP
 
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<LoaderHarness> harness_;
-  v1::VersionRef bundle_;         // model (module. keys, float32 + int64), optimizer, scheduler.
-  v1::VersionRef weights_only_;   // the same model alone.
+  v1::VersionRef bundle_;        // model (module. keys, float32 + int64), optimizer, scheduler.
+  v1::VersionRef weights_only_;  // the same model alone.
 };
 
 }  // namespace ckpt::testing

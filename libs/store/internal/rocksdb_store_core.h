@@ -107,8 +107,8 @@ class RocksDbCheckpointStore::Core {
   absl::StatusOr<std::optional<ModelRecord>> ReadModel(absl::string_view model,
                                                        const rocksdb::Snapshot* snapshot) const {
     std::string bytes;
-    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kModels), ToSlice(model),
-                                    &bytes);
+    rocksdb::Status read =
+        db_->Get(Read(snapshot), cf(ColumnFamily::kModels), ToSlice(model), &bytes);
     if (read.IsNotFound()) return std::nullopt;
     RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading model '", model, "'")));
     ModelRecord record;
@@ -135,15 +135,14 @@ class RocksDbCheckpointStore::Core {
     ASSIGN_OR_RETURN(ModelRecord record, ReadExistingModel(ref.model(), snapshot, ref_text));
     if (ref.ref_case() == v1::VersionRef::kVersion) {
       if (ref.version() < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(ref_text, ": versions are numbered from 1"));
+        return absl::InvalidArgumentError(absl::StrCat(ref_text, ": versions are numbered from 1"));
       }
       return ref.version();
     }
     if (ref.alias().empty() || ref.alias() == kLatestAlias) {
       if (record.latest_version() == 0) {
-        return absl::NotFoundError(absl::StrCat(ref_text, " not found: model '", ref.model(),
-                                                "' has no versions"));
+        return absl::NotFoundError(
+            absl::StrCat(ref_text, " not found: model '", ref.model(), "' has no versions"));
       }
       return record.latest_version();
     }
@@ -164,8 +163,8 @@ class RocksDbCheckpointStore::Core {
                                             const rocksdb::Snapshot* snapshot) const {
     std::string bytes;
     const std::string ref_text = FormatVersionRef(model, version);
-    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kVersions),
-                                    VersionKey(model, version), &bytes);
+    rocksdb::Status read =
+        db_->Get(Read(snapshot), cf(ColumnFamily::kVersions), VersionKey(model, version), &bytes);
     if (read.IsNotFound()) return absl::NotFoundError(absl::StrCat(ref_text, " not found"));
     RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading ", ref_text)));
     v1::Manifest manifest;
@@ -185,8 +184,7 @@ class RocksDbCheckpointStore::Core {
       if (!version.ok()) {
         return absl::DataLossError(absl::StrCat("unreadable alias of model '", model, "'"));
       }
-      aliases[static_cast<int64_t>(*version)].emplace_back(
-          AliasFromKey(ToView(it->key()), model));
+      aliases[static_cast<int64_t>(*version)].emplace_back(AliasFromKey(ToView(it->key()), model));
     }
     RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("listing aliases of ", model)));
     return aliases;
@@ -230,8 +228,7 @@ class RocksDbCheckpointStore::Core {
   absl::StatusOr<int64_t> NewestVersionExcept(absl::string_view model,
                                               const std::set<int64_t>& excluded) const {
     const std::string prefix = ModelPrefix(model);
-    std::unique_ptr<rocksdb::Iterator> it(
-        db_->NewIterator(Read(), cf(ColumnFamily::kVersions)));
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(Read(), cf(ColumnFamily::kVersions)));
     for (it->SeekForPrev(absl::StrCat(prefix, EncodeBigEndian64(~uint64_t{0})));
          it->Valid() && StartsWith(it->key(), prefix); it->Prev()) {
       ASSIGN_OR_RETURN(int64_t version, VersionFromKey(ToView(it->key()), model));
@@ -254,9 +251,9 @@ class RocksDbCheckpointStore::Core {
       ChunkRecord record;
       if (read.IsNotFound()) {
         if (delta.delta < 0) {
-          return absl::DataLossError(absl::StrCat(
-              "chunk ", HexEncode(sha256),
-              " has no refcount record but a manifest references it; run verify"));
+          return absl::DataLossError(
+              absl::StrCat("chunk ", HexEncode(sha256),
+                           " has no refcount record but a manifest references it; run verify"));
         }
         record.set_length(delta.length);
         record.set_xxh3_64(delta.xxh3_64);
@@ -264,8 +261,8 @@ class RocksDbCheckpointStore::Core {
         if (new_bytes != nullptr) *new_bytes += delta.length;
       } else {
         RETURN_IF_ERROR(FromRocksDbStatus(read, "reading a chunk refcount"));
-        RETURN_IF_ERROR(ParseRecord(bytes, record, absl::StrCat("refcount of chunk ",
-                                                                HexEncode(sha256))));
+        RETURN_IF_ERROR(
+            ParseRecord(bytes, record, absl::StrCat("refcount of chunk ", HexEncode(sha256))));
       }
       const int64_t count = record.refcount() + delta.delta;
       if (count < 0) {
@@ -289,14 +286,14 @@ class RocksDbCheckpointStore::Core {
   absl::Status ReadChunkInto(const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot,
                              char* destination) const {
     std::string location_bytes;
-    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks),
-                                    chunk.sha256(), &location_bytes);
+    rocksdb::Status read =
+        db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks), chunk.sha256(), &location_bytes);
     if (read.ok()) {
       PackedChunk record;
       RETURN_IF_ERROR(ParseRecord(location_bytes, record, "chunk location"));
       if (record.length() != chunk.length()) {
-        return absl::DataLossError(absl::StrCat("stored ", record.length(),
-                                                " bytes; the manifest says ", chunk.length()));
+        return absl::DataLossError(
+            absl::StrCat("stored ", record.length(), " bytes; the manifest says ", chunk.length()));
       }
       return packs_->Read({record.pack_id(), record.offset(), record.length()}, destination);
     }
@@ -306,8 +303,8 @@ class RocksDbCheckpointStore::Core {
     if (read.IsNotFound()) return absl::NotFoundError("missing from the store");
     RETURN_IF_ERROR(FromRocksDbStatus(read, "reading an inline chunk"));
     if (static_cast<int64_t>(value.size()) != chunk.length()) {
-      return absl::DataLossError(absl::StrCat("stored ", value.size(),
-                                              " bytes; the manifest says ", chunk.length()));
+      return absl::DataLossError(
+          absl::StrCat("stored ", value.size(), " bytes; the manifest says ", chunk.length()));
     }
     std::memcpy(destination, value.data(), value.size());
     return absl::OkStatus();
@@ -317,8 +314,8 @@ class RocksDbCheckpointStore::Core {
   absl::StatusOr<std::optional<PackLocation>> FindPackLocation(
       const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot) const {
     std::string location_bytes;
-    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks),
-                                    chunk.sha256(), &location_bytes);
+    rocksdb::Status read =
+        db_->Get(Read(snapshot), cf(ColumnFamily::kPackedChunks), chunk.sha256(), &location_bytes);
     if (read.IsNotFound()) return std::nullopt;
     RETURN_IF_ERROR(FromRocksDbStatus(read, "looking up a chunk location"));
     PackedChunk record;
@@ -334,8 +331,8 @@ class RocksDbCheckpointStore::Core {
   static std::string ChunkName(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
                                int64_t offset, absl::string_view where) {
     return absl::StrCat("chunk ", HexEncode(chunk.sha256()), " of tensor '", meta.key(), "'",
-                        where.empty() ? "" : absl::StrCat(" of ", where), " (bytes ", offset,
-                        "..", offset + chunk.length(), ")");
+                        where.empty() ? "" : absl::StrCat(" of ", where), " (bytes ", offset, "..",
+                        offset + chunk.length(), ")");
   }
 
   static absl::Status CheckChunkBytes(const v1::TensorMeta& meta, const v1::ChunkRef& chunk,
@@ -343,10 +340,10 @@ class RocksDbCheckpointStore::Core {
                                       absl::string_view bytes) {
     const uint64_t xxh3 = Xxh3(bytes);
     if (xxh3 != chunk.xxh3_64()) {
-      return absl::DataLossError(absl::StrCat(
-          ChunkName(meta, chunk, offset, where), " fails its xxh3 checksum (expected ",
-          Hex64(chunk.xxh3_64()), ", computed ", Hex64(xxh3),
-          "): the stored bytes are corrupt and were not returned"));
+      return absl::DataLossError(
+          absl::StrCat(ChunkName(meta, chunk, offset, where), " fails its xxh3 checksum (expected ",
+                       Hex64(chunk.xxh3_64()), ", computed ", Hex64(xxh3),
+                       "): the stored bytes are corrupt and were not returned"));
     }
     return absl::OkStatus();
   }
@@ -355,8 +352,8 @@ class RocksDbCheckpointStore::Core {
     int64_t total = 0;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       if (chunk.length() < 0 || chunk.length() > kChunkBytes) {
-        return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "': a chunk of ",
-                                                chunk.length(), " bytes"));
+        return absl::DataLossError(
+            absl::StrCat("tensor '", meta.key(), "': a chunk of ", chunk.length(), " bytes"));
       }
       total += chunk.length();
     }
@@ -427,12 +424,11 @@ class RocksDbCheckpointStore::Core {
     }
     if (region->size() < whole->offset + whole->length) {
       // Never touched: a mapping past the end of the file is SIGBUS on first access.
-      return ChunkReadError(
-          meta, meta.chunks(0), 0, where,
-          absl::DataLossError(absl::StrCat("pack ", PackFileName(whole->pack_id), " bytes ",
-                                           whole->offset, "..", whole->offset + whole->length,
-                                           " lie beyond the end of the ", region->size(),
-                                           "-byte file")));
+      return ChunkReadError(meta, meta.chunks(0), 0, where,
+                            absl::DataLossError(absl::StrCat(
+                                "pack ", PackFileName(whole->pack_id), " bytes ", whole->offset,
+                                "..", whole->offset + whole->length, " lie beyond the end of the ",
+                                region->size(), "-byte file")));
     }
     char* data = region->data() + whole->offset;
     // Checking every chunk touches every page: map them in one call, not a fault per page.
@@ -587,24 +583,24 @@ class RocksDbCheckpointStore::Core {
   absl::Status CompactPack(uint64_t pack_id,
                            std::vector<std::pair<std::string, PackLocation>>& chunks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::sort(chunks.begin(), chunks.end(), [](const auto& a, const auto& b) {
-      return a.second.offset < b.second.offset;
-    });
+    std::sort(chunks.begin(), chunks.end(),
+              [](const auto& a, const auto& b) { return a.second.offset < b.second.offset; });
     ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs_->NewPack(NewUploadNumber()));
     rocksdb::WriteBatch batch;
     std::string buffer;
     for (const auto& [sha256, location] : chunks) {
       buffer.resize(static_cast<size_t>(location.length));
       RETURN_IF_ERROR(packs_->Read(location, buffer.data()));
-      const int64_t alignment =
-          location.offset % 4096 == 0 ? 4096 : location.offset % 64 == 0 ? 64 : 1;
+      const int64_t alignment = location.offset % 4096 == 0 ? 4096
+                                : location.offset % 64 == 0 ? 64
+                                                            : 1;
       ASSIGN_OR_RETURN(const int64_t offset, writer->Append(buffer, alignment));
       batch.Put(cf(ColumnFamily::kPackedChunks), sha256,
                 EncodeLocation({writer->pack_id(), offset, location.length}));
     }
     RETURN_IF_ERROR(writer->Sync());
-    RETURN_IF_ERROR(WriteDurably(batch, absl::StrCat("relocating the chunks of pack ",
-                                                     PackFileName(pack_id))));
+    RETURN_IF_ERROR(
+        WriteDurably(batch, absl::StrCat("relocating the chunks of pack ", PackFileName(pack_id))));
     return packs_->Remove(pack_id, db_->GetLatestSequenceNumber());
   }
 
@@ -621,8 +617,7 @@ class RocksDbCheckpointStore::Core {
     live_uploads_.insert(upload_id);
   }
 
-  void EndUploadLocked(const std::string& upload_id,
-                       const absl::flat_hash_set<std::string>& pinned)
+  void EndUploadLocked(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     live_uploads_.erase(upload_id);
     for (const std::string& sha256 : pinned) {

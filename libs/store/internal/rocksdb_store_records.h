@@ -4,9 +4,6 @@
 // Small helpers of the RocksDB store's files (private; see internal/rocksdb_store_core.h):
 // slices, record parsing, refcount deltas of manifests, pack locations, snapshots.
 
-#include "libs/store/rocksdb_checkpoint_store.h"
-
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -34,6 +31,7 @@
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/chunk_pack.h"
 #include "libs/store/manifest_validation.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/rocksdb_schema.h"
 #include "libs/store/store_records.pb.h"
 #include "libs/store/version_ref.h"
@@ -47,7 +45,9 @@ using store::ModelRecord;
 using store::PackedChunk;
 using store::UploadRecord;
 
-inline rocksdb::Slice ToSlice(absl::string_view bytes) { return rocksdb::Slice(bytes.data(), bytes.size()); }
+inline rocksdb::Slice ToSlice(absl::string_view bytes) {
+  return rocksdb::Slice(bytes.data(), bytes.size());
+}
 inline absl::string_view ToView(const rocksdb::Slice& slice) {
   return absl::string_view(slice.data(), slice.size());
 }
@@ -86,8 +86,8 @@ constexpr int64_t kMapInPlaceMinBytes = kPageAlignFromBytes;
 
 // An upload writes the records of the chunks it stored (kUploads) in batches of this many, not
 // one RocksDB write each: those writes were ~40% of the writing thread's time for 10,000 small
-// tensors (perf, tools/bench). After a crash fewer than this many stored chunks have no record; their
-// bytes are in the upload's own pack, which GarbageCollect removes once no location names it,
+// tensors (perf, tools/bench). After a crash fewer than this many stored chunks have no record;
+// their bytes are in the upload's own pack, which GarbageCollect removes once no location names it,
 // so only the abandoned upload's bytes_freed count is short.
 constexpr int kUploadRecordBatch = 256;
 

@@ -123,8 +123,8 @@ class RocksDbUploadSession final : public UploadSession {
     if (!incomplete.empty()) {
       const size_t shown = std::min<size_t>(incomplete.size(), 3);
       return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "upload to '", header_.model(), "' is incomplete: ",
-          absl::StrJoin(incomplete.begin(), incomplete.begin() + shown, "; "),
+          "upload to '", header_.model(),
+          "' is incomplete: ", absl::StrJoin(incomplete.begin(), incomplete.begin() + shown, "; "),
           incomplete.size() > shown ? absl::StrCat(" (and ", incomplete.size() - shown, " more)")
                                     : "")));
     }
@@ -181,8 +181,8 @@ class RocksDbUploadSession final : public UploadSession {
         // meanwhile from its own pack; either copy is sound.)
         batch.Put(core_->cf(ColumnFamily::kPackedChunks), sha256, EncodeLocation(location));
       }
-      RETURN_IF_ERROR(core_->Write(batch, absl::StrCat("committing ",
-                                                       FormatVersionRef(model, version)),
+      RETURN_IF_ERROR(core_->Write(batch,
+                                   absl::StrCat("committing ", FormatVersionRef(model, version)),
                                    /*sync=*/true));
       core_->EndUploadLocked(upload_id_, pinned_);
       upload_records_.Clear();
@@ -200,7 +200,7 @@ class RocksDbUploadSession final : public UploadSession {
  private:
   struct Stream {
     int64_t received = 0;
-    std::string pending;  // bytes of the tensor's current, not yet full, chunk.
+    std::string pending;    // bytes of the tensor's current, not yet full, chunk.
     ContentHasher content;  // over the chunks stored so far.
   };
 
@@ -237,15 +237,15 @@ class RocksDbUploadSession final : public UploadSession {
   // `index` within its byte_length.
   absl::Status CheckData(int index, int64_t offset, size_t size) {
     if (index < 0 || index >= tensor_count()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("tensor index ", index, " is out of range: the upload has ",
-                       tensor_count(), " tensors")));
+      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor index ", index,
+                                                          " is out of range: the upload has ",
+                                                          tensor_count(), " tensors")));
     }
     const Stream& stream = streams_[index];
     if (offset != stream.received) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          Name(index), ": data at offset ", offset, ", expected offset ", stream.received,
-          " (a tensor's bytes must arrive in order)")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(Name(index), ": data at offset ", offset, ", expected offset ",
+                       stream.received, " (a tensor's bytes must arrive in order)")));
     }
     if (static_cast<int64_t>(size) > Meta(index).byte_length() - stream.received) {
       return Fail(absl::InvalidArgumentError(
@@ -404,8 +404,8 @@ class RocksDbUploadSession final : public UploadSession {
     }
     // A tensor's first chunk starts aligned (TensorAlignment); the rest follow back to back.
     const int64_t alignment = meta.chunks_size() == 0 ? TensorAlignment(meta.byte_length()) : 1;
-    RETURN_IF_ERROR(core_->PinAndStoreChunk(upload_id_, digest, bytes, alignment, *pack_,
-                                            pinned_, written_, upload_records_));
+    RETURN_IF_ERROR(core_->PinAndStoreChunk(upload_id_, digest, bytes, alignment, *pack_, pinned_,
+                                            written_, upload_records_));
     if (upload_records_.Count() >= kUploadRecordBatch) RETURN_IF_ERROR(WriteUploadRecords());
     v1::ChunkRef* chunk = meta.add_chunks();
     chunk->set_sha256(digest.sha256);
@@ -427,9 +427,8 @@ class RocksDbUploadSession final : public UploadSession {
     for (size_t i = 0; i < pieces.size(); ++i) {
       if (i > 0) digest = next.get();
       if (i + 1 < pieces.size()) {
-        next = std::async(std::launch::async, [this, piece = pieces[i + 1]] {
-          return Digest(piece);
-        });
+        next =
+            std::async(std::launch::async, [this, piece = pieces[i + 1]] { return Digest(piece); });
       }
       absl::Status stored = StoreHashedChunk(index, digest, pieces[i]);
       if (!stored.ok()) {
@@ -445,9 +444,9 @@ class RocksDbUploadSession final : public UploadSession {
     v1::TensorMeta& meta = Meta(index);
     std::string content_hash = streams_[index].content.Finish();
     if (!meta.content_hash().empty() && meta.content_hash() != content_hash) {
-      return absl::DataLossError(absl::StrCat(
-          Name(index), ": the bytes received hash to ", HexEncode(content_hash),
-          " but the header's content_hash is ", HexEncode(meta.content_hash())));
+      return absl::DataLossError(
+          absl::StrCat(Name(index), ": the bytes received hash to ", HexEncode(content_hash),
+                       " but the header's content_hash is ", HexEncode(meta.content_hash())));
     }
     meta.set_content_hash(std::move(content_hash));
     return absl::OkStatus();
@@ -460,7 +459,7 @@ class RocksDbUploadSession final : public UploadSession {
   const std::vector<std::string> warnings_;
   std::vector<Stream> streams_;
   const uint64_t pack_id_;
-  std::unique_ptr<PackWriter> pack_;  // created with the first chunk this upload stores.
+  std::unique_ptr<PackWriter> pack_;         // created with the first chunk this upload stores.
   std::atomic<int64_t> unhashed_chunks_{0};  // StoreBenchmarkSeams::OpenWithoutHashing.
   absl::flat_hash_set<std::string> pinned_;  // chunks this upload stored or relies on.
   // Chunks this upload stored (upload record keys), and where.

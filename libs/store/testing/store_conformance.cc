@@ -101,7 +101,6 @@ Value StepLrState(int64_t last_epoch) {
   return scheduler;
 }
 
-
 v1::Manifest OneTensorHeader(const std::string& key, int64_t bytes) {
   v1::Manifest header;
   v1::TensorMeta* meta = header.add_tensors();
@@ -184,7 +183,7 @@ TEST_P(StoreConformanceTest, RoundTripsMixedDTypesByteForByte) {
   EXPECT_EQ(manifest.tensors(8).chunks_size(), 2);
   EXPECT_EQ(manifest.tensors(6).chunks_size(), 0);  // empty
   EXPECT_EQ(manifest.tensors(6).content_hash(), Sha256(""));
-  EXPECT_EQ(manifest.tensors(5).shape_size(), 0);   // scalar
+  EXPECT_EQ(manifest.tensors(5).shape_size(), 0);  // scalar
   EXPECT_GT(manifest.metadata().created_unix_micros(), 0);
 
   // One tensor, and the chunk-level stream of a version's reader. (The store-level
@@ -207,9 +206,9 @@ TEST_P(StoreConformanceTest, RoundTripsMixedDTypesByteForByte) {
 
 TEST_P(StoreConformanceTest, RoundTripsQuantizedTensors) {
   const at::Tensor per_tensor = at::quantize_per_tensor(Seeded({4, 4}, 1), 0.05, 3, at::kQInt8);
-  const at::Tensor per_channel = at::quantize_per_channel(
-      Seeded({3, 5}, 2), at::tensor(std::vector<double>{0.1, 0.2, 0.3}),
-      at::tensor(std::vector<int64_t>{0, 1, 2}), 0, at::kQUInt8);
+  const at::Tensor per_channel =
+      at::quantize_per_channel(Seeded({3, 5}, 2), at::tensor(std::vector<double>{0.1, 0.2, 0.3}),
+                               at::tensor(std::vector<int64_t>{0, 1, 2}), 0, at::kQUInt8);
   MustCommit("quantized", WeightsOnly({{"q", per_tensor}, {"qc", per_channel}}));
   ASSERT_OK_AND_ASSIGN(at::Tensor q, store_->ReadTensor("quantized", 1, "q"));
   EXPECT_EQ(q.qscheme(), at::kPerTensorAffine);
@@ -286,7 +285,8 @@ TEST_P(StoreConformanceTest, OptimizerSchedulerAndExtraRoundTripEqual) {
   EXPECT_EQ(loaded.contents.metadata.metrics().at("loss"), 0.25);
 
   std::vector<std::string> state_keys;
-  for (const v1::TensorMeta& meta : loaded.manifest.state_tensors()) state_keys.push_back(meta.key());
+  for (const v1::TensorMeta& meta : loaded.manifest.state_tensors())
+    state_keys.push_back(meta.key());
   EXPECT_THAT(state_keys, ElementsAre("optimizer/state/0/step", "optimizer/state/0/exp_avg",
                                       "optimizer/state/0/exp_avg_sq", "optimizer/state/1/step",
                                       "optimizer/state/1/exp_avg", "optimizer/state/1/exp_avg_sq",
@@ -403,8 +403,8 @@ TEST_P(StoreConformanceTest, TwoThreadsCommittingToOneModelGetDistinctVersions) 
     writers.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i) {
         const float value = static_cast<float>(t * 100 + i);
-        absl::StatusOr<CommitResult> committed = store_->CommitCheckpoint(
-            "shared", WeightsOnly({{"w", at::full({64 * 1024}, value)}}));
+        absl::StatusOr<CommitResult> committed =
+            store_->CommitCheckpoint("shared", WeightsOnly({{"w", at::full({64 * 1024}, value)}}));
         ASSERT_OK(committed.status());
         versions[t].push_back(committed->version.version());
       }
@@ -427,12 +427,12 @@ TEST_P(StoreConformanceTest, TwoThreadsCommittingToOneModelGetDistinctVersions) 
 
 TEST_P(StoreConformanceTest, FrozenBackboneCostsItsBytesOnce) {
   const at::Tensor backbone = Seeded({2 * kMiB}, 1);  // 8 MiB
-  constexpr int64_t kHeadElements = 16 * 1024;         // 64 KiB
+  constexpr int64_t kHeadElements = 16 * 1024;        // 64 KiB
   int64_t logical = 0;
   for (int i = 0; i < 10; ++i) {
-    const CommitResult committed = MustCommit(
-        "finetune",
-        WeightsOnly({{"backbone.weight", backbone}, {"head.weight", Seeded({kHeadElements}, 100 + i)}}));
+    const CommitResult committed =
+        MustCommit("finetune", WeightsOnly({{"backbone.weight", backbone},
+                                            {"head.weight", Seeded({kHeadElements}, 100 + i)}}));
     logical += committed.logical_bytes;
     EXPECT_EQ(committed.new_bytes, i == 0 ? 8 * kMiB + 4 * kHeadElements : 4 * kHeadElements);
   }
@@ -618,7 +618,8 @@ TEST_P(StoreConformanceTest, StreamedUploadInPiecesDedupsWithOneShotCommit) {
   }
   const std::string big_bytes = TensorBytes(big);
   const std::string small_bytes = TensorBytes(small);
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session, store_->BeginUpload("m", header, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       store_->BeginUpload("m", header, {}));
   ASSERT_OK(session->AddTensorData(1, 0, absl::string_view(small_bytes).substr(0, 1000)));
   for (int64_t offset = 0; offset < static_cast<int64_t>(big_bytes.size()); offset += kMiB) {
     ASSERT_OK(session->AddTensorData(0, offset, absl::string_view(big_bytes).substr(offset, kMiB)));
@@ -634,9 +635,9 @@ TEST_P(StoreConformanceTest, StreamedUploadInPiecesDedupsWithOneShotCommit) {
   EXPECT_EQ(streamed.tensors(0).content_hash(), one_shot.tensors(0).content_hash());
   EXPECT_EQ(streamed.tensors(0).chunks_size(), 3);
 
-  ASSERT_OK_AND_ASSIGN(std::vector<std::string> missing,
-                       store_->FindMissingChunks({one_shot.tensors(0).chunks(0).sha256(),
-                                                  Sha256("not stored")}));
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<std::string> missing,
+      store_->FindMissingChunks({one_shot.tensors(0).chunks(0).sha256(), Sha256("not stored")}));
   EXPECT_THAT(missing, ElementsAre(Sha256("not stored")));
 }
 
@@ -671,9 +672,9 @@ TEST_P(StoreConformanceTest, ValidationErrorsAreInvalidArgumentWithClearMessages
   {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> long_upload,
                          store_->BeginUpload("m", OneTensorHeader("w", 10), {}));
-    EXPECT_THAT(long_upload->AddTensorData(0, 0, "12345678901"),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         "11 bytes sent but its byte_length is 10"));
+    EXPECT_THAT(
+        long_upload->AddTensorData(0, 0, "12345678901"),
+        StatusIs(absl::StatusCode::kInvalidArgument, "11 bytes sent but its byte_length is 10"));
   }
   {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> gap,
@@ -708,7 +709,8 @@ TEST_P(StoreConformanceTest, ContentHashFromTheClientIsChecked) {
                                  "content_hash is " + HexEncode(ContentHashOfBytes("abc"))));
   }
   EXPECT_THAT(store_->GetManifest(Ref("m")), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session, store_->BeginUpload("m", header, {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       store_->BeginUpload("m", header, {}));
   ASSERT_OK(session->AddTensorData(0, 0, "abc"));
   ASSERT_OK(session->Commit().status());
 }

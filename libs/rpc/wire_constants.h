@@ -1,0 +1,28 @@
+#ifndef CKPT_LIBS_RPC_WIRE_CONSTANTS_H_
+#define CKPT_LIBS_RPC_WIRE_CONSTANTS_H_
+
+// The numbers and names both ends of the ckpt.v1 wire protocol must agree on, in one header the
+// services (services/...) and the clients (libs/client) include, so they cannot drift apart.
+
+namespace ckpt {
+
+// ---- ckpt.v1.CheckpointStore.
+// Bytes of tensor data one TensorData message may carry, in either direction (1 MiB).
+inline constexpr int kMaxTensorDataBytes = 1 << 20;
+// Page sizes of ListModels / ListVersions when the request says 0, and the most one page holds.
+inline constexpr int kDefaultPageSize = 100;
+inline constexpr int kMaxPageSize = 1000;
+// Upload metadata: the server's acceptance of the header, and its validation warnings.
+inline constexpr char kUploadAcceptedMetadata[] = "ckpt-upload-accepted";
+inline constexpr char kUploadWarningMetadata[] = "ckpt-upload-warning-bin";
+// Methods the clients read as raw messages (libs/rpc/tensor_data_message.h).
+inline constexpr char kDownloadMethod[] = "/ckpt.v1.CheckpointStore/Download";
+
+// ---- ckpt.v1.Loader.
+// Tensor bytes one Load / Export message carries at most (1 MiB).
+inline constexpr int kMaxLoaderPieceBytes = 1 << 20;
+inline constexpr char kLoadMethod[] = "/ckpt.v1.Loader/Load";
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_RPC_WIRE_CONSTANTS_H_
