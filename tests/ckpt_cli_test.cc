@@ -39,7 +39,8 @@ class CkptCliTest : public ::testing::Test {
 
 TEST_F(CkptCliTest, EmbeddedStoreWorkflow) {
   const std::string store = "--store_dir=" + Dir() + "/embedded";
-  Result imported = Ckpt(absl::StrCat("import ", Dir(), "/ddp_cuda1.pt --model mlp --alias best ", store));
+  Result imported =
+      Ckpt(absl::StrCat("import ", Dir(), "/ddp_cuda1.pt --model mlp --alias best ", store));
   ASSERT_EQ(imported.exit_code, 0) << imported.output;
   EXPECT_THAT(imported.output, HasSubstr("as mlp@1"));
   EXPECT_THAT(imported.output, HasSubstr("stripped wrapper prefix 'module.'"));
@@ -106,7 +107,8 @@ TEST_F(CkptCliTest, RemoteStoreWithToken) {
     _exit(127);
   }
   int port = 0;
-  for (absl::Time deadline = absl::Now() + absl::Seconds(60); absl::Now() < deadline && port == 0;) {
+  for (absl::Time deadline = absl::Now() + absl::Seconds(60);
+       absl::Now() < deadline && port == 0;) {
     std::ifstream in(port_file);
     if (!(in >> port)) absl::SleepFor(absl::Milliseconds(10));  // The server writes it when ready.
   }

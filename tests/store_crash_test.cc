@@ -67,7 +67,8 @@ std::string ModelFor(int writer) {
 
 class ServerProcess {
  public:
-  ServerProcess(std::string binary, std::string db) : binary_(std::move(binary)), db_(std::move(db)) {}
+  ServerProcess(std::string binary, std::string db)
+      : binary_(std::move(binary)), db_(std::move(db)) {}
 
   // Starts the server and waits for its port file. Returns the address.
   std::string Start() {
@@ -243,8 +244,8 @@ TEST(StoreCrashTest, KillsAtRandomMomentsLoseNoAcknowledgedCommitAndTearNoVersio
 
   int torn = 0, lost = 0, kills = 0;
   auto check_everything = [&](const std::string& at) {
-    auto stub = v1::CheckpointStore::NewStub(
-        grpc::CreateChannel(at, grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::CheckpointStore::NewStub(grpc::CreateChannel(at, grpc::InsecureChannelCredentials()));
     std::map<std::pair<std::string, int64_t>, int64_t> acknowledged;
     {
       absl::MutexLock lock(&oracle.mutex);
@@ -314,8 +315,7 @@ TEST(StoreCrashTest, KillsAtRandomMomentsLoseNoAcknowledgedCommitAndTearNoVersio
     } else {
       // The random moment: anywhere from mid-header to mid-commit of some upload, between half a
       // commit's time and three.
-      absl::SleepFor(time_per_commit *
-                     std::uniform_real_distribution<double>(0.5, 3.0)(rng));
+      absl::SleepFor(time_per_commit * std::uniform_real_distribution<double>(0.5, 3.0)(rng));
     }
     server.Kill();
     ++kills;

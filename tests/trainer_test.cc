@@ -147,8 +147,8 @@ bool WaitForStep(const TrainerProcess& process, int64_t step, absl::Duration tim
 std::vector<std::pair<int64_t, double>> LossLines(const std::string& log) {
   std::vector<std::pair<int64_t, double>> losses;
   const std::regex line(R"(step (\d+)/\d+  loss ([0-9.]+))");
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), line);
-       it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it) {
     losses.emplace_back(std::stoll((*it)[1]), std::stod((*it)[2]));
   }
   return losses;
@@ -207,9 +207,12 @@ void ExpectBitIdentical(const CheckpointContents& a, const CheckpointContents& b
 
 std::vector<std::string> SmallRun(const std::string& store_dir, int ranks, int64_t batch,
                                   int64_t steps) {
-  return {"--store_dir=" + store_dir,          absl::StrCat("--nproc_per_node=", ranks),
-          absl::StrCat("--batch_size=", batch), absl::StrCat("--steps=", steps),
-          "--log_every=1",                     "--checkpoint_every=0"};
+  return {"--store_dir=" + store_dir,
+          absl::StrCat("--nproc_per_node=", ranks),
+          absl::StrCat("--batch_size=", batch),
+          absl::StrCat("--steps=", steps),
+          "--log_every=1",
+          "--checkpoint_every=0"};
 }
 
 TEST(TrainerTest, TwoRanksFollowOneRankOverTheSameGlobalBatches) {
@@ -335,8 +338,8 @@ TEST(TrainerTest, ControlApiCheckpointsOnRequestAndStopsGracefully) {
   ASSERT_TRUE(WaitForStep(process, 20, absl::Seconds(60))) << ReadFile(process.log);
   int port = 0;
   ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &port));
-  auto stub = v1::Trainer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                       grpc::InsecureChannelCredentials()));
+  auto stub = v1::Trainer::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -426,11 +429,14 @@ TEST_P(PythonTwinTest, FinalCheckpointLoadsStrictlyIntoThePythonTwin) {
   ASSERT_THAT(WriteTorchFile(io, StateDictToValue(inputs_outputs)).status(), IsOk());
   const std::string script = absl::StrCat(
       "import sys, torch; sys.path.insert(0, 'libs/train/python'); from twins import *\n"
-      "model = ", twin, "\n",
-      "state = torch.load('", weights, "', weights_only=True)\n"
+      "model = ",
+      twin, "\n", "state = torch.load('", weights,
+      "', weights_only=True)\n"
       "model.load_state_dict(state, strict=True)\n"
       "model.eval()\n"
-      "io = torch.load('", io, "', weights_only=True)\n"
+      "io = torch.load('",
+      io,
+      "', weights_only=True)\n"
       "with torch.no_grad():\n"
       "    out = model(io['inputs'])\n"
       "err = (out - io['outputs']).abs().max().item()\n"
@@ -441,8 +447,7 @@ TEST_P(PythonTwinTest, FinalCheckpointLoadsStrictlyIntoThePythonTwin) {
   EXPECT_THAT(testing::RunPythonOrAddFailure(script_path, ""), HasSubstr("twin ok"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, PythonTwinTest,
-                         ::testing::Values("mlp", "cnn", "transformer"));
+INSTANTIATE_TEST_SUITE_P(Models, PythonTwinTest, ::testing::Values("mlp", "cnn", "transformer"));
 
 // The trainer's final version exported with --bundle's options is a training bundle Python
 // resumes from with real torch.optim / lr_scheduler classes: the twin's loss on a batch, one
@@ -510,7 +515,8 @@ TEST(TrainerTest, FinalVersionExportedAsABundleResumesInThePythonTwin) {
     io.InsertOrAssign("targets", batch.targets);
     io.InsertOrAssign("loss_before", loss_before.detach());
     io.InsertOrAssign("loss_after", loss_after);
-    io.InsertOrAssign("lr", at::scalar_tensor(train::CurrentLearningRate(**optimizer), at::kDouble));
+    io.InsertOrAssign("lr",
+                      at::scalar_tensor(train::CurrentLearningRate(**optimizer), at::kDouble));
     const std::string io_path = dir + "_io.pt";
     ASSERT_THAT(WriteTorchFile(io_path, StateDictToValue(io)).status(), IsOk());
 
@@ -518,19 +524,27 @@ TEST(TrainerTest, FinalVersionExportedAsABundleResumesInThePythonTwin) {
     const std::string optimizer_class = kind == "sgd" ? "SGD" : "AdamW";
     const std::string script = absl::StrCat(
         "import sys, torch; sys.path.insert(0, 'libs/train/python'); from twins import *\n"
-        "bundle = torch.load('", bundle, "')\n"
+        "bundle = torch.load('",
+        bundle,
+        "')\n"
         "assert list(bundle)[:5] == ['epoch', 'global_step', 'model', 'optimizer', 'scheduler'], "
         "list(bundle)\n"
         "assert bundle['global_step'] == 12 and bundle['trainer']['global_step'] == 12\n"
-        "model = ", twin, "\n",
+        "model = ",
+        twin, "\n",
         "model.load_state_dict(bundle['model'], strict=True)\n"
         "model.train()\n"
-        "optimizer = torch.optim.", optimizer_class, "(model.parameters(), lr=1.0)\n"
+        "optimizer = torch.optim.",
+        optimizer_class,
+        "(model.parameters(), lr=1.0)\n"
         "optimizer.load_state_dict(bundle['optimizer'])\n"
         "scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)\n"
         "scheduler.load_state_dict(bundle['scheduler'])\n"
-        "io = torch.load('", io_path, "')\n"
-        "assert scheduler.get_last_lr()[0] == io['lr'].item(), (scheduler.get_last_lr(), io['lr'])\n"
+        "io = torch.load('",
+        io_path,
+        "')\n"
+        "assert scheduler.get_last_lr()[0] == io['lr'].item(), (scheduler.get_last_lr(), "
+        "io['lr'])\n"
         "loss = torch.nn.functional.cross_entropy(model(io['inputs']), io['targets'])\n"
         "assert abs(loss.item() - io['loss_before'].item()) < 1e-5, (loss, io['loss_before'])\n"
         "optimizer.zero_grad(); loss.backward(); optimizer.step(); scheduler.step()\n"
@@ -573,10 +587,10 @@ TEST(TrainerTest, TrainsOnATensorFileWrittenByPython) {
 
 TEST(TrainerTest, BadFlagsExitTwoWithAClearMessage) {
   const std::string log = TempPath("bad_flags.log");
-  EXPECT_EQ(RunTrainer({"--model=resnet9000", "--nproc_per_node=1", "--store_dir=" +
-                                                                     TempPath("bad")},
-                       log),
-            1);
+  EXPECT_EQ(
+      RunTrainer({"--model=resnet9000", "--nproc_per_node=1", "--store_dir=" + TempPath("bad")},
+                 log),
+      1);
   EXPECT_THAT(ReadFile(log), HasSubstr("resnet9000"));
   EXPECT_EQ(RunTrainer({"--batch_size=0"}, log), 2);
   EXPECT_THAT(ReadFile(log), HasSubstr("--batch_size"));

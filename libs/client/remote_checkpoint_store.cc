@@ -442,7 +442,7 @@ class DownloadStream {
   v1::Manifest manifest_;
   grpc::ByteBuffer message_;          // the last message read...
   TensorDataResponseReader decoder_;  // ...and views of its bytes.
-  std::string chunk_;  // a chunk being assembled for a callback.
+  std::string chunk_;                 // a chunk being assembled for a callback.
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -23,13 +23,13 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/testing/instrumented_store.h"
+#include "libs/store/testing/store_conformance.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "services/checkpoint_store/store_service.h"
-#include "libs/store/testing/instrumented_store.h"
-#include "libs/store/testing/store_conformance.h"
 
 namespace ckpt {
 namespace {
@@ -507,16 +507,16 @@ class ServedStore final : public ::ckpt::testing::StoreHarness {
 }  // namespace
 
 namespace testing {
-INSTANTIATE_TEST_SUITE_P(
-    Remote, StoreConformanceTest,
-    ::testing::Values(StoreConformanceParam{
-        "remote",
-        [](const std::string& dir) -> std::unique_ptr<StoreHarness> {
-          return std::make_unique<ServedStore>(dir);
-        }}),
-    [](const ::testing::TestParamInfo<StoreConformanceParam>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Remote, StoreConformanceTest,
+                         ::testing::Values(StoreConformanceParam{
+                             "remote",
+                             [](const std::string& dir) -> std::unique_ptr<StoreHarness> {
+                               return std::make_unique<ServedStore>(dir);
+                             }}),
+                         [](const ::testing::TestParamInfo<StoreConformanceParam>& info) {
+                           return info.param.name;
+                         });
 }  // namespace testing
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 }  // namespace ckpt

@@ -27,7 +27,6 @@
 namespace ckpt {
 namespace {
 
-
 // A CPU tensor for `meta`'s dtype and shape, checked against its byte_length.
 absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::string_view where) {
   ASSIGN_OR_RETURN(const DType dtype, DTypeFromProto(meta.dtype()));
@@ -44,7 +43,8 @@ absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::stri
   }
   // Filled from the network next: large (freshly mapped) memory is mapped in one call rather
   // than a page fault per 4 KiB during the copies (libs/io/prefault.h).
-  if (meta.byte_length() >= (int64_t{1} << 20)) PrefaultForWrite(tensor.data_ptr(), tensor.nbytes());
+  if (meta.byte_length() >= (int64_t{1} << 20))
+    PrefaultForWrite(tensor.data_ptr(), tensor.nbytes());
   return tensor;
 }
 
@@ -235,9 +235,9 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
   return state;
 }
 
-absl::StatusOr<PreflightReport> RemoteLoader::Preflight(
-    const v1::VersionRef& ref, const std::vector<ExpectedTensor>& expected,
-    const LoadTarget& target) const {
+absl::StatusOr<PreflightReport> RemoteLoader::Preflight(const v1::VersionRef& ref,
+                                                        const std::vector<ExpectedTensor>& expected,
+                                                        const LoadTarget& target) const {
   v1::PreflightRequest request;
   *request.mutable_ref() = ref;
   *request.mutable_target() = LoadTargetToProto(target);

@@ -19,10 +19,10 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/testing/instrumented_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
 #include "libs/tensor/value.h"
-#include "libs/store/testing/instrumented_store.h"
 #include "services/loader/loader_service.h"
 
 namespace ckpt {
@@ -225,16 +225,16 @@ class ServedLoader final : public ::ckpt::testing::LoaderHarness {
 }  // namespace
 
 namespace testing {
-INSTANTIATE_TEST_SUITE_P(
-    Remote, LoaderConformanceTest,
-    ::testing::Values(LoaderConformanceParam{
-        "remote",
-        [](CheckpointStore& store) -> std::unique_ptr<LoaderHarness> {
-          return std::make_unique<ServedLoader>(store);
-        }}),
-    [](const ::testing::TestParamInfo<LoaderConformanceParam>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Remote, LoaderConformanceTest,
+                         ::testing::Values(LoaderConformanceParam{
+                             "remote",
+                             [](CheckpointStore& store) -> std::unique_ptr<LoaderHarness> {
+                               return std::make_unique<ServedLoader>(store);
+                             }}),
+                         [](const ::testing::TestParamInfo<LoaderConformanceParam>& info) {
+                           return info.param.name;
+                         });
 }  // namespace testing
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 }  // namespace ckpt

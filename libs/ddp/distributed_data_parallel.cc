@@ -81,10 +81,10 @@ void DistributedDataParallel::BuildBuckets() {
   for (int64_t i = static_cast<int64_t>(parameters_.size()) - 1; i >= 0; --i) {
     const at::Tensor& parameter = parameters_[static_cast<size_t>(i)];
     if (!parameter.requires_grad()) continue;
-    TORCH_CHECK(at::isFloatingType(parameter.scalar_type()) ||
-                    at::isComplexType(parameter.scalar_type()),
-                "DistributedDataParallel: parameter ", i, " requires grad but has dtype ",
-                parameter.scalar_type());
+    TORCH_CHECK(
+        at::isFloatingType(parameter.scalar_type()) || at::isComplexType(parameter.scalar_type()),
+        "DistributedDataParallel: parameter ", i, " requires grad but has dtype ",
+        parameter.scalar_type());
     const int64_t bytes = parameter.numel() * static_cast<int64_t>(parameter.element_size());
     auto it = std::find_if(open.begin(), open.end(), [&](const OpenBucket& candidate) {
       return SameKind(candidate.exemplar, parameter);
@@ -96,8 +96,7 @@ void DistributedDataParallel::BuildBuckets() {
     if (it == open.end()) {
       buckets_.emplace_back();
       numels.push_back(0);
-      open.push_back(
-          OpenBucket{parameter, static_cast<int64_t>(buckets_.size()) - 1, /*bytes=*/0});
+      open.push_back(OpenBucket{parameter, static_cast<int64_t>(buckets_.size()) - 1, /*bytes=*/0});
       it = open.end() - 1;
     }
     Bucket& bucket = buckets_[static_cast<size_t>(it->bucket)];
@@ -110,7 +109,8 @@ void DistributedDataParallel::BuildBuckets() {
   slot_ready_.clear();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
-    const at::Tensor& first = parameters_[static_cast<size_t>(bucket.slots.front().parameter_index)];
+    const at::Tensor& first =
+        parameters_[static_cast<size_t>(bucket.slots.front().parameter_index)];
     bucket.flat = at::zeros({numels[b]}, first.options().requires_grad(false));
     bucket.pending = static_cast<int64_t>(bucket.slots.size());
     slot_ready_.emplace_back(bucket.slots.size(), false);
@@ -131,8 +131,8 @@ at::Tensor DistributedDataParallel::OnGradient(int64_t parameter_index, const at
   TORCH_CHECK(SameKind(grad, bucket.flat) && grad.sizes() == parameter.sizes(),
               "DistributedDataParallel: parameter ", parameter_index, " has dtype ",
               parameter.scalar_type(), " on ", parameter.device(), " shape ", parameter.sizes(),
-              " but its gradient has dtype ", grad.scalar_type(), " on ", grad.device(),
-              " shape ", grad.sizes());
+              " but its gradient has dtype ", grad.scalar_type(), " on ", grad.device(), " shape ",
+              grad.sizes());
   at::Tensor view = bucket.flat.narrow(0, slot.offset, slot.numel).view(parameter.sizes());
   std::vector<bool>& ready = slot_ready_[static_cast<size_t>(location.bucket)];
   if (ready[static_cast<size_t>(location.slot)]) {
@@ -234,9 +234,7 @@ void DistributedDataParallel::FinishGradientSync() {
   next_to_launch_ = 0;
 }
 
-DistributedDataParallel::NoSyncGuard DistributedDataParallel::NoSync() {
-  return NoSyncGuard(this);
-}
+DistributedDataParallel::NoSyncGuard DistributedDataParallel::NoSync() { return NoSyncGuard(this); }
 
 void DistributedDataParallel::SyncParametersAndBuffers() {
   std::vector<at::Tensor> tensors = parameters_;

@@ -125,7 +125,7 @@ class DistributedDataParallel {
   struct Bucket {
     at::Tensor flat;  // all slots, contiguous; all-reduced in place
     std::vector<Slot> slots;
-    int64_t pending = 0;  // slots not yet written in this iteration
+    int64_t pending = 0;                  // slots not yet written in this iteration
     c10::intrusive_ptr<c10d::Work> work;  // set once launched in this iteration
   };
   struct Location {

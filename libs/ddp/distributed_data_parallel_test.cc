@@ -104,8 +104,8 @@ at::Tensor ReadTensor(const std::string& path, at::ScalarType dtype) {
   TORCH_CHECK(in.good(), "cannot open ", path);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size()) / element},
-                           at::TensorOptions().dtype(dtype));
+  at::Tensor t =
+      at::empty({static_cast<int64_t>(bytes.size()) / element}, at::TensorOptions().dtype(dtype));
   std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
   return t;
 }
@@ -155,7 +155,8 @@ void NoSyncWorker(const ProcessGroupHandle& pg, const std::string& dir) {
   auto micro_loss = [&](int micro) {
     const int64_t start = (2 * rank + micro) * kRankBatch;
     return at::mse_loss(model->forward(inputs.narrow(0, start, kRankBatch)),
-                        targets.narrow(0, start, kRankBatch)) * 0.5;
+                        targets.narrow(0, start, kRankBatch)) *
+           0.5;
   };
   {
     DistributedDataParallel::NoSyncGuard guard = ddp.NoSync();
@@ -168,8 +169,8 @@ void NoSyncWorker(const ProcessGroupHandle& pg, const std::string& dir) {
   micro_loss(1).backward();
   ddp.FinishGradientSync();
   const int64_t parameter_bytes = static_cast<int64_t>(Flat(model->parameters()).nbytes());
-  TORCH_CHECK(ddp.bytes_all_reduced() == parameter_bytes,
-              "the synchronized backward all-reduced ", ddp.bytes_all_reduced(), " bytes");
+  TORCH_CHECK(ddp.bytes_all_reduced() == parameter_bytes, "the synchronized backward all-reduced ",
+              ddp.bytes_all_reduced(), " bytes");
   WriteTensor(File(dir, "grads", rank), Flat(Grads(*model)));
 }
 
@@ -220,10 +221,9 @@ int RunWorker(const std::string& scenario) {
 std::string RunScenario(const std::string& scenario, const std::string& run = "") {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + scenario + run;
   ::mkdir(dir.c_str(), 0755);
-  const std::vector<int> exits =
-      RunLocalRanks({}, 2, PickFreeLoopbackPort(),
-                    {{kScenarioVariable, scenario}, {kOutputVariable, dir}},
-                    std::chrono::seconds(60));
+  const std::vector<int> exits = RunLocalRanks(
+      {}, 2, PickFreeLoopbackPort(), {{kScenarioVariable, scenario}, {kOutputVariable, dir}},
+      std::chrono::seconds(60));
   EXPECT_THAT(exits, ElementsAre(0, 0)) << "see the workers' stderr above";
   return dir;
 }

@@ -10,8 +10,8 @@
 
 namespace ckpt::ddp {
 
-DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size,
-                                       bool shuffle, uint64_t seed, bool drop_last)
+DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle,
+                                       uint64_t seed, bool drop_last)
     : dataset_size_(dataset_size),
       rank_(rank),
       world_size_(world_size),
@@ -39,8 +39,8 @@ void DistributedSampler::set_epoch(int64_t epoch) {
 
 void DistributedSampler::set_position(int64_t consumed) {
   TORCH_CHECK(consumed >= 0 && consumed <= num_samples_,
-              "DistributedSampler: position must be in [0, num_samples()=", num_samples_,
-              "], got ", consumed);
+              "DistributedSampler: position must be in [0, num_samples()=", num_samples_, "], got ",
+              consumed);
   position_ = consumed;
 }
 
@@ -57,8 +57,8 @@ void DistributedSampler::ComputeIndices() {
   if (shuffle_) {
     // torch.Generator().manual_seed(seed + epoch); torch.randperm(n, generator=g): the same CPU
     // generator and kernel, so the permutation is Python's to the element.
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(
-        seed_ + static_cast<uint64_t>(epoch_));
+    at::Generator generator =
+        at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch_));
     const at::Tensor permutation =
         at::randperm(dataset_size_, generator, at::TensorOptions().dtype(at::kLong));
     std::copy_n(permutation.data_ptr<int64_t>(), dataset_size_, all.begin());
@@ -74,8 +74,8 @@ void DistributedSampler::ComputeIndices() {
     // Repeat the list from its start until it has total elements (PyTorch's padding).
     padded = all;
     while (static_cast<int64_t>(padded.size()) < total) {
-      const int64_t take = std::min<int64_t>(total - static_cast<int64_t>(padded.size()),
-                                             dataset_size_);
+      const int64_t take =
+          std::min<int64_t>(total - static_cast<int64_t>(padded.size()), dataset_size_);
       padded.insert(padded.end(), all.begin(), all.begin() + take);
     }
   }

@@ -56,22 +56,22 @@ std::map<std::pair<int, int>, std::vector<int64_t>> ParseReference(const std::st
 
 TEST(DistributedSamplerTest, IndicesEqualPyTorchDistributedSamplerForEveryRank) {
   const std::vector<Config> configs = {
-      {10, 3, true, 0, 0, false},     // uneven: padded from the start
-      {10, 3, true, 0, 0, true},      // uneven: tail dropped
-      {10, 3, false, 0, 0, false},    // no shuffle, padded
-      {12, 4, true, 42, 3, false},    // even split, another seed and epoch
-      {1000, 8, true, 7, 1, false},   // large enough for randperm's general path
-      {5, 8, true, 1, 0, false},      // fewer samples than ranks: padding repeats the list
-      {3, 4, true, 7, 2, true},       // fewer samples than ranks with drop_last: nothing
-      {7, 2, false, 0, 5, true},      // no shuffle, drop_last
-      {1, 1, true, 123, 9, false},    // single rank, single sample
-      {0, 2, true, 0, 0, false},      // empty dataset
+      {10, 3, true, 0, 0, false},    // uneven: padded from the start
+      {10, 3, true, 0, 0, true},     // uneven: tail dropped
+      {10, 3, false, 0, 0, false},   // no shuffle, padded
+      {12, 4, true, 42, 3, false},   // even split, another seed and epoch
+      {1000, 8, true, 7, 1, false},  // large enough for randperm's general path
+      {5, 8, true, 1, 0, false},     // fewer samples than ranks: padding repeats the list
+      {3, 4, true, 7, 2, true},      // fewer samples than ranks with drop_last: nothing
+      {7, 2, false, 0, 5, true},     // no shuffle, drop_last
+      {1, 1, true, 123, 9, false},   // single rank, single sample
+      {0, 2, true, 0, 0, false},     // empty dataset
   };
   std::string args;
   for (const Config& c : configs) {
-    args += std::to_string(c.n) + "," + std::to_string(c.world) + "," +
-            std::to_string(c.shuffle) + "," + std::to_string(c.seed) + "," +
-            std::to_string(c.epoch) + "," + std::to_string(c.drop_last) + " ";
+    args += std::to_string(c.n) + "," + std::to_string(c.world) + "," + std::to_string(c.shuffle) +
+            "," + std::to_string(c.seed) + "," + std::to_string(c.epoch) + "," +
+            std::to_string(c.drop_last) + " ";
   }
   const auto reference = ParseReference(ckpt::testing::RunPythonOrAddFailure(
       "libs/ddp/testdata/distributed_sampler_reference.py", args));
@@ -80,8 +80,7 @@ TEST(DistributedSamplerTest, IndicesEqualPyTorchDistributedSamplerForEveryRank) 
     int64_t total = 0;
     for (int rank = 0; rank < c.world; ++rank) {
       auto it = reference.find({static_cast<int>(i), rank});
-      ASSERT_NE(it, reference.end()) << "no Python output for " << Describe(c) << " rank "
-                                     << rank;
+      ASSERT_NE(it, reference.end()) << "no Python output for " << Describe(c) << " rank " << rank;
       DistributedSampler sampler(c.n, rank, c.world, c.shuffle, c.seed, c.drop_last);
       sampler.set_epoch(c.epoch);
       EXPECT_EQ(sampler.EpochIndices(), it->second) << Describe(c) << " rank " << rank;
@@ -89,8 +88,8 @@ TEST(DistributedSamplerTest, IndicesEqualPyTorchDistributedSamplerForEveryRank) 
       EXPECT_EQ(sampler.total_size(), sampler.num_samples() * c.world) << Describe(c);
       total += static_cast<int64_t>(it->second.size());
     }
-    EXPECT_EQ(total, DistributedSampler(c.n, 0, c.world, c.shuffle, c.seed, c.drop_last)
-                         .total_size())
+    EXPECT_EQ(total,
+              DistributedSampler(c.n, 0, c.world, c.shuffle, c.seed, c.drop_last).total_size())
         << Describe(c);
   }
 }

@@ -50,8 +50,8 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_
 // backend registered for a tensor's device type. (Not exercised by the Debian 1.13 build here;
 // tools/gpu_check.sh builds this path against a pip PyTorch.)
 c10::intrusive_ptr<c10d::ProcessGroup> WrapBackend(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
-    const std::string& name, std::chrono::milliseconds timeout, c10::DeviceType device_type,
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, const std::string& name,
+    std::chrono::milliseconds timeout, c10::DeviceType device_type,
     c10d::ProcessGroup::BackendType backend_type,
     const c10::intrusive_ptr<c10d::Backend>& backend) {
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 6
@@ -94,8 +94,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> MakeNccl(const c10::intrusive_ptr<c10d::S
   return nccl;
 #endif
 #else
-  TORCH_CHECK(false, "process group backend \"nccl\" requested, but this build has no NCCL; "
-                     "rebuild with --config=cuda (or use backend \"gloo\")");
+  TORCH_CHECK(false,
+              "process group backend \"nccl\" requested, but this build has no NCCL; "
+              "rebuild with --config=cuda (or use backend \"gloo\")");
 #endif
 }
 
@@ -106,8 +107,8 @@ int ParseIntVariable(const char* name, const char* text, int min_value, int max_
   errno = 0;
   char* end = nullptr;
   const long long value = std::strtoll(text, &end, 10);
-  TORCH_CHECK(errno == 0 && end != text && *end == '\0', "environment variable ", name, "=\"",
-              text, "\" is not an integer");
+  TORCH_CHECK(errno == 0 && end != text && *end == '\0', "environment variable ", name, "=\"", text,
+              "\" is not an integer");
   TORCH_CHECK(value >= min_value && value <= max_value, "environment variable ", name, "=", value,
               " is out of range; expected [", min_value, ", ", max_value, "]");
   return static_cast<int>(value);
@@ -131,7 +132,8 @@ ProcessGroupHandle InitProcessGroup(const RendezvousOptions& options) {
               "master_port 0 (pick a free port) works only for world_size 1; with world_size ",
               options.world_size, " the other ranks need to know rank 0's port");
   TORCH_CHECK(options.backend == "gloo" || options.backend == "nccl",
-              "unknown process group backend \"", options.backend, "\"; expected \"gloo\" or "
+              "unknown process group backend \"", options.backend,
+              "\"; expected \"gloo\" or "
               "\"nccl\"");
   TORCH_CHECK(!options.master_addr.empty(), "master_addr is empty");
   TORCH_CHECK(options.timeout.count() > 0, "timeout must be positive, got ",
@@ -189,16 +191,14 @@ std::optional<RendezvousOptions> RendezvousOptionsFromEnvironment(int* local_ran
   }
   if (local_rank != nullptr) {
     const char* local_text = std::getenv("LOCAL_RANK");
-    *local_rank = local_text == nullptr
-                      ? options.rank
-                      : ParseIntVariable("LOCAL_RANK", local_text, 0,
-                                         std::numeric_limits<int>::max());
+    *local_rank = local_text == nullptr ? options.rank
+                                        : ParseIntVariable("LOCAL_RANK", local_text, 0,
+                                                           std::numeric_limits<int>::max());
   }
   return options;
 }
 
-std::string BroadcastString(c10d::ProcessGroup& group, const std::string& value_on_root,
-                            int root) {
+std::string BroadcastString(c10d::ProcessGroup& group, const std::string& value_on_root, int root) {
   TORCH_CHECK(root >= 0 && root < group.getSize(), "BroadcastString root must be in [0, ",
               group.getSize(), "), got ", root);
   const at::TensorOptions device = CollectiveTensorOptions(group);

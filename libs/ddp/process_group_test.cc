@@ -47,9 +47,10 @@ int RunWorker() {
     const double mean = AllReduceMean(*pg.group, rank == 0 ? 1.25 : 4.0);
     TORCH_CHECK(mean == 2.625, "rank ", rank, " got mean ", mean, ", expected 2.625");
     // float64 end to end: 1 + 2^-40 would round away in float32.
-    const double tiny = AllReduceMean(*pg.group, 1.0 + (rank == 0 ? 0.0 : 2.0 * 9.094947017729282e-13));
-    TORCH_CHECK(tiny == 1.0 + 9.094947017729282e-13, "rank ", rank, " lost float64 precision: ",
-                tiny);
+    const double tiny =
+        AllReduceMean(*pg.group, 1.0 + (rank == 0 ? 0.0 : 2.0 * 9.094947017729282e-13));
+    TORCH_CHECK(tiny == 1.0 + 9.094947017729282e-13, "rank ", rank,
+                " lost float64 precision: ", tiny);
     Barrier(*pg.group);
     std::cerr << "rank " << rank << ": collectives OK\n";
     return 0;
@@ -102,7 +103,7 @@ TEST(ProcessGroupTest, UnreachableMasterFailsWithinTheTimeout) {
   const std::string error = ErrorOf(options);
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_THAT(error, HasSubstr("rendezvous failed for rank 1 of 2 with master 127.0.0.1:" +
-                              std::to_string(options.master_port)));
+                               std::to_string(options.master_port)));
   EXPECT_LT(elapsed, std::chrono::seconds(30));
 }
 

@@ -34,10 +34,10 @@ absl::StatusOr<const Value*> FindByPath(const Value& root, absl::string_view pat
       if (state->is_dict()) {
         for (const auto& [key, value] : state->entries()) keys.push_back(key.DebugString());
       }
-      return absl::NotFoundError(absl::StrCat(
-          "no '", part, "' at '", walked.empty() ? "<root>" : walked, "'",
-          keys.empty() ? std::string(" (not a dict)")
-                       : absl::StrCat("; keys there: ", absl::StrJoin(keys, ", "))));
+      return absl::NotFoundError(
+          absl::StrCat("no '", part, "' at '", walked.empty() ? "<root>" : walked, "'",
+                       keys.empty() ? std::string(" (not a dict)")
+                                    : absl::StrCat("; keys there: ", absl::StrJoin(keys, ", "))));
     }
     absl::StrAppend(&walked, walked.empty() ? "" : "/", part);
     current = next;
@@ -72,9 +72,10 @@ absl::StatusOr<CheckpointFormat> DetectCheckpointFormat(const ByteSource& source
     std::memcpy(&header_length, head.data(), 8);
     if (header_length <= source.size() - 8) return CheckpointFormat::kSafetensors;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      source.name(), ": not a checkpoint ckpt can read (expected a torch.save zip or legacy file, "
-                     "or safetensors)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(source.name(),
+                   ": not a checkpoint ckpt can read (expected a torch.save zip or legacy file, "
+                   "or safetensors)"));
 }
 
 absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
@@ -112,13 +113,13 @@ absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
     }
   } else {
     ASSIGN_OR_RETURN(const Value* model, FindByPath(file.root, options.model_key));
-    absl::StatusOr<StateDict> state_dict =
-        IsModuleObject(*model) ? StateDictFromModule(*model, &file.warnings)
-                               : StateDictFromTensorDict(*model);
+    absl::StatusOr<StateDict> state_dict = IsModuleObject(*model)
+                                               ? StateDictFromModule(*model, &file.warnings)
+                                               : StateDictFromTensorDict(*model);
     if (!state_dict.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": '", options.model_key,
-                                                     "' is not a model state dict: ",
-                                                     state_dict.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": '", options.model_key,
+                       "' is not a model state dict: ", state_dict.status().message()));
     }
     file.bundle.model = *std::move(state_dict);
     file.bundle.model_key_path = options.model_key;

@@ -36,9 +36,9 @@ absl::StatusOr<StateDict> StripPrefix(const StateDict& model, const std::string&
   }
   absl::StatusOr<StateDict> exact = StripExactPrefix(model, mode);
   if (!exact.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--strip-prefix: ", exact.status().message(),
-        " (use 'auto' to detect wrapper prefixes, or 'none')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--strip-prefix: ", exact.status().message(),
+                     " (use 'auto' to detect wrapper prefixes, or 'none')"));
   }
   *stripped = mode;
   return exact;
@@ -93,7 +93,8 @@ absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std
       if (entry.tensor.numel() == 0) continue;
       auto [it, inserted] = first_user.emplace(entry.tensor.storage().data(), entry.key);
       if (!inserted) {
-        report.warnings.push_back(absl::StrCat("'", entry.key, "' shares storage with '", it->second,
+        report.warnings.push_back(absl::StrCat("'", entry.key, "' shares storage with '",
+                                               it->second,
                                                "'; safetensors stores a separate copy"));
       }
     }

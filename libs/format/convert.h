@@ -36,12 +36,12 @@ struct ConvertOptions {
 };
 
 struct ConvertReport {
-  std::string format;             // "torch" or "safetensors".
+  std::string format;  // "torch" or "safetensors".
   size_t tensors = 0;
   uint64_t tensor_bytes = 0;
   uint64_t file_bytes = 0;
-  std::string stripped_prefix;    // What was removed from the front of every key.
-  bool bundle = false;            // OUT is the whole bundle, not the state dict alone.
+  std::string stripped_prefix;  // What was removed from the front of every key.
+  bool bundle = false;          // OUT is the whole bundle, not the state dict alone.
   // What OUT does not hold, each with why ("optimizer: model weights only", "scheduler/
   // anneal_func: a builtins.getattr object (never written back as code)").
   std::vector<std::string> left_out;

@@ -25,7 +25,8 @@ using ::testing::HasSubstr;
 std::string Dir() { return std::string(std::getenv("TEST_TMPDIR")); }
 
 std::string RunFixtures(const std::string& args) {
-  return ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/checkpoint_fixtures.py", args);
+  return ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/checkpoint_fixtures.py",
+                                                args);
 }
 
 class ConvertTest : public ::testing::Test {

@@ -17,7 +17,8 @@ using Json = nlohmann::ordered_json;
 
 std::string DTypeOf(const at::Tensor& tensor) {
   absl::StatusOr<DType> dtype = FromScalarType(tensor.scalar_type());
-  return dtype.ok() ? std::string(DTypeName(*dtype)) : std::string(c10::toString(tensor.scalar_type()));
+  return dtype.ok() ? std::string(DTypeName(*dtype))
+                    : std::string(c10::toString(tensor.scalar_type()));
 }
 
 std::string ShapeOf(const at::Tensor& tensor) {
@@ -187,19 +188,19 @@ Json InspectCheckpoint(const CheckpointFile& file) {
 }
 
 std::string RenderInspectText(const Json& report) {
-  std::string out = absl::StrCat(report["file"].get<std::string>(), ": ",
-                                 report["format"].get<std::string>(), ", ",
-                                 HumanBytes(report["file_bytes"].get<uint64_t>()), "\n");
+  std::string out =
+      absl::StrCat(report["file"].get<std::string>(), ": ", report["format"].get<std::string>(),
+                   ", ", HumanBytes(report["file_bytes"].get<uint64_t>()), "\n");
   const Json& model = report["model"];
   std::vector<std::string> devices;
   for (const auto& [device, count] : model["original_devices"].items()) {
     devices.push_back(absl::StrCat(device, " (", count.get<int64_t>(), ")"));
   }
   const std::string key_path = model["key_path"].get<std::string>();
-  absl::StrAppend(&out, "model state dict", key_path.empty() ? "" : absl::StrCat(" at '", key_path, "'"),
-                  ": ", model["tensors"].get<int64_t>(), " tensors, ",
-                  HumanBytes(model["bytes"].get<uint64_t>()), "; original devices: ",
-                  absl::StrJoin(devices, ", "), "\n");
+  absl::StrAppend(
+      &out, "model state dict", key_path.empty() ? "" : absl::StrCat(" at '", key_path, "'"), ": ",
+      model["tensors"].get<int64_t>(), " tensors, ", HumanBytes(model["bytes"].get<uint64_t>()),
+      "; original devices: ", absl::StrJoin(devices, ", "), "\n");
   if (model.contains("wrapper_prefix")) {
     const std::string prefix = model["wrapper_prefix"].get<std::string>();
     const auto wrappers = model["wrappers"].get<std::vector<std::string>>();
@@ -221,11 +222,11 @@ std::string RenderInspectText(const Json& report) {
   for (const Json& entry : model["entries"]) {
     const std::string shape =
         absl::StrCat("[", absl::StrJoin(entry["shape"].get<std::vector<int64_t>>(), ", "), "]");
-    absl::StrAppend(&out, absl::StrFormat("  %-*s  %-9s  %-18s  %10s  %s\n", key_width,
-                                          entry["key"].get<std::string>(),
-                                          entry["dtype"].get<std::string>(), shape,
-                                          HumanBytes(entry["bytes"].get<uint64_t>()),
-                                          entry["original_device"].get<std::string>()));
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-*s  %-9s  %-18s  %10s  %s\n", key_width,
+                              entry["key"].get<std::string>(), entry["dtype"].get<std::string>(),
+                              shape, HumanBytes(entry["bytes"].get<uint64_t>()),
+                              entry["original_device"].get<std::string>()));
   }
   absl::StrAppend(&out, "epoch: ", report["epoch"].is_null() ? "-" : report["epoch"].dump(),
                   ", step: ", report["step"].is_null() ? "-" : report["step"].dump(), "\n");

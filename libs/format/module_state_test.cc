@@ -139,7 +139,8 @@ TEST(ExtractCheckpointBundleTest, SplitsATrainingBundle) {
     // What is left: numpy scalars as numbers, the config, the RNG state tensor.
     std::vector<std::string> extra_keys;
     for (const auto& [key, value] : bundle.extra.entries()) extra_keys.push_back(key.string_key());
-    EXPECT_THAT(extra_keys, ElementsAre("epoch", "global_step", "best_acc", "np_count", "config", "rng"));
+    EXPECT_THAT(extra_keys,
+                ElementsAre("epoch", "global_step", "best_acc", "np_count", "config", "rng"));
     EXPECT_EQ(*bundle.extra.Find("best_acc"), Value::Float(0.875));
     EXPECT_EQ(*bundle.extra.Find("np_count"), Value::Int(42));
     EXPECT_EQ(*bundle.extra.Find("config")->Find("layers"),
@@ -171,8 +172,7 @@ TEST(ExtractCheckpointBundleTest, FindsANestedModelAndItsNeighbours) {
   EXPECT_NE(bundle.optimizer->Find("param_groups"), nullptr);
   EXPECT_FALSE(bundle.scheduler.has_value());
   // The step is read, not taken: it stays where the producer put it, as an int.
-  EXPECT_EQ(bundle.extra,
-            Value::Dict({{"checkpoint", Value::Dict({{"step", Value::Int(99)}})}}));
+  EXPECT_EQ(bundle.extra, Value::Dict({{"checkpoint", Value::Dict({{"step", Value::Int(99)}})}}));
 }
 
 TEST(ExtractCheckpointBundleTest, ReadsAWholeDataParallelModelInABundle) {

@@ -1031,8 +1031,7 @@ class Machine {
       case Node::Kind::kTuple:
         return Value::Tuple(std::move(values));
       case Node::Kind::kDict:
-        return FinishDict(node->entries, values, next,
-                          node->text == "collections.OrderedDict");
+        return FinishDict(node->entries, values, next, node->text == "collections.OrderedDict");
       case Node::Kind::kObject: {
         Value args;
         if (node->args != nullptr) args = std::move(values[next++]);

@@ -24,8 +24,8 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 constexpr absl::string_view kMetadataKey = "__metadata__";
 
 absl::Status Invalid(const ByteSource& source, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(source.name(), ": not a valid safetensors file: ",
-                                                 what));
+  return absl::InvalidArgumentError(
+      absl::StrCat(source.name(), ": not a valid safetensors file: ", what));
 }
 
 // A JSON number that is a non-negative integer.
@@ -66,8 +66,10 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensorInfo(const ByteSource& source,
   for (const Json& dim : *shape) {
     uint64_t value = 0;
     if (!AsUnsigned(dim, &value) || value > (uint64_t{1} << 62)) {
-      return Invalid(source, absl::StrCat(where, " has a shape entry that is not a non-negative "
-                                                 "integer: ", dim.dump()));
+      return Invalid(source, absl::StrCat(where,
+                                          " has a shape entry that is not a non-negative "
+                                          "integer: ",
+                                          dim.dump()));
     }
     tensor.shape.push_back(static_cast<int64_t>(value));
   }
@@ -75,20 +77,22 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensorInfo(const ByteSource& source,
   const auto offsets = info.find("data_offsets");
   if (offsets == info.end() || !offsets->is_array() || offsets->size() != 2 ||
       !AsUnsigned((*offsets)[0], &tensor.begin) || !AsUnsigned((*offsets)[1], &tensor.end)) {
-    return Invalid(source, absl::StrCat(where, " needs \"data_offsets\": [BEGIN, END] with "
-                                               "non-negative integers"));
+    return Invalid(source, absl::StrCat(where,
+                                        " needs \"data_offsets\": [BEGIN, END] with "
+                                        "non-negative integers"));
   }
   if (tensor.end < tensor.begin) {
     return Invalid(source, absl::StrCat(where, " has data_offsets [", tensor.begin, ", ",
                                         tensor.end, "] that end before they begin"));
   }
   absl::StatusOr<int64_t> expected = ByteLengthOf(tensor.dtype, tensor.shape);
-  if (!expected.ok()) return Invalid(source, absl::StrCat(where, ": ", expected.status().message()));
+  if (!expected.ok())
+    return Invalid(source, absl::StrCat(where, ": ", expected.status().message()));
   if (static_cast<uint64_t>(*expected) != tensor.end - tensor.begin) {
-    return Invalid(source, absl::StrCat(where, ": ", DTypeName(tensor.dtype), " [",
-                                        absl::StrJoin(tensor.shape, ", "), "] needs ", *expected,
-                                        " bytes but data_offsets span ",
-                                        tensor.end - tensor.begin));
+    return Invalid(source,
+                   absl::StrCat(where, ": ", DTypeName(tensor.dtype), " [",
+                                absl::StrJoin(tensor.shape, ", "), "] needs ", *expected,
+                                " bytes but data_offsets span ", tensor.end - tensor.begin));
   }
   return tensor;
 }
@@ -109,8 +113,10 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const ByteSource& source
                                         kSafetensorsMaxHeaderBytes, " bytes"));
   }
   if (header_length > source.size() - 8) {
-    return Invalid(source, absl::StrCat("header length ", header_length, " runs past the end of "
-                                        "the file (", source.size() - 8, " bytes follow it)"));
+    return Invalid(source, absl::StrCat("header length ", header_length,
+                                        " runs past the end of "
+                                        "the file (",
+                                        source.size() - 8, " bytes follow it)"));
   }
   ASSIGN_OR_RETURN(std::string text, source.ReadString(8, header_length));
   if (text.empty() || text[0] != '{') {
@@ -129,8 +135,8 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const ByteSource& source
         if (!open_objects.empty()) open_objects.pop_back();
         break;
       case Json::parse_event_t::key:
-        if (!open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
-            duplicate.empty()) {
+        if (!open_objects.empty() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
           duplicate = parsed.get<std::string>();
         }
         break;
@@ -157,8 +163,8 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const ByteSource& source
       if (!value.is_object()) return Invalid(source, "__metadata__ is not an object");
       for (const auto& [meta_key, meta_value] : value.items()) {
         if (!meta_value.is_string()) {
-          return Invalid(source, absl::StrCat("__metadata__ value of '", meta_key,
-                                              "' is not a string"));
+          return Invalid(source,
+                         absl::StrCat("__metadata__ value of '", meta_key, "' is not a string"));
         }
         header.metadata.emplace(meta_key, meta_value.get<std::string>());
       }
@@ -176,10 +182,11 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const ByteSource& source
   uint64_t expected_begin = 0;
   for (const SafetensorsTensorInfo& tensor : header.tensors) {
     if (tensor.begin != expected_begin) {
-      return Invalid(source, absl::StrCat("tensor '", tensor.name, "' starts at data offset ",
-                                          tensor.begin, " but the previous tensor ends at ",
-                                          expected_begin, " (offsets must not overlap or leave "
-                                          "gaps)"));
+      return Invalid(source,
+                     absl::StrCat("tensor '", tensor.name, "' starts at data offset ", tensor.begin,
+                                  " but the previous tensor ends at ", expected_begin,
+                                  " (offsets must not overlap or leave "
+                                  "gaps)"));
     }
     expected_begin = tensor.end;
   }
@@ -287,8 +294,8 @@ absl::Status WriteSafetensorsFile(const std::string& path, const StateDict& tens
     // One tensor at a time: at most one contiguous CPU copy exists beyond the inputs.
     ASSIGN_OR_RETURN(at::Tensor bytes,
                      CatchTorchErrors([&] { return tensor.to(at::kCPU).contiguous(); }));
-    RETURN_IF_ERROR(out.Append(
-        absl::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes())));
+    RETURN_IF_ERROR(
+        out.Append(absl::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes())));
   }
   return out.Commit();
 }

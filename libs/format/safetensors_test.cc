@@ -36,7 +36,8 @@ std::string ReadFile(const std::string& path) {
 
 // Runs the Python peer (real PyTorch) and returns its stdout; fails the test on a non-zero exit.
 std::string RunPeer(const std::string& args) {
-  return ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/safetensors_fixture.py", args);
+  return ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/safetensors_fixture.py",
+                                                args);
 }
 
 std::set<std::string> Lines(const std::string& text) {
@@ -53,11 +54,10 @@ std::set<std::string> Describe(const SafetensorsFile& file) {
   for (const StateDict::Entry& entry : file.tensors) {
     const at::Tensor bytes = entry.tensor.contiguous();
     DType dtype = FromScalarType(bytes.scalar_type()).value();
-    lines.insert(absl::StrCat(
-        entry.key, "|", GetDTypeInfo(dtype).safetensors_name, "|",
-        absl::StrJoin(bytes.sizes(), ","), "|",
-        absl::BytesToHexString(absl::string_view(static_cast<const char*>(bytes.data_ptr()),
-                                                 bytes.nbytes()))));
+    lines.insert(absl::StrCat(entry.key, "|", GetDTypeInfo(dtype).safetensors_name, "|",
+                              absl::StrJoin(bytes.sizes(), ","), "|",
+                              absl::BytesToHexString(absl::string_view(
+                                  static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()))));
   }
   for (const auto& [key, value] : file.header.metadata) {
     lines.insert(absl::StrCat("META|", key, "|", value));
@@ -156,8 +156,7 @@ TEST(SafetensorsMalformedTest, RejectsEveryBrokenRuleWithAClearError) {
       {FileWith(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0.5,4]}})", "xxxx"),
        "data_offsets"},
       {FileWith(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", "xxxx"), "no \"dtype\""},
-      {FileWith(R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "xxxx"),
-       "empty name"},
+      {FileWith(R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "xxxx"), "empty name"},
       {FileWith(R"({"__metadata__":{"k":1}})", ""), "is not a string"},
       {FileWith(R"({"a":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,4]}})",
                 "xxxx"),
@@ -194,11 +193,10 @@ TEST(SafetensorsTest, DTypesLibTorchLacksParseButDoNotMaterialize) {
 }
 
 TEST(PlanSafetensorsTest, OrdersAlignsAndRejectsWhatTheFormatCannotHold) {
-  ASSERT_OK_AND_ASSIGN(SafetensorsLayout layout,
-                       PlanSafetensors({{"b", DType::kUInt8, {3}},
-                                        {"a", DType::kFloat32, {2}},
-                                        {"c", DType::kInt64, {}}},
-                                       {{"format", "pt"}}));
+  ASSERT_OK_AND_ASSIGN(SafetensorsLayout layout, PlanSafetensors({{"b", DType::kUInt8, {3}},
+                                                                  {"a", DType::kFloat32, {2}},
+                                                                  {"c", DType::kInt64, {}}},
+                                                                 {{"format", "pt"}}));
   ASSERT_EQ(layout.tensors.size(), 3u);
   EXPECT_EQ(layout.tensors[0].name, "c");
   EXPECT_EQ(layout.tensors[1].name, "a");

@@ -162,8 +162,8 @@ class TorchPickler {
       for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>(bits >> (8 * i)));
       while (bytes.size() > 1) {
         const char last = bytes.back(), before = bytes[bytes.size() - 2];
-        const bool redundant = (last == 0 && (before & 0x80) == 0) ||
-                               (last == '\xff' && (before & 0x80) != 0);
+        const bool redundant =
+            (last == 0 && (before & 0x80) == 0) || (last == '\xff' && (before & 0x80) != 0);
         if (!redundant) break;
         bytes.pop_back();
       }
@@ -175,9 +175,8 @@ class TorchPickler {
 
   absl::Status String(absl::string_view text) {
     if (!IsValidUtf8(text)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("string is not valid UTF-8, which Python cannot unpickle: '",
-                       text.substr(0, 64), "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "string is not valid UTF-8, which Python cannot unpickle: '", text.substr(0, 64), "'"));
     }
     out_.push_back(op::kBinUnicode);
     Put32(static_cast<uint32_t>(text.size()));
@@ -273,9 +272,9 @@ class TorchPickler {
     const c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
     if (auto it = storage_index_.find(impl); it != storage_index_.end()) {
       if (it->second.second != dtype) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "two tensors view one storage as ", DTypeName(it->second.second), " and ",
-            DTypeName(dtype), "; torch.save cannot represent that"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("two tensors view one storage as ", DTypeName(it->second.second), " and ",
+                         DTypeName(dtype), "; torch.save cannot represent that"));
       }
       return &storages_[it->second.first];
     }
@@ -326,7 +325,7 @@ class TorchPickler {
     if (tensor.dim() > 3) out_.push_back(op::kMark);
     for (int64_t stride : tensor.strides()) Int(stride);
     TupleOf(tensor.dim());
-    out_.push_back(op::kNewFalse);  // requires_grad is restored by _rebuild_parameter.
+    out_.push_back(op::kNewFalse);         // requires_grad is restored by _rebuild_parameter.
     Global("collections", "OrderedDict");  // backward_hooks: always empty.
     out_.push_back(op::kEmptyTuple);
     out_.push_back(op::kReduce);
@@ -422,10 +421,10 @@ absl::StatusOr<TorchWriteReport> WriteTorchFile(const std::string& path, const V
   RETURN_IF_ERROR(zip.AddEntry(prefix + "data.pkl", pickler.bytes()));
   RETURN_IF_ERROR(zip.AddEntry(prefix + "byteorder", "little"));
   for (const TorchPickler::Storage& storage : pickler.storages()) {
-    RETURN_IF_ERROR(zip.AddEntry(
-        prefix + "data/" + storage.key,
-        absl::string_view(static_cast<const char*>(storage.whole.data_ptr()),
-                          storage.whole.nbytes())));
+    RETURN_IF_ERROR(
+        zip.AddEntry(prefix + "data/" + storage.key,
+                     absl::string_view(static_cast<const char*>(storage.whole.data_ptr()),
+                                       storage.whole.nbytes())));
     report.storages += 1;
     report.storage_bytes += storage.whole.nbytes();
   }

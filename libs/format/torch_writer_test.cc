@@ -15,8 +15,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
-#include "libs/testing/python_runner.h"
 #include "libs/tensor/dtype.h"
+#include "libs/testing/python_runner.h"
 
 namespace ckpt {
 namespace {

@@ -19,9 +19,9 @@ using zip::kZip64LocatorSignature;
 constexpr uint16_t kPaddingExtraId = 0x4246;  // "FB", as PyTorch's writer pads.
 constexpr uint32_t k32BitMax = 0xFFFFFFFF;
 constexpr uint16_t k16BitMax = 0xFFFF;
-constexpr uint16_t kVersionNeeded = 20;       // 2.0: stored entries.
-constexpr uint16_t kVersionNeededZip64 = 45;  // 4.5: ZIP64.
-constexpr uint16_t kVersionMadeBy = (3 << 8) | 45;  // Unix, spec 4.5.
+constexpr uint16_t kVersionNeeded = 20;                     // 2.0: stored entries.
+constexpr uint16_t kVersionNeededZip64 = 45;                // 4.5: ZIP64.
+constexpr uint16_t kVersionMadeBy = (3 << 8) | 45;          // Unix, spec 4.5.
 constexpr uint16_t kDosDate1980 = (0 << 9) | (1 << 5) | 1;  // Fixed stamp: output is reproducible.
 
 void Put16(std::string& out, uint16_t value) {
@@ -129,9 +129,9 @@ absl::Status ZipWriter::Finish() {
     Put32(header, size64 ? k32BitMax : static_cast<uint32_t>(entry.size));
     Put16(header, static_cast<uint16_t>(entry.name.size()));
     Put16(header, static_cast<uint16_t>(extra.size()));
-    Put16(header, 0);  // Comment length.
-    Put16(header, 0);  // Disk number.
-    Put16(header, 0);  // Internal attributes.
+    Put16(header, 0);               // Comment length.
+    Put16(header, 0);               // Disk number.
+    Put16(header, 0);               // Internal attributes.
     Put32(header, 0100644u << 16);  // External attributes: a regular file, rw-r--r--.
     Put32(header, offset64 ? k32BitMax : static_cast<uint32_t>(entry.local_header_offset));
     absl::StrAppend(&header, entry.name, extra);

@@ -23,8 +23,7 @@ std::string DirectoryOf(const std::string& path) {
 }  // namespace
 
 absl::Status ErrnoToStatus(int error_number, absl::string_view operation, absl::string_view path) {
-  const std::string message =
-      absl::StrCat(operation, " ", path, ": ", std::strerror(error_number));
+  const std::string message = absl::StrCat(operation, " ", path, ": ", std::strerror(error_number));
   switch (error_number) {
     case ENOENT:
     case ENOTDIR:

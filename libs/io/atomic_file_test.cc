@@ -3,9 +3,8 @@
 #include <dirent.h>
 #include <sys/resource.h>
 
-#include <csignal>
-
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -79,8 +78,8 @@ TEST(AtomicFileWriterTest, ReportsMissingDirectoriesAndDirectoryTargets) {
   const std::string dir = TestDir("errors");
   EXPECT_THAT(AtomicFileWriter::Create(dir + "/no/such/dir/file"),
               StatusIs(absl::StatusCode::kNotFound, "no/such/dir/file"));
-  EXPECT_THAT(AtomicFileWriter::Create(dir), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                      "is a directory"));
+  EXPECT_THAT(AtomicFileWriter::Create(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument, "is a directory"));
 }
 
 TEST(AtomicFileWriterTest, RunningOutOfSpaceMidWriteIsResourceExhaustedAndKeepsTheOldFile) {

@@ -29,8 +29,8 @@ Layout MakeLayout(const std::vector<size_t>& sizes, uint32_t seed) {
   for (uint8_t& byte : layout.source) byte = static_cast<uint8_t>(random());
   size_t offset = 0;
   for (size_t size : sizes) {
-    layout.ranges.push_back({layout.destination.data() + offset, layout.source.data() + offset,
-                             size});
+    layout.ranges.push_back(
+        {layout.destination.data() + offset, layout.source.data() + offset, size});
     offset += size + 1;
   }
   return layout;
@@ -82,8 +82,7 @@ TEST(ParallelCopyTest, NothingToCopyIsFine) {
 
 TEST(ParallelCopyTest, PrefaultedDestinationInFreshMemoryIsCopiedExactly) {
   constexpr size_t kBytes = size_t{4} << 20;
-  void* fresh = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+  void* fresh = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(fresh, MAP_FAILED);
   std::vector<uint8_t> source(kBytes - 100);
   std::mt19937 random(3);

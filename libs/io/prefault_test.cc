@@ -33,8 +33,8 @@ std::vector<bool> Resident(void* base, size_t pages) {
 }
 
 TEST(PrefaultTest, WriteMapsTheWholePagesInsideTheRangeOnly) {
-  void* base = ::mmap(nullptr, kPages * kPage, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* base =
+      ::mmap(nullptr, kPages * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(base, MAP_FAILED);
   char* bytes = static_cast<char*>(base);
   ASSERT_EQ(Resident(base, kPages), std::vector<bool>(kPages, false));
@@ -59,8 +59,7 @@ TEST(PrefaultTest, ReadMapsFilePagesWithoutChangingThem) {
   const int fd = ::mkstemp(path);
   ASSERT_GE(fd, 0);
   const std::string contents(kPages * kPage, 'x');
-  ASSERT_EQ(::write(fd, contents.data(), contents.size()),
-            static_cast<ssize_t>(contents.size()));
+  ASSERT_EQ(::write(fd, contents.data(), contents.size()), static_cast<ssize_t>(contents.size()));
   void* base = ::mmap(nullptr, kPages * kPage, PROT_READ, MAP_PRIVATE, fd, 0);
   ASSERT_NE(base, MAP_FAILED);
   if (!PrefaultForRead(base, kPages * kPage)) {

@@ -66,8 +66,8 @@ struct ChunkCacheStats {
 // As ChunkCallback, with `owner`: when it is not null it keeps `bytes` alive and unchanged after
 // the call returns (a chunk the cache holds or has just filled), so the callee may keep a view of
 // them, e.g. to send them without a copy. When it is null, `bytes` are valid only during the call.
-using SharedChunkCallback = std::function<absl::Status(
-    int64_t offset, absl::string_view bytes, const std::shared_ptr<const void>& owner)>;
+using SharedChunkCallback = std::function<absl::Status(int64_t offset, absl::string_view bytes,
+                                                       const std::shared_ptr<const void>& owner)>;
 
 class ChunkCache {
  public:

@@ -61,10 +61,10 @@ struct ExportOptions {
 };
 
 struct ExportResult {
-  std::string version;                // what was exported: "MODEL@N".
+  std::string version;  // what was exported: "MODEL@N".
   uint64_t file_bytes = 0;
-  int64_t tensors = 0;                // model tensors written.
-  bool bundle = false;                // the file is the whole bundle, not the state dict alone.
+  int64_t tensors = 0;  // model tensors written.
+  bool bundle = false;  // the file is the whole bundle, not the state dict alone.
   // Parts of the version the file does not hold, each with why ("scheduler/anneal_func: a
   // builtins.getattr object (never written back as code)", "optimizer: safetensors holds
   // tensors only").

@@ -67,15 +67,15 @@ TEST_F(ExportTest, SafetensorsStreamsTheAdaptedSubsetInPiecesEqualToTheFile) {
 
   std::string streamed;
   uint64_t announced = 0;
-  ASSERT_OK_AND_ASSIGN(ExportResult result,
-                       ExportToSink(*reader_, options, Dir(), /*piece_bytes=*/7,
-                                    [&](const ExportResult&, uint64_t total,
-                                        absl::string_view bytes) {
-                                      EXPECT_LE(bytes.size(), 7u);
-                                      announced = total;
-                                      streamed.append(bytes.data(), bytes.size());
-                                      return absl::OkStatus();
-                                    }));
+  ASSERT_OK_AND_ASSIGN(
+      ExportResult result,
+      ExportToSink(*reader_, options, Dir(), /*piece_bytes=*/7,
+                   [&](const ExportResult&, uint64_t total, absl::string_view bytes) {
+                     EXPECT_LE(bytes.size(), 7u);
+                     announced = total;
+                     streamed.append(bytes.data(), bytes.size());
+                     return absl::OkStatus();
+                   }));
   EXPECT_EQ(streamed, ReadAll(path));
   EXPECT_EQ(announced, streamed.size());
   EXPECT_EQ(result.file_bytes, streamed.size());
@@ -102,9 +102,10 @@ TEST_F(ExportTest, TorchFileStreamsLikeTheFileAndReadsBack) {
   std::string streamed;
   ASSERT_OK(ExportToSink(*reader_, options, Dir(), 1 << 20,
                          [&](const ExportResult&, uint64_t, absl::string_view bytes) {
-              streamed.append(bytes.data(), bytes.size());
-              return absl::OkStatus();
-            }).status());
+                           streamed.append(bytes.data(), bytes.size());
+                           return absl::OkStatus();
+                         })
+                .status());
   const std::string copy = Dir() + "/streamed.pt";
   std::ofstream(copy, std::ios::binary) << streamed;
   ASSERT_OK_AND_ASSIGN(CheckpointFile reread, ReadCheckpointFile(copy));
@@ -121,8 +122,8 @@ class BundleExportTest : public ExportTest {
     EXPECT_OK(contents.model.Insert("enc.weight", at::ones({2, 2})));
     EXPECT_OK(contents.model.Insert("enc.running_mean", at::zeros({2})));
     EXPECT_OK(contents.model.Insert("head.bias", at::ones({2})));
-    Value group = Value::Dict({{"lr", Value::Float(0.5)},
-                               {"params", Value::List({Value::Int(0), Value::Int(1)})}});
+    Value group = Value::Dict(
+        {{"lr", Value::Float(0.5)}, {"params", Value::List({Value::Int(0), Value::Int(1)})}});
     contents.optimizer = Value::Dict(
         {{"state", Value::Dict({{0, Value::Dict({{"momentum_buffer",
                                                   Value::Tensor(at::full({2, 2}, 0.25))}})}})},
@@ -163,8 +164,8 @@ TEST_F(BundleExportTest, AVersionWithoutALayoutGetsTheUsualBundle) {
   ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(path));
   std::vector<std::string> keys;
   for (const auto& [key, value] : file.root.entries()) keys.push_back(key.string_key());
-  EXPECT_THAT(keys, ElementsAre("epoch", "global_step", "model", "optimizer", "scheduler",
-                                "trainer"));
+  EXPECT_THAT(keys,
+              ElementsAre("epoch", "global_step", "model", "optimizer", "scheduler", "trainer"));
   EXPECT_EQ(*file.root.Find("epoch"), Value::Int(2));
   EXPECT_TRUE(file.root.Find("model")->is_ordered_dict());
   EXPECT_TRUE(at::equal(
@@ -187,10 +188,10 @@ TEST_F(BundleExportTest, AVersionWithoutALayoutGetsTheUsualBundle) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(ref));
   ASSERT_OK_AND_ASSIGN(result, ExportToFile(*reader, safetensors, Dir() + "/b.safetensors"));
   EXPECT_FALSE(result.bundle);
-  EXPECT_THAT(result.left_out,
-              ElementsAre(::testing::HasSubstr("optimizer: safetensors holds tensors only"),
-                          ::testing::HasSubstr("scheduler"),
-                          ::testing::HasSubstr("the other fields")));
+  EXPECT_THAT(
+      result.left_out,
+      ElementsAre(::testing::HasSubstr("optimizer: safetensors holds tensors only"),
+                  ::testing::HasSubstr("scheduler"), ::testing::HasSubstr("the other fields")));
 }
 
 TEST_F(BundleExportTest, ASubsetMustKeepEveryParameterTheOptimizerIndexes) {
@@ -198,9 +199,9 @@ TEST_F(BundleExportTest, ASubsetMustKeepEveryParameterTheOptimizerIndexes) {
   LoadTarget target = Everything();
   target.include_keys = {"enc.weight", "head.bias"};  // drops a buffer only.
   // Without parameter names nothing proves the subset keeps the optimizer's parameters.
-  EXPECT_THAT(Export(Commit(/*with_names=*/false), target, path).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       "does not record which tensor each index is"));
+  EXPECT_THAT(
+      Export(Commit(/*with_names=*/false), target, path).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, "does not record which tensor each index is"));
   EXPECT_NE(access(path.c_str(), F_OK), 0);
   const v1::VersionRef named = Commit(/*with_names=*/true);
   ASSERT_OK(Export(named, target, path).status());
@@ -215,11 +216,14 @@ TEST_F(BundleExportTest, ASubsetMustKeepEveryParameterTheOptimizerIndexes) {
 TEST_F(BundleExportTest, AskingForOptimizerStateAVersionLacksIsAPreconditionError) {
   // The fixture's version holds model tensors only.
   const std::string path = Dir() + "/none.pt";
-  EXPECT_THAT(ExportToFile(*reader_, [] {
-                ExportOptions options;
-                options.target = Everything();
-                return options;
-              }(), path)
+  EXPECT_THAT(ExportToFile(
+                  *reader_,
+                  [] {
+                    ExportOptions options;
+                    options.target = Everything();
+                    return options;
+                  }(),
+                  path)
                   .status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        "m@1 holds no optimizer state (it has 3 model tensors"));
@@ -229,11 +233,10 @@ TEST_F(BundleExportTest, AskingForOptimizerStateAVersionLacksIsAPreconditionErro
 TEST_F(ExportTest, SinkErrorsStopTheExportAndBadNamesAreRejected) {
   ExportOptions options;
   options.format = ExportFormat::kSafetensors;
-  EXPECT_THAT(ExportToSink(
-                  *reader_, options, Dir(), 64,
-                  [](const ExportResult&, uint64_t, absl::string_view) {
-                    return absl::CancelledError("consumer left");
-                  })
+  EXPECT_THAT(ExportToSink(*reader_, options, Dir(), 64,
+                           [](const ExportResult&, uint64_t, absl::string_view) {
+                             return absl::CancelledError("consumer left");
+                           })
                   .status(),
               StatusIs(absl::StatusCode::kCancelled, "consumer left"));
   EXPECT_THAT(ParseExportFormat("onnx").status(),

@@ -384,5 +384,4 @@ absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
   return adapted;
 }
 
-
 }  // namespace ckpt

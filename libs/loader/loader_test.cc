@@ -84,11 +84,12 @@ class LoaderTest : public ::testing::Test {
       ASSERT_OK(contents.model.Insert("module." + key, tensor, "cuda:1"));
     }
     Value optimizer = Value::Dict();
-    optimizer.Set("state", Value::Dict({{0, Value::Dict({{"exp_avg", Value::Tensor(
-                                                               torch::ones({8, 4}))}})}}));
+    optimizer.Set(
+        "state",
+        Value::Dict({{0, Value::Dict({{"exp_avg", Value::Tensor(torch::ones({8, 4}))}})}}));
     optimizer.Set("param_groups",
-                  Value::List({Value::Dict({{"lr", Value::Float(0.01)},
-                                            {"params", Value::List({Value::Int(0)})}})}));
+                  Value::List({Value::Dict(
+                      {{"lr", Value::Float(0.01)}, {"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
     ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
     ref_ = committed.version;
@@ -281,8 +282,7 @@ TEST_F(LoaderTest, NonStrictLoadIntoLoadsWhatMatchesAndReports) {
 
 TEST_F(LoaderTest, PreflightSuggestsModulePrefixForDdpConsumer) {
   DdpNet net;
-  ASSERT_OK_AND_ASSIGN(PreflightReport preflight,
-                       Preflight(*store_, ref_, ExpectedTensorsOf(net)));
+  ASSERT_OK_AND_ASSIGN(PreflightReport preflight, Preflight(*store_, ref_, ExpectedTensorsOf(net)));
   EXPECT_FALSE(preflight.report.compatible());
   EXPECT_EQ(preflight.report.missing_keys.size(), originals_.size());
   EXPECT_EQ(preflight.report.unexpected_keys.size(), originals_.size());
@@ -293,9 +293,9 @@ TEST_F(LoaderTest, PreflightSuggestsModulePrefixForDdpConsumer) {
   EXPECT_EQ(preflight.suggested_keys->prefix(), "module.");
   EXPECT_THAT(preflight.summary, HasSubstr("Every key matches under"));
 
-  ASSERT_OK_AND_ASSIGN(PreflightReport under_prefix,
-                       Preflight(*store_, ref_, ExpectedTensorsOf(net),
-                                 KeyPolicy::AddPrefix("module.")));
+  ASSERT_OK_AND_ASSIGN(
+      PreflightReport under_prefix,
+      Preflight(*store_, ref_, ExpectedTensorsOf(net), KeyPolicy::AddPrefix("module.")));
   EXPECT_TRUE(under_prefix.report.compatible()) << under_prefix.summary;
 }
 

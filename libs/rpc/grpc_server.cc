@@ -27,8 +27,8 @@ absl::Status ValidateListenAddress(const std::string& address) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOptions& options,
-                                                              std::vector<ServiceBinding> services) {
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
+    const GrpcServerOptions& options, std::vector<ServiceBinding> services) {
   if (absl::Status valid = ValidateListenAddress(options.listen_address); !valid.ok()) {
     return valid;
   }
@@ -54,9 +54,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", options.listen_address,
-        ": the port is in use, or the host is not an address of this machine"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address,
+                     ": the port is in use, or the host is not an address of this machine"));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) {

@@ -45,8 +45,8 @@ struct ServiceBinding {
 
 class GrpcServer {
  public:
-  // Binds and starts serving. INVALID_ARGUMENT for bad options or no services, UNAVAILABLE when the address
-  // cannot be bound (in use, not local, unresolvable). Two servers never share a port.
+  // Binds and starts serving. INVALID_ARGUMENT for bad options or no services, UNAVAILABLE when the
+  // address cannot be bound (in use, not local, unresolvable). Two servers never share a port.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const GrpcServerOptions& options,
                                                            std::vector<ServiceBinding> services);
 

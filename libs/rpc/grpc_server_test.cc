@@ -34,9 +34,8 @@ grpc::Status CheckHealth(const std::string& address, const std::string& service,
 
 TEST(GrpcServerTest, ServesHealthOnAnEphemeralLoopbackPort) {
   IdleTrainerService trainer;
-  ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<GrpcServer> server,
-      GrpcServer::Start({}, {{&trainer, v1::Trainer::service_full_name()}}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GrpcServer> server,
+                       GrpcServer::Start({}, {{&trainer, v1::Trainer::service_full_name()}}));
   EXPECT_GT(server->port(), 0);
   EXPECT_EQ(server->address(), "127.0.0.1:" + std::to_string(server->port()));
 
@@ -55,7 +54,8 @@ std::vector<ServiceBinding> Trainer(IdleTrainerService* service) {
 
 TEST(GrpcServerTest, ShutdownStopsServing) {
   IdleTrainerService trainer;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GrpcServer> server, GrpcServer::Start({}, Trainer(&trainer)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<GrpcServer> server,
+                       GrpcServer::Start({}, Trainer(&trainer)));
   const std::string address = server->address();
   server->Shutdown(absl::Seconds(1));
   server->Shutdown(absl::Seconds(1));  // Idempotent.

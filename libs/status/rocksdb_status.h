@@ -3,9 +3,8 @@
 
 // rocksdb::Status <-> absl::Status, translated once at the edge of libs/store.
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "rocksdb/status.h"
 
 namespace ckpt {

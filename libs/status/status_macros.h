@@ -33,10 +33,10 @@ absl::Status AsStatus(const absl::StatusOr<T>& status_or) {
 
 // Evaluates `expr` (an absl::Status or absl::StatusOr<T>) once and returns its status from the
 // enclosing function if it is not OK.
-#define RETURN_IF_ERROR(expr)                                                    \
-  do {                                                                           \
-    absl::Status ckpt_status_ = ::ckpt::status_internal::AsStatus((expr));       \
-    if (ABSL_PREDICT_FALSE(!ckpt_status_.ok())) return ckpt_status_;             \
+#define RETURN_IF_ERROR(expr)                                              \
+  do {                                                                     \
+    absl::Status ckpt_status_ = ::ckpt::status_internal::AsStatus((expr)); \
+    if (ABSL_PREDICT_FALSE(!ckpt_status_.ok())) return ckpt_status_;       \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status from the enclosing
@@ -47,11 +47,11 @@ absl::Status AsStatus(const absl::StatusOr<T>& status_or) {
 #define ASSIGN_OR_RETURN(lhs, rexpr) \
   CKPT_ASSIGN_OR_RETURN_IMPL_(CKPT_STATUS_CONCAT_(ckpt_status_or_, __LINE__), lhs, rexpr)
 
-#define CKPT_ASSIGN_OR_RETURN_IMPL_(status_or, lhs, rexpr)   \
-  auto status_or = (rexpr);                                  \
-  if (ABSL_PREDICT_FALSE(!status_or.ok())) {                 \
-    return std::move(status_or).status();                    \
-  }                                                          \
+#define CKPT_ASSIGN_OR_RETURN_IMPL_(status_or, lhs, rexpr) \
+  auto status_or = (rexpr);                                \
+  if (ABSL_PREDICT_FALSE(!status_or.ok())) {               \
+    return std::move(status_or).status();                  \
+  }                                                        \
   lhs = std::move(status_or).value()
 
 #endif  // CKPT_LIBS_STATUS_STATUS_MACROS_H_

@@ -35,8 +35,7 @@ class StatusIsMatcherImpl : public ::testing::MatcherInterface<StatusType> {
   StatusIsMatcherImpl(absl::StatusCode code, ::testing::Matcher<const std::string&> message)
       : code_(code), message_(std::move(message)) {}
 
-  bool MatchAndExplain(StatusType actual,
-                       ::testing::MatchResultListener* listener) const override {
+  bool MatchAndExplain(StatusType actual, ::testing::MatchResultListener* listener) const override {
     const absl::Status& status = GetStatus(actual);
     *listener << "whose status is " << status;
     if (status.code() != code_) return false;
@@ -109,8 +108,8 @@ inline internal::StatusIsMatcher IsOk() { return StatusIs(absl::StatusCode::kOk)
   CKPT_ASSERT_OK_AND_ASSIGN_IMPL_(CKPT_STATUS_CONCAT_(ckpt_status_or_, __LINE__), lhs, rexpr)
 
 #define CKPT_ASSERT_OK_AND_ASSIGN_IMPL_(status_or, lhs, rexpr) \
-  auto status_or = (rexpr);                                     \
-  ASSERT_TRUE(status_or.ok()) << status_or.status();            \
+  auto status_or = (rexpr);                                    \
+  ASSERT_TRUE(status_or.ok()) << status_or.status();           \
   lhs = std::move(status_or).value()
 
 #endif  // CKPT_LIBS_STATUS_STATUS_MATCHERS_H_

@@ -15,9 +15,9 @@
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/status/status_matchers.h"
-#include "libs/testing/python_runner.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
+#include "libs/testing/python_runner.h"
 
 namespace ckpt {
 namespace {
@@ -34,8 +34,8 @@ class CheckpointImportTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    const std::string db = Dir() + "/store-" +
-                           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    const std::string db =
+        Dir() + "/store-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     StoreOptions options;
     options.db_path = db;
     ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
@@ -50,7 +50,8 @@ class CheckpointImportTest : public ::testing::Test {
 
   // Loads MODEL@latest and checks it holds exactly `expected`, key by key and byte by byte.
   void ExpectStored(const std::string& model, const StateDict& expected) {
-    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(ParseVersionRef(model).value()));
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
+                         store_->LoadCheckpoint(ParseVersionRef(model).value()));
     EXPECT_EQ(loaded.contents.model.keys(), expected.keys());
     for (const StateDict::Entry& entry : expected) {
       const at::Tensor* stored = loaded.contents.model.Find(entry.key);
@@ -70,7 +71,8 @@ TEST_F(CheckpointImportTest, DdpCheckpointFromCuda1ComesBackCanonicalWithItsDevi
   EXPECT_EQ(result.stripped_prefix, "module.");
   EXPECT_EQ(FormatVersionRef(result.commit.version), "mlp@1");
   ExpectStored("mlp", Reference("reference.pt"));
-  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(ParseVersionRef("mlp@1").value()));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest,
+                       store_->GetManifest(ParseVersionRef("mlp@1").value()));
   EXPECT_EQ(manifest.tensors(0).key(), "0.weight");
   EXPECT_EQ(manifest.tensors(0).original_key(), "module.0.weight");
   EXPECT_EQ(manifest.tensors(0).original_device(), "cuda:1");
@@ -106,7 +108,8 @@ TEST_F(CheckpointImportTest, LegacyAndSafetensorsFilesImportToo) {
   ASSERT_OK(ConvertCheckpoint(Dir() + "/ddp_cuda1.pt", safetensors, {}).status());
   ASSERT_OK_AND_ASSIGN(ImportResult result, ImportCheckpointFile(*store_, safetensors, "st"));
   EXPECT_EQ(result.source_format, "safetensors");
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(ParseVersionRef("st").value()));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
+                       store_->LoadCheckpoint(ParseVersionRef("st").value()));
   const StateDict reference = Reference("reference.pt");
   EXPECT_EQ(loaded.contents.model.size(), reference.size());
   for (const StateDict::Entry& entry : reference) {

@@ -39,9 +39,9 @@ absl::Status DescribeTensor(const at::Tensor& tensor, v1::TensorMeta& meta) {
   if (tensor.layout() != at::kStrided) {
     std::ostringstream layout;
     layout << tensor.layout();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", meta.key(), "' has layout ", layout.str(),
-        "; the store keeps dense tensors (convert with to_dense())"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", meta.key(), "' has layout ", layout.str(),
+                     "; the store keeps dense tensors (convert with to_dense())"));
   }
   ASSIGN_OR_RETURN(DType dtype, FromScalarType(tensor.scalar_type()));
   meta.set_dtype(DTypeToProto(dtype));
@@ -74,9 +74,9 @@ absl::Status DescribeTensor(const at::Tensor& tensor, v1::TensorMeta& meta) {
         return absl::OkStatus();
       }
       default:
-        return absl::UnimplementedError(
-            absl::StrCat("quantization scheme ", c10::toString(tensor.qscheme()),
-                         " is not supported by the store"));
+        return absl::UnimplementedError(absl::StrCat("quantization scheme ",
+                                                     c10::toString(tensor.qscheme()),
+                                                     " is not supported by the store"));
     }
   });
   return described.ok() ? *described : described.status();
@@ -85,8 +85,8 @@ absl::Status DescribeTensor(const at::Tensor& tensor, v1::TensorMeta& meta) {
 absl::StatusOr<std::string> Attribute(const v1::TensorMeta& meta, absl::string_view name) {
   auto it = meta.attributes().find(std::string(name));
   if (it == meta.attributes().end()) {
-    return absl::DataLossError(absl::StrCat("quantized tensor '", meta.key(),
-                                            "' lacks its '", name, "' attribute"));
+    return absl::DataLossError(
+        absl::StrCat("quantized tensor '", meta.key(), "' lacks its '", name, "' attribute"));
   }
   return it->second;
 }
@@ -136,25 +136,24 @@ absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta) {
                                               "' has unreadable per-channel parameters"));
     }
     return CatchTorchErrors([&] {
-      const at::Tensor scale_tensor =
-          at::tensor(scales, at::TensorOptions().dtype(at::kDouble));
+      const at::Tensor scale_tensor = at::tensor(scales, at::TensorOptions().dtype(at::kDouble));
       const at::Tensor zero_point_tensor =
           at::tensor(zero_points, at::TensorOptions().dtype(at::kLong));
-      return at::_empty_per_channel_affine_quantized(shape, scale_tensor, zero_point_tensor,
-                                                     axis, options);
+      return at::_empty_per_channel_affine_quantized(shape, scale_tensor, zero_point_tensor, axis,
+                                                     options);
     });
   }
-  return absl::UnimplementedError(absl::StrCat("quantized tensor '", meta.key(),
-                                               "' uses unsupported scheme '", scheme, "'"));
+  return absl::UnimplementedError(
+      absl::StrCat("quantized tensor '", meta.key(), "' uses unsupported scheme '", scheme, "'"));
 }
 
 // Collects the tensors of a value tree as state tensors under "<prefix>/<path>".
 class StateTensorTable {
  public:
-  absl::StatusOr<v1::Value> Add(absl::string_view prefix, const Value& tree,
-                                v1::Manifest& header) {
+  absl::StatusOr<v1::Value> Add(absl::string_view prefix, const Value& tree, v1::Manifest& header) {
     return ValueToProto(
-        tree, [&](const std::string& path, const at::Tensor& tensor) -> absl::StatusOr<std::string> {
+        tree,
+        [&](const std::string& path, const at::Tensor& tensor) -> absl::StatusOr<std::string> {
           std::string key = absl::StrCat(prefix, "/", path);
           // Distinct paths can print alike (int key 0 and string key "0"): keep keys unique.
           for (int suffix = 2; keys_.contains(key); ++suffix) {
@@ -179,9 +178,9 @@ class StateTensorTable {
 
 // Streams `tensor` into `session` as tensor `index`, one contiguous CPU copy at a time.
 absl::Status UploadTensor(UploadSession& session, int index, const at::Tensor& tensor) {
-  absl::StatusOr<at::Tensor> copied = CatchTorchErrors(
-      [&] { return tensor.detach().to(at::kCPU).contiguous(); },
-      absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<at::Tensor> copied =
+      CatchTorchErrors([&] { return tensor.detach().to(at::kCPU).contiguous(); },
+                       absl::StatusCode::kInvalidArgument);
   if (!copied.ok()) {
     return absl::Status(copied.status().code(),
                         absl::StrCat("copying tensor ", index, " (on ", tensor.device().str(),
@@ -219,18 +218,16 @@ constexpr int64_t kPrefaultMinBytes = int64_t{1} << 20;
 absl::StatusOr<at::Tensor> VersionReader::ReadTensor(const v1::TensorMeta& meta) const {
   ASSIGN_OR_RETURN(at::Tensor tensor, EmptyTensorFor(meta));
   if (static_cast<int64_t>(tensor.nbytes()) != meta.byte_length()) {
-    return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ",
-                                            FormatVersionRef(manifest().model(),
-                                                             manifest().version()),
-                                            ": byte_length ", meta.byte_length(),
-                                            " disagrees with its dtype and shape (",
-                                            tensor.nbytes(), " bytes)"));
+    return absl::DataLossError(absl::StrCat(
+        "tensor '", meta.key(), "' of ", FormatVersionRef(manifest().model(), manifest().version()),
+        ": byte_length ", meta.byte_length(), " disagrees with its dtype and shape (",
+        tensor.nbytes(), " bytes)"));
   }
   if (!tensor.is_quantized() && meta.byte_length() > 0) {
     ASSIGN_OR_RETURN(MappedBytes mapped, MapTensorBytes(meta));
     if (mapped.data != nullptr) {
-      // Fresh anonymous memory is the expensive part of a load (a page fault per 4 KiB, BENCHMARKS.md);
-      // a private mapping shares the page cache until the tensor is written.
+      // Fresh anonymous memory is the expensive part of a load (a page fault per 4 KiB,
+      // BENCHMARKS.md); a private mapping shares the page cache until the tensor is written.
       return CatchTorchErrors([&] {
         return at::from_blob(
             mapped.data, tensor.sizes(), [owner = mapped.owner](void*) mutable { owner.reset(); },
@@ -269,10 +266,8 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
   if (options.normalize_keys) {
     ASSIGN_OR_RETURN(NormalizedKeys normalized, NormalizeKeys(original_keys));
     keys = std::move(normalized.keys);
-    if (normalized.normalization.changed_keys() ||
-        !header.metadata().has_key_normalization()) {
-      *header.mutable_metadata()->mutable_key_normalization() =
-          normalized.normalization.ToProto();
+    if (normalized.normalization.changed_keys() || !header.metadata().has_key_normalization()) {
+      *header.mutable_metadata()->mutable_key_normalization() = normalized.normalization.ToProto();
     }
   }
   absl::flat_hash_map<std::string, std::string> canonical_of;
@@ -319,7 +314,8 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
     return absl::OkStatus();
   };
   int index = 0;
-  for (const StateDict::Entry& entry : contents.model) RETURN_IF_ERROR(upload(index++, entry.tensor));
+  for (const StateDict::Entry& entry : contents.model)
+    RETURN_IF_ERROR(upload(index++, entry.tensor));
   for (const at::Tensor& tensor : state.tensors()) RETURN_IF_ERROR(upload(index++, tensor));
   return session->Commit();
 }
@@ -349,8 +345,8 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadCheckpoint(const v1::Versi
     auto it = state_tensors.find(key);
     if (it == state_tensors.end()) {
       return absl::DataLossError(absl::StrCat(
-          FormatVersionRef(manifest.model(), manifest.version()), ": value tree references state tensor '",
-          key, "', which the manifest lacks"));
+          FormatVersionRef(manifest.model(), manifest.version()),
+          ": value tree references state tensor '", key, "', which the manifest lacks"));
     }
     return reader->ReadTensor(*it->second);
   };

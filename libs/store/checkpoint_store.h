@@ -74,9 +74,9 @@ struct CommitOptions {
 };
 
 struct CommitResult {
-  v1::VersionRef version;     // always MODEL@N.
-  int64_t logical_bytes = 0;  // tensor bytes the version holds (model and state tensors).
-  int64_t new_bytes = 0;      // bytes of chunks the store did not hold before this commit.
+  v1::VersionRef version;             // always MODEL@N.
+  int64_t logical_bytes = 0;          // tensor bytes the version holds (model and state tensors).
+  int64_t new_bytes = 0;              // bytes of chunks the store did not hold before this commit.
   std::vector<std::string> warnings;  // also stored in Manifest.warnings.
 };
 
@@ -218,8 +218,7 @@ class CheckpointStore {
   virtual absl::StatusOr<v1::Manifest> GetManifest(const v1::VersionRef& ref) = 0;
 
   // A consistent reader of the version `ref` names. Errors as GetManifest.
-  virtual absl::StatusOr<std::unique_ptr<VersionReader>> OpenVersion(
-      const v1::VersionRef& ref) = 0;
+  virtual absl::StatusOr<std::unique_ptr<VersionReader>> OpenVersion(const v1::VersionRef& ref) = 0;
 
   // Streams `meta`'s bytes from the store's current state (no snapshot: a chunk freed by GC
   // since `meta` was read is DATA_LOSS). Checks as VersionReader::ReadTensorChunks.

@@ -29,7 +29,8 @@ struct Sha256Hasher::Context {
   }
   ~Context() { EVP_MD_CTX_free(ctx); }
   void Reset() {
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) DieOnOpenSslFailure("EVP_DigestInit_ex");
+    if (EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1)
+      DieOnOpenSslFailure("EVP_DigestInit_ex");
   }
 };
 
@@ -48,8 +49,8 @@ void Sha256Hasher::Update(absl::string_view bytes) {
 std::string Sha256Hasher::Finish() {
   std::string digest(kSha256Bytes, '\0');
   unsigned int length = 0;
-  if (EVP_DigestFinal_ex(context_->ctx, reinterpret_cast<unsigned char*>(digest.data()),
-                         &length) != 1 ||
+  if (EVP_DigestFinal_ex(context_->ctx, reinterpret_cast<unsigned char*>(digest.data()), &length) !=
+          1 ||
       length != kSha256Bytes) {
     DieOnOpenSslFailure("EVP_DigestFinal_ex");
   }
@@ -126,17 +127,14 @@ absl::StatusOr<std::string> HexDecode(absl::string_view hex) {
     const int high = digit(hex[2 * i]);
     const int low = digit(hex[2 * i + 1]);
     if (high < 0 || low < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("not a hex digit at position ", high < 0 ? 2 * i : 2 * i + 1, " of '", hex,
-                       "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "not a hex digit at position ", high < 0 ? 2 * i : 2 * i + 1, " of '", hex, "'"));
     }
     bytes[i] = static_cast<char>((high << 4) | low);
   }
   return bytes;
 }
 
-std::string ShortHex(absl::string_view sha256) {
-  return HexEncode(sha256.substr(0, 6));
-}
+std::string ShortHex(absl::string_view sha256) { return HexEncode(sha256.substr(0, 6)); }
 
 }  // namespace ckpt

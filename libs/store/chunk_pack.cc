@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -128,9 +128,9 @@ absl::Status PackDirectory::Read(const PackLocation& location, char* destination
   if (!fd.ok()) return fd.status();
   int64_t done = 0;
   while (done < location.length) {
-    const ssize_t got = ::pread((*fd)->get(), destination + done,
-                                static_cast<size_t>(location.length - done),
-                                static_cast<off_t>(location.offset + done));
+    const ssize_t got =
+        ::pread((*fd)->get(), destination + done, static_cast<size_t>(location.length - done),
+                static_cast<off_t>(location.offset + done));
     if (got < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, "reading", LocationText(location));
@@ -240,7 +240,8 @@ absl::StatusOr<int64_t> PackWriter::Append(absl::string_view bytes, int64_t alig
 absl::Status PackWriter::Sync() {
   if (!failed_.ok()) return failed_;
   if (::fdatasync(fd_.get()) != 0) {
-    // After a failed fsync the kernel may have dropped the dirty pages: never trust this pack again.
+    // After a failed fsync the kernel may have dropped the dirty pages: never trust this pack
+    // again.
     failed_ = ErrnoToStatus(errno, "syncing pack file", path_);
     return failed_;
   }

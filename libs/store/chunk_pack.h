@@ -17,8 +17,8 @@
 // snapshot can still read it (the store uses sequence numbers as generations).
 //
 // Example:
-//   ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs, PackDirectory::Open(db_path + "/packs"));
-//   ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs->NewPack(id));
+//   ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs, PackDirectory::Open(db_path +
+//   "/packs")); ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs->NewPack(id));
 //   ASSIGN_OR_RETURN(int64_t offset, writer->Append(bytes, /*alignment=*/4096));
 //   RETURN_IF_ERROR(writer->Sync());                      // before the commit that names it
 //   RETURN_IF_ERROR(packs->Read({id, offset, length}, destination));

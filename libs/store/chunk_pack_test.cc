@@ -94,8 +94,7 @@ TEST(ChunkPackTest, FullDiskIsResourceExhausted) {
   const int fd = ::open("/dev/full", O_WRONLY);
   ASSERT_GE(fd, 0);
   PackWriter writer("/dev/full", TestDir("packs_full"), 9, fd);
-  EXPECT_THAT(writer.Append("x", 1).status(),
-              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(writer.Append("x", 1).status(), StatusIs(absl::StatusCode::kResourceExhausted));
   // A failed pack stays failed.
   EXPECT_THAT(writer.Sync(), StatusIs(absl::StatusCode::kResourceExhausted));
 }

@@ -23,9 +23,9 @@ std::string ShapeString(const v1::TensorMeta& meta) {
 }
 
 // Checks one tensor table; fills `keys` with key -> index.
-absl::Status ValidateTensorTable(
-    absl::string_view table, const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors,
-    absl::flat_hash_map<std::string, int>& keys) {
+absl::Status ValidateTensorTable(absl::string_view table,
+                                 const google::protobuf::RepeatedPtrField<v1::TensorMeta>& tensors,
+                                 absl::flat_hash_map<std::string, int>& keys) {
   for (int i = 0; i < tensors.size(); ++i) {
     const v1::TensorMeta& meta = tensors[i];
     const std::string where = absl::StrCat(table, "[", i, "]");
@@ -34,8 +34,8 @@ absl::Status ValidateTensorTable(
     }
     const std::string named = absl::StrCat(table, " '", meta.key(), "' (index ", i, ")");
     if (!keys.emplace(meta.key(), i).second) {
-      return absl::InvalidArgumentError(absl::StrCat(named, ": duplicate key, also at index ",
-                                                     keys[meta.key()]));
+      return absl::InvalidArgumentError(
+          absl::StrCat(named, ": duplicate key, also at index ", keys[meta.key()]));
     }
     absl::StatusOr<DType> dtype = DTypeFromProto(meta.dtype());
     if (!dtype.ok() || *dtype == DType::kUnspecified) {
@@ -48,9 +48,9 @@ absl::Status ValidateTensorTable(
           absl::StrCat(named, ": shape ", ShapeString(meta), ": ", expected.status().message()));
     }
     if (meta.byte_length() != *expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          named, ": byte_length ", meta.byte_length(), " but ", DTypeName(*dtype), " ",
-          ShapeString(meta), " is ", *expected, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(named, ": byte_length ", meta.byte_length(), " but ", DTypeName(*dtype), " ",
+                       ShapeString(meta), " is ", *expected, " bytes"));
     }
     if (meta.chunks_size() > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -66,9 +66,9 @@ absl::Status ValidateTensorTable(
 }
 
 // Walks a value tree: checks kinds and depth, and calls `on_ref` for every TensorRef.
-absl::Status WalkValue(const v1::Value& value, const std::string& path, int depth,
-                       const std::function<absl::Status(const std::string& path,
-                                                        const std::string& key)>& on_ref) {
+absl::Status WalkValue(
+    const v1::Value& value, const std::string& path, int depth,
+    const std::function<absl::Status(const std::string& path, const std::string& key)>& on_ref) {
   if (depth > kMaxValueDepth) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": value tree nests deeper than ", kMaxValueDepth, " levels"));
@@ -104,8 +104,7 @@ absl::Status WalkValue(const v1::Value& value, const std::string& path, int dept
       return on_ref(path, value.tensor_value().key());
     case v1::Value::kOpaqueValue:
       if (value.opaque_value().has_args()) {
-        RETURN_IF_ERROR(
-            WalkValue(value.opaque_value().args(), path + "/args", depth + 1, on_ref));
+        RETURN_IF_ERROR(WalkValue(value.opaque_value().args(), path + "/args", depth + 1, on_ref));
       }
       if (value.opaque_value().has_state()) {
         RETURN_IF_ERROR(
@@ -179,14 +178,14 @@ absl::Status ValidateOptimizer(const v1::Manifest& header,
   for (int g = 0; g < group_list.items_size(); ++g) {
     const v1::Value* group_params = FindStringKey(group_list.items(g), "params");
     if (group_params == nullptr || !group_params->has_list_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer_state param_groups[", g, "] must be a dict with a 'params' list"));
+      return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
+                                                     "] must be a dict with a 'params' list"));
     }
     for (const v1::Value& index : group_params->list_value().items()) {
       if (!index.has_int_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("optimizer_state param_groups[", g, "]['params'] holds a ",
-                         KindName(index), "; expected parameter indices (int)"));
+        return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
+                                                       "]['params'] holds a ", KindName(index),
+                                                       "; expected parameter indices (int)"));
       }
       if (index.int_value() < 0) {
         return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
@@ -230,21 +229,21 @@ absl::Status ValidateOptimizer(const v1::Manifest& header,
   absl::flat_hash_map<std::string, int64_t> index_of_name;
   for (const auto& [index, name] : header.optimizer_param_names()) {
     if (!params.count(index)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer_param_names names parameter ", index, " ('", name,
-          "'), which no optimizer param group lists"));
+      return absl::InvalidArgumentError(absl::StrCat("optimizer_param_names names parameter ",
+                                                     index, " ('", name,
+                                                     "'), which no optimizer param group lists"));
     }
     auto model_it = model_keys.find(name);
     if (model_it == model_keys.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer_param_names maps parameter ",
-                                                     index, " to '", name,
+      return absl::InvalidArgumentError(absl::StrCat("optimizer_param_names maps parameter ", index,
+                                                     " to '", name,
                                                      "', which is not a model tensor key"));
     }
     auto [it, inserted] = index_of_name.emplace(name, index);
     if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer_param_names maps parameters ",
-                                                     it->second, " and ", index, " both to '",
-                                                     name, "'"));
+                                                     it->second, " and ", index, " both to '", name,
+                                                     "'"));
     }
     // Per-parameter state tensors usually have the parameter's shape (exp_avg, momentum_buffer).
     const v1::TensorMeta& param = header.tensors(model_it->second);
@@ -259,10 +258,10 @@ absl::Status ValidateOptimizer(const v1::Manifest& header,
         if (tensor.shape_size() == 0) continue;  // scalars such as Adam's step
         if (!std::equal(tensor.shape().begin(), tensor.shape().end(), param.shape().begin(),
                         param.shape().end())) {
-          warnings.push_back(absl::StrCat(
-              "optimizer state ", index, "/", field.string_key(), " has shape ",
-              ShapeString(tensor), " but its parameter '", name, "' has shape ",
-              ShapeString(param)));
+          warnings.push_back(absl::StrCat("optimizer state ", index, "/", field.string_key(),
+                                          " has shape ", ShapeString(tensor),
+                                          " but its parameter '", name, "' has shape ",
+                                          ShapeString(param)));
         }
       }
     }
@@ -290,9 +289,10 @@ absl::Status ValidateScheduler(const v1::Value& scheduler, const std::string& pa
   }
   const v1::Value* last_epoch = FindStringKey(scheduler, "last_epoch");
   if (last_epoch == nullptr || !last_epoch->has_int_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " has no integer 'last_epoch'; an LR scheduler needs it to resume (its "
-              "load_state_dict would silently restart the schedule)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " has no integer 'last_epoch'; an LR scheduler needs it to resume (its "
+                     "load_state_dict would silently restart the schedule)"));
   }
   return absl::OkStatus();
 }
@@ -309,7 +309,8 @@ absl::Status ValidateBundleLayout(const v1::BundleLayout& layout) {
           absl::StrCat("bundle_layout: placement of unknown part ", part));
     }
     const std::string& name = v1::BundleLayout::Part_Name(placement.part());
-    if (seen[part]) return absl::InvalidArgumentError(absl::StrCat("bundle_layout: ", name, " placed twice"));
+    if (seen[part])
+      return absl::InvalidArgumentError(absl::StrCat("bundle_layout: ", name, " placed twice"));
     seen[part] = true;
     if (placement.position() < 0) {
       return absl::InvalidArgumentError(
@@ -317,7 +318,8 @@ absl::Status ValidateBundleLayout(const v1::BundleLayout& layout) {
     }
     for (const v1::PathKey& key : placement.path()) {
       if (key.key_case() == v1::PathKey::KEY_NOT_SET) {
-        return absl::InvalidArgumentError(absl::StrCat("bundle_layout: ", name, " path has a step without a key"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bundle_layout: ", name, " path has a step without a key"));
       }
     }
     if (placement.path().empty() &&
@@ -343,16 +345,15 @@ absl::StatusOr<std::vector<std::string>> ValidateManifestHeader(const v1::Manife
 
   absl::flat_hash_set<std::string> referenced;
   auto check_trees = [&](const v1::Value& tree, const std::string& name) -> absl::Status {
-    return WalkValue(tree, name, 0,
-                     [&](const std::string& path, const std::string& key) -> absl::Status {
-                       if (!state_keys.contains(key)) {
-                         return absl::InvalidArgumentError(absl::StrCat(
-                             path, " references tensor '", key,
-                             "', which is not in state_tensors"));
-                       }
-                       referenced.insert(key);
-                       return absl::OkStatus();
-                     });
+    return WalkValue(
+        tree, name, 0, [&](const std::string& path, const std::string& key) -> absl::Status {
+          if (!state_keys.contains(key)) {
+            return absl::InvalidArgumentError(absl::StrCat(path, " references tensor '", key,
+                                                           "', which is not in state_tensors"));
+          }
+          referenced.insert(key);
+          return absl::OkStatus();
+        });
   };
   if (header.has_optimizer_state()) {
     RETURN_IF_ERROR(check_trees(header.optimizer_state(), "optimizer_state"));

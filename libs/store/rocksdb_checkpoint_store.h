@@ -54,8 +54,8 @@ struct StoreOptions {
   // (copy-on-write) mapping of their pack file instead of copies, when their chunks lie back to
   // back in one pack (every tensor an upload stored whole) and no tensor mapped earlier by the
   // same reader overlaps those bytes (deduplicated chunks); one mapping per pack and reader.
-  // Every chunk is still checked on load, and two tensors never share memory. Such a tensor is not resizable, and holds its
-  // pack file (and its disk space) until it is freed. Default true.
+  // Every chunk is still checked on load, and two tensors never share memory. Such a tensor is not
+  // resizable, and holds its pack file (and its disk space) until it is freed. Default true.
   bool map_tensors_on_load = true;
 };
 

@@ -1,10 +1,11 @@
 #include "libs/store/rocksdb_checkpoint_store.h"
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <set>
 #include <string>
@@ -31,7 +32,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
-
 
 using ::ckpt::testing::AdamState;
 using ::ckpt::testing::ExpectSameTensor;
@@ -74,7 +74,6 @@ class RocksDbCheckpointStoreTest : public ::testing::Test {
   StoreOptions options_;
   std::unique_ptr<RocksDbCheckpointStore> store_;
 };
-
 
 std::vector<std::string> PackFiles(const std::string& store_path) {
   std::vector<std::string> files;
@@ -266,8 +265,11 @@ PackLocation LocateChunk(const std::string& path, const std::string& sha256) {
   absl::StatusOr<std::unique_ptr<StoreDb>> db = StoreDb::Open(path, false);
   EXPECT_TRUE(db.ok()) << db.status();
   std::string value;
-  EXPECT_TRUE((*db)->db()->Get(rocksdb::ReadOptions(), (*db)->cf(ColumnFamily::kPackedChunks),
-                               sha256, &value).ok());
+  EXPECT_TRUE(
+      (*db)
+          ->db()
+          ->Get(rocksdb::ReadOptions(), (*db)->cf(ColumnFamily::kPackedChunks), sha256, &value)
+          .ok());
   store::PackedChunk record;
   EXPECT_TRUE(record.ParseFromString(value));
   return {record.pack_id(), record.offset(), record.length()};
@@ -368,8 +370,8 @@ TEST_F(RocksDbCheckpointStoreTest, DeduplicatedTwinsLoadIntoSeparateMemory) {
   // Equal bytes are one chunk in the store; loaded (both large enough to be mapped), they must
   // still be two tensors.
   const at::Tensor zeros = at::zeros({kMiB});
-  MustCommit("m", WeightsOnly({{"a.bias", zeros}, {"b.bias", zeros.clone()},
-                               {"w", Seeded({300}, 1)}}));
+  MustCommit("m",
+             WeightsOnly({{"a.bias", zeros}, {"b.bias", zeros.clone()}, {"w", Seeded({300}, 1)}}));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
   at::Tensor a = *loaded.contents.model.Find("a.bias");
   at::Tensor b = *loaded.contents.model.Find("b.bias");
@@ -409,10 +411,11 @@ TEST_F(RocksDbCheckpointStoreTest, SchemaOneInlineChunksStayReadable) {
     std::string bytes(location.length, '\0');
     ASSERT_OK(packs->Read(location, bytes.data()));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path_, false));
-    ASSERT_TRUE(db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), sha256,
-                              bytes).ok());
-    ASSERT_TRUE(db->db()->Delete(rocksdb::WriteOptions(), db->cf(ColumnFamily::kPackedChunks),
-                                 sha256).ok());
+    ASSERT_TRUE(
+        db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), sha256, bytes).ok());
+    ASSERT_TRUE(db->db()
+                    ->Delete(rocksdb::WriteOptions(), db->cf(ColumnFamily::kPackedChunks), sha256)
+                    .ok());
   }
   Reopen();
   ASSERT_OK_AND_ASSIGN(at::Tensor loaded, store_->ReadTensor("m", 1, "w"));
@@ -489,7 +492,8 @@ TEST_F(RocksDbCheckpointStoreTest, OpeningAMissingStoreWithoutCreateIsNotFound) 
 // The RocksDB store runs the CheckpointStore conformance suite (libs/store/testing).
 class EmbeddedStore final : public testing::StoreHarness {
  public:
-  explicit EmbeddedStore(std::unique_ptr<RocksDbCheckpointStore> store) : store_(std::move(store)) {}
+  explicit EmbeddedStore(std::unique_ptr<RocksDbCheckpointStore> store)
+      : store_(std::move(store)) {}
   CheckpointStore& store() override { return *store_; }
 
  private:
@@ -499,23 +503,23 @@ class EmbeddedStore final : public testing::StoreHarness {
 }  // namespace
 
 namespace testing {
-INSTANTIATE_TEST_SUITE_P(
-    RocksDb, StoreConformanceTest,
-    ::testing::Values(StoreConformanceParam{
-        "rocksdb",
-        [](const std::string& dir) -> std::unique_ptr<StoreHarness> {
-          StoreOptions options;
-          options.db_path = dir + "/db";
-          options.abandoned_upload_grace = absl::ZeroDuration();
-          absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-              RocksDbCheckpointStore::Open(options);
-          EXPECT_OK(store.status());
-          if (!store.ok()) return nullptr;
-          return std::make_unique<EmbeddedStore>(*std::move(store));
-        }}),
-    [](const ::testing::TestParamInfo<StoreConformanceParam>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(RocksDb, StoreConformanceTest,
+                         ::testing::Values(StoreConformanceParam{
+                             "rocksdb",
+                             [](const std::string& dir) -> std::unique_ptr<StoreHarness> {
+                               StoreOptions options;
+                               options.db_path = dir + "/db";
+                               options.abandoned_upload_grace = absl::ZeroDuration();
+                               absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+                                   RocksDbCheckpointStore::Open(options);
+                               EXPECT_OK(store.status());
+                               if (!store.ok()) return nullptr;
+                               return std::make_unique<EmbeddedStore>(*std::move(store));
+                             }}),
+                         [](const ::testing::TestParamInfo<StoreConformanceParam>& info) {
+                           return info.param.name;
+                         });
 }  // namespace testing
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 }  // namespace ckpt

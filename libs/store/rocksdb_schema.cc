@@ -77,8 +77,8 @@ std::string VersionKey(absl::string_view model, int64_t version) {
 absl::StatusOr<int64_t> VersionFromKey(absl::string_view key, absl::string_view model) {
   if (key.size() != model.size() + 9 || key.substr(0, model.size()) != model ||
       key[model.size()] != '\0') {
-    return absl::DataLossError(absl::StrCat("malformed version key for model '", model, "' (",
-                                            key.size(), " bytes)"));
+    return absl::DataLossError(
+        absl::StrCat("malformed version key for model '", model, "' (", key.size(), " bytes)"));
   }
   absl::StatusOr<uint64_t> version = DecodeBigEndian64(key.substr(model.size() + 1));
   if (!version.ok()) return absl::DataLossError(version.status().message());
@@ -125,9 +125,10 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
   rocksdb::ColumnFamilyOptions options;
   switch (cf) {
     case ColumnFamily::kChunks:
-      // Schema 1 only (new chunks go to pack files). Tensor chunks: up to 4 MiB each, written once, read whole, never overwritten with other
-      // content (the key is their hash). Integrated blob files keep them out of the LSM tree, so
-      // compaction moves 40-byte blob indexes instead of rewriting MBs of tensor bytes.
+      // Schema 1 only (new chunks go to pack files). Tensor chunks: up to 4 MiB each, written once,
+      // read whole, never overwritten with other content (the key is their hash). Integrated blob
+      // files keep them out of the LSM tree, so compaction moves 40-byte blob indexes instead of
+      // rewriting MBs of tensor bytes.
       options.enable_blob_files = true;
       // Everything but tiny tensors' chunks (biases, scalars) goes to blob files; values under
       // 64 KiB are cheaper inline in SST blocks.
@@ -185,8 +186,8 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
   std::unique_ptr<StoreDb> store(new StoreDb());
   store->path_ = path;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status opened = rocksdb::DB::Open(MakeDbOptions(create_if_missing), path, descriptors,
-                                             &store->handles_, &db);
+  rocksdb::Status opened =
+      rocksdb::DB::Open(MakeDbOptions(create_if_missing), path, descriptors, &store->handles_, &db);
   if (!opened.ok()) {
     return FromRocksDbStatus(opened, absl::StrCat("opening checkpoint store '", path, "'"));
   }
@@ -213,10 +214,9 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
         db->Put(sync, meta, std::string(kSchemaVersionKey), std::string(kSchemaVersion));
     if (!written.ok()) return FromRocksDbStatus(written, "upgrading the schema version");
   } else if (schema_version != kSchemaVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint store '", path, "' has schema version ", schema_version,
-                     "; this build reads versions ", kSchemaVersionInlineChunks, " and ",
-                     kSchemaVersion));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint store '", path, "' has schema version ", schema_version,
+        "; this build reads versions ", kSchemaVersionInlineChunks, " and ", kSchemaVersion));
   }
   return store;
 }

@@ -11,19 +11,21 @@
 //   aliases        MODEL '\0' ALIAS                        uint64 big-endian VERSION
 //   chunks         SHA-256 (32 raw bytes)                  the chunk's bytes (schema 1 only)
 //   packed_chunks  SHA-256 (32 raw bytes)                  store.PackedChunk (pack, offset)
-//   refs           SHA-256 (32 raw bytes)                  store.ChunkRecord (refcount, length, xxh3)
-//   uploads        UPLOAD_ID (16 hex digits)               store.UploadRecord
-//   uploads        UPLOAD_ID SHA-256                       uint64 big-endian chunk length
+//   refs           SHA-256 (32 raw bytes)                  store.ChunkRecord (refcount, length,
+//   xxh3) uploads        UPLOAD_ID (16 hex digits)               store.UploadRecord uploads
+//   UPLOAD_ID SHA-256                       uint64 big-endian chunk length
 //
 // '\0' cannot occur in model names (version_ref.h), so "a\0..." and "ab\0..." never interleave,
 // and big-endian versions iterate in numeric order, so the newest version of a model is the last
 // key with its prefix. Chunk bytes live in pack files (chunk_pack.h) under <db>/packs; stores
-// written by schema 1 kept them as values of `chunks`, which are still read. Chunks live apart from their refcounts so that counting, GC scans and
-// existence checks touch only the small `refs` records, never multi-MB values.
+// written by schema 1 kept them as values of `chunks`, which are still read. Chunks live apart from
+// their refcounts so that counting, GC scans and existence checks touch only the small `refs`
+// records, never multi-MB values.
 //
 // Example (what a test does to corrupt a chunk on purpose):
-//   ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, /*create_if_missing=*/false));
-//   db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kPackedChunks), sha256, &location);
+//   ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db, StoreDb::Open(path,
+//   /*create_if_missing=*/false)); db->db()->Get(rocksdb::ReadOptions(),
+//   db->cf(ColumnFamily::kPackedChunks), sha256, &location);
 //   // ... then overwrite bytes of that pack file.
 
 #include <cstdint>
@@ -101,9 +103,7 @@ class StoreDb {
   StoreDb& operator=(const StoreDb&) = delete;
 
   rocksdb::DB* db() const { return db_.get(); }
-  rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const {
-    return handles_[static_cast<int>(cf)];
-  }
+  rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const { return handles_[static_cast<int>(cf)]; }
   const std::string& path() const { return path_; }
 
  private:

@@ -61,11 +61,13 @@ TEST(RocksDbSchemaTest, OpensEveryColumnFamilyAndReopens) {
       ASSERT_NE(db->cf(cf), nullptr);
       EXPECT_EQ(db->cf(cf)->GetName(), ColumnFamilyName(cf));
     }
-    ASSERT_TRUE(db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kModels), "m", "x").ok());
+    ASSERT_TRUE(
+        db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kModels), "m", "x").ok());
   }
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, false));
   std::string value;
-  ASSERT_TRUE(db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kModels), "m", &value).ok());
+  ASSERT_TRUE(
+      db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kModels), "m", &value).ok());
   EXPECT_EQ(value, "x");
 }
 
@@ -95,14 +97,18 @@ TEST(RocksDbSchemaTest, UpgradesSchemaOneInPlace) {
                     ->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kDefault),
                           std::string(kSchemaVersionKey), std::string(kSchemaVersionInlineChunks))
                     .ok());
-    ASSERT_TRUE(db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), "k", "v").ok());
+    ASSERT_TRUE(
+        db->db()->Put(rocksdb::WriteOptions(), db->cf(ColumnFamily::kChunks), "k", "v").ok());
   }
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, false));
   std::string value;
-  ASSERT_TRUE(db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kDefault),
-                            std::string(kSchemaVersionKey), &value).ok());
+  ASSERT_TRUE(db->db()
+                  ->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kDefault),
+                        std::string(kSchemaVersionKey), &value)
+                  .ok());
   EXPECT_EQ(value, kSchemaVersion);
-  ASSERT_TRUE(db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kChunks), "k", &value).ok());
+  ASSERT_TRUE(
+      db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kChunks), "k", &value).ok());
   EXPECT_EQ(value, "v");
 }
 

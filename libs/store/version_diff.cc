@@ -11,9 +11,7 @@
 namespace ckpt {
 namespace {
 
-std::string DTypeText(v1::DType dtype) {
-  return std::string(DTypeName(static_cast<DType>(dtype)));
-}
+std::string DTypeText(v1::DType dtype) { return std::string(DTypeName(static_cast<DType>(dtype))); }
 
 }  // namespace
 
@@ -42,11 +40,11 @@ absl::StatusOr<VersionDiff> DiffVersions(CheckpointStore& store, const v1::Versi
                              std::equal(meta_a.shape().begin(), meta_a.shape().end(),
                                         meta_b.shape().begin(), meta_b.shape().end());
     // Equal chunk lists mean equal bytes whichever content_hash scheme wrote each manifest.
-    const bool same_chunks = std::equal(
-        meta_a.chunks().begin(), meta_a.chunks().end(), meta_b.chunks().begin(),
-        meta_b.chunks().end(), [](const v1::ChunkRef& a, const v1::ChunkRef& b) {
-          return a.sha256() == b.sha256() && a.length() == b.length();
-        });
+    const bool same_chunks =
+        std::equal(meta_a.chunks().begin(), meta_a.chunks().end(), meta_b.chunks().begin(),
+                   meta_b.chunks().end(), [](const v1::ChunkRef& a, const v1::ChunkRef& b) {
+                     return a.sha256() == b.sha256() && a.length() == b.length();
+                   });
     if (same_layout && (meta_a.content_hash() == meta_b.content_hash() || same_chunks)) {
       ++diff.unchanged;
       continue;
@@ -61,16 +59,14 @@ absl::StatusOr<VersionDiff> DiffVersions(CheckpointStore& store, const v1::Versi
     if (same_layout && info.scalar_type.has_value() && !info.is_quantized) {
       ASSIGN_OR_RETURN(at::Tensor tensor_a, reader_a->ReadTensor(meta_a));
       ASSIGN_OR_RETURN(at::Tensor tensor_b, reader_b->ReadTensor(meta_b));
-      ASSIGN_OR_RETURN(double max_difference, CatchTorchErrors([&] {
-                         if (tensor_a.numel() == 0) return 0.0;
-                         if (info.is_complex) {
-                           return (tensor_a - tensor_b).abs().max().item<double>();
-                         }
-                         return (tensor_a.to(at::kDouble) - tensor_b.to(at::kDouble))
-                             .abs()
-                             .max()
-                             .item<double>();
-                       }));
+      ASSIGN_OR_RETURN(
+          double max_difference, CatchTorchErrors([&] {
+            if (tensor_a.numel() == 0) return 0.0;
+            if (info.is_complex) {
+              return (tensor_a - tensor_b).abs().max().item<double>();
+            }
+            return (tensor_a.to(at::kDouble) - tensor_b.to(at::kDouble)).abs().max().item<double>();
+          }));
       change.max_abs_difference = max_difference;
     }
     diff.changed.push_back(std::move(change));

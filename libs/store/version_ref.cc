@@ -15,9 +15,9 @@ bool IsNameChar(char c) {
 absl::Status ValidateName(absl::string_view what, absl::string_view name) {
   if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " name is empty"));
   if (name.size() > kMaxNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " name '", name.substr(0, 32),
-                                                   "...' has ", name.size(),
-                                                   " characters; at most ", kMaxNameLength));
+    return absl::InvalidArgumentError(absl::StrCat(what, " name '", name.substr(0, 32), "...' has ",
+                                                   name.size(), " characters; at most ",
+                                                   kMaxNameLength));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     if (!IsNameChar(name[i])) {
@@ -44,7 +44,8 @@ absl::Status ValidateAliasName(absl::string_view alias) {
   absl::Status status = ValidateName("alias", alias);
   if (!status.ok()) return status;
   if (alias == kLatestAlias) {
-    return absl::InvalidArgumentError("alias 'latest' is reserved: it always means the newest version");
+    return absl::InvalidArgumentError(
+        "alias 'latest' is reserved: it always means the newest version");
   }
   if (alias[0] == '-' || alias[0] == '.') {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -52,8 +53,8 @@ absl::Status ValidateAliasName(absl::string_view alias) {
         "'; aliases start with a letter, digit or '_' (so '-1' is never read as an alias)"));
   }
   if (AllDigits(alias)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "alias '", alias, "' is all digits, which would read as a version number"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("alias '", alias, "' is all digits, which would read as a version number"));
   }
   return absl::OkStatus();
 }
@@ -86,9 +87,8 @@ absl::StatusOr<v1::VersionRef> ParseVersionRef(absl::string_view text) {
   if (part != kLatestAlias) {
     absl::Status alias_ok = ValidateAliasName(part);
     if (!alias_ok.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("bad version reference '",
-                                                     absl::CHexEscape(text),
-                                                     "': ", alias_ok.message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad version reference '", absl::CHexEscape(text), "': ", alias_ok.message()));
     }
   }
   ref.set_alias(std::string(part));

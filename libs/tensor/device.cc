@@ -33,14 +33,15 @@ absl::StatusOr<DeviceSpec> ParseDevice(absl::string_view text) {
     }
     spec.index = parsed;
   }
-  const bool valid_type = !type.empty() && absl::ascii_islower(type[0]) &&
-                          absl::c_all_of(type, [](char c) {
-                            return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '_';
-                          });
+  const bool valid_type =
+      !type.empty() && absl::ascii_islower(type[0]) && absl::c_all_of(type, [](char c) {
+        return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '_';
+      });
   if (!valid_type) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad device '", original, "': expected a type such as cpu, cuda or mps, optionally with "
-        "':INDEX' (e.g. cuda:1)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad device '", original,
+                     "': expected a type such as cpu, cuda or mps, optionally with "
+                     "':INDEX' (e.g. cuda:1)"));
   }
   spec.type = std::string(type);
   return spec;
@@ -64,18 +65,19 @@ DeviceSpec DeviceMap::Resolve(const DeviceSpec& source) const {
 }
 
 absl::StatusOr<c10::Device> ResolveTorchDevice(const DeviceSpec& spec) {
-  ASSIGN_OR_RETURN(c10::Device device, CatchTorchErrors([&] { return c10::Device(spec.ToString()); },
-                                                        absl::StatusCode::kInvalidArgument));
+  ASSIGN_OR_RETURN(c10::Device device,
+                   CatchTorchErrors([&] { return c10::Device(spec.ToString()); },
+                                    absl::StatusCode::kInvalidArgument));
   switch (device.type()) {
     case c10::DeviceType::CPU:
     case c10::DeviceType::Meta:
       return device;
     case c10::DeviceType::CUDA: {
       if (!at::hasCUDA()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "target device ", spec.ToString(),
-            " needs CUDA, but this LibTorch has no CUDA support or no GPU is visible; "
-            "load to cpu, or build with --config=cuda on a GPU machine"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("target device ", spec.ToString(),
+                         " needs CUDA, but this LibTorch has no CUDA support or no GPU is visible; "
+                         "load to cpu, or build with --config=cuda on a GPU machine"));
       }
       const int count = at::detail::getCUDAHooks().getNumGPUs();
       if (device.has_index() && device.index() >= count) {
@@ -91,8 +93,8 @@ absl::StatusOr<c10::Device> ResolveTorchDevice(const DeviceSpec& spec) {
     default:
       break;
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "target device ", spec.ToString(), " is not available in this LibTorch build"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("target device ", spec.ToString(), " is not available in this LibTorch build"));
 }
 
 absl::StatusOr<DTypePolicy> DTypePolicy::CastFloatingTo(DType dtype) {
@@ -103,9 +105,9 @@ absl::StatusOr<DTypePolicy> DTypePolicy::CastFloatingTo(DType dtype) {
     case DType::kFloat64:
       return DTypePolicy(dtype);
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot cast floating tensors to ", DTypeName(dtype),
-          "; expected float16, bfloat16, float32 or float64"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot cast floating tensors to ", DTypeName(dtype),
+                       "; expected float16, bfloat16, float32 or float64"));
   }
 }
 

@@ -5,9 +5,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 
 namespace ckpt {
@@ -43,10 +43,10 @@ constexpr std::array<DTypeInfo, kMaxDTypeValue + 1> kDTypes = {{
      false, std::nullopt},
     {DType::kFloat8E5M2, "float8_e5m2", "Float8_e5m2Storage", "F8_E5M2", 1, true, false, false,
      std::nullopt},
-    {DType::kFloat8E4M3FnUz, "float8_e4m3fnuz", "Float8_e4m3fnuzStorage", "", 1, true, false,
-     false, std::nullopt},
-    {DType::kFloat8E5M2FnUz, "float8_e5m2fnuz", "Float8_e5m2fnuzStorage", "", 1, true, false,
-     false, std::nullopt},
+    {DType::kFloat8E4M3FnUz, "float8_e4m3fnuz", "Float8_e4m3fnuzStorage", "", 1, true, false, false,
+     std::nullopt},
+    {DType::kFloat8E5M2FnUz, "float8_e5m2fnuz", "Float8_e5m2fnuzStorage", "", 1, true, false, false,
+     std::nullopt},
     {DType::kUInt16, "uint16", "UInt16Storage", "U16", 2, false, false, false, std::nullopt},
     {DType::kUInt32, "uint32", "UInt32Storage", "U32", 4, false, false, false, std::nullopt},
     {DType::kUInt64, "uint64", "UInt64Storage", "U64", 8, false, false, false, std::nullopt},
@@ -58,14 +58,18 @@ struct Alias {
   DType dtype;
 };
 constexpr Alias kAliases[] = {
-    {"float", DType::kFloat32},     {"fp32", DType::kFloat32},      {"f32", DType::kFloat32},
-    {"double", DType::kFloat64},    {"fp64", DType::kFloat64},      {"f64", DType::kFloat64},
-    {"half", DType::kFloat16},      {"fp16", DType::kFloat16},      {"f16", DType::kFloat16},
-    {"bf16", DType::kBFloat16},     {"byte", DType::kUInt8},        {"u8", DType::kUInt8},
-    {"char", DType::kInt8},         {"i8", DType::kInt8},           {"short", DType::kInt16},
-    {"i16", DType::kInt16},         {"int", DType::kInt32},         {"i32", DType::kInt32},
-    {"long", DType::kInt64},        {"i64", DType::kInt64},         {"chalf", DType::kComplex32},
-    {"cfloat", DType::kComplex64},  {"cdouble", DType::kComplex128},
+    {"float", DType::kFloat32},      {"fp32", DType::kFloat32},
+    {"f32", DType::kFloat32},        {"double", DType::kFloat64},
+    {"fp64", DType::kFloat64},       {"f64", DType::kFloat64},
+    {"half", DType::kFloat16},       {"fp16", DType::kFloat16},
+    {"f16", DType::kFloat16},        {"bf16", DType::kBFloat16},
+    {"byte", DType::kUInt8},         {"u8", DType::kUInt8},
+    {"char", DType::kInt8},          {"i8", DType::kInt8},
+    {"short", DType::kInt16},        {"i16", DType::kInt16},
+    {"int", DType::kInt32},          {"i32", DType::kInt32},
+    {"long", DType::kInt64},         {"i64", DType::kInt64},
+    {"chalf", DType::kComplex32},    {"cfloat", DType::kComplex64},
+    {"cdouble", DType::kComplex128},
 };
 
 }  // namespace
@@ -121,9 +125,10 @@ absl::StatusOr<c10::ScalarType> ToScalarType(DType dtype) {
         absl::StrCat("dtype value ", static_cast<int>(dtype), " is not a dtype"));
   }
   if (!info.scalar_type.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dtype ", info.name, " has no LibTorch 1.13 ScalarType; its bytes can be stored and "
-        "exported but not materialized as an at::Tensor here"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dtype ", info.name,
+                     " has no LibTorch 1.13 ScalarType; its bytes can be stored and "
+                     "exported but not materialized as an at::Tensor here"));
   }
   return *info.scalar_type;
 }
@@ -150,8 +155,8 @@ absl::StatusOr<int64_t> ByteLengthOf(DType dtype, absl::Span<const int64_t> shap
           absl::StrCat("negative dimension ", dim, " in shape [", absl::StrJoin(shape, ", "), "]"));
     }
     if (dim != 0 && bytes > kMaxBytes / dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shape [", absl::StrJoin(shape, ", "), "] of ", DTypeName(dtype), " overflows 2^62 bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] of ",
+                                                     DTypeName(dtype), " overflows 2^62 bytes"));
     }
     bytes *= dim;
   }

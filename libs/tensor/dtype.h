@@ -53,11 +53,11 @@ inline constexpr int kMaxDTypeValue = 25;
 // Facts about one dtype. Names are empty where a format has no name for it.
 struct DTypeInfo {
   DType dtype;
-  absl::string_view name;               // "float32": ckpt's name, PyTorch's without "torch.".
-  absl::string_view storage_name;       // "FloatStorage": torch.save's typed storage class.
-  absl::string_view safetensors_name;   // "F32".
-  int element_size;                     // bytes per element (quint4x2 / quint2x4 pack: 1).
-  bool is_floating_point;               // float16/32/64, bfloat16, float8: what dtype casts touch.
+  absl::string_view name;              // "float32": ckpt's name, PyTorch's without "torch.".
+  absl::string_view storage_name;      // "FloatStorage": torch.save's typed storage class.
+  absl::string_view safetensors_name;  // "F32".
+  int element_size;                    // bytes per element (quint4x2 / quint2x4 pack: 1).
+  bool is_floating_point;              // float16/32/64, bfloat16, float8: what dtype casts touch.
   bool is_complex;
   bool is_quantized;
   std::optional<c10::ScalarType> scalar_type;  // LibTorch 1.13's, when it has one.

@@ -28,8 +28,8 @@ TEST(DTypeTest, ElementSizesMatchLibTorchForEveryScalarTypeItHas) {
 
 TEST(DTypeTest, ScalarTypesRoundTrip) {
   for (c10::ScalarType scalar_type :
-       {c10::kFloat, c10::kDouble, c10::kHalf, c10::kBFloat16, c10::kByte, c10::kChar,
-        c10::kShort, c10::kInt, c10::kLong, c10::kBool, c10::kComplexHalf, c10::kComplexFloat,
+       {c10::kFloat, c10::kDouble, c10::kHalf, c10::kBFloat16, c10::kByte, c10::kChar, c10::kShort,
+        c10::kInt, c10::kLong, c10::kBool, c10::kComplexHalf, c10::kComplexFloat,
         c10::kComplexDouble, c10::kQInt8, c10::kQUInt8, c10::kQInt32}) {
     ASSERT_OK_AND_ASSIGN(DType dtype, FromScalarType(scalar_type));
     ASSERT_OK_AND_ASSIGN(c10::ScalarType back, ToScalarType(dtype));

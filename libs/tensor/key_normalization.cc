@@ -83,7 +83,8 @@ absl::StatusOr<NormalizedKeys> NormalizeKeys(const std::vector<std::string>& key
   KeyNormalization& normalization = result.normalization;
   std::string& prefix = normalization.stripped_prefix;
   while (true) {
-    const absl::string_view segment = LeadingModuleSegment(absl::string_view(keys[0]).substr(prefix.size()));
+    const absl::string_view segment =
+        LeadingModuleSegment(absl::string_view(keys[0]).substr(prefix.size()));
     const WrapperSegment* wrapper = FindWrapperSegment(segment);
     if (wrapper == nullptr) break;
     const bool shared = std::all_of(keys.begin(), keys.end(), [&](const std::string& key) {
@@ -137,9 +138,8 @@ absl::StatusOr<StateDict> StripExactPrefix(const StateDict& state_dict, absl::st
   keys.reserve(state_dict.size());
   for (const StateDict::Entry& entry : state_dict) {
     if (!absl::StartsWith(entry.key, prefix) || entry.key.size() == prefix.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("key '", entry.key,
-                                                     "' does not start with the prefix '", prefix,
-                                                     "' to strip"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", entry.key, "' does not start with the prefix '", prefix, "' to strip"));
     }
     keys.push_back(entry.key.substr(prefix.size()));
   }
@@ -175,8 +175,8 @@ absl::StatusOr<std::vector<std::string>> ApplyKeyPolicy(
     std::string mapped = ApplyKeyPolicy(key, policy, normalization);
     auto [it, inserted] = seen.emplace(mapped, key);
     if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat("keys '", it->second, "' and '", key,
-                                                     "' both become '", mapped, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("keys '", it->second, "' and '", key, "' both become '", mapped, "'"));
     }
     out.push_back(std::move(mapped));
   }

@@ -133,9 +133,9 @@ TEST(NormalizeKeysTest, RejectsKeysThatCollideAfterNormalization) {
 
 TEST(KeyPolicyTest, AddsPrefixForDdpConsumers) {
   const NormalizedKeys result = NormalizeAndCheckReapplication({"fc.weight", "fc.bias"});
-  EXPECT_THAT(ApplyKeyPolicy(result.keys, KeyPolicy::AddPrefix("module."), result.normalization)
-                  .value(),
-              ElementsAre("module.fc.weight", "module.fc.bias"));
+  EXPECT_THAT(
+      ApplyKeyPolicy(result.keys, KeyPolicy::AddPrefix("module."), result.normalization).value(),
+      ElementsAre("module.fc.weight", "module.fc.bias"));
   // A prefix without its dot gets one.
   EXPECT_EQ(KeyPolicy::AddPrefix("model").prefix(), "model.");
   EXPECT_EQ(ApplyKeyPolicy("fc.bias", KeyPolicy::Canonical(), result.normalization), "fc.bias");

@@ -59,8 +59,8 @@ class StateDict {
   // Sum of numel * element size over all tensors (shared storage counted once per tensor).
   int64_t TotalBytes() const;
 
-  // Same tensors (and original devices), in the same order, under `new_keys` (one per entry). INVALID_ARGUMENT if the
-  // count differs or two new keys are equal.
+  // Same tensors (and original devices), in the same order, under `new_keys` (one per entry).
+  // INVALID_ARGUMENT if the count differs or two new keys are equal.
   absl::StatusOr<StateDict> WithKeys(const std::vector<std::string>& new_keys) const;
 
  private:

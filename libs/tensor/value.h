@@ -33,9 +33,9 @@ class Value;
 class DictKey {
  public:
   DictKey(std::string key) : is_int_(false), string_key_(std::move(key)) {}  // NOLINT
-  DictKey(const char* key) : is_int_(false), string_key_(key) {}            // NOLINT
-  DictKey(int64_t key) : is_int_(true), int_key_(key) {}                      // NOLINT
-  DictKey(int key) : is_int_(true), int_key_(key) {}                          // NOLINT
+  DictKey(const char* key) : is_int_(false), string_key_(key) {}             // NOLINT
+  DictKey(int64_t key) : is_int_(true), int_key_(key) {}                     // NOLINT
+  DictKey(int key) : is_int_(true), int_key_(key) {}                         // NOLINT
 
   bool is_int() const { return is_int_; }
   int64_t int_key() const { return int_key_; }
@@ -133,8 +133,8 @@ class Value {
 
   // Calls `fn(path, tensor)` for every tensor in the tree, depth first, in order. `path` joins
   // dict keys and sequence indices with '/', e.g. "state/0/exp_avg".
-  void ForEachTensor(const std::function<void(const std::string& path, const at::Tensor&)>& fn)
-      const;
+  void ForEachTensor(
+      const std::function<void(const std::string& path, const at::Tensor&)>& fn) const;
   int64_t TensorCount() const;
 
   // Deep equality. Tensors are equal when dtype, shape and every element are equal (NaNs in the
@@ -143,7 +143,8 @@ class Value {
   friend bool operator==(const Value& a, const Value& b);
   friend bool operator!=(const Value& a, const Value& b) { return !(a == b); }
 
-  // Python-like repr, tensors abbreviated: {'lr': 0.1, 'state': {0: {'exp_avg': tensor(float32[3, 4])}}}
+  // Python-like repr, tensors abbreviated: {'lr': 0.1, 'state': {0: {'exp_avg': tensor(float32[3,
+  // 4])}}}
   std::string DebugString() const;
 
  private:

@@ -51,8 +51,7 @@ absl::Status ToProto(const Value& value, std::string& path, const TensorRegistra
       return absl::OkStatus();
     case Value::Kind::kList:
     case Value::Kind::kTuple: {
-      v1::ValueList* list =
-          value.is_list() ? out.mutable_list_value() : out.mutable_tuple_value();
+      v1::ValueList* list = value.is_list() ? out.mutable_list_value() : out.mutable_tuple_value();
       for (size_t i = 0; i < value.items().size(); ++i) {
         RETURN_IF_ERROR(ChildToProto(value.items()[i], std::to_string(i), path, register_tensor,
                                      *list->add_items()));
@@ -69,9 +68,9 @@ absl::Status ToProto(const Value& value, std::string& path, const TensorRegistra
         } else {
           entry->set_string_key(key.string_key());
         }
-        RETURN_IF_ERROR(ChildToProto(
-            child, key.is_int() ? std::to_string(key.int_key()) : key.string_key(), path,
-            register_tensor, *entry->mutable_value()));
+        RETURN_IF_ERROR(
+            ChildToProto(child, key.is_int() ? std::to_string(key.int_key()) : key.string_key(),
+                         path, register_tensor, *entry->mutable_value()));
       }
       return absl::OkStatus();
     }
@@ -83,8 +82,8 @@ absl::Status ToProto(const Value& value, std::string& path, const TensorRegistra
     case Value::Kind::kOpaque: {
       v1::OpaqueObject* opaque = out.mutable_opaque_value();
       opaque->set_class_name(value.opaque_class_name());
-      RETURN_IF_ERROR(
-          ChildToProto(value.opaque_args(), "args", path, register_tensor, *opaque->mutable_args()));
+      RETURN_IF_ERROR(ChildToProto(value.opaque_args(), "args", path, register_tensor,
+                                   *opaque->mutable_args()));
       return ChildToProto(value.opaque_state(), "state", path, register_tensor,
                           *opaque->mutable_state());
     }

@@ -33,33 +33,34 @@ Value SchedulerAndOptimizerBundle() {
 TEST(ValueProtoTest, RoundTripsEveryKindWithTensorsByReference) {
   std::map<std::string, at::Tensor> table;
   const Value original = SchedulerAndOptimizerBundle();
-  ASSERT_OK_AND_ASSIGN(
-      v1::Value proto,
-      ValueToProto(original, [&](const std::string& path,
-                                 const at::Tensor& tensor) -> absl::StatusOr<std::string> {
-        std::string key = "optimizer/" + path;
-        table[key] = tensor;
-        return key;
-      }));
+  ASSERT_OK_AND_ASSIGN(v1::Value proto,
+                       ValueToProto(original,
+                                    [&](const std::string& path,
+                                        const at::Tensor& tensor) -> absl::StatusOr<std::string> {
+                                      std::string key = "optimizer/" + path;
+                                      table[key] = tensor;
+                                      return key;
+                                    }));
   ASSERT_EQ(table.size(), 1u);
   EXPECT_EQ(table.begin()->first, "optimizer/state/0/momentum_buffer");
 
   // Through the wire format and back.
   v1::Value parsed;
   ASSERT_TRUE(parsed.ParseFromString(proto.SerializeAsString()));
-  ASSERT_OK_AND_ASSIGN(Value back,
-                       ValueFromProto(parsed, [&](absl::string_view key) -> absl::StatusOr<at::Tensor> {
-                         return table.at(std::string(key));
-                       }));
+  ASSERT_OK_AND_ASSIGN(
+      Value back, ValueFromProto(parsed, [&](absl::string_view key) -> absl::StatusOr<at::Tensor> {
+        return table.at(std::string(key));
+      }));
   EXPECT_EQ(back, original) << back.DebugString();
 }
 
 TEST(ValueProtoTest, RegistrarErrorsStopTheConversion) {
-  EXPECT_THAT(ValueToProto(SchedulerAndOptimizerBundle(),
-                           [](const std::string&, const at::Tensor&) -> absl::StatusOr<std::string> {
-                             return absl::ResourceExhaustedError("disk full");
-                           }),
-              StatusIs(absl::StatusCode::kResourceExhausted, "disk full"));
+  EXPECT_THAT(
+      ValueToProto(SchedulerAndOptimizerBundle(),
+                   [](const std::string&, const at::Tensor&) -> absl::StatusOr<std::string> {
+                     return absl::ResourceExhaustedError("disk full");
+                   }),
+      StatusIs(absl::StatusCode::kResourceExhausted, "disk full"));
 }
 
 TEST(ValueProtoTest, RejectsMalformedTrees) {

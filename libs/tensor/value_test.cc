@@ -94,7 +94,8 @@ TEST(ValueTest, OpaqueObjectsKeepClassArgsAndState) {
   EXPECT_TRUE(opaque.is_opaque());
   EXPECT_EQ(opaque.opaque_class_name(), "mypkg.schedulers.Warmup");
   EXPECT_EQ(opaque.opaque_state().Find("last_epoch")->int_value(), 4);
-  EXPECT_EQ(opaque.DebugString(), "<opaque mypkg.schedulers.Warmup args=() state={'last_epoch': 4}>");
+  EXPECT_EQ(opaque.DebugString(),
+            "<opaque mypkg.schedulers.Warmup args=() state={'last_epoch': 4}>");
 }
 
 TEST(ValueTest, DebugStringReadsLikePython) {

@@ -19,8 +19,8 @@ absl::StatusOr<std::string> RunPython(const std::string& script, const std::stri
   const int status = pclose(pipe);
   if (status != 0) {
     return absl::InternalError(absl::StrCat(command, " exited with status ",
-                                            WIFEXITED(status) ? WEXITSTATUS(status) : status,
-                                            ":\n", output));
+                                            WIFEXITED(status) ? WEXITSTATUS(status) : status, ":\n",
+                                            output));
   }
   return output;
 }

@@ -19,9 +19,7 @@ namespace {
 // most of the stall (tools/bench R7).
 class BufferPool {
  public:
-  void Add(at::Tensor tensor) {
-    buffers_.emplace(Key(tensor), std::move(tensor));
-  }
+  void Add(at::Tensor tensor) { buffers_.emplace(Key(tensor), std::move(tensor)); }
   struct Buffer {
     at::Tensor tensor;
     bool fresh;  // newly allocated: its pages are not mapped yet.
@@ -107,8 +105,7 @@ Value SnapshotValue(const Value& value, SnapshotContext& context) {
       return Value::Dict(std::move(entries));
     }
     case Value::Kind::kOpaque:
-      return Value::Opaque(value.opaque_class_name(),
-                           SnapshotValue(value.opaque_args(), context),
+      return Value::Opaque(value.opaque_class_name(), SnapshotValue(value.opaque_args(), context),
                            SnapshotValue(value.opaque_state(), context));
     default:
       return value;  // scalars and strings are values already.
@@ -128,15 +125,14 @@ void CollectTensors(const Value& value, std::vector<at::Tensor>& out) {
   }
 }
 
-absl::StatusOr<CheckpointContents> Snapshot(const CheckpointContents& contents,
-                                            BufferPool& pool) {
+absl::StatusOr<CheckpointContents> Snapshot(const CheckpointContents& contents, BufferPool& pool) {
   return CatchTorchErrors([&]() -> CheckpointContents {
     SnapshotContext context{pool};
     CheckpointContents copy;
     for (const StateDict::Entry& entry : contents.model) {
-      copy.model.InsertOrAssign(entry.key, HostCopy(entry.tensor, context),
-                                entry.original_device.empty() ? entry.tensor.device().str()
-                                                              : entry.original_device);
+      copy.model.InsertOrAssign(
+          entry.key, HostCopy(entry.tensor, context),
+          entry.original_device.empty() ? entry.tensor.device().str() : entry.original_device);
     }
     if (contents.optimizer) copy.optimizer = SnapshotValue(*contents.optimizer, context);
     if (contents.scheduler) copy.scheduler = SnapshotValue(*contents.scheduler, context);
@@ -206,8 +202,7 @@ absl::Status AsyncCheckpointer::JoinInFlight() {
   return error;
 }
 
-absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents,
-                                       CommitOptions options) {
+absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents, CommitOptions options) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(JoinInFlight());
   const absl::Time snapshot_start = absl::Now();
@@ -229,25 +224,25 @@ absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents,
     stats_.total_stall += end - start;
   }
   // The progress callback of the caller (if any) would run on the background thread; keep it.
-  uploader_ = std::thread([this, snapshot = std::move(snapshot),
-                           options = std::move(options)]() mutable {
-    const absl::Time upload_start = absl::Now();
-    absl::StatusOr<CommitResult> committed =
-        store_->CommitCheckpoint(model_name_, snapshot, options);
-    std::vector<at::Tensor> spare = TensorsOf(snapshot);
-    snapshot = CheckpointContents();
-    absl::MutexLock lock(&mu_);
-    spare_buffers_ = std::move(spare);  // kept for the next snapshot.
-    in_flight_ = false;
-    stats_.last_upload = absl::Now() - upload_start;
-    if (committed.ok()) {
-      ++stats_.committed;
-      stats_.last_commit = *std::move(committed);
-    } else {
-      ++stats_.failed;
-      last_error_ = committed.status();
-    }
-  });
+  uploader_ =
+      std::thread([this, snapshot = std::move(snapshot), options = std::move(options)]() mutable {
+        const absl::Time upload_start = absl::Now();
+        absl::StatusOr<CommitResult> committed =
+            store_->CommitCheckpoint(model_name_, snapshot, options);
+        std::vector<at::Tensor> spare = TensorsOf(snapshot);
+        snapshot = CheckpointContents();
+        absl::MutexLock lock(&mu_);
+        spare_buffers_ = std::move(spare);  // kept for the next snapshot.
+        in_flight_ = false;
+        stats_.last_upload = absl::Now() - upload_start;
+        if (committed.ok()) {
+          ++stats_.committed;
+          stats_.last_commit = *std::move(committed);
+        } else {
+          ++stats_.failed;
+          last_error_ = committed.status();
+        }
+      });
   return absl::OkStatus();
 }
 

@@ -49,10 +49,10 @@ class AsyncCheckpointer {
     int64_t submitted = 0;
     int64_t committed = 0;
     int64_t failed = 0;
-    absl::Duration last_stall;         // time Submit blocked the caller (wait + snapshot).
+    absl::Duration last_stall;  // time Submit blocked the caller (wait + snapshot).
     absl::Duration total_stall;
-    absl::Duration last_snapshot;      // the host copy alone.
-    absl::Duration last_upload;        // background: store commit of the last finished upload.
+    absl::Duration last_snapshot;  // the host copy alone.
+    absl::Duration last_upload;    // background: store commit of the last finished upload.
     std::optional<CommitResult> last_commit;
   };
 

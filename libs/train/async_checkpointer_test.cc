@@ -35,7 +35,7 @@ class AsyncCheckpointerTest : public ::testing::Test {
     contents.model.InsertOrAssign("fc.bias", at::full({64}, fill));
     contents.optimizer = Value::Dict(
         {{"state", Value::Dict({{0, Value::Dict({{"momentum_buffer",
-                                                 Value::Tensor(at::full({64, 64}, -fill))}})}})},
+                                                  Value::Tensor(at::full({64, 64}, -fill))}})}})},
          {"param_groups",
           Value::List({Value::Dict({{"lr", Value::Float(0.1)},
                                     {"params", Value::List({Value::Int(0), Value::Int(1)})}})})}});
@@ -65,8 +65,7 @@ TEST_F(AsyncCheckpointerTest, SnapshotIsIndependentOfLaterInPlaceUpdates) {
   ASSERT_THAT(loaded.status(), IsOk());
   EXPECT_TRUE(at::equal(*loaded->contents.model.Find("fc.weight"), at::full({64, 64}, 1.0f)));
   ASSERT_TRUE(loaded->contents.optimizer.has_value());
-  const Value* buffer =
-      loaded->contents.optimizer->Find("state")->Find(0)->Find("momentum_buffer");
+  const Value* buffer = loaded->contents.optimizer->Find("state")->Find(0)->Find("momentum_buffer");
   ASSERT_NE(buffer, nullptr);
   EXPECT_TRUE(at::equal(buffer->tensor(), at::full({64, 64}, -1.0f)));
   EXPECT_EQ(loaded->manifest.metadata().global_step(), 1);
@@ -126,7 +125,7 @@ TEST_F(AsyncCheckpointerTest, FailedUploadIsReportedByTheNextCall) {
 CheckpointContents AwkwardContents(float fill) {
   CheckpointContents contents;
   at::Tensor big = at::arange(3 * 1024 * 1024, at::kFloat).reshape({3, 1024, 1024}) + fill;
-  contents.model.InsertOrAssign("big", big);                      // 12 MiB: several shares.
+  contents.model.InsertOrAssign("big", big);                       // 12 MiB: several shares.
   contents.model.InsertOrAssign("slice", big[1].narrow(0, 5, 7));  // storage offset.
   contents.model.InsertOrAssign("transposed", at::full({8, 3}, fill).t());
   contents.model.InsertOrAssign("empty", at::empty({0, 4}));
@@ -137,10 +136,9 @@ CheckpointContents AwkwardContents(float fill) {
   contents.model.InsertOrAssign("negative", at::imag(complex.conj()));  // a negative bit.
   contents.optimizer = Value::Dict(
       {{"state", Value::Dict({{0, Value::Dict({{"step", Value::Tensor(at::scalar_tensor(fill))},
-                                                {"exp_avg", Value::Tensor(big * 2)}})}})},
-       {"param_groups",
-        Value::List({Value::Dict({{"lr", Value::Float(0.1)},
-                                  {"params", Value::List({Value::Int(0)})}})})}});
+                                               {"exp_avg", Value::Tensor(big * 2)}})}})},
+       {"param_groups", Value::List({Value::Dict({{"lr", Value::Float(0.1)},
+                                                  {"params", Value::List({Value::Int(0)})}})})}});
   contents.optimizer_param_names = {{0, "big"}};
   contents.extra = Value::Dict({{"ids", Value::Tensor(at::arange(100, at::kLong))}});
   return contents;
@@ -155,8 +153,8 @@ void ExpectSnapshotOf(const CheckpointContents& snapshot, const CheckpointConten
     EXPECT_TRUE(copy->device().is_cpu());
     EXPECT_TRUE(copy->is_contiguous());
     EXPECT_EQ(copy->scalar_type(), entry.tensor.scalar_type());
-    EXPECT_TRUE(at::equal(copy->resolve_conj().resolve_neg(),
-                          entry.tensor.resolve_conj().resolve_neg()));
+    EXPECT_TRUE(
+        at::equal(copy->resolve_conj().resolve_neg(), entry.tensor.resolve_conj().resolve_neg()));
     if (entry.tensor.numel() > 0) {
       EXPECT_NE(copy->data_ptr(), entry.tensor.data_ptr());
       EXPECT_FALSE(copy->is_alias_of(entry.tensor));

@@ -30,9 +30,9 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 class InMemoryDataset final : public Dataset {
  public:
   struct Parts {
-    std::string name;     // "synthetic", "mnist:DIR", "pt:FILE": the start of Describe().
-    at::Tensor inputs;    // [N, example...]; uint8 when `bytes_to_unit` is set.
-    at::Tensor targets;   // int64 [N].
+    std::string name;    // "synthetic", "mnist:DIR", "pt:FILE": the start of Describe().
+    at::Tensor inputs;   // [N, example...]; uint8 when `bytes_to_unit` is set.
+    at::Tensor targets;  // int64 [N].
     InputKind kind = InputKind::kFeatures;
     int64_t num_classes = 0;
     int64_t vocab_size = 0;
@@ -50,8 +50,7 @@ class InMemoryDataset final : public Dataset {
       if (index < 0 || index >= n) {
         // A sampler bug, not bad input: the trainer only draws indices from [0, size()).
         std::fprintf(stderr, "Dataset::Get: index %lld out of range [0, %lld) in %s\n",
-                     static_cast<long long>(index), static_cast<long long>(n),
-                     parts_.name.c_str());
+                     static_cast<long long>(index), static_cast<long long>(n), parts_.name.c_str());
         std::abort();
       }
     }
@@ -72,9 +71,9 @@ class InMemoryDataset final : public Dataset {
   int64_t vocab_size() const override { return parts_.vocab_size; }
 
   std::string Describe() const override {
-    std::string out = absl::StrCat(parts_.name, ": ", size(), " examples of ",
-                                   ShapeString(example_shape()), ", ", parts_.num_classes,
-                                   " classes");
+    std::string out =
+        absl::StrCat(parts_.name, ": ", size(), " examples of ", ShapeString(example_shape()), ", ",
+                     parts_.num_classes, " classes");
     if (parts_.kind == InputKind::kTokens) absl::StrAppend(&out, ", vocab ", parts_.vocab_size);
     return out;
   }
@@ -91,14 +90,14 @@ class InMemoryDataset final : public Dataset {
 // draws from it, so the class shows in token frequencies (what mean-pooled attention sees).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenSynthetic(const DataSpec& spec) {
   if (spec.synthetic_examples <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "synthetic_examples must be positive, got ", spec.synthetic_examples));
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic_examples must be positive, got ", spec.synthetic_examples));
   }
   const bool tokens = spec.model_kind == "transformer";
   if (!tokens && spec.model_kind != "mlp" && spec.model_kind != "cnn") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "synthetic data: unknown model kind '", spec.model_kind,
-        "' (expected mlp, cnn or transformer)"));
+    return absl::InvalidArgumentError(absl::StrCat("synthetic data: unknown model kind '",
+                                                   spec.model_kind,
+                                                   "' (expected mlp, cnn or transformer)"));
   }
   {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed);
@@ -155,8 +154,8 @@ absl::StatusOr<std::filesystem::path> FindIdxFile(const std::filesystem::path& d
                                               ".gz but IDX files must be uncompressed: gunzip it"));
     }
   }
-  return absl::NotFoundError(absl::StrCat("mnist: none of ", absl::StrJoin(names, ", "), " in ",
-                                          dir.string()));
+  return absl::NotFoundError(
+      absl::StrCat("mnist: none of ", absl::StrJoin(names, ", "), " in ", dir.string()));
 }
 
 // Checks the IDX header of `bytes` (magic `magic`, `dims` big-endian sizes after it) and that
@@ -165,17 +164,16 @@ absl::StatusOr<std::vector<int64_t>> ParseIdxHeader(const std::string& bytes, ui
                                                     int dims, const std::string& path) {
   const size_t header = 4 + 4 * static_cast<size_t>(dims);
   if (bytes.size() < header) {
-    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(),
-                                            " bytes, shorter than the ", header,
-                                            "-byte IDX header (truncated?)"));
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(), " bytes, shorter than the ",
+                                            header, "-byte IDX header (truncated?)"));
   }
   const uint32_t found = BigEndian32(bytes, 0);
   if (found != magic) {
     char expected_hex[16], found_hex[16];
     std::snprintf(expected_hex, sizeof(expected_hex), "0x%08x", magic);
     std::snprintf(found_hex, sizeof(found_hex), "0x%08x", found);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad IDX magic ", found_hex,
-                                                   ", expected ", expected_hex));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": bad IDX magic ", found_hex, ", expected ", expected_hex));
   }
   std::vector<int64_t> sizes;
   uint64_t payload = 1;
@@ -189,8 +187,8 @@ absl::StatusOr<std::vector<int64_t>> ParseIdxHeader(const std::string& bytes, ui
                                             bytes.size() - header, " (truncated?)"));
   }
   if (bytes.size() - header > payload) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header says ", ShapeString(sizes),
-                                                   " (", payload, " bytes of data) but the file has ",
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header says ", ShapeString(sizes), " (",
+                                                   payload, " bytes of data) but the file has ",
                                                    bytes.size() - header));
   }
   return sizes;
@@ -217,7 +215,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenMnist(const std::string& dir_name) 
                                                    " images but ", labels_path.string(), " has ",
                                                    label_sizes[0], " labels"));
   }
-  if (n == 0) return absl::InvalidArgumentError(absl::StrCat("mnist: ", dir_name, " holds no images"));
+  if (n == 0)
+    return absl::InvalidArgumentError(absl::StrCat("mnist: ", dir_name, " holds no images"));
   const char* label_bytes = labels.data() + 8;
   for (int64_t i = 0; i < n; ++i) {
     const auto label = static_cast<unsigned char>(label_bytes[i]);
@@ -243,28 +242,26 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenMnist(const std::string& dir_name) 
 
 // --- torch.save {'x': ..., 'y': ...} -----------------------------------------------------------
 
-bool IsIntegral(at::ScalarType type) {
-  return at::isIntegralType(type, /*includeBool=*/false);
-}
+bool IsIntegral(at::ScalarType type) { return at::isIntegralType(type, /*includeBool=*/false); }
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenPt(const std::string& path) {
   ASSIGN_OR_RETURN(TorchFile file, ReadTorchFile(path));
   if (!file.root.is_dict()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pt:", path, ": expected a dict {'x': tensor, 'y': tensor}, found ",
-        file.root.DebugString().substr(0, 80)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pt:", path, ": expected a dict {'x': tensor, 'y': tensor}, found ",
+                     file.root.DebugString().substr(0, 80)));
   }
   const Value* x = file.root.Find("x");
   const Value* y = file.root.Find("y");
   for (const auto& [name, value] : {std::pair{"x", x}, std::pair{"y", y}}) {
     if (value == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pt:", path, ": the dict has no '", name, "' (expected {'x': inputs, 'y': "
-                       "int64 class ids})"));
+      return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": the dict has no '", name,
+                                                     "' (expected {'x': inputs, 'y': "
+                                                     "int64 class ids})"));
     }
     if (!value->is_tensor()) {
-      return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": '", name,
-                                                     "' is not a tensor"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pt:", path, ": '", name, "' is not a tensor"));
     }
   }
   at::Tensor inputs = x->tensor().detach();
@@ -275,9 +272,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenPt(const std::string& path) {
                                                    "; expected [N, ...] with N > 0"));
   }
   if (targets.dim() != 1 || !IsIntegral(targets.scalar_type())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pt:", path, ": 'y' must be a 1-D integer tensor of class ids, found ",
-        at::toString(targets.scalar_type()), " ", ShapeString(targets.sizes().vec())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pt:", path, ": 'y' must be a 1-D integer tensor of class ids, found ",
+                     at::toString(targets.scalar_type()), " ", ShapeString(targets.sizes().vec())));
   }
   if (targets.size(0) != inputs.size(0)) {
     return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": 'x' has ", inputs.size(0),
@@ -289,8 +286,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenPt(const std::string& path) {
   parts.targets = targets.to(at::kLong).contiguous();
   const int64_t min_label = parts.targets.min().item<int64_t>();
   if (min_label < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": 'y' holds label ", min_label,
-                                                   "; class ids must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pt:", path, ": 'y' holds label ", min_label, "; class ids must be >= 0"));
   }
   parts.num_classes = parts.targets.max().item<int64_t>() + 1;
   if (at::isFloatingType(inputs.scalar_type())) {
@@ -306,9 +303,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenPt(const std::string& path) {
     }
     parts.vocab_size = parts.inputs.max().item<int64_t>() + 1;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pt:", path, ": 'x' has dtype ", at::toString(inputs.scalar_type()),
-        "; expected a floating dtype (features) or an integer dtype (token ids)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pt:", path, ": 'x' has dtype ", at::toString(inputs.scalar_type()),
+                     "; expected a floating dtype (features) or an integer dtype (token ids)"));
   }
   return std::unique_ptr<Dataset>(std::make_unique<InMemoryDataset>(std::move(parts)));
 }
@@ -321,8 +318,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDatasetOrThrow(const DataSpec& spec
     // The reader's own errors (e.g. NOT_FOUND for the path) already name the file.
     return OpenPt(source.substr(3));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown data source '", source, "' (expected synthetic, mnist:DIR or pt:FILE)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown data source '", source,
+                                                 "' (expected synthetic, mnist:DIR or pt:FILE)"));
 }
 
 }  // namespace

@@ -115,16 +115,16 @@ TEST(DatasetDeathTest, GetOutOfRangeIsACallerBug) {
 TEST(DatasetTest, RejectsUnknownSourcesAndKinds) {
   DataSpec spec;
   spec.source = "imagenet:/data";
-  EXPECT_THAT(OpenDataset(spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                          "unknown data source 'imagenet:/data'"));
+  EXPECT_THAT(OpenDataset(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown data source 'imagenet:/data'"));
   spec.source = "synthetic";
   spec.model_kind = "rnn";
   EXPECT_THAT(OpenDataset(spec),
               StatusIs(absl::StatusCode::kInvalidArgument, "unknown model kind 'rnn'"));
   spec.model_kind = "mlp";
   spec.synthetic_examples = 0;
-  EXPECT_THAT(OpenDataset(spec), StatusIs(absl::StatusCode::kInvalidArgument,
-                                          "synthetic_examples must be positive"));
+  EXPECT_THAT(OpenDataset(spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, "synthetic_examples must be positive"));
 }
 
 // MNIST-format files written by Python (struct + raw bytes, the layout of the real files), in
@@ -132,11 +132,13 @@ TEST(DatasetTest, RejectsUnknownSourcesAndKinds) {
 class MnistTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = TmpPath(absl::StrCat("mnist_", ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    dir_ = TmpPath(
+        absl::StrCat("mnist_", ::testing::UnitTest::GetInstance()->current_test_info()->name()));
     std::filesystem::create_directories(dir_);
     RunPythonSnippet("write_mnist", absl::StrCat(R"(
 import struct
-d = ')", dir_, R"('
+d = ')",
+                                                 dir_, R"('
 n, r, c = 5, 28, 28
 with open(d + '/train-images.idx3-ubyte', 'wb') as f:
     f.write(struct.pack('>IIII', 0x803, n, r, c))
@@ -175,8 +177,8 @@ TEST_F(MnistTest, CorruptMagicIsRejected) {
   std::string bytes = ReadFile(images());
   bytes[3] = 0x01;  // 0x00000801: a label file's magic where images belong.
   WriteFile(images(), bytes);
-  EXPECT_THAT(OpenDataset(Spec()),
-              StatusIs(absl::StatusCode::kInvalidArgument, "bad IDX magic 0x00000801, expected 0x00000803"));
+  EXPECT_THAT(OpenDataset(Spec()), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            "bad IDX magic 0x00000801, expected 0x00000803"));
 }
 
 TEST_F(MnistTest, TruncatedFileIsRejected) {
@@ -187,7 +189,7 @@ TEST_F(MnistTest, TruncatedFileIsRejected) {
 
 TEST_F(MnistTest, LabelCountMismatchIsRejected) {
   std::string bytes = ReadFile(labels());
-  bytes[7] = 4;  // header says 4 labels ...
+  bytes[7] = 4;                                            // header says 4 labels ...
   WriteFile(labels(), bytes.substr(0, bytes.size() - 1));  // ... and the file holds 4.
   EXPECT_THAT(OpenDataset(Spec()),
               StatusIs(absl::StatusCode::kInvalidArgument, "has 5 images but"));
@@ -218,7 +220,8 @@ TEST(PtDatasetTest, LoadsFeaturesSavedByTorch) {
 import torch
 x = torch.arange(6 * 4, dtype=torch.float64).reshape(6, 4)
 y = torch.tensor([0, 2, 1, 2, 0, 1])
-torch.save({'x': x, 'y': y}, ')", path, "')\n"));
+torch.save({'x': x, 'y': y}, ')",
+                                                  path, "')\n"));
   DataSpec spec;
   spec.source = "pt:" + path;
   ASSERT_OK_AND_ASSIGN(auto data, OpenDataset(spec));
@@ -229,8 +232,8 @@ torch.save({'x': x, 'y': y}, ')", path, "')\n"));
   EXPECT_EQ(data->Describe(), absl::StrCat("pt:", path, ": 6 examples of [4], 3 classes"));
   Batch batch = data->Get({5, 1});
   EXPECT_EQ(batch.inputs.scalar_type(), at::kFloat);
-  EXPECT_TRUE(at::equal(batch.inputs, at::tensor({20.f, 21.f, 22.f, 23.f, 4.f, 5.f, 6.f, 7.f})
-                                          .reshape({2, 4})));
+  EXPECT_TRUE(at::equal(batch.inputs,
+                        at::tensor({20.f, 21.f, 22.f, 23.f, 4.f, 5.f, 6.f, 7.f}).reshape({2, 4})));
   EXPECT_TRUE(at::equal(batch.targets, at::tensor({1, 2}, at::kLong)));
 }
 
@@ -238,8 +241,8 @@ TEST(PtDatasetTest, LoadsTokensSavedByTorch) {
   const std::string path = TmpPath("tokens.pt");
   RunPythonSnippet("write_tokens", absl::StrCat(R"(
 import torch
-torch.save({'x': torch.tensor([[1, 2, 3], [4, 5, 6]]), 'y': torch.tensor([1, 0])}, ')", path,
-                                                "')\n"));
+torch.save({'x': torch.tensor([[1, 2, 3], [4, 5, 6]]), 'y': torch.tensor([1, 0])}, ')",
+                                                path, "')\n"));
   DataSpec spec;
   spec.source = "pt:" + path;
   ASSERT_OK_AND_ASSIGN(auto data, OpenDataset(spec));
@@ -255,9 +258,12 @@ TEST(PtDatasetTest, RejectsBadFiles) {
   const std::string negative = TmpPath("negative.pt");
   RunPythonSnippet("write_bad", absl::StrCat(R"(
 import torch
-torch.save({'x': torch.zeros(3, 2)}, ')", no_y, R"(')
-torch.save({'x': torch.zeros(3, 2), 'y': torch.tensor([0, 1])}, ')", short_y, R"(')
-torch.save({'x': torch.zeros(2, 2), 'y': torch.tensor([0, -1])}, ')", negative, R"(')
+torch.save({'x': torch.zeros(3, 2)}, ')",
+                                             no_y, R"(')
+torch.save({'x': torch.zeros(3, 2), 'y': torch.tensor([0, 1])}, ')",
+                                             short_y, R"(')
+torch.save({'x': torch.zeros(2, 2), 'y': torch.tensor([0, -1])}, ')",
+                                             negative, R"(')
 )"));
   DataSpec spec;
   spec.source = "pt:" + no_y;

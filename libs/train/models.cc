@@ -111,12 +111,13 @@ class TransformerModel final : public Model {
     // children's). Small init like GPT-2's, so positions do not swamp the token embedding.
     pos_ = register_parameter("pos", at::randn({seq_len, d_model}) * 0.02);
     embed_ = register_module("embed", torch::nn::Embedding(vocab_size, d_model));
-    torch::nn::TransformerEncoderLayer layer(torch::nn::TransformerEncoderLayerOptions(d_model, heads)
-                                                 .dim_feedforward(2 * d_model)
-                                                 .dropout(0.0)
-                                                 .activation(torch::kReLU));
-    encoder_ = register_module(
-        "encoder", torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(layer, layers)));
+    torch::nn::TransformerEncoderLayer layer(
+        torch::nn::TransformerEncoderLayerOptions(d_model, heads)
+            .dim_feedforward(2 * d_model)
+            .dropout(0.0)
+            .activation(torch::kReLU));
+    encoder_ = register_module("encoder", torch::nn::TransformerEncoder(
+                                              torch::nn::TransformerEncoderOptions(layer, layers)));
     head_ = register_module("head", torch::nn::Linear(d_model, num_classes));
   }
 
@@ -169,9 +170,9 @@ absl::StatusOr<std::shared_ptr<Model>> MakeModelOrThrow(const ModelSpec& spec,
           absl::StrCat("mlp: layers must be >= 0, got ", spec.layers));
     }
     if (tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mlp needs float features but the data holds token ids (", data.Describe(),
-          "); use --model=transformer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mlp needs float features but the data holds token ids (", data.Describe(),
+                       "); use --model=transformer"));
     }
     int64_t in_features = 1;
     for (int64_t dim : shape) in_features *= dim;
@@ -196,10 +197,10 @@ absl::StatusOr<std::shared_ptr<Model>> MakeModelOrThrow(const ModelSpec& spec,
     RETURN_IF_ERROR(Positive("layers", spec.layers, kind));
     RETURN_IF_ERROR(Positive("heads", spec.heads, kind));
     if (!tokens || shape.size() != 1 || shape[0] <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "transformer needs int64 token sequences [S], but the data has ",
-          tokens ? "token ids " : "float features ", ShapeString(shape), " (", data.Describe(),
-          "); use --model=mlp or --model=cnn"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("transformer needs int64 token sequences [S], but the data has ",
+                       tokens ? "token ids " : "float features ", ShapeString(shape), " (",
+                       data.Describe(), "); use --model=mlp or --model=cnn"));
     }
     if (data.vocab_size() <= 0) {
       return absl::InvalidArgumentError(
@@ -209,15 +210,14 @@ absl::StatusOr<std::shared_ptr<Model>> MakeModelOrThrow(const ModelSpec& spec,
       return absl::InvalidArgumentError(absl::StrCat("transformer: heads (", spec.heads,
                                                      ") must divide hidden (", spec.hidden, ")"));
     }
-    return std::make_shared<TransformerModel>(data.vocab_size(), shape[0], spec.hidden,
-                                              spec.heads, spec.layers, num_classes);
+    return std::make_shared<TransformerModel>(data.vocab_size(), shape[0], spec.hidden, spec.heads,
+                                              spec.layers, num_classes);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown model kind '", kind, "' (expected ",
                                                  absl::StrJoin(ModelKinds(), ", "), ")"));
 }
 
-void AppendModuleState(const torch::nn::Module& module, const std::string& prefix,
-                       StateDict& out) {
+void AppendModuleState(const torch::nn::Module& module, const std::string& prefix, StateDict& out) {
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     out.InsertOrAssign(prefix + item.key(), item.value().detach());
   }

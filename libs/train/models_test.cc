@@ -52,8 +52,7 @@ std::shared_ptr<Model> SeededModel(const ModelSpec& spec, const Dataset& data) {
 // Writes the model's state dict, a batch and the C++ logits for it as one torch.save file and
 // has real PyTorch build the twin, load it strictly, compare key order and logits.
 absl::StatusOr<std::string> CheckAgainstTwin(Model& model, const Dataset& data,
-                                             const std::string& name,
-                                             double output_offset = 0.0) {
+                                             const std::string& name, double output_offset = 0.0) {
   model.eval();
   at::Tensor inputs = data.Get(FirstIndices(8)).inputs;
   at::Tensor outputs;
@@ -103,12 +102,12 @@ TEST(ModelsTest, CnnWithTrainedBatchNormStatsMatchesPythonTwin) {
     for (int i = 0; i < 3; ++i) model->forward(data->Get({8, 9, 10, 11, 12, 13}).inputs);
   }
   StateDict state = ModelStateDict(*model);
-  EXPECT_THAT(state.keys(),
-              ElementsAre("conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias",
-                          "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked",
-                          "conv2.weight", "conv2.bias", "bn2.weight", "bn2.bias",
-                          "bn2.running_mean", "bn2.running_var", "bn2.num_batches_tracked",
-                          "head.weight", "head.bias"));
+  EXPECT_THAT(
+      state.keys(),
+      ElementsAre("conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias", "bn1.running_mean",
+                  "bn1.running_var", "bn1.num_batches_tracked", "conv2.weight", "conv2.bias",
+                  "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var",
+                  "bn2.num_batches_tracked", "head.weight", "head.bias"));
   EXPECT_EQ(state.Find("bn1.num_batches_tracked")->item<int64_t>(), 3);
   EXPECT_GT(state.Find("bn1.running_mean")->abs().sum().item<float>(), 0.0f);
   ASSERT_OK_AND_ASSIGN(std::string out, CheckAgainstTwin(*model, *data, "cnn"));
@@ -146,9 +145,9 @@ TEST(ModelsTest, PlainStateDictFileLoadsStrictlyIntoTwin) {
   ASSERT_NE(model, nullptr);
   const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/cnn_state.pt");
   ASSERT_OK(WriteTorchFile(path, StateDictToValue(ModelStateDict(*model))).status());
-  ASSERT_OK_AND_ASSIGN(std::string out,
-                       RunPython(kTwins, absl::StrCat("check --twin '", model->PythonTwin(),
-                                                      "' --state ", path)));
+  ASSERT_OK_AND_ASSIGN(
+      std::string out,
+      RunPython(kTwins, absl::StrCat("check --twin '", model->PythonTwin(), "' --state ", path)));
   EXPECT_THAT(out, HasSubstr("OK CNN(in_channels=1, channels=4, num_classes=10): 16 keys"));
   // A twin of another size must refuse it (strict load), so the check above means something.
   EXPECT_THAT(RunPython(kTwins, absl::StrCat("check --twin 'CNN(in_channels=1, channels=5, "

@@ -11,8 +11,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "libs/ddp/local_launcher.h"
 #include "absl/time/clock.h"
+#include "libs/ddp/local_launcher.h"
 
 extern char** environ;
 
@@ -27,8 +27,7 @@ std::string DescribeExit(int rank, pid_t pid, int status) {
     return absl::StrCat("rank ", rank, " (pid ", pid, ") was killed by signal ", signal_number,
                         " (", strsignal(signal_number), ")");
   }
-  return absl::StrCat("rank ", rank, " (pid ", pid, ") exited with status ",
-                      WEXITSTATUS(status));
+  return absl::StrCat("rank ", rank, " (pid ", pid, ") exited with status ", WEXITSTATUS(status));
 }
 
 // Starts one rank; -1 (with errno) on failure.
@@ -74,7 +73,8 @@ void ForwardStopSignal() { g_stop_signals.fetch_add(1, std::memory_order_relaxed
 SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
   SupervisorResult result;
   for (int attempt = 0;; ++attempt) {
-    const int master_port = options.master_port != 0 ? options.master_port : ddp::PickFreeLoopbackPort();
+    const int master_port =
+        options.master_port != 0 ? options.master_port : ddp::PickFreeLoopbackPort();
     std::map<pid_t, int> running;  // pid -> local rank
     std::string cause;
     for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {

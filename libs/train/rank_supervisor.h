@@ -23,22 +23,22 @@
 namespace ckpt::train {
 
 struct SupervisorOptions {
-  std::string executable;          // run for every rank, e.g. /proc/self/exe resolved.
-  std::vector<std::string> args;   // argv[1..] of every rank.
+  std::string executable;         // run for every rank, e.g. /proc/self/exe resolved.
+  std::vector<std::string> args;  // argv[1..] of every rank.
   int nproc_per_node = 1;
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;             // 0: a free local port, chosen anew for every attempt.
+  int master_port = 0;  // 0: a free local port, chosen anew for every attempt.
   int max_restarts = 0;
   absl::Duration stop_timeout = absl::Seconds(10);
-  bool verbose = true;             // one stderr line per start / failure / restart.
+  bool verbose = true;  // one stderr line per start / failure / restart.
 };
 
 struct SupervisorResult {
-  int exit_code = 0;    // 0 when every rank of the last attempt exited 0.
-  int restarts = 0;     // attempts after the first.
-  std::string cause;    // the first failure of the last attempt; empty on success.
+  int exit_code = 0;  // 0 when every rank of the last attempt exited 0.
+  int restarts = 0;   // attempts after the first.
+  std::string cause;  // the first failure of the last attempt; empty on success.
 };
 
 SupervisorResult SuperviseRanks(const SupervisorOptions& options);

@@ -33,10 +33,10 @@ std::string ReadFile(const std::string& path) {
 
 TEST(RankSupervisorTest, RanksGetTheTorchrunEnvironmentAndSucceedTogether) {
   const std::string dir = std::getenv("TEST_TMPDIR");
-  SupervisorOptions options = ShellRanks(
-      "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR\" > " + dir +
-          "/rank_$RANK; [ \"$MASTER_PORT\" -gt 0 ]",
-      3);
+  SupervisorOptions options =
+      ShellRanks("echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR\" > " + dir +
+                     "/rank_$RANK; [ \"$MASTER_PORT\" -gt 0 ]",
+                 3);
   SupervisorResult result = SuperviseRanks(options);
   EXPECT_EQ(result.exit_code, 0) << result.cause;
   EXPECT_EQ(result.restarts, 0);
@@ -46,8 +46,7 @@ TEST(RankSupervisorTest, RanksGetTheTorchrunEnvironmentAndSucceedTogether) {
 
 TEST(RankSupervisorTest, OneFailedRankStopsTheOthersAndNamesTheCause) {
   // Rank 0 would sleep for a minute; rank 1 fails at once.
-  SupervisorOptions options =
-      ShellRanks("if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60", 2);
+  SupervisorOptions options = ShellRanks("if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60", 2);
   const absl::Time start = absl::Now();
   SupervisorResult result = SuperviseRanks(options);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -59,11 +58,11 @@ TEST(RankSupervisorTest, OneFailedRankStopsTheOthersAndNamesTheCause) {
 TEST(RankSupervisorTest, ARankThatIgnoresSigtermIsKilledAfterTheTimeout) {
   // Rank 1 dies only once rank 0 ignores SIGTERM (else the SIGTERM could beat the trap).
   const std::string ready = std::string(std::getenv("TEST_TMPDIR")) + "/ignoring_sigterm";
-  SupervisorOptions options = ShellRanks(
-      "if [ \"$RANK\" = 1 ]; then while [ ! -f " + ready +
-          " ]; do sleep 0.01; done; kill -9 $$; fi; trap '' TERM; touch " + ready +
-          "; exec sleep 60",
-      2);
+  SupervisorOptions options =
+      ShellRanks("if [ \"$RANK\" = 1 ]; then while [ ! -f " + ready +
+                     " ]; do sleep 0.01; done; kill -9 $$; fi; trap '' TERM; touch " + ready +
+                     "; exec sleep 60",
+                 2);
   options.stop_timeout = absl::Milliseconds(300);
   const absl::Time start = absl::Now();
   SupervisorResult result = SuperviseRanks(options);

@@ -51,35 +51,35 @@ struct TrainerConfig {
   DataSpec data;
   OptimizerSpec optimizer;
   SchedulerSpec scheduler;
-  int64_t batch_size = 32;       // per rank, per micro-batch.
+  int64_t batch_size = 32;  // per rank, per micro-batch.
   // Micro-batches per optimizer step: the first accumulation_steps - 1 backward passes run
   // inside DDP's NoSync (gradients accumulate locally), the last one all-reduces.
   int64_t accumulation_steps = 1;
-  int64_t steps = 300;           // optimizer steps in this leg (see target_step above).
+  int64_t steps = 300;             // optimizer steps in this leg (see target_step above).
   int64_t checkpoint_every = 100;  // steps; 0: only at epoch end and at the end.
   bool checkpoint_at_epoch_end = true;
-  double clip_grad_norm = 1.0;   // 0: off.
+  double clip_grad_norm = 1.0;  // 0: off.
   uint64_t seed = 1234;
   bool shuffle = true;
   bool drop_last = false;
   int64_t bucket_cap_bytes = 25 << 20;
-  bool resume = true;            // continue from the model's latest version when there is one.
-  int threads_per_rank = 1;      // intra-op threads; 1 keeps runs bit-reproducible.
-  int64_t log_every = 20;        // steps between plain log lines (when not on a terminal).
-  bool progress_line = false;    // one updating line on stderr (rank 0, on a terminal).
+  bool resume = true;          // continue from the model's latest version when there is one.
+  int threads_per_rank = 1;    // intra-op threads; 1 keeps runs bit-reproducible.
+  int64_t log_every = 20;      // steps between plain log lines (when not on a terminal).
+  bool progress_line = false;  // one updating line on stderr (rank 0, on a terminal).
 
   // How the summary names the store (a directory, or HOST:PORT of a store service), for the
   // `ckpt` commands it prints; the store itself is given to RunTrainingRank.
   std::string store_location;
 
   // ---- Placement.
-  std::string device = "cpu";         // "cpu" | "cuda" (cuda:<local_rank>).
+  std::string device = "cpu";  // "cpu" | "cuda" (cuda:<local_rank>).
   int local_rank = 0;
 };
 
 struct TrainingSummary {
   std::string model_name;
-  int64_t start_step = 0;   // global step the run resumed from (0: fresh).
+  int64_t start_step = 0;  // global step the run resumed from (0: fresh).
   int64_t final_step = 0;
   int64_t target_step = 0;
   int64_t final_epoch = 0;
@@ -90,10 +90,10 @@ struct TrainingSummary {
   absl::Duration wall_time;
   absl::Duration checkpoint_stall;  // what the loop spent in checkpoint snapshots and waits.
   std::vector<v1::VersionRef> versions_written;
-  bool stopped_early = false;      // a stop request ended the run before target_step.
+  bool stopped_early = false;  // a stop request ended the run before target_step.
   int world_size = 1;
   std::string backend;
-  std::string store_location;      // the directory or address.
+  std::string store_location;  // the directory or address.
   std::string python_twin;
 };
 

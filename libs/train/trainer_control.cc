@@ -40,7 +40,7 @@ absl::StatusOr<v1::VersionRef> TrainerControl::CheckpointNow(absl::Duration time
 }
 
 absl::StatusOr<std::optional<v1::VersionRef>> TrainerControl::Stop(bool skip_checkpoint,
-                                                                     absl::Duration timeout) {
+                                                                   absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   if (!finished_) {
     // A second Stop can only make the stop stricter, never undo a skip.
@@ -49,8 +49,9 @@ absl::StatusOr<std::optional<v1::VersionRef>> TrainerControl::Stop(bool skip_che
   }
   auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return finished_; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&finished), timeout)) {
-    return absl::DeadlineExceededError("the trainer did not stop in time (it stops at the next "
-                                       "step boundary, after its checkpoint)");
+    return absl::DeadlineExceededError(
+        "the trainer did not stop in time (it stops at the next "
+        "step boundary, after its checkpoint)");
   }
   return final_version_;
 }

@@ -21,10 +21,9 @@ void RunLoop(TrainerControl& control, int* checkpoints_taken) {
       control.CheckpointFinished(MakeVersionRef("net", *checkpoints_taken));
     }
     if (requests.stop) {
-      control.Finished(requests.skip_checkpoint
-                           ? std::nullopt
-                           : std::optional<v1::VersionRef>(
-                                 MakeVersionRef("net", *checkpoints_taken)));
+      control.Finished(requests.skip_checkpoint ? std::nullopt
+                                                : std::optional<v1::VersionRef>(
+                                                      MakeVersionRef("net", *checkpoints_taken)));
       return;
     }
     absl::SleepFor(absl::Milliseconds(1));

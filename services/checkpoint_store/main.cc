@@ -7,8 +7,8 @@
 // port there first). SIGINT / SIGTERM shut down gracefully: health turns NOT_SERVING, new calls
 // are refused, in-flight calls get --shutdown_grace to finish and are then cancelled (an upload
 // that did not commit by then leaves nothing visible; a store operation already running, such as
-// a commit or a verify, completes first, since the store cannot interrupt it); exit status 0. Bad flags exit 2, a store or
-// address that cannot be opened exits 1.
+// a commit or a verify, completes first, since the store cannot interrupt it); exit status 0. Bad
+// flags exit 2, a store or address that cannot be opened exits 1.
 
 #include <signal.h>
 
@@ -33,8 +33,8 @@
 #include "absl/time/time.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/bearer_auth.h"
-#include "libs/rpc/server_main.h"
 #include "libs/rpc/grpc_server.h"
+#include "libs/rpc/server_main.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/checkpoint_store/store_service.h"
 

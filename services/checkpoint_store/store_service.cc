@@ -351,11 +351,11 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
   }
 
   void WriteNextPiece() {
-    const size_t size = std::min(buffer_size_ - buffer_position_, static_cast<size_t>(piece_bytes_));
-    response_ = TensorDataResponse(plan_[plan_position_],
-                                   buffer_offset_ + static_cast<int64_t>(buffer_position_),
-                                   absl::string_view(buffer_.get() + buffer_position_, size),
-                                   buffer_);
+    const size_t size =
+        std::min(buffer_size_ - buffer_position_, static_cast<size_t>(piece_bytes_));
+    response_ = TensorDataResponse(
+        plan_[plan_position_], buffer_offset_ + static_cast<int64_t>(buffer_position_),
+        absl::string_view(buffer_.get() + buffer_position_, size), buffer_);
     buffer_position_ += size;
     // The last piece's slice holds the buffer now; the next chunk takes another.
     if (buffer_position_ == buffer_size_) buffer_.reset();
@@ -368,10 +368,10 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
   std::atomic<bool> cancelled_{false};
   std::unique_ptr<VersionReader> reader_;
   int piece_bytes_ = kMaxTensorDataBytes;
-  std::vector<int> plan_;       // tensor indices to send, in manifest order.
-  size_t plan_position_ = 0;    // the tensor being sent.
-  int chunk_index_ = 0;         // its next chunk to read.
-  int64_t tensor_offset_ = 0;   // where that chunk starts in the tensor.
+  std::vector<int> plan_;         // tensor indices to send, in manifest order.
+  size_t plan_position_ = 0;      // the tensor being sent.
+  int chunk_index_ = 0;           // its next chunk to read.
+  int64_t tensor_offset_ = 0;     // where that chunk starts in the tensor.
   std::shared_ptr<char> buffer_;  // the chunk being sent (a PayloadPool buffer)...
   size_t buffer_size_ = 0;        // ...its length...
   size_t buffer_position_ = 0;    // ...how much of it was sent...

@@ -82,9 +82,8 @@ struct StoreServiceOptions {
 };
 
 // Download is a raw method (ByteBuffer in and out; see above).
-class StoreService final
-    : public v1::CheckpointStore::WithRawCallbackMethod_Download<
-          v1::CheckpointStore::CallbackService> {
+class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Download<
+                               v1::CheckpointStore::CallbackService> {
  public:
   // `store` is not owned and must outlive the service. INVALID_ARGUMENT for worker_threads < 1.
   static absl::StatusOr<std::unique_ptr<StoreService>> Create(CheckpointStore* store,

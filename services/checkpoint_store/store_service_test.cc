@@ -23,11 +23,11 @@
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/testing/instrumented_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
-#include "libs/store/testing/instrumented_store.h"
 
 namespace ckpt {
 namespace {

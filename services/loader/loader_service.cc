@@ -259,8 +259,8 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   const v1::Manifest& sent = response.manifest();
   for (int j = 0; j < sent.state_tensors_size(); ++j) {
     const size_t index = planned.size() + static_cast<size_t>(j);
-    RETURN_IF_ERROR(
-        loader_.cache().ReadTensorSharedChunks(store_reader, manifest.state_tensors(j), send_chunk(index)));
+    RETURN_IF_ERROR(loader_.cache().ReadTensorSharedChunks(store_reader, manifest.state_tensors(j),
+                                                           send_chunk(index)));
   }
   return absl::OkStatus();
 }

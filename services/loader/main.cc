@@ -31,11 +31,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "libs/rpc/bearer_auth.h"
 #include "libs/client/open_store.h"
 #include "libs/io/atomic_file.h"
-#include "libs/rpc/server_main.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
+#include "libs/rpc/server_main.h"
 #include "services/loader/loader_service.h"
 
 ABSL_FLAG(std::string, store, "",
@@ -104,7 +104,8 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
     if (config.store_address.empty()) {
       return absl::InvalidArgumentError("--store_auth_token_file needs --store");
     }
-    absl::StatusOr<std::string> token = ReadAuthTokenFile(store_token_file, "--store_auth_token_file");
+    absl::StatusOr<std::string> token =
+        ReadAuthTokenFile(store_token_file, "--store_auth_token_file");
     if (!token.ok()) return token.status();
     config.store_auth_token = *std::move(token);
   }

@@ -25,8 +25,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "libs/testing/child_process.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/testing/child_process.h"
 #include "proto/ckpt/v1/loader.grpc.pb.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 

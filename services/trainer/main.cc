@@ -32,8 +32,8 @@
 #include "libs/ddp/process_group.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/bearer_auth.h"
-#include "libs/rpc/server_main.h"
 #include "libs/rpc/grpc_server.h"
+#include "libs/rpc/server_main.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/train/rank_supervisor.h"
@@ -175,8 +175,9 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   if (absl::GetFlag(FLAGS_backend) != "gloo" && absl::GetFlag(FLAGS_backend) != "nccl") {
     return absl::InvalidArgumentError("--backend must be gloo or nccl");
   }
-  if (config.batch_size <= 0 || config.accumulation_steps <= 0 || config.steps < 0 || config.threads_per_rank <= 0 ||
-      absl::GetFlag(FLAGS_bucket_cap_mb) <= 0 || config.checkpoint_every < 0) {
+  if (config.batch_size <= 0 || config.accumulation_steps <= 0 || config.steps < 0 ||
+      config.threads_per_rank <= 0 || absl::GetFlag(FLAGS_bucket_cap_mb) <= 0 ||
+      config.checkpoint_every < 0) {
     return absl::InvalidArgumentError(
         "--batch_size, --accumulation_steps, --threads_per_rank and --bucket_cap_mb must be "
         "positive; --steps and "
@@ -190,8 +191,7 @@ absl::StatusOr<RankStoreOptions> StoreOptionsFromFlags() {
   options.store_dir = absl::GetFlag(FLAGS_store_dir);
   options.store_address = absl::GetFlag(FLAGS_store);
   if (const std::string path = absl::GetFlag(FLAGS_store_auth_token_file); !path.empty()) {
-    ASSIGN_OR_RETURN(options.store_auth_token,
-                     ReadAuthTokenFile(path, "--store_auth_token_file"));
+    ASSIGN_OR_RETURN(options.store_auth_token, ReadAuthTokenFile(path, "--store_auth_token_file"));
   }
   return options;
 }
@@ -201,9 +201,9 @@ absl::StatusOr<train::TrainingSummary> RunWithStore(train::TrainerConfig config,
                                                     const RankStoreOptions& store_options,
                                                     const ddp::RendezvousOptions& rendezvous,
                                                     train::TrainerControl& control) {
-  ASSIGN_OR_RETURN(ddp::ProcessGroupHandle group, CatchTorchErrors([&] {
-                     return ddp::InitProcessGroup(rendezvous);
-                   }, absl::StatusCode::kUnavailable));
+  ASSIGN_OR_RETURN(ddp::ProcessGroupHandle group,
+                   CatchTorchErrors([&] { return ddp::InitProcessGroup(rendezvous); },
+                                    absl::StatusCode::kUnavailable));
   ASSIGN_OR_RETURN(std::unique_ptr<RankStores> stores, OpenRankStores(store_options, group));
   config.store_location = stores->location();
   return train::RunTrainingRank(config, group, stores->store(), &control);
@@ -245,8 +245,7 @@ int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
       return kExitFailure;
     }
     server = *std::move(started);
-    if (const std::string port_file = absl::GetFlag(FLAGS_control_port_file);
-        !port_file.empty()) {
+    if (const std::string port_file = absl::GetFlag(FLAGS_control_port_file); !port_file.empty()) {
       absl::Status written = WriteFileAtomically(port_file, absl::StrCat(server->port(), "\n"));
       if (!written.ok()) {
         std::cerr << "trainer: " << written.message() << "\n";
@@ -256,8 +255,8 @@ int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
     std::cerr << "trainer: control API (ckpt.v1.Trainer) on " << server->address() << "\n";
   }
 
-  absl::StatusOr<train::TrainingSummary> summary = RunWithStore(config, store_options, rendezvous,
-                                                                 control);
+  absl::StatusOr<train::TrainingSummary> summary =
+      RunWithStore(config, store_options, rendezvous, control);
   if (server != nullptr) server->Shutdown(absl::Seconds(2));
   g_control = nullptr;
   if (!summary.ok()) {
@@ -319,11 +318,13 @@ int main(int argc, char** argv) {
       "Data-parallel training (LibTorch c10d DDP) with checkpoints in the ckpt store.\n"
       "  trainer [--nproc_per_node=2] [--model=mlp|cnn|transformer] [--data=synthetic|mnist:DIR|"
       "pt:FILE]\n"
-      "          [--steps=300] [--checkpoint_every=100] [--store_dir=ckpt-data | --store=HOST:PORT]\n"
+      "          [--steps=300] [--checkpoint_every=100] [--store_dir=ckpt-data | "
+      "--store=HOST:PORT]\n"
       "          [--max_restarts=0] [--control_listen=HOST:PORT]\n"
       "Started without RANK/WORLD_SIZE in the environment it launches --nproc_per_node ranks of\n"
       "itself (like torchrun); with them (torchrun's environment) it is one rank. Rank 0 writes a\n"
-      "checkpoint every --checkpoint_every steps, at each epoch end and at the end (the upload runs\n"
+      "checkpoint every --checkpoint_every steps, at each epoch end and at the end (the upload "
+      "runs\n"
       "in the background); running again resumes from the model's latest version. SIGINT/SIGTERM\n"
       "stop gracefully (checkpoint, exit 0); a second one kills the ranks.");
   ckpt::SetHelpFlagsFile("services/trainer/main.cc");

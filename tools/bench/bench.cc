@@ -61,15 +61,15 @@
 #include "libs/ddp/distributed_data_parallel.h"
 #include "libs/ddp/local_launcher.h"
 #include "libs/ddp/process_group.h"
+#include "libs/format/torch_writer.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
-#include "libs/format/torch_writer.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/benchmark_seams.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/chunk_hasher.h"
-#include "libs/store/benchmark_seams.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/async_checkpointer.h"
@@ -93,9 +93,12 @@ ABSL_FLAG(std::string, work_dir, "",
 ABSL_FLAG(int64_t, large_param_mib, 0,
           "Large workload: MiB of float32 parameters; Adam state triples it (0: 1024, or 32 "
           "with --quick).");
-ABSL_FLAG(int, small_tensors, 0, "Many-small workload: tensor count (0: 10000, or 1000 with --quick).");
-ABSL_FLAG(int64_t, backbone_mib, 0, "Fine-tune series: MiB of frozen backbone (0: 256, or 16 with --quick).");
-ABSL_FLAG(int64_t, head_mib, 0, "Fine-tune series: MiB of head per version (0: 4, or 1 with --quick).");
+ABSL_FLAG(int, small_tensors, 0,
+          "Many-small workload: tensor count (0: 10000, or 1000 with --quick).");
+ABSL_FLAG(int64_t, backbone_mib, 0,
+          "Fine-tune series: MiB of frozen backbone (0: 256, or 16 with --quick).");
+ABSL_FLAG(int64_t, head_mib, 0,
+          "Fine-tune series: MiB of head per version (0: 4, or 1 with --quick).");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch, for the Python baselines.");
 ABSL_FLAG(std::string, m1_child, "",
           "Internal: 'save' or 'load' runs one M1 measurement in this (child) process.");
@@ -155,7 +158,7 @@ struct FigureRow {
   Summary ratio;
   Goal goal = Goal::kAtLeast;
   double target = 0;
-  std::string detail;           // measured vs baseline, in words and units.
+  std::string detail;  // measured vs baseline, in words and units.
 };
 
 struct TimingRow {
@@ -174,8 +177,8 @@ class Report {
   }
   void AddTiming(std::string operation, std::string workload, int64_t bytes, int64_t tensors,
                  const std::vector<double>& seconds) {
-    timings_.push_back({std::move(operation), std::move(workload), bytes, tensors,
-                        Summarize(seconds)});
+    timings_.push_back(
+        {std::move(operation), std::move(workload), bytes, tensors, Summarize(seconds)});
     const TimingRow& row = timings_.back();
     Progress(absl::StrFormat("  %s (%s): %s s, %.2f GiB/s", row.operation, row.workload,
                              FormatSummary(row.seconds, 3),
@@ -193,30 +196,42 @@ class Report {
     for (const FigureRow& row : figures_) {
       std::string target;
       switch (row.goal) {
-        case Goal::kAtLeast: target = absl::StrFormat(">= %g", row.target); break;
-        case Goal::kAtMost: target = absl::StrFormat("<= %g", row.target); break;
-        case Goal::kClose: target = absl::StrFormat("~ %.4f (expected)", row.target); break;
+        case Goal::kAtLeast:
+          target = absl::StrFormat(">= %g", row.target);
+          break;
+        case Goal::kAtMost:
+          target = absl::StrFormat("<= %g", row.target);
+          break;
+        case Goal::kClose:
+          target = absl::StrFormat("~ %.4f (expected)", row.target);
+          break;
       }
       bool met = false;
       switch (row.goal) {
-        case Goal::kAtLeast: met = row.ratio.median >= row.target; break;
-        case Goal::kAtMost: met = row.ratio.median <= row.target; break;
+        case Goal::kAtLeast:
+          met = row.ratio.median >= row.target;
+          break;
+        case Goal::kAtMost:
+          met = row.ratio.median <= row.target;
+          break;
         // Within 5% of the ideal: dedup stores each distinct chunk once, plus nothing.
-        case Goal::kClose: met = row.ratio.median <= row.target * 1.05; break;
+        case Goal::kClose:
+          met = row.ratio.median <= row.target * 1.05;
+          break;
       }
       out << "| " << row.id << " | " << row.workload << " | " << row.what << " | "
           << FormatSummary(row.ratio, 3) << " | " << target << " | " << (met ? "yes" : "**no**")
           << " | " << row.detail << " |\n";
     }
     out << "\n## Timings\n\n";
-    out << "| Operation | Workload | Bytes | Tensors | Seconds: median [min, max] | GiB/s (median) |\n";
+    out << "| Operation | Workload | Bytes | Tensors | Seconds: median [min, max] | GiB/s (median) "
+           "|\n";
     out << "|---|---|---|---|---|---|\n";
     for (const TimingRow& row : timings_) {
       out << "| " << row.operation << " | " << row.workload << " | " << row.bytes << " | "
           << row.tensors << " | " << FormatSummary(row.seconds, 3) << " | "
-          << absl::StrFormat("%.2f", row.seconds.median > 0
-                                         ? row.bytes / kGiB / row.seconds.median
-                                         : 0.0)
+          << absl::StrFormat("%.2f",
+                             row.seconds.median > 0 ? row.bytes / kGiB / row.seconds.median : 0.0)
           << " |\n";
     }
   }
@@ -272,8 +287,8 @@ absl::StatusOr<double> TimeRawWriteFsync(const Workload& workload, const std::st
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("open " + path);
   for (const at::Tensor& tensor : workload.tensors) {
-    absl::Status written = WriteAll(fd, static_cast<const char*>(tensor.data_ptr()),
-                                    tensor.nbytes(), path);
+    absl::Status written =
+        WriteAll(fd, static_cast<const char*>(tensor.data_ptr()), tensor.nbytes(), path);
     if (!written.ok()) {
       ::close(fd);
       return written;
@@ -297,9 +312,8 @@ absl::StatusOr<double> TimeMemcpy(const Workload& workload) {
   std::vector<at::Tensor> copies;
   copies.reserve(workload.tensors.size());
   for (const at::Tensor& tensor : workload.tensors) {
-    ASSIGN_OR_RETURN(at::Tensor copy, CatchTorchErrors([&] {
-                       return at::empty(tensor.sizes(), tensor.options());
-                     }));
+    ASSIGN_OR_RETURN(at::Tensor copy,
+                     CatchTorchErrors([&] { return at::empty(tensor.sizes(), tensor.options()); }));
     std::memset(copy.data_ptr(), 0, copy.nbytes());
     copies.push_back(std::move(copy));
   }
@@ -338,7 +352,7 @@ struct StoreKnobs {
 };
 
 absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> OpenStore(const std::string& path,
-                                                                 StoreKnobs knobs = {}) {
+                                                                  StoreKnobs knobs = {}) {
   StoreOptions options;
   options.db_path = path;
   options.map_tensors_on_load = knobs.map_on_load;
@@ -352,8 +366,8 @@ absl::StatusOr<double> TimeStoreSave(const Workload& workload, const std::string
                                      StoreKnobs knobs = {}) {
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db_path, knobs));
   const Clock::time_point start = Clock::now();
-  ASSIGN_OR_RETURN(CommitResult committed, store->CommitCheckpoint(workload.name,
-                                                                   workload.contents));
+  ASSIGN_OR_RETURN(CommitResult committed,
+                   store->CommitCheckpoint(workload.name, workload.contents));
   const double seconds = SecondsSince(start);
   if (committed.logical_bytes != workload.bytes) {
     return absl::InternalError(absl::StrCat("the store reports ", committed.logical_bytes,
@@ -414,8 +428,8 @@ absl::StatusOr<std::string> RunCommand(const std::string& command) {
   while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
   const int status = ::pclose(pipe);
   if (status != 0) {
-    return absl::InternalError(absl::StrCat("`", command, "` exited with status ", status,
-                                            "; output: ", output));
+    return absl::InternalError(
+        absl::StrCat("`", command, "` exited with status ", status, "; output: ", output));
   }
   return output;
 }
@@ -486,8 +500,8 @@ struct SaveLoadTimes {
 };
 
 // Everything R1, R2, R3, R6 need for one workload, measured in interleaved runs.
-absl::StatusOr<SaveLoadTimes> MeasureSaveLoad(const BenchOptions& options,
-                                              const Workload& workload, Report& report) {
+absl::StatusOr<SaveLoadTimes> MeasureSaveLoad(const BenchOptions& options, const Workload& workload,
+                                              Report& report) {
   SaveLoadTimes times;
   for (int run = 0; run < options.runs; ++run) {
     Progress(absl::StrCat(workload.name, ": save run ", run + 1, "/", options.runs));
@@ -588,9 +602,9 @@ absl::Status FigureR3(const Workload& workload, const SaveLoadTimes& times, Repo
   return absl::OkStatus();
 }
 
-// The save without hashing is the same store code opened through StoreBenchmarkSeams::OpenWithoutHashing
-// (serial chunk addresses, no xxh3), run after each save on a fresh store: what SHA-256 and xxh3
-// add to a save once the store overlaps them with its writes.
+// The save without hashing is the same store code opened through
+// StoreBenchmarkSeams::OpenWithoutHashing (serial chunk addresses, no xxh3), run after each save on
+// a fresh store: what SHA-256 and xxh3 add to a save once the store overlaps them with its writes.
 absl::Status FigureR6(const Workload& workload, const SaveLoadTimes& times, Report& report) {
   FigureRow row{"R6", workload.name, "save / save without hashing (time)"};
   ASSIGN_OR_RETURN(std::vector<double> ratios,
@@ -598,10 +612,10 @@ absl::Status FigureR6(const Workload& workload, const SaveLoadTimes& times, Repo
   row.ratio = Summarize(ratios);
   row.goal = Goal::kAtMost;
   row.target = 1.05;
-  row.detail = absl::StrFormat(
-      "%.2f vs %.2f GiB/s; hashing alone on one thread %.2f GiB/s",
-      GiBps(workload.bytes, times.store_save_s), GiBps(workload.bytes, times.unhashed_save_s),
-      GiBps(workload.bytes, times.hash_s));
+  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s; hashing alone on one thread %.2f GiB/s",
+                               GiBps(workload.bytes, times.store_save_s),
+                               GiBps(workload.bytes, times.unhashed_save_s),
+                               GiBps(workload.bytes, times.hash_s));
   report.AddFigure(std::move(row));
   return absl::OkStatus();
 }
@@ -632,8 +646,7 @@ absl::StatusOr<double> TimeDownloadInto(CheckpointStore& store, const Workload& 
     const v1::TensorMeta& meta = i < manifest.tensors_size()
                                      ? manifest.tensors(i)
                                      : manifest.state_tensors(i - manifest.tensors_size());
-    RETURN_IF_ERROR(
-        reader->ReadTensorInto(meta, static_cast<char*>(destinations[i].data_ptr())));
+    RETURN_IF_ERROR(reader->ReadTensorInto(meta, static_cast<char*>(destinations[i].data_ptr())));
     bytes += meta.byte_length();
   }
   const double seconds = SecondsSince(start);
@@ -646,8 +659,8 @@ absl::StatusOr<double> TimeDownloadInto(CheckpointStore& store, const Workload& 
       const at::Tensor* saved = workload.contents.model.Find(manifest.tensors(i).original_key());
       if (saved == nullptr ||
           std::memcmp(saved->data_ptr(), destinations[i].data_ptr(), saved->nbytes()) != 0) {
-        return absl::InternalError(absl::StrCat(manifest.tensors(i).key(),
-                                                ": downloaded bytes differ from saved"));
+        return absl::InternalError(
+            absl::StrCat(manifest.tensors(i).key(), ": downloaded bytes differ from saved"));
       }
     }
   }
@@ -660,8 +673,8 @@ absl::StatusOr<double> TimeDownloadInto(CheckpointStore& store, const Workload& 
 absl::StatusOr<double> TimeLoopbackTcp(const Workload& workload,
                                        std::vector<at::Tensor>& destinations) {
   const auto error = [](absl::string_view what) {
-    return absl::InternalError(absl::StrCat("loopback TCP baseline: ", what, ": ",
-                                            std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("loopback TCP baseline: ", what, ": ", std::strerror(errno)));
   };
   const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listener < 0) return error("socket");
@@ -803,8 +816,7 @@ absl::Status FigureR7(const BenchOptions& options, const Workload& workload,
     ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
     train::AsyncCheckpointer checkpointer(store.get(), workload.name);
     for (int run = 0; run <= options.runs; ++run) {
-      Progress(absl::StrCat(workload.name, ": async checkpoint ", run + 1, "/",
-                            options.runs + 1));
+      Progress(absl::StrCat(workload.name, ": async checkpoint ", run + 1, "/", options.runs + 1));
       const Clock::time_point start = Clock::now();
       RETURN_IF_ERROR(checkpointer.Submit(workload.contents, CommitOptions()));
       (run == 0 ? first_s : stall_s).push_back(SecondsSince(start));
@@ -815,8 +827,7 @@ absl::Status FigureR7(const BenchOptions& options, const Workload& workload,
     }
   }
   fs::remove_all(db);
-  report.AddTiming("trainer stall, first AsyncCheckpointer::Submit (allocates)", workload,
-                   first_s);
+  report.AddTiming("trainer stall, first AsyncCheckpointer::Submit (allocates)", workload, first_s);
   report.AddTiming("trainer stall, later AsyncCheckpointer::Submit", workload, stall_s);
   FigureRow row{"R7", workload.name, "stall per async checkpoint / synchronous save (time)"};
   ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(stall_s, times.store_save_s));
@@ -844,9 +855,9 @@ absl::Status FigureR5(const BenchOptions& options, const Workload& workload,
                    OpenStore(store_path, copy_on_load));
   ASSIGN_OR_RETURN(std::unique_ptr<LoaderService> service,
                    LoaderService::Create(store.get(), LoaderServiceOptions()));
-  ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
-                   GrpcServer::Start(GrpcServerOptions(),
-                                     {{service.get(), v1::Loader::service_full_name()}}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<GrpcServer> server,
+      GrpcServer::Start(GrpcServerOptions(), {{service.get(), v1::Loader::service_full_name()}}));
   std::vector<double> local_s;
   std::vector<double> loader_s;
   absl::Status measured = [&]() -> absl::Status {
@@ -965,8 +976,8 @@ absl::StatusOr<double> RunR8Job(const BenchOptions& options, const std::string& 
   double total = 0;
   for (int rank = 0; rank < world_size; ++rank) {
     if (exits[rank] != 0) {
-      return absl::InternalError(absl::StrCat("R8 ", mode, " rank ", rank, " exited with ",
-                                              exits[rank]));
+      return absl::InternalError(
+          absl::StrCat("R8 ", mode, " rank ", rank, " exited with ", exits[rank]));
     }
     const std::string path = absl::StrCat(out, ".", rank);
     std::ifstream in(path);
@@ -1022,13 +1033,13 @@ absl::Status FigureD1(const BenchOptions& options, Report& report) {
   fs::remove_all(db);
   const double model = series.backbone_bytes + series.head_bytes;
   FigureRow row{"D1", "fine-tune x10", "physical / logical bytes"};
-  row.ratio = Summarize({static_cast<double>(stats.physical_bytes()) /
-                         static_cast<double>(stats.logical_bytes())});
+  row.ratio = Summarize(
+      {static_cast<double>(stats.physical_bytes()) / static_cast<double>(stats.logical_bytes())});
   row.goal = Goal::kClose;
   row.target = (series.backbone_bytes + kVersions * series.head_bytes) / (kVersions * model);
   row.detail = absl::StrFormat("%d physical / %d logical bytes; backbone %d, head %d bytes",
-                               stats.physical_bytes(), stats.logical_bytes(),
-                               series.backbone_bytes, series.head_bytes);
+                               stats.physical_bytes(), stats.logical_bytes(), series.backbone_bytes,
+                               series.head_bytes);
   report.AddFigure(std::move(row));
   return absl::OkStatus();
 }
@@ -1099,8 +1110,7 @@ absl::StatusOr<double> MeasureM1(const BenchOptions& options, const std::string&
   return (peak_kib - baseline_kib) * 1024.0 / bytes;
 }
 
-absl::Status FigureM1(const BenchOptions& options, const std::string& saved_store,
-                      Report& report) {
+absl::Status FigureM1(const BenchOptions& options, const std::string& saved_store, Report& report) {
   for (const std::string mode : {"save", "load"}) {
     std::vector<double> ratios;
     std::string detail;
@@ -1224,7 +1234,8 @@ int main(int argc, char** argv) {
 
   BenchOptions options;
   options.quick = absl::GetFlag(FLAGS_quick);
-  options.runs = absl::GetFlag(FLAGS_runs) > 0 ? absl::GetFlag(FLAGS_runs) : (options.quick ? 2 : 3);
+  options.runs =
+      absl::GetFlag(FLAGS_runs) > 0 ? absl::GetFlag(FLAGS_runs) : (options.quick ? 2 : 3);
   auto or_default = [&](int64_t value, int64_t full, int64_t quick) {
     return value > 0 ? value : (options.quick ? quick : full);
   };
@@ -1243,14 +1254,13 @@ int main(int argc, char** argv) {
     options.figures.emplace_back(figure);
   }
   options.r8_steps = static_cast<int>(or_default(absl::GetFlag(FLAGS_r8_steps), 200, 20));
-  options.r8_bucket_cap_bytes =
-      static_cast<int64_t>(absl::GetFlag(FLAGS_r8_bucket_cap_mib) * static_cast<double>(ckpt::bench::kMiB));
+  options.r8_bucket_cap_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_r8_bucket_cap_mib) *
+                                                     static_cast<double>(ckpt::bench::kMiB));
 
   const std::string r8_rank = absl::GetFlag(FLAGS_r8_rank);
   if (!r8_rank.empty()) {
-    const absl::Status status =
-        ckpt::bench::RunR8Rank(r8_rank, absl::GetFlag(FLAGS_r8_out), options.r8_steps,
-                               options.r8_bucket_cap_bytes);
+    const absl::Status status = ckpt::bench::RunR8Rank(
+        r8_rank, absl::GetFlag(FLAGS_r8_out), options.r8_steps, options.r8_bucket_cap_bytes);
     if (!status.ok()) {
       std::cerr << "bench R8 rank: " << status << std::endl;
       return 1;
@@ -1276,8 +1286,8 @@ int main(int argc, char** argv) {
   }
   std::string pattern = base + "/ckpt-bench-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) {
-    std::cerr << "bench: cannot create a directory under " << base << ": "
-              << std::strerror(errno) << std::endl;
+    std::cerr << "bench: cannot create a directory under " << base << ": " << std::strerror(errno)
+              << std::endl;
     return 1;
   }
   options.work_dir = pattern;

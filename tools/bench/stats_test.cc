@@ -9,9 +9,9 @@
 namespace ckpt::bench {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::DoubleEq;
 using ::ckpt::testing::StatusIs;
+using ::testing::DoubleEq;
+using ::testing::ElementsAre;
 
 TEST(SummarizeTest, OddCountTakesTheMiddleValue) {
   const Summary summary = Summarize({3.0, 1.0, 2.0});

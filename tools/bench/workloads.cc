@@ -53,8 +53,8 @@ void CollectTensors(Workload& workload) {
 
 absl::Status FillRandom(const at::Tensor& tensor, uint64_t seed) {
   if (tensor.scalar_type() != at::kFloat || !tensor.is_contiguous() || !tensor.is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FillRandom wants a contiguous float32 CPU tensor, got ", tensor.toString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FillRandom wants a contiguous float32 CPU tensor, got ", tensor.toString()));
   }
   float* data = tensor.data_ptr<float>();
   const int64_t count = tensor.numel();
@@ -89,10 +89,9 @@ absl::StatusOr<Workload> MakeLargeWorkload(int64_t param_bytes) {
       ASSIGN_OR_RETURN(at::Tensor exp_avg, RandomTensor(shape, seed++));
       ASSIGN_OR_RETURN(at::Tensor exp_avg_sq, RandomTensor(shape, seed++));
       RETURN_IF_ERROR(workload.contents.model.Insert(key, param));
-      state.emplace_back(DictKey(index),
-                         Value::Dict({{"step", Value::Tensor(at::full({}, 100.0f))},
-                                      {"exp_avg", Value::Tensor(exp_avg)},
-                                      {"exp_avg_sq", Value::Tensor(exp_avg_sq)}}));
+      state.emplace_back(DictKey(index), Value::Dict({{"step", Value::Tensor(at::full({}, 100.0f))},
+                                                      {"exp_avg", Value::Tensor(exp_avg)},
+                                                      {"exp_avg_sq", Value::Tensor(exp_avg_sq)}}));
       param_ids.push_back(Value::Int(index));
       workload.contents.optimizer_param_names[index] = key;
       ++index;
@@ -109,12 +108,10 @@ absl::StatusOr<Workload> MakeLargeWorkload(int64_t param_bytes) {
       {"capturable", Value::Bool(false)},
       {"params", Value::List(std::move(param_ids))},
   });
-  workload.contents.optimizer =
-      Value::Dict({{"state", Value::Dict(std::move(state))},
-                   {"param_groups", Value::List({std::move(group)})}});
-  workload.python_root =
-      Value::Dict({{"model", StateDictToValue(workload.contents.model)},
-                   {"optimizer", *workload.contents.optimizer}});
+  workload.contents.optimizer = Value::Dict({{"state", Value::Dict(std::move(state))},
+                                             {"param_groups", Value::List({std::move(group)})}});
+  workload.python_root = Value::Dict({{"model", StateDictToValue(workload.contents.model)},
+                                      {"optimizer", *workload.contents.optimizer}});
   CollectTensors(workload);
   return workload;
 }

@@ -23,11 +23,11 @@
 namespace ckpt::bench {
 
 struct Workload {
-  std::string name;              // "large", "many-small", ...: also the store's model name.
-  CheckpointContents contents;   // what the store saves.
-  Value python_root;             // the same tensors as a torch.save object (for Python / files).
+  std::string name;                 // "large", "many-small", ...: also the store's model name.
+  CheckpointContents contents;      // what the store saves.
+  Value python_root;                // the same tensors as a torch.save object (for Python / files).
   std::vector<at::Tensor> tensors;  // every tensor of `contents` once, model first.
-  int64_t bytes = 0;             // sum of the tensors' bytes.
+  int64_t bytes = 0;                // sum of the tensors' bytes.
 };
 
 // Fills a contiguous float32 CPU tensor with pseudo-random values determined by `seed`.

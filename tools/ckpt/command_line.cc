@@ -23,13 +23,16 @@ std::string OptionLine(const OptionSpec& option) {
   std::string line = left;
   line.append(left.size() < 34 ? 34 - left.size() : 1, ' ');
   absl::StrAppend(&line, option.help);
-  if (!option.default_value.empty()) absl::StrAppend(&line, " (default: ", option.default_value, ")");
+  if (!option.default_value.empty())
+    absl::StrAppend(&line, " (default: ", option.default_value, ")");
   return line + "\n";
 }
 
 }  // namespace
 
-bool ParsedCommandLine::Has(absl::string_view name) const { return values_.find(name) != values_.end(); }
+bool ParsedCommandLine::Has(absl::string_view name) const {
+  return values_.find(name) != values_.end();
+}
 
 std::string ParsedCommandLine::Get(absl::string_view name) const {
   if (auto it = values_.find(name); it != values_.end()) return it->second;
@@ -75,8 +78,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<CommandSpec
         name = name.substr(0, equals);
         has_inline_value = true;
       }
-      const OptionSpec* option =
-          command != nullptr ? FindOption(command->options, name) : nullptr;
+      const OptionSpec* option = command != nullptr ? FindOption(command->options, name) : nullptr;
       if (option == nullptr) option = FindOption(global_options, name);
       if (option == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -109,8 +111,8 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<CommandSpec
       if (command == nullptr) {
         std::vector<std::string> names;
         for (const CommandSpec& candidate : commands) names.push_back(candidate.name);
-        return absl::InvalidArgumentError(absl::StrCat("unknown command '", arg,
-                                                       "'; commands: ", absl::StrJoin(names, ", ")));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown command '", arg, "'; commands: ", absl::StrJoin(names, ", ")));
       }
       parsed.command_ = command->name;
       for (const OptionSpec& option : command->options) {
@@ -124,9 +126,10 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<CommandSpec
     const int count = static_cast<int>(parsed.arguments_.size());
     if (count < command->min_arguments ||
         (command->max_arguments >= 0 && count > command->max_arguments)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", command->name, "' takes ", command->arguments.empty() ? "no arguments" : command->arguments,
-          ", got ", count, " argument(s); see ckpt ", command->name, " --help"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", command->name, "' takes ",
+                       command->arguments.empty() ? "no arguments" : command->arguments, ", got ",
+                       count, " argument(s); see ckpt ", command->name, " --help"));
     }
   }
   // Options given before the command was known may belong to it: re-check them now.

@@ -24,11 +24,11 @@ struct OptionSpec {
 };
 
 struct CommandSpec {
-  std::string name;        // "convert".
-  std::string arguments;   // "IN OUT", for the usage line.
-  std::string summary;     // One line.
+  std::string name;       // "convert".
+  std::string arguments;  // "IN OUT", for the usage line.
+  std::string summary;    // One line.
   int min_arguments = 0;
-  int max_arguments = 0;   // -1: any number.
+  int max_arguments = 0;  // -1: any number.
   std::vector<OptionSpec> options;
 };
 
@@ -46,9 +46,9 @@ class ParsedCommandLine {
   absl::StatusOr<int64_t> GetInt(absl::string_view name) const;
 
  private:
-  friend absl::StatusOr<ParsedCommandLine> ParseCommandLine(
-      const std::vector<CommandSpec>&, const std::vector<OptionSpec>&,
-      const std::vector<std::string>&);
+  friend absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<CommandSpec>&,
+                                                            const std::vector<OptionSpec>&,
+                                                            const std::vector<std::string>&);
   std::string command_;
   std::vector<std::string> arguments_;
   std::map<std::string, std::string, std::less<>> values_;

@@ -17,7 +17,11 @@ const std::vector<OptionSpec> kGlobals = {
 };
 
 const std::vector<CommandSpec> kCommands = {
-    {"convert", "IN OUT", "convert a checkpoint", 2, 2,
+    {"convert",
+     "IN OUT",
+     "convert a checkpoint",
+     2,
+     2,
      {{"format", "torch|safetensors", "output format", "torch"},
       {"strip-prefix", "auto|none|PREFIX", "wrapper prefix to strip", "auto"},
       {"dry-run", "", "change nothing", ""}}},
@@ -56,14 +60,15 @@ TEST(ParseCommandLineTest, DoubleDashEndsOptions) {
 TEST(ParseCommandLineTest, ExplainsMistakes) {
   EXPECT_THAT(Parse({"convrt"}), StatusIs(absl::StatusCode::kInvalidArgument,
                                           "unknown command 'convrt'; commands: convert, ls"));
-  EXPECT_THAT(Parse({"convert", "a", "b", "--colour"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, "unknown option --colour for 'convert'"));
+  EXPECT_THAT(
+      Parse({"convert", "a", "b", "--colour"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, "unknown option --colour for 'convert'"));
   EXPECT_THAT(Parse({"convert", "a", "b", "--format"}),
               StatusIs(absl::StatusCode::kInvalidArgument, "--format needs a value"));
   EXPECT_THAT(Parse({"convert", "a"}),
               StatusIs(absl::StatusCode::kInvalidArgument, "takes IN OUT, got 1 argument(s)"));
-  EXPECT_THAT(Parse({"ls", "--dry-run"}), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                   "unknown option --dry-run"));
+  EXPECT_THAT(Parse({"ls", "--dry-run"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown option --dry-run"));
   EXPECT_THAT(Parse({"convert", "a", "b", "--dry-run=yes"}),
               StatusIs(absl::StatusCode::kInvalidArgument, "is a switch"));
 }

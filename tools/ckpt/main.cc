@@ -3,43 +3,42 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
-#include <memory>
-
-#include <cstdio>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
-#include <algorithm>
-#include <map>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "libs/rpc/bearer_auth.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
+#include "libs/client/open_store.h"
+#include "libs/client/remote_loader.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/format/inspect.h"
-#include "libs/status/status_macros.h"
-#include "libs/tensor/dtype.h"
-#include "libs/client/open_store.h"
-#include "libs/client/remote_loader.h"
 #include "libs/loader/export.h"
-#include "libs/loader/local_loader.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
+#include "libs/loader/local_loader.h"
+#include "libs/rpc/bearer_auth.h"
+#include "libs/status/status_macros.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/version_diff.h"
 #include "libs/store/version_ref.h"
-#include "google/protobuf/util/json_util.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/time/time.h"
+#include "libs/tensor/dtype.h"
 #include "tools/ckpt/command_line.h"
 
 namespace ckpt {
@@ -53,10 +52,9 @@ constexpr char kDescription[] =
 
 const std::vector<cli::OptionSpec>& GlobalOptions() {
   static const auto* options = new std::vector<cli::OptionSpec>{
-      {"store_dir", "DIR", "open the checkpoint store in DIR in-process (embedded)",
-       "./ckpt-data"},
-      {"store", "HOST:PORT",
-       "talk to a checkpoint_store service instead of opening --store_dir", ""},
+      {"store_dir", "DIR", "open the checkpoint store in DIR in-process (embedded)", "./ckpt-data"},
+      {"store", "HOST:PORT", "talk to a checkpoint_store service instead of opening --store_dir",
+       ""},
       {"auth_token_file", "FILE", "bearer token for --store (whitespace around it ignored)", ""},
   };
   return *options;
@@ -103,7 +101,11 @@ const std::vector<cli::CommandSpec>& Commands() {
        1,
        1,
        {{"json", "", "print the manifest as JSON", ""}}},
-      {"tag", "MODEL@VERSION ALIAS", "Point ALIAS at MODEL@VERSION (moves it if it exists).", 2, 2,
+      {"tag",
+       "MODEL@VERSION ALIAS",
+       "Point ALIAS at MODEL@VERSION (moves it if it exists).",
+       2,
+       2,
        {}},
       {"untag", "MODEL ALIAS", "Delete an alias.", 2, 2, {}},
       {"rm",
@@ -122,13 +124,24 @@ const std::vector<cli::CommandSpec>& Commands() {
         {"drop-optimizer-after", "N",
          "drop optimizer state (keep weights) from versions older than the newest N", "0"},
         {"dry-run", "", "report what would happen, change nothing", ""}}},
-      {"gc", "", "Free chunks no version references, and abandoned uploads.", 0, 0,
+      {"gc",
+       "",
+       "Free chunks no version references, and abandoned uploads.",
+       0,
+       0,
        {{"dry-run", "", "report what would be freed, change nothing", ""}}},
-      {"verify", "[MODEL[@REF]]",
-       "Re-hash every chunk of a version, a model or the whole store; exit 1 on problems.", 0, 1,
+      {"verify",
+       "[MODEL[@REF]]",
+       "Re-hash every chunk of a version, a model or the whole store; exit 1 on problems.",
+       0,
+       1,
        {}},
-      {"diff", "MODEL@A MODEL@B",
-       "Model tensors added, removed and changed between two versions.", 2, 2, {}},
+      {"diff",
+       "MODEL@A MODEL@B",
+       "Model tensors added, removed and changed between two versions.",
+       2,
+       2,
+       {}},
       {"stats", "", "Models, versions, logical vs physical bytes, dedup ratio.", 0, 0, {}},
       {"export",
        "MODEL@REF OUT",
@@ -140,7 +153,8 @@ const std::vector<cli::CommandSpec>& Commands() {
        {{"format", "torch|safetensors", "output format", "from OUT's extension"},
         {"bundle", "",
          "the whole bundle: model, optimizer, scheduler, epoch and every other plain field, in "
-         "the producer's layout (torch only)", ""},
+         "the producer's layout (torch only)",
+         ""},
         {"no-optimizer", "", "with --bundle: leave the optimizer state out", ""},
         {"no-scheduler", "", "with --bundle: leave the scheduler state out", ""},
         {"dtype", "DTYPE", "cast floating tensors, e.g. bf16, fp16, fp32", "keep"},
@@ -169,7 +183,8 @@ bool StdoutIsTerminal() { return isatty(STDOUT_FILENO) == 1; }
 // A one-line progress bar, redrawn in place; only on a terminal.
 class ProgressBar {
  public:
-  explicit ProgressBar(std::string label) : label_(std::move(label)), enabled_(StdoutIsTerminal()) {}
+  explicit ProgressBar(std::string label)
+      : label_(std::move(label)), enabled_(StdoutIsTerminal()) {}
   ~ProgressBar() {
     if (enabled_ && drawn_) std::cout << "\n" << std::flush;
   }
@@ -225,12 +240,12 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedComm
   if (!store.ok()) {
     // The hint fits a store that is not there, not one that is damaged or held by another process.
     const bool absent = store.status().code() == absl::StatusCode::kNotFound;
-    return absl::Status(store.status().code(),
-                        absl::StrCat("opening the store ", location.ToString(), ": ",
-                                     store.status().message(),
-                                     absent && !create && location.address.empty()
-                                         ? " (import a checkpoint first, or pass --store_dir)"
-                                         : ""));
+    return absl::Status(
+        store.status().code(),
+        absl::StrCat("opening the store ", location.ToString(), ": ", store.status().message(),
+                     absent && !create && location.address.empty()
+                         ? " (import a checkpoint first, or pass --store_dir)"
+                         : ""));
   }
   return store;
 }
@@ -268,22 +283,21 @@ absl::Status RunList(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
   if (line.arguments().empty()) {
     ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store->ListModels());
-    std::cout << absl::StrFormat("%-32s %8s %7s %12s  %s\n", "MODEL", "VERSIONS", "LATEST",
-                                 "BYTES", "ALIASES");
+    std::cout << absl::StrFormat("%-32s %8s %7s %12s  %s\n", "MODEL", "VERSIONS", "LATEST", "BYTES",
+                                 "ALIASES");
     for (const v1::ModelInfo& model : models) {
       std::vector<std::string> aliases;
       for (const auto& [alias, version] : model.aliases()) {
         aliases.push_back(absl::StrCat(alias, "=", version));
       }
       std::sort(aliases.begin(), aliases.end());
-      std::cout << absl::StrFormat("%-32s %8d %7d %12s  %s\n", model.name(),
-                                   model.version_count(), model.latest_version(),
-                                   HumanBytes(model.logical_bytes()), absl::StrJoin(aliases, " "));
+      std::cout << absl::StrFormat("%-32s %8d %7d %12s  %s\n", model.name(), model.version_count(),
+                                   model.latest_version(), HumanBytes(model.logical_bytes()),
+                                   absl::StrJoin(aliases, " "));
     }
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions,
-                   store->ListVersions(line.arguments()[0]));
+  ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions, store->ListVersions(line.arguments()[0]));
   std::cout << absl::StrFormat("%-8s %-19s %6s %8s %8s %10s %7s %-5s %s\n", "VERSION", "CREATED",
                                "EPOCH", "STEP", "TENSORS", "BYTES", "OPTIM", "SCHED", "ALIASES");
   for (const v1::VersionInfo& version : versions) {
@@ -328,8 +342,8 @@ absl::Status RunShow(const cli::ParsedCommandLine& line) {
   for (const auto& [name, value] : metadata.metrics()) std::cout << name << ": " << value << "\n";
   if (!metadata.key_normalization().stripped_prefix().empty() ||
       !metadata.key_normalization().wrappers().empty()) {
-    std::cout << "normalized: stripped '" << metadata.key_normalization().stripped_prefix()
-              << "' (" << absl::StrJoin(metadata.key_normalization().wrappers(), ", ") << ")\n";
+    std::cout << "normalized: stripped '" << metadata.key_normalization().stripped_prefix() << "' ("
+              << absl::StrJoin(metadata.key_normalization().wrappers(), ", ") << ")\n";
   }
   std::cout << "model: " << manifest.tensors_size() << " tensors, " << HumanBytes(model_bytes)
             << "\n";
@@ -343,10 +357,11 @@ absl::Status RunShow(const cli::ParsedCommandLine& line) {
                                  meta.original_device().empty() ? "" : meta.original_device());
   }
   std::cout << "optimizer state: " << (manifest.has_optimizer_state() ? "yes" : "none")
-            << ", scheduler state: " << (manifest.has_scheduler_state() ? "yes" : "none")
-            << ", " << manifest.state_tensors_size() << " state tensors ("
-            << HumanBytes(state_bytes) << ")\n";
-  for (const std::string& warning : manifest.warnings()) std::cout << "warning: " << warning << "\n";
+            << ", scheduler state: " << (manifest.has_scheduler_state() ? "yes" : "none") << ", "
+            << manifest.state_tensors_size() << " state tensors (" << HumanBytes(state_bytes)
+            << ")\n";
+  for (const std::string& warning : manifest.warnings())
+    std::cout << "warning: " << warning << "\n";
   return absl::OkStatus();
 }
 
@@ -398,8 +413,9 @@ absl::Status RunRetain(const cli::ParsedCommandLine& line) {
                    store->ApplyRetention(line.arguments()[0], policy, dry_run));
   const char* verb = dry_run ? "would delete" : "deleted";
   std::cout << verb << " versions: "
-            << (response.deleted_versions().empty() ? "none"
-                                                    : absl::StrJoin(response.deleted_versions(), " "))
+            << (response.deleted_versions().empty()
+                    ? "none"
+                    : absl::StrJoin(response.deleted_versions(), " "))
             << "\n"
             << (dry_run ? "would drop" : "dropped") << " optimizer state of versions: "
             << (response.optimizer_state_dropped().empty()
@@ -415,8 +431,8 @@ absl::Status RunGc(const cli::ParsedCommandLine& line) {
   const bool dry_run = line.Has("dry-run");
   ASSIGN_OR_RETURN(v1::GarbageCollectResponse response, store->GarbageCollect(dry_run));
   std::cout << (dry_run ? "would free " : "freed ") << response.chunks_freed() << " chunks, "
-            << HumanBytes(response.bytes_freed()) << "; abandoned uploads reclaimed: "
-            << response.abandoned_uploads_reclaimed() << "\n";
+            << HumanBytes(response.bytes_freed())
+            << "; abandoned uploads reclaimed: " << response.abandoned_uploads_reclaimed() << "\n";
   return absl::OkStatus();
 }
 
@@ -540,10 +556,9 @@ absl::Status RunConvert(const cli::ParsedCommandLine& line) {
   const std::string& out = line.arguments()[1];
   absl::StatusOr<ConvertReport> report = ConvertCheckpoint(in, out, options);
   if (!report.ok()) return report.status();
-  std::cout << "wrote " << out << " (" << report->format
-            << (report->bundle ? ", whole bundle" : "") << "): " << report->tensors
-            << " model tensors, " << HumanBytes(report->tensor_bytes) << " of model tensor data, "
-            << HumanBytes(report->file_bytes) << " on disk\n";
+  std::cout << "wrote " << out << " (" << report->format << (report->bundle ? ", whole bundle" : "")
+            << "): " << report->tensors << " model tensors, " << HumanBytes(report->tensor_bytes)
+            << " of model tensor data, " << HumanBytes(report->file_bytes) << " on disk\n";
   if (!report->stripped_prefix.empty()) {
     std::cout << "stripped prefix '" << report->stripped_prefix << "' from every key\n";
   }
@@ -609,8 +624,8 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
   } else if (absl::EndsWith(out, ".pt") || absl::EndsWith(out, ".pth")) {
     options.format = ExportFormat::kTorch;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot tell the format from '", out, "'; pass --format torch|safetensors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot tell the format from '", out, "'; pass --format torch|safetensors"));
   }
   ASSIGN_OR_RETURN(options.target, TargetFromOptions(line));
   if (line.Has("bundle")) {
@@ -691,10 +706,9 @@ int Main(int argc, char** argv) {
   }
   using Runner = absl::Status (*)(const cli::ParsedCommandLine&);
   static const std::map<std::string, Runner>* runners = new std::map<std::string, Runner>{
-      {"inspect", RunInspect}, {"convert", RunConvert}, {"import", RunImport},
-      {"ls", RunList},         {"show", RunShow},       {"tag", RunTag},
-      {"untag", RunUntag},     {"rm", RunRemove},       {"retain", RunRetain},
-      {"gc", RunGc},           {"verify", RunVerify},   {"diff", RunDiff},
+      {"inspect", RunInspect}, {"convert", RunConvert}, {"import", RunImport}, {"ls", RunList},
+      {"show", RunShow},       {"tag", RunTag},         {"untag", RunUntag},   {"rm", RunRemove},
+      {"retain", RunRetain},   {"gc", RunGc},           {"verify", RunVerify}, {"diff", RunDiff},
       {"stats", RunStats},     {"export", RunExport},   {"check", RunCheck},
   };
   const absl::Status status = runners->at(line->command())(*line);

@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
   if (!seed_script.empty()) {
     const char* tmp = std::getenv("TEST_TMPDIR");
     const std::string dir = std::string(tmp ? tmp : "/tmp") + "/fuzz_seeds";
-    const std::string command = "mkdir -p '" + dir + "' && /usr/bin/python3 '" + seed_script +
-                                "' '" + dir + "'";
+    const std::string command =
+        "mkdir -p '" + dir + "' && /usr/bin/python3 '" + seed_script + "' '" + dir + "'";
     if (std::system(command.c_str()) != 0) {
       std::cerr << "seed generation failed: " << command << "\n";
       return 1;

@@ -7,8 +7,8 @@
 #include "libs/format/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto source = ckpt::MemorySource(
-      absl::string_view(reinterpret_cast<const char*>(data), size), "fuzz.safetensors");
+  auto source = ckpt::MemorySource(absl::string_view(reinterpret_cast<const char*>(data), size),
+                                   "fuzz.safetensors");
   (void)ckpt::ReadSafetensors(*source);
   return 0;
 }
