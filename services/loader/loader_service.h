@@ -12,14 +12,17 @@
 //    cast on the server, then state tensors as n + j, as stored. Pieces are at most
 //    min(1 MiB, LoadRequest.max_message_bytes). Device placement is the client's (the service
 //    never holds GPU memory): LoadTarget.device is only validated.
-//  - Preflight (unary): the manifest only, compared with the consumer's expected keys and shapes
-//    (libs/loader Preflight), restricted to the target's subset; dtype differences reported.
+//  - Preflight (unary): the manifest only, compared with the consumer's expected keys and shapes,
+//    restricted to the target's subset; dtype differences reported (LocalLoader::Preflight; the
+//    service only converts messages).
 //  - Export (server stream): a torch .pt (weights_only-safe) or safetensors file of the adapted
-//    model tensors (libs/loader/export.h), in pieces; the first carries total_bytes and a file
-//    name.
+//    model tensors, or the whole training bundle when the target asks for optimizer or scheduler
+//    state (libs/loader/export.h), in pieces; the first carries total_bytes, a file name, the
+//    version and what the file leaves out.
 //
-// Every tensor read goes through one ChunkCache shared by all calls, so concurrent readers of one
-// version cost one store read per chunk and one cached copy (cache_stats()).
+// Every tensor read goes through the ChunkCache of the service's LocalLoader, shared by all
+// calls, so concurrent readers of one version cost one store read per chunk and one cached copy
+// (cache_stats()).
 //
 // Authentication as the store service: with auth_token set, calls must carry "authorization:
 // Bearer <token>", else UNAUTHENTICATED before any work; grpc.health.v1 stays open.
