@@ -253,13 +253,11 @@ absl::StatusOr<PreflightReport> RemoteLoader::Preflight(const v1::VersionRef& re
 absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
                                                   const ExportOptions& options,
                                                   const std::string& path) const {
-  const LoadTarget& target = options.target;
-  const ExportFormat format = options.format;
   const auto& progress = options.progress;
   v1::ExportRequest request;
   *request.mutable_ref() = ref;
-  *request.mutable_target() = LoadTargetToProto(target);
-  request.set_format(ExportFormatToProto(format));
+  *request.mutable_target() = LoadTargetToProto(options.target);
+  request.set_format(ExportFormatToProto(options.format));
   const std::string where = FormatVersionRef(ref);
   ExportResult result;
   RETURN_IF_ERROR(
@@ -300,8 +298,7 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
         }
         RETURN_IF_ERROR(out.Commit());
         result.file_bytes = total;
-        result.bundle = format == ExportFormat::kTorch &&
-                        (target.include_optimizer || target.include_scheduler);
+        result.bundle = ExportWritesBundle(options);
         return absl::OkStatus();
       }));
   return result;

@@ -87,50 +87,63 @@ bool IsBundleLayout(const v1::BundleLayout& layout) {
                      [](const v1::BundleLayout::Placement& p) { return p.path_size() > 0; });
 }
 
-absl::StatusOr<AssembledBundle> AssembleBundle(const v1::BundleLayout& layout, BundleParts parts) {
-  AssembledBundle result;
-  if (parts.model.is_dict()) {
-    parts.model = layout.model_plain_dict()
-                      ? Value::Dict(std::move(parts.model.mutable_entries()))
-                      : Value::OrderedDict(std::move(parts.model.mutable_entries()));
-  }
-  // Placements of the present parts, each part once, in position order within their dicts.
-  std::vector<const v1::BundleLayout::Placement*> placements;
-  bool seen[4] = {false, false, false, false};
-  bool model_at_root = false;
+absl::Status ValidateBundleLayout(const v1::BundleLayout& layout) {
+  if (layout.placements().empty()) return absl::OkStatus();
+  bool seen[v1::BundleLayout::PART_SCHEDULER + 1] = {};
   for (const v1::BundleLayout::Placement& placement : layout.placements()) {
     const int part = placement.part();
     if (part < v1::BundleLayout::PART_MODEL || part > v1::BundleLayout::PART_SCHEDULER) {
       return absl::InvalidArgumentError(
           absl::StrCat("bundle layout: unknown part ", part, " at '", PathText(placement), "'"));
     }
+    const std::string& name = v1::BundleLayout::Part_Name(placement.part());
     if (seen[part]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bundle layout: ", v1::BundleLayout::Part_Name(placement.part()), " placed twice"));
+      return absl::InvalidArgumentError(absl::StrCat("bundle layout: ", name, " placed twice"));
     }
     seen[part] = true;
-    if (placement.path_size() == 0) {
-      if (placement.part() != v1::BundleLayout::PART_MODEL) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "bundle layout: ", v1::BundleLayout::Part_Name(placement.part()), " has no path"));
-      }
-      model_at_root = true;
-      continue;
-    }
-    if (placement.part() == v1::BundleLayout::PART_OPTIMIZER && !parts.optimizer) continue;
-    if (placement.part() == v1::BundleLayout::PART_SCHEDULER && !parts.scheduler) continue;
-    placements.push_back(&placement);
-  }
-  if (model_at_root) {
-    if (layout.placements_size() > 1) {
+    if (placement.position() < 0) {
       return absl::InvalidArgumentError(
-          "bundle layout: the model is the saved object itself, yet other parts are placed");
+          absl::StrCat("bundle layout: ", name, " at negative position ", placement.position()));
     }
-    result.root = std::move(parts.model);
-    return result;
+    for (const v1::PathKey& key : placement.path()) {
+      if (key.key_case() == v1::PathKey::KEY_NOT_SET) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bundle layout: ", name, " path has a step without a key"));
+      }
+    }
+    if (placement.path().empty() &&
+        (part != v1::BundleLayout::PART_MODEL || layout.placements_size() > 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bundle layout: ", name, " at the root is allowed only for a model placed alone"));
+    }
   }
   if (!seen[v1::BundleLayout::PART_MODEL]) {
     return absl::InvalidArgumentError("bundle layout: places no model");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AssembledBundle> AssembleBundle(const v1::BundleLayout& layout, BundleParts parts) {
+  RETURN_IF_ERROR(ValidateBundleLayout(layout));
+  if (layout.placements().empty()) {
+    return absl::InvalidArgumentError("bundle layout: places no model");
+  }
+  AssembledBundle result;
+  if (parts.model.is_dict()) {
+    parts.model = layout.model_plain_dict()
+                      ? Value::Dict(std::move(parts.model.mutable_entries()))
+                      : Value::OrderedDict(std::move(parts.model.mutable_entries()));
+  }
+  if (!IsBundleLayout(layout)) {  // the saved object was the state dict itself.
+    result.root = std::move(parts.model);
+    return result;
+  }
+  // Placements of the present parts, in position order within their dicts.
+  std::vector<const v1::BundleLayout::Placement*> placements;
+  for (const v1::BundleLayout::Placement& placement : layout.placements()) {
+    if (placement.part() == v1::BundleLayout::PART_OPTIMIZER && !parts.optimizer) continue;
+    if (placement.part() == v1::BundleLayout::PART_SCHEDULER && !parts.scheduler) continue;
+    placements.push_back(&placement);
   }
   std::stable_sort(placements.begin(), placements.end(),
                    [](const auto* a, const auto* b) { return a->position() < b->position(); });

@@ -59,10 +59,17 @@ struct AssembledBundle {
 // saved object itself (or there is no layout at all).
 bool IsBundleLayout(const v1::BundleLayout& layout);
 
+// OK for a layout an export can follow (or none at all): known parts, each placed once, a model
+// among them, a key on every path step, no negative position, and a part at the root only for a
+// model placed alone. INVALID_ARGUMENT naming the problem otherwise. The store runs it on every
+// commit (manifest_validation.h), AssembleBundle on every use.
+absl::Status ValidateBundleLayout(const v1::BundleLayout& layout);
+
 // Puts each present part at its placement, in order of position within its dict, and leaves out
 // every opaque object: a dict entry holding one (directly, or inside a list or tuple) is removed
-// and named. INVALID_ARGUMENT when the layout places a part under a path that `extra` lacks or
-// that is not a dict, places a part twice, or has the model at the root beside other parts.
+// and named. INVALID_ARGUMENT for a layout ValidateBundleLayout refuses or one without
+// placements, and when a part belongs under a path that `extra` lacks or that is not a dict, or
+// at a key `extra` already holds.
 absl::StatusOr<AssembledBundle> AssembleBundle(const v1::BundleLayout& layout, BundleParts parts);
 
 }  // namespace ckpt

@@ -54,8 +54,9 @@ absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std
   read_options.model_key = options.model_key;
   ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile(in, read_options));
   report.warnings = file.warnings;
-  report.bundle = report.format == "torch" && !options.model_only && options.model_key.empty() &&
-                  IsBundleLayout(file.bundle.layout);
+  // (A model named by model_key has no layout: it is written alone.)
+  report.bundle =
+      report.format == "torch" && !options.model_only && IsBundleLayout(file.bundle.layout);
   if (!report.bundle) {
     const std::string why = report.format == "safetensors"
                                 ? ": safetensors holds tensors only (write a .pt to keep it)"

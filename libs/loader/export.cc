@@ -38,15 +38,11 @@ LoadTarget OnCpu(const LoadTarget& target) {
   return cpu;
 }
 
-bool WantsBundle(const LoadTarget& target) {
-  return target.include_optimizer || target.include_scheduler;
-}
-
 // What a safetensors export of a bundle request cannot hold.
 std::vector<std::string> SafetensorsLeftOut(const v1::Manifest& manifest,
                                             const LoadTarget& target) {
   std::vector<std::string> left_out;
-  if (!WantsBundle(target)) return left_out;
+  if (!target.include_optimizer && !target.include_scheduler) return left_out;
   constexpr absl::string_view kWhy =
       ": safetensors holds tensors only (export a torch .pt for "
       "the whole bundle)";
@@ -151,8 +147,10 @@ void DefaultLayout(const v1::Manifest& manifest, Value& extra, v1::BundleLayout&
   extra = std::move(fields);
 }
 
-// The whole bundle of `reader`'s version as `target` adapts it, on the CPU.
-absl::StatusOr<AssembledBundle> BundleOf(const VersionReader& reader, const LoadTarget& target) {
+// The whole bundle of `reader`'s version as `target` adapts it, on the CPU; `model_tensors` gets
+// how many model tensors it holds.
+absl::StatusOr<AssembledBundle> BundleOf(const VersionReader& reader, const LoadTarget& target,
+                                         int64_t& model_tensors) {
   const v1::Manifest& manifest = reader.manifest();
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
   if (target.include_optimizer && !manifest.has_optimizer_state()) {
@@ -170,6 +168,7 @@ absl::StatusOr<AssembledBundle> BundleOf(const VersionReader& reader, const Load
     RETURN_IF_ERROR(CheckOptimizerAlignment(manifest, planned));
   }
   ASSIGN_OR_RETURN(LoadedState state, Load(reader, on_cpu));
+  model_tensors = static_cast<int64_t>(state.model.size());
   BundleParts parts;
   parts.model = StateDictToValue(state.model);
   parts.optimizer = std::move(state.optimizer);
@@ -247,17 +246,15 @@ absl::StatusOr<ExportResult> WriteTorch(const VersionReader& reader, const Expor
                                         const std::string& path) {
   ExportResult result;
   result.version = FormatVersionRef(reader.manifest().model(), reader.manifest().version());
-  ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned,
-                   PlanLoad(reader.manifest(), OnCpu(options.target)));
-  result.tensors = static_cast<int64_t>(planned.size());
   Value root;
-  if (WantsBundle(options.target)) {
-    ASSIGN_OR_RETURN(AssembledBundle bundle, BundleOf(reader, options.target));
+  if (ExportWritesBundle(options)) {
+    ASSIGN_OR_RETURN(AssembledBundle bundle, BundleOf(reader, options.target, result.tensors));
     root = std::move(bundle.root);
     result.bundle = true;
     result.left_out = std::move(bundle.left_out);
   } else {
     ASSIGN_OR_RETURN(LoadedState state, Load(reader, OnCpu(options.target)));
+    result.tensors = static_cast<int64_t>(state.model.size());
     root = StateDictToValue(state.model);
   }
   ASSIGN_OR_RETURN(TorchWriteReport report, WriteTorchFile(path, root));
@@ -268,6 +265,11 @@ absl::StatusOr<ExportResult> WriteTorch(const VersionReader& reader, const Expor
 }
 
 }  // namespace
+
+bool ExportWritesBundle(const ExportOptions& options) {
+  return options.format == ExportFormat::kTorch &&
+         (options.target.include_optimizer || options.target.include_scheduler);
+}
 
 absl::StatusOr<ExportFormat> ParseExportFormat(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);

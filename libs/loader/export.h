@@ -60,6 +60,10 @@ struct ExportOptions {
   std::function<void(uint64_t bytes_done, uint64_t bytes_total)> progress;
 };
 
+// Whether `options` export the whole training bundle (torch format, optimizer or scheduler
+// state asked for) rather than the model's state dict; what ExportResult::bundle reports.
+bool ExportWritesBundle(const ExportOptions& options);
+
 struct ExportResult {
   std::string version;  // what was exported: "MODEL@N".
   uint64_t file_bytes = 0;

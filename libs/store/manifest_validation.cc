@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "libs/format/bundle.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/tensor/dtype.h"
@@ -293,43 +294,6 @@ absl::Status ValidateScheduler(const v1::Value& scheduler, const std::string& pa
         absl::StrCat(path,
                      " has no integer 'last_epoch'; an LR scheduler needs it to resume (its "
                      "load_state_dict would silently restart the schedule)"));
-  }
-  return absl::OkStatus();
-}
-
-// A layout an export can follow: known parts, each once, a model among them, keys on every path
-// step, and a model at the root only alone.
-absl::Status ValidateBundleLayout(const v1::BundleLayout& layout) {
-  if (layout.placements().empty()) return absl::OkStatus();
-  bool seen[v1::BundleLayout::PART_SCHEDULER + 1] = {};
-  for (const v1::BundleLayout::Placement& placement : layout.placements()) {
-    const int part = placement.part();
-    if (part < v1::BundleLayout::PART_MODEL || part > v1::BundleLayout::PART_SCHEDULER) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bundle_layout: placement of unknown part ", part));
-    }
-    const std::string& name = v1::BundleLayout::Part_Name(placement.part());
-    if (seen[part])
-      return absl::InvalidArgumentError(absl::StrCat("bundle_layout: ", name, " placed twice"));
-    seen[part] = true;
-    if (placement.position() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bundle_layout: ", name, " at negative position ", placement.position()));
-    }
-    for (const v1::PathKey& key : placement.path()) {
-      if (key.key_case() == v1::PathKey::KEY_NOT_SET) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bundle_layout: ", name, " path has a step without a key"));
-      }
-    }
-    if (placement.path().empty() &&
-        (part != v1::BundleLayout::PART_MODEL || layout.placements_size() > 1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bundle_layout: ", name, " at the root is allowed only for a model placed alone"));
-    }
-  }
-  if (!seen[v1::BundleLayout::PART_MODEL]) {
-    return absl::InvalidArgumentError("bundle_layout: places no model");
   }
   return absl::OkStatus();
 }

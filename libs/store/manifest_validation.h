@@ -21,8 +21,7 @@
 //  - a scheduler state dict without an integer "last_epoch" (LRScheduler.load_state_dict only
 //    updates attributes, so a resume would silently restart the schedule); composite schedulers
 //    (SequentialLR, ChainedScheduler) are checked through their "_schedulers" entries instead;
-//  - a bundle_layout placing an unknown part, a part twice, no model, a path step without a key,
-//    a negative position, or a part at the root other than a model placed alone.
+//  - a bundle_layout that ValidateBundleLayout (libs/format/bundle.h) refuses.
 //
 // Accepted with a warning (PyTorch accepts them, but they are suspicious):
 //  - optimizer "state" entries for indices that no param group lists (PyTorch keeps them unused);

@@ -120,6 +120,19 @@ TEST(ValidateManifestHeaderTest, RejectsEmptyAndDuplicateKeysAndUnknownDTypes) {
   EXPECT_THAT(ValidateManifestHeader(negative), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(ValidateManifestHeaderTest, RejectsABundleLayoutAnExportCouldNotFollow) {
+  v1::Manifest header = TwoLayerModel();
+  v1::BundleLayout::Placement* model = header.mutable_bundle_layout()->add_placements();
+  model->set_part(v1::BundleLayout::PART_MODEL);
+  model->add_path()->set_string_key("model");
+  ASSERT_TRUE(ValidateManifestHeader(header).ok());
+  v1::BundleLayout::Placement* optimizer = header.mutable_bundle_layout()->add_placements();
+  optimizer->set_part(v1::BundleLayout::PART_OPTIMIZER);  // no path: at the root.
+  EXPECT_THAT(ValidateManifestHeader(header),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "PART_OPTIMIZER at the root is allowed only for a model placed alone"));
+}
+
 TEST(ValidateManifestHeaderTest, RejectsChunkRefsFromTheClient) {
   v1::Manifest manifest = TwoLayerModel();
   manifest.mutable_tensors(0)->add_chunks()->set_length(160);
