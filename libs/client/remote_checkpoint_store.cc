@@ -9,11 +9,9 @@
 #include "absl/time/clock.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/sync_stream.h"
+#include "libs/rpc/client_channel.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/status/grpc_status.h"
@@ -41,15 +39,24 @@ std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.
 
 // ---------------------------------------------------------------------------------------------
 
+// The store's methods that only read: gRPC retries these on UNAVAILABLE (the channel's service
+// config); every other call may have changed the store and is sent once.
+const std::vector<std::string>& ReadOnlyMethods() {
+  static const auto* methods = new std::vector<std::string>{
+      "FindMissingChunks", "ListModels", "ListVersions", "GetManifest", "Verify", "GetStats"};
+  return *methods;
+}
+
 class RemoteCheckpointStore::Connection {
  public:
-  Connection(RemoteStoreOptions options, std::shared_ptr<grpc::Channel> channel)
-      : options_(std::move(options)),
-        channel_(std::move(channel)),
-        stub_(v1::CheckpointStore::NewStub(channel_)),
-        download_method_(kDownloadMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_) {}
+  explicit Connection(std::shared_ptr<ClientChannel> channel)
+      : channel_(std::move(channel)),
+        stub_(v1::CheckpointStore::NewStub(channel_->channel())),
+        download_method_(kDownloadMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
+                         channel_->channel()) {}
 
-  const RemoteStoreOptions& options() const { return options_; }
+  const RemoteStoreOptions& options() const { return channel_->options(); }
+  const ClientChannel& channel() const { return *channel_; }
   Stub& stub() const { return *stub_; }
 
   // Download, read as raw messages (TensorDataResponseReader reads them without copying the
@@ -59,68 +66,36 @@ class RemoteCheckpointStore::Connection {
       grpc::ClientContext* context, const v1::DownloadRequest& request) const {
     return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-            channel_.get(), download_method_, context, request));
+            channel_->channel().get(), download_method_, context, request));
   }
 
-  // A context for a call that must end by `deadline`, carrying the bearer token.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(absl::ToChronoTime(deadline));
-    if (!options_.auth_token.empty()) {
-      context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
-    }
-    return context;
+    return channel_->NewContext(deadline);
   }
-
-  // OK once the channel is connected; UNAVAILABLE when it is not within connect_timeout (or by
-  // `deadline`, if sooner). Nothing has been sent when this fails.
   absl::Status WaitUntilConnected(absl::Time deadline) const {
-    if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
-      return absl::OkStatus();
-    }
-    const absl::Time limit = std::min(deadline, absl::Now() + options_.connect_timeout);
-    if (channel_->WaitForConnected(absl::ToChronoTime(limit))) return absl::OkStatus();
-    return absl::UnavailableError(absl::StrCat("cannot connect to the checkpoint store at ",
-                                               options_.address, " within ",
-                                               absl::FormatDuration(options_.connect_timeout)));
+    return channel_->WaitUntilConnected(deadline);
   }
+  absl::Status FromCall(const grpc::Status& status) const { return channel_->FromCall(status); }
 
-  // UNAVAILABLE statuses name the server (the client's own, e.g. "connection refused", do not).
-  absl::Status FromCall(const grpc::Status& status) const {
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return FromGrpcStatus(status);
-    return absl::UnavailableError(
-        absl::StrCat("checkpoint store at ", options_.address, ": ", status.error_message()));
-  }
-
-  enum class Effect { kReadOnly, kChangesStore };
-
-  // One unary call with a deadline of `timeout` from now. Read-only calls are retried on
-  // UNAVAILABLE with exponential backoff while the deadline allows; calls that change the store
-  // are sent once, after the channel is connected.
+  // One unary call of the method called `name`, with a deadline of `timeout` from now. gRPC
+  // retries the read-only ones (ReadOnlyMethods); the others are sent once, after the channel is
+  // connected.
   template <typename Request, typename Response>
-  absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
-                    const Request& request, Response* response, Effect effect,
-                    absl::Duration timeout) const {
+  absl::Status Call(absl::string_view name,
+                    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response, absl::Duration timeout) const {
     const absl::Time deadline = absl::Now() + timeout;
-    absl::Duration backoff = options_.initial_backoff;
-    for (int attempt = 0;; ++attempt) {
-      if (effect == Effect::kChangesStore) RETURN_IF_ERROR(WaitUntilConnected(deadline));
-      std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
-      response->Clear();
-      const grpc::Status status = (stub_.get()->*method)(context.get(), request, response);
-      if (status.ok()) return absl::OkStatus();
-      if (effect == Effect::kChangesStore || status.error_code() != grpc::StatusCode::UNAVAILABLE ||
-          attempt >= options_.max_retries || absl::Now() + backoff >= deadline) {
-        return FromCall(status);
-      }
-      absl::SleepFor(backoff);
-      backoff = backoff * 2;
+    const std::vector<std::string>& read_only = ReadOnlyMethods();
+    if (std::find(read_only.begin(), read_only.end(), name) == read_only.end()) {
+      RETURN_IF_ERROR(WaitUntilConnected(deadline));
     }
+    std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
+    response->Clear();
+    return FromCall((stub_.get()->*method)(context.get(), request, response));
   }
 
  private:
-  const RemoteStoreOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
+  const std::shared_ptr<ClientChannel> channel_;
   const std::unique_ptr<Stub> stub_;
   const grpc::internal::RpcMethod download_method_;
 };
@@ -215,7 +190,7 @@ class RemoteUploadSession final : public UploadSession {
 
   absl::Status SendHeader(absl::string_view model, v1::Manifest header,
                           const CommitOptions& options) {
-    context_ = connection_->NewContext(absl::Now() + connection_->options().long_call_deadline);
+    context_ = connection_->NewContext(absl::Now() + connection_->options().stream_deadline);
     writer_ = connection_->stub().Upload(context_.get(), &response_);
     stream_open_ = true;
     v1::UploadHeader* upload = request_.mutable_header();
@@ -295,34 +270,34 @@ class DownloadStream {
   static absl::StatusOr<std::unique_ptr<DownloadStream>> Open(
       std::shared_ptr<const Connection> connection, const v1::DownloadRequest& request) {
     const RemoteStoreOptions& options = connection->options();
-    absl::Duration backoff = options.initial_backoff;
-    for (int attempt = 0;; ++attempt) {
-      std::unique_ptr<DownloadStream> stream(new DownloadStream(connection));
-      stream->context_ = connection->NewContext(absl::Now() + options.long_call_deadline);
-      stream->reader_ = connection->Download(stream->context_.get(), request);
-      stream->open_ = true;
-      if (stream->reader_->Read(&stream->message_)) {
-        absl::StatusOr<ResponsePart> part =
-            stream->decoder_.Read<v1::DownloadResponse>(stream->message_, &stream->manifest_);
-        if (!part.ok() || *part != ResponsePart::kManifest) {
-          return absl::InternalError(absl::StrCat(
-              "the checkpoint store at ", options.address, " began a download without its manifest",
-              part.ok() ? "" : absl::StrCat(": ", part.status().message())));
-        }
-        return stream;
-      }
-      const grpc::Status status = stream->reader_->Finish();
-      stream->open_ = false;
-      if (status.ok()) {
-        return absl::InternalError(
-            absl::StrCat("the checkpoint store at ", options.address, " sent an empty download"));
-      }
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= options.max_retries) {
-        return connection->FromCall(status);
-      }
-      absl::SleepFor(backoff);
-      backoff = backoff * 2;
-    }
+    std::unique_ptr<DownloadStream> opened;
+    RETURN_IF_ERROR(connection->channel().RestartOnUnavailable(
+        options.stream_deadline, [&](std::unique_ptr<grpc::ClientContext> context) -> absl::Status {
+          std::unique_ptr<DownloadStream> stream(new DownloadStream(connection));
+          stream->context_ = std::move(context);
+          stream->reader_ = connection->Download(stream->context_.get(), request);
+          stream->open_ = true;
+          if (stream->reader_->Read(&stream->message_)) {
+            absl::StatusOr<ResponsePart> part =
+                stream->decoder_.Read<v1::DownloadResponse>(stream->message_, &stream->manifest_);
+            if (!part.ok() || *part != ResponsePart::kManifest) {
+              return absl::InternalError(
+                  absl::StrCat("the checkpoint store at ", options.address,
+                               " began a download without its manifest",
+                               part.ok() ? "" : absl::StrCat(": ", part.status().message())));
+            }
+            opened = std::move(stream);
+            return absl::OkStatus();
+          }
+          const grpc::Status status = stream->reader_->Finish();
+          stream->open_ = false;
+          if (status.ok()) {
+            return absl::InternalError(absl::StrCat("the checkpoint store at ", options.address,
+                                                    " sent an empty download"));
+          }
+          return connection->FromCall(status);
+        }));
+    return opened;
   }
 
   ~DownloadStream() {
@@ -533,52 +508,22 @@ class RemoteVersionReader final : public VersionReader {
   absl::flat_hash_map<std::string, int> state_index_;
 };
 
-absl::Status ValidateOptions(const RemoteStoreOptions& options) {
-  if (options.address.empty()) {
-    return absl::InvalidArgumentError("RemoteStoreOptions.address is empty (want HOST:PORT)");
-  }
-  for (char c : options.auth_token) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(
-          "RemoteStoreOptions.auth_token holds whitespace, control or non-ASCII characters");
-    }
-  }
-  if (options.deadline <= absl::ZeroDuration() ||
-      options.long_call_deadline <= absl::ZeroDuration() ||
-      options.connect_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "RemoteStoreOptions deadline, long_call_deadline and connect_timeout must be positive");
-  }
-  if (options.max_retries < 0 || options.initial_backoff < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "RemoteStoreOptions max_retries and initial_backoff must not be negative");
-  }
-  if (options.max_receive_message_bytes <= kMaxTensorDataBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RemoteStoreOptions.max_receive_message_bytes must exceed ", kMaxTensorDataBytes,
-        " (a TensorData message), got ", options.max_receive_message_bytes));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<RemoteCheckpointStore>> RemoteCheckpointStore::Connect(
     const RemoteStoreOptions& options) {
-  RETURN_IF_ERROR(ValidateOptions(options));
-  grpc::ChannelArguments arguments;
-  arguments.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  // Reconnect about as fast as calls retry, so a restarted server is found within the retries.
-  const int backoff_ms = static_cast<int>(
-      std::clamp<int64_t>(absl::ToInt64Milliseconds(options.initial_backoff), 10, 1000));
-  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, backoff_ms);
-  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), arguments);
-  auto connection = std::make_shared<Connection>(options, std::move(channel));
-  RETURN_IF_ERROR(connection->WaitUntilConnected(absl::Now() + options.connect_timeout));
+  if (options.max_receive_message_bytes <= kMaxTensorDataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RemoteStoreOptions.max_receive_message_bytes must exceed ", kMaxTensorDataBytes,
+        " (a TensorData message), got ", options.max_receive_message_bytes));
+  }
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<ClientChannel> channel,
+      ClientChannel::Open(options, {std::string(v1::CheckpointStore::service_full_name()),
+                                    "checkpoint store", ReadOnlyMethods()}));
+  auto connection = std::make_shared<Connection>(std::move(channel));
   return std::unique_ptr<RemoteCheckpointStore>(new RemoteCheckpointStore(std::move(connection)));
 }
 
@@ -599,9 +544,8 @@ absl::StatusOr<std::vector<std::string>> RemoteCheckpointStore::FindMissingChunk
   v1::FindMissingChunksRequest request;
   for (const std::string& sha256 : sha256s) request.add_sha256(sha256);
   v1::FindMissingChunksResponse response;
-  RETURN_IF_ERROR(connection_->Call(&Stub::FindMissingChunks, request, &response,
-                                    Connection::Effect::kReadOnly,
-                                    connection_->options().deadline));
+  RETURN_IF_ERROR(connection_->Call("FindMissingChunks", &Stub::FindMissingChunks, request,
+                                    &response, connection_->options().deadline));
   return std::vector<std::string>(response.missing_sha256().begin(),
                                   response.missing_sha256().end());
 }
@@ -610,8 +554,7 @@ absl::StatusOr<v1::Manifest> RemoteCheckpointStore::GetManifest(const v1::Versio
   v1::GetManifestRequest request;
   *request.mutable_ref() = ref;
   v1::Manifest manifest;
-  RETURN_IF_ERROR(connection_->Call(&Stub::GetManifest, request, &manifest,
-                                    Connection::Effect::kReadOnly,
+  RETURN_IF_ERROR(connection_->Call("GetManifest", &Stub::GetManifest, request, &manifest,
                                     connection_->options().deadline));
   return manifest;
 }
@@ -640,8 +583,7 @@ absl::StatusOr<std::vector<v1::ModelInfo>> RemoteCheckpointStore::ListModels() {
   request.set_page_size(kListPageSize);
   do {
     v1::ListModelsResponse response;
-    RETURN_IF_ERROR(connection_->Call(&Stub::ListModels, request, &response,
-                                      Connection::Effect::kReadOnly,
+    RETURN_IF_ERROR(connection_->Call("ListModels", &Stub::ListModels, request, &response,
                                       connection_->options().deadline));
     for (v1::ModelInfo& model : *response.mutable_models()) models.push_back(std::move(model));
     if (!response.next_page_token().empty() && response.next_page_token() == request.page_token()) {
@@ -660,8 +602,7 @@ absl::StatusOr<std::vector<v1::VersionInfo>> RemoteCheckpointStore::ListVersions
   request.set_page_size(kListPageSize);
   do {
     v1::ListVersionsResponse response;
-    RETURN_IF_ERROR(connection_->Call(&Stub::ListVersions, request, &response,
-                                      Connection::Effect::kReadOnly,
+    RETURN_IF_ERROR(connection_->Call("ListVersions", &Stub::ListVersions, request, &response,
                                       connection_->options().deadline));
     for (v1::VersionInfo& version : *response.mutable_versions()) {
       versions.push_back(std::move(version));
@@ -683,8 +624,7 @@ absl::StatusOr<int64_t> RemoteCheckpointStore::SetAlias(absl::string_view model,
   request.set_version(version);
   request.set_expected_current_version(expected_current_version);
   v1::SetAliasResponse response;
-  RETURN_IF_ERROR(connection_->Call(&Stub::SetAlias, request, &response,
-                                    Connection::Effect::kChangesStore,
+  RETURN_IF_ERROR(connection_->Call("SetAlias", &Stub::SetAlias, request, &response,
                                     connection_->options().deadline));
   return response.previous_version();
 }
@@ -694,8 +634,8 @@ absl::Status RemoteCheckpointStore::DeleteAlias(absl::string_view model, absl::s
   request.set_model(std::string(model));
   request.set_alias(std::string(alias));
   v1::DeleteAliasResponse response;
-  return connection_->Call(&Stub::DeleteAlias, request, &response,
-                           Connection::Effect::kChangesStore, connection_->options().deadline);
+  return connection_->Call("DeleteAlias", &Stub::DeleteAlias, request, &response,
+                           connection_->options().deadline);
 }
 
 absl::StatusOr<int64_t> RemoteCheckpointStore::DeleteVersion(absl::string_view model,
@@ -705,8 +645,7 @@ absl::StatusOr<int64_t> RemoteCheckpointStore::DeleteVersion(absl::string_view m
   request.set_version(version);
   request.set_force(force);
   v1::DeleteVersionResponse response;
-  RETURN_IF_ERROR(connection_->Call(&Stub::DeleteVersion, request, &response,
-                                    Connection::Effect::kChangesStore,
+  RETURN_IF_ERROR(connection_->Call("DeleteVersion", &Stub::DeleteVersion, request, &response,
                                     connection_->options().deadline));
   return response.bytes_released();
 }
@@ -718,10 +657,8 @@ absl::StatusOr<v1::ApplyRetentionResponse> RemoteCheckpointStore::ApplyRetention
   *request.mutable_policy() = policy;
   request.set_dry_run(dry_run);
   v1::ApplyRetentionResponse response;
-  RETURN_IF_ERROR(
-      connection_->Call(&Stub::ApplyRetention, request, &response,
-                        dry_run ? Connection::Effect::kReadOnly : Connection::Effect::kChangesStore,
-                        connection_->options().long_call_deadline));
+  RETURN_IF_ERROR(connection_->Call("ApplyRetention", &Stub::ApplyRetention, request, &response,
+                                    connection_->options().stream_deadline));
   return response;
 }
 
@@ -729,10 +666,8 @@ absl::StatusOr<v1::GarbageCollectResponse> RemoteCheckpointStore::GarbageCollect
   v1::GarbageCollectRequest request;
   request.set_dry_run(dry_run);
   v1::GarbageCollectResponse response;
-  RETURN_IF_ERROR(
-      connection_->Call(&Stub::GarbageCollect, request, &response,
-                        dry_run ? Connection::Effect::kReadOnly : Connection::Effect::kChangesStore,
-                        connection_->options().long_call_deadline));
+  RETURN_IF_ERROR(connection_->Call("GarbageCollect", &Stub::GarbageCollect, request, &response,
+                                    connection_->options().stream_deadline));
   return response;
 }
 
@@ -742,16 +677,15 @@ absl::StatusOr<v1::VerifyResponse> RemoteCheckpointStore::Verify(absl::string_vi
   request.set_model(std::string(model));
   request.set_version(version);
   v1::VerifyResponse response;
-  RETURN_IF_ERROR(connection_->Call(&Stub::Verify, request, &response,
-                                    Connection::Effect::kReadOnly,
-                                    connection_->options().long_call_deadline));
+  RETURN_IF_ERROR(connection_->Call("Verify", &Stub::Verify, request, &response,
+                                    connection_->options().stream_deadline));
   return response;
 }
 
 absl::StatusOr<v1::StoreStats> RemoteCheckpointStore::GetStats() {
   v1::GetStatsRequest request;
   v1::StoreStats stats;
-  RETURN_IF_ERROR(connection_->Call(&Stub::GetStats, request, &stats, Connection::Effect::kReadOnly,
+  RETURN_IF_ERROR(connection_->Call("GetStats", &Stub::GetStats, request, &stats,
                                     connection_->options().deadline));
   return stats;
 }

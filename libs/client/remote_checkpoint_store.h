@@ -8,11 +8,13 @@
 // unchanged.
 //
 // Calls:
-//  - Unary calls carry a deadline (RemoteStoreOptions::deadline; long_call_deadline for Verify,
-//    GarbageCollect and ApplyRetention, whose duration grows with the store). Read-only calls
-//    (and dry runs) are retried on UNAVAILABLE with exponential backoff, within the deadline.
-//    Calls that change the store are never retried, since the server may have applied them
-//    before the connection broke; instead, before sending one, the client waits (up to
+//  - Channel, credentials (plaintext, TLS, mutual TLS), deadlines and retries come from
+//    libs/rpc/client_channel.h. Unary calls carry a deadline (RemoteStoreOptions::deadline;
+//    stream_deadline for Verify, GarbageCollect and ApplyRetention, whose duration grows with
+//    the store). Read-only calls are retried by gRPC on UNAVAILABLE with exponential backoff,
+//    within the deadline. Other calls (dry runs of GarbageCollect and ApplyRetention included:
+//    gRPC's retry policy is per method) are never retried, since the server may have applied
+//    them before the connection broke; instead, before sending one, the client waits (up to
 //    connect_timeout) for the channel to be connected, so a restarting server is not an error.
 //  - BeginUpload opens one Upload stream, sends the header and waits for the server to accept it,
 //    so header errors (validation, names, expected_latest_version, UNAUTHENTICATED) come from
@@ -58,34 +60,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "libs/rpc/client_channel.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
 
 namespace ckpt {
 
-struct RemoteStoreOptions {
-  // HOST:PORT of a checkpoint_store server. Required.
-  std::string address;
-  // Sent with every call as "authorization: Bearer <auth_token>"; empty sends no credentials.
-  // Printable ASCII without spaces.
-  std::string auth_token;
-  // Deadline of each unary call, retries included. Default 60 s.
-  absl::Duration deadline = absl::Seconds(60);
-  // Deadline of calls whose duration grows with the data: Upload and Download streams (so also
-  // the lifetime of an UploadSession or VersionReader), Verify, GarbageCollect, ApplyRetention.
-  // Default 1 hour.
-  absl::Duration long_call_deadline = absl::Hours(1);
-  // Retries of a read-only call that failed with UNAVAILABLE (0: no retries). Default 3.
-  int max_retries = 3;
-  // Wait before the first retry; doubles for each further one. Default 100 ms.
-  absl::Duration initial_backoff = absl::Milliseconds(100);
-  // How long Connect, and each call that changes the store, waits for the channel to connect.
-  // Default 10 s.
-  absl::Duration connect_timeout = absl::Seconds(10);
-  // Largest message accepted from the server, in bytes: bounds manifests of very large models
-  // and listing pages (tensor bytes always arrive in pieces of at most 1 MiB). Default 64 MiB.
-  int max_receive_message_bytes = 64 << 20;
-};
+// Address, credentials, deadlines and retries: the shape every ckpt client shares.
+using RemoteStoreOptions = ClientOptions;
 
 class RemoteCheckpointStore final : public CheckpointStore {
  public:

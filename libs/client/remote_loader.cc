@@ -7,13 +7,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
 #include "libs/io/atomic_file.h"
 #include "libs/io/prefault.h"
 #include "libs/loader/loader_proto.h"
+#include "libs/rpc/client_channel.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/status/grpc_status.h"
@@ -52,60 +51,18 @@ absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::stri
 
 absl::StatusOr<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(
     const RemoteLoaderOptions& options) {
-  if (options.address.empty()) {
-    return absl::InvalidArgumentError("RemoteLoaderOptions.address is empty");
-  }
-  if (options.max_retries < 0 || options.initial_backoff < absl::ZeroDuration() ||
-      options.deadline <= absl::ZeroDuration() || options.stream_deadline <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "RemoteLoaderOptions: deadlines must be positive, retries and backoff not negative");
-  }
-  for (char c : options.auth_token) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(
-          "RemoteLoaderOptions.auth_token must be printable ASCII without spaces");
-    }
-  }
-  grpc::ChannelArguments arguments;
-  arguments.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), arguments);
-  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to the loader at ", options.address,
-                                               " within ",
-                                               absl::FormatDuration(options.connect_timeout)));
-  }
-  return std::unique_ptr<RemoteLoader>(new RemoteLoader(options, std::move(channel)));
+  // Load and Export are streams the client restarts itself; Preflight only reads.
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<ClientChannel> channel,
+      ClientChannel::Open(options,
+                          {std::string(v1::Loader::service_full_name()), "loader", {"Preflight"}}));
+  return std::unique_ptr<RemoteLoader>(new RemoteLoader(std::move(channel)));
 }
 
-RemoteLoader::RemoteLoader(RemoteLoaderOptions options, std::shared_ptr<grpc::Channel> channel)
-    : options_(std::move(options)),
-      channel_(std::move(channel)),
-      stub_(v1::Loader::NewStub(channel_)),
-      load_method_(kLoadMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_) {}
-
-absl::Status RemoteLoader::WithRetries(
-    absl::Duration deadline,
-    const std::function<absl::Status(grpc::ClientContext&)>& attempt) const {
-  const absl::Time end = absl::Now() + deadline;
-  absl::Duration backoff = options_.initial_backoff;
-  for (int retry = 0;; ++retry) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(end));
-    // Wait for a reconnecting channel rather than failing at once, within the deadline.
-    context.set_wait_for_ready(retry > 0);
-    if (!options_.auth_token.empty()) {
-      context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
-    }
-    absl::Status status = attempt(context);
-    if (!absl::IsUnavailable(status) || retry >= options_.max_retries ||
-        absl::Now() + backoff >= end) {
-      return status;
-    }
-    absl::SleepFor(backoff);
-    backoff *= 2;
-  }
-}
+RemoteLoader::RemoteLoader(std::shared_ptr<ClientChannel> channel)
+    : channel_(std::move(channel)),
+      stub_(v1::Loader::NewStub(channel_->channel())),
+      load_method_(kLoadMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_->channel()) {}
 
 absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
                                                const LoadTarget& target) const {
@@ -116,15 +73,17 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
   *request.mutable_target() = LoadTargetToProto(target);
   const std::string where = FormatVersionRef(ref);
   LoadedState state;
-  RETURN_IF_ERROR(
-      WithRetries(options_.stream_deadline, [&](grpc::ClientContext& context) -> absl::Status {
+  RETURN_IF_ERROR(channel_->RestartOnUnavailable(
+      channel_->options().stream_deadline,
+      [&](std::unique_ptr<grpc::ClientContext> context_owner) -> absl::Status {
+        grpc::ClientContext& context = *context_owner;
         state = LoadedState();
         // A raw reader, as generated stubs make theirs (there is no public way to read a server
         // stream as ByteBuffers synchronously): each message's bytes are copied once, from
         // gRPC's slices into their tensor (libs/rpc/tensor_data_message).
         std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> stream(
             grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-                channel_.get(), load_method_, &context, request));
+                channel_->channel().get(), load_method_, &context, request));
         grpc::ByteBuffer response;
         TensorDataResponseReader decoder;
         // Receives the stream; an early return cancels the call (TryCancel) before Finish.
@@ -224,7 +183,7 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
           stream->Finish();
           return received;
         }
-        RETURN_IF_ERROR(FromGrpcStatus(stream->Finish()));
+        RETURN_IF_ERROR(channel_->FromCall(stream->Finish()));
         if (state.manifest.model().empty() ||
             state.model.size() != static_cast<size_t>(state.manifest.tensors_size())) {
           return absl::DataLossError(
@@ -243,10 +202,9 @@ absl::StatusOr<PreflightReport> RemoteLoader::Preflight(const v1::VersionRef& re
   *request.mutable_target() = LoadTargetToProto(target);
   ExpectedTensorsToProto(expected, *request.mutable_expected());
   v1::PreflightResponse response;
-  RETURN_IF_ERROR(WithRetries(options_.deadline, [&](grpc::ClientContext& context) {
-    response.Clear();
-    return FromGrpcStatus(stub_->Preflight(&context, request, &response));
-  }));
+  std::unique_ptr<grpc::ClientContext> context =
+      channel_->NewContext(absl::Now() + channel_->options().deadline);
+  RETURN_IF_ERROR(channel_->FromCall(stub_->Preflight(context.get(), request, &response)));
   return PreflightReportFromProto(response);
 }
 
@@ -260,8 +218,10 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
   request.set_format(ExportFormatToProto(options.format));
   const std::string where = FormatVersionRef(ref);
   ExportResult result;
-  RETURN_IF_ERROR(
-      WithRetries(options_.stream_deadline, [&](grpc::ClientContext& context) -> absl::Status {
+  RETURN_IF_ERROR(channel_->RestartOnUnavailable(
+      channel_->options().stream_deadline,
+      [&](std::unique_ptr<grpc::ClientContext> context_owner) -> absl::Status {
+        grpc::ClientContext& context = *context_owner;
         result = ExportResult();
         ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
         std::unique_ptr<grpc::ClientReader<v1::ExportResponse>> stream =
@@ -291,7 +251,7 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
           stream->Finish();
           return received;
         }
-        RETURN_IF_ERROR(FromGrpcStatus(stream->Finish()));
+        RETURN_IF_ERROR(channel_->FromCall(stream->Finish()));
         if (first || out.bytes_written() != total) {
           return absl::DataLossError(absl::StrCat("the Export stream of ", where, " ended after ",
                                                   out.bytes_written(), " of ", total, " bytes"));

@@ -9,9 +9,11 @@
 //
 // Calls carry deadlines: `deadline` for Preflight, `stream_deadline` for Load and Export. Every
 // call of the loader only reads, so a call that fails with UNAVAILABLE (server restarting,
-// connection reset) is retried from the start, up to max_retries times with exponential backoff
-// from initial_backoff, within its deadline; a half-received Load or Export is discarded first.
-// Other errors pass through with the server's code and message.
+// connection reset) is tried again, up to max_retries times with exponential backoff from
+// initial_backoff, within its deadline: Preflight by gRPC's retry policy, Load and Export
+// restarted from the start by the client once the channel has reconnected (a half-received
+// stream is discarded first). See libs/rpc/client_channel.h. Other errors pass through with the
+// server's code and message.
 //
 // Uploads are the store's business: use RemoteCheckpointStore (remote_checkpoint_store.h),
 // e.g. CommitCheckpoint for a state dict or bundle, which streams it in 1 MiB pieces.
@@ -43,29 +45,16 @@
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/loader/loader_interface.h"
+#include "libs/rpc/client_channel.h"
 #include "proto/ckpt/v1/loader.grpc.pb.h"
 #include "proto/ckpt/v1/types.pb.h"
 
 namespace ckpt {
 
-struct RemoteLoaderOptions {
-  // HOST:PORT of a loader server. Required.
-  std::string address;
-  // Sent with every call as "authorization: Bearer <auth_token>"; empty sends no credentials.
-  std::string auth_token;
-  // Deadline of a Preflight call, retries included. Default 60 s.
-  absl::Duration deadline = absl::Seconds(60);
-  // Deadline of a Load or Export stream, retries included. Default 1 hour.
-  absl::Duration stream_deadline = absl::Hours(1);
-  // Retries of a call that failed with UNAVAILABLE (0: none). Default 3.
-  int max_retries = 3;
-  // Wait before the first retry; doubles for each further one. Default 100 ms.
-  absl::Duration initial_backoff = absl::Milliseconds(100);
-  // How long Connect waits for the channel to connect. Default 10 s.
-  absl::Duration connect_timeout = absl::Seconds(10);
-  // Largest message accepted (manifests of very large models). Default 64 MiB.
-  int max_receive_message_bytes = 64 << 20;
-};
+// Address, credentials, deadlines and retries: the shape every ckpt client shares
+// (libs/rpc/client_channel.h). `deadline` bounds a Preflight call, `stream_deadline` a Load or
+// Export stream, restarts included.
+using RemoteLoaderOptions = ClientOptions;
 
 class RemoteLoader final : public Loader {
  public:
@@ -95,18 +84,12 @@ class RemoteLoader final : public Loader {
   absl::StatusOr<ExportResult> Export(const v1::VersionRef& ref, const ExportOptions& options,
                                       const std::string& path) const override;
 
-  const std::string& address() const { return options_.address; }
+  const std::string& address() const { return channel_->options().address; }
 
  private:
-  RemoteLoader(RemoteLoaderOptions options, std::shared_ptr<grpc::Channel> channel);
+  explicit RemoteLoader(std::shared_ptr<ClientChannel> channel);
 
-  // Runs `attempt` (given a fresh context carrying the deadline and credentials) and retries it
-  // on UNAVAILABLE as described above.
-  absl::Status WithRetries(absl::Duration deadline,
-                           const std::function<absl::Status(grpc::ClientContext&)>& attempt) const;
-
-  const RemoteLoaderOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
+  const std::shared_ptr<ClientChannel> channel_;
   const std::unique_ptr<v1::Loader::Stub> stub_;
   // Load, read as raw messages (libs/rpc/tensor_data_message), for the bytes' sake.
   const grpc::internal::RpcMethod load_method_;

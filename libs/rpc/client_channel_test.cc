@@ -1,0 +1,181 @@
+#include "libs/rpc/client_channel.h"
+
+#include <atomic>
+#include <memory>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/rpc/grpc_server.h"
+#include "libs/status/status_matchers.h"
+#include "proto/ckpt/v1/trainer.grpc.pb.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// A Trainer service whose calls fail with UNAVAILABLE the first `failures` times: GetStatus
+// stands for a read-only call the client retries, Stop for one that changes the server.
+class FlakyTrainer final : public v1::Trainer::Service {
+ public:
+  explicit FlakyTrainer(int failures) : failures_(failures) {}
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::TrainerStatus*) override {
+    return Answer(get_status_calls_);
+  }
+  grpc::Status Stop(grpc::ServerContext*, const v1::StopRequest*, v1::StopResponse*) override {
+    return Answer(stop_calls_);
+  }
+  int get_status_calls() const { return get_status_calls_; }
+  int stop_calls() const { return stop_calls_; }
+
+ private:
+  grpc::Status Answer(std::atomic<int>& calls) {
+    if (calls++ < failures_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "warming up");
+    return grpc::Status::OK;
+  }
+  const int failures_;
+  std::atomic<int> get_status_calls_{0};
+  std::atomic<int> stop_calls_{0};
+};
+
+const ServiceSpec& TrainerSpec() {
+  static const ServiceSpec* spec = new ServiceSpec{"ckpt.v1.Trainer", "trainer", {"GetStatus"}};
+  return *spec;
+}
+
+class ClientChannelTest : public ::testing::Test {
+ protected:
+  void Serve(int failures) {
+    service_ = std::make_unique<FlakyTrainer>(failures);
+    ASSERT_OK_AND_ASSIGN(server_, GrpcServer::Start({}, {{service_.get(), "ckpt.v1.Trainer"}}));
+  }
+  ClientOptions Options() const {
+    ClientOptions options;
+    options.address = server_->address();
+    options.initial_backoff = absl::Milliseconds(10);
+    return options;
+  }
+  absl::Status GetStatus(const ClientChannel& channel) const {
+    auto stub = v1::Trainer::NewStub(channel.channel());
+    auto context = channel.NewContext(absl::Now() + absl::Seconds(10));
+    v1::TrainerStatus status;
+    return channel.FromCall(stub->GetStatus(context.get(), v1::GetStatusRequest(), &status));
+  }
+  absl::Status Stop(const ClientChannel& channel) const {
+    auto stub = v1::Trainer::NewStub(channel.channel());
+    auto context = channel.NewContext(absl::Now() + absl::Seconds(10));
+    v1::StopResponse response;
+    return channel.FromCall(stub->Stop(context.get(), v1::StopRequest(), &response));
+  }
+
+  std::unique_ptr<FlakyTrainer> service_;
+  std::unique_ptr<GrpcServer> server_;
+};
+
+TEST_F(ClientChannelTest, GrpcRetriesTheNamedReadOnlyMethodsOnUnavailable) {
+  Serve(/*failures=*/2);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ClientChannel> channel,
+                       ClientChannel::Open(Options(), TrainerSpec()));
+  EXPECT_OK(GetStatus(*channel));
+  EXPECT_EQ(service_->get_status_calls(), 3);
+  // A method not named is sent once: it may have changed the server.
+  EXPECT_THAT(Stop(*channel), StatusIs(absl::StatusCode::kUnavailable,
+                                       "trainer at " + server_->address() + ": warming up"));
+  EXPECT_EQ(service_->stop_calls(), 1);
+}
+
+TEST_F(ClientChannelTest, RetriesStopAtMaxRetries) {
+  Serve(/*failures=*/100);
+  ClientOptions options = Options();
+  options.max_retries = 1;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ClientChannel> channel,
+                       ClientChannel::Open(options, TrainerSpec()));
+  EXPECT_THAT(GetStatus(*channel), StatusIs(absl::StatusCode::kUnavailable, "warming up"));
+  EXPECT_EQ(service_->get_status_calls(), 2);
+  options.max_retries = 0;
+  ASSERT_OK_AND_ASSIGN(channel, ClientChannel::Open(options, TrainerSpec()));
+  EXPECT_THAT(GetStatus(*channel), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(service_->get_status_calls(), 3);
+}
+
+TEST_F(ClientChannelTest, RestartOnUnavailableRunsTheAttemptAgainFromTheStart) {
+  Serve(/*failures=*/0);
+  ClientOptions options = Options();
+  options.max_retries = 3;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ClientChannel> channel,
+                       ClientChannel::Open(options, TrainerSpec()));
+  int attempts = 0;
+  EXPECT_OK(channel->RestartOnUnavailable(absl::Seconds(10), [&](std::unique_ptr<grpc::ClientContext>) {
+    return ++attempts < 3 ? absl::UnavailableError("reset") : absl::OkStatus();
+  }));
+  EXPECT_EQ(attempts, 3);
+  attempts = 0;
+  EXPECT_THAT(channel->RestartOnUnavailable(absl::Seconds(10),
+                                            [&](std::unique_ptr<grpc::ClientContext>) {
+                                              ++attempts;
+                                              return absl::UnavailableError("reset");
+                                            }),
+              StatusIs(absl::StatusCode::kUnavailable, "reset"));
+  EXPECT_EQ(attempts, 4);
+  attempts = 0;
+  EXPECT_THAT(channel->RestartOnUnavailable(absl::Seconds(10),
+                                            [&](std::unique_ptr<grpc::ClientContext>) {
+                                              ++attempts;
+                                              return absl::NotFoundError("no such version");
+                                            }),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(attempts, 1);
+}
+
+TEST_F(ClientChannelTest, AServerThatIsDownIsUnavailableNamingIt) {
+  Serve(/*failures=*/0);
+  ClientOptions options = Options();
+  options.connect_timeout = absl::Milliseconds(300);
+  server_->Shutdown(absl::ZeroDuration());
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       "cannot connect to the trainer at " + options.address));
+}
+
+TEST(ClientChannelOptionsTest, BadOptionsAreInvalidArgumentsNamingTheField) {
+  ClientOptions options;
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "address"));
+  options.address = "127.0.0.1:1";
+  options.auth_token = "two words";
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "auth_token"));
+  options.auth_token = "";
+  options.stream_deadline = absl::ZeroDuration();
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "stream_deadline"));
+  options.stream_deadline = absl::Hours(1);
+  options.tls.cert_file = "client.pem";
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tls.key_file"));
+  options.tls.key_file = "client.key";
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tls.ca_file"));
+  options.tls.ca_file = "/no/such/ca.pem";
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kNotFound, "tls.ca_file=/no/such/ca.pem"));
+}
+
+TEST(RetryServiceConfigTest, NamesEachRetriedMethodAndCapsAttemptsAtGrpcsLimit) {
+  ClientOptions options;
+  options.max_retries = 10;
+  const std::string config =
+      RetryServiceConfig(options, {"ckpt.v1.Loader", "loader", {"Preflight", "Other"}});
+  EXPECT_THAT(config, HasSubstr(R"({"service":"ckpt.v1.Loader","method":"Preflight"})"));
+  EXPECT_THAT(config, HasSubstr(R"({"service":"ckpt.v1.Loader","method":"Other"})"));
+  EXPECT_THAT(config, HasSubstr(R"("maxAttempts":5)"));
+  EXPECT_THAT(config, HasSubstr(R"("initialBackoff":"0.100s")"));
+  EXPECT_THAT(config, HasSubstr(R"("waitForReady":false)"));
+  options.max_retries = 0;
+  EXPECT_EQ(RetryServiceConfig(options, {"ckpt.v1.Loader", "loader", {"Preflight"}}), "{}");
+}
+
+}  // namespace
+}  // namespace ckpt
