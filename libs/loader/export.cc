@@ -22,6 +22,7 @@
 #include "libs/loader/loader.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/manifest_validation.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
 #include "libs/tensor/dtype.h"
@@ -52,29 +53,6 @@ std::vector<std::string> SafetensorsLeftOut(const v1::Manifest& manifest,
   return left_out;
 }
 
-// The parameter indices the optimizer state's param_groups list, in order.
-std::vector<int64_t> OptimizerParameterIds(const v1::Value& optimizer) {
-  std::vector<int64_t> ids;
-  auto find = [](const v1::Value& dict, absl::string_view key) -> const v1::Value* {
-    for (const v1::DictEntry& entry : dict.dict_value().entries()) {
-      if (entry.key_case() == v1::DictEntry::kStringKey && entry.string_key() == key) {
-        return &entry.value();
-      }
-    }
-    return nullptr;
-  };
-  const v1::Value* groups = optimizer.has_dict_value() ? find(optimizer, "param_groups") : nullptr;
-  if (groups == nullptr || !groups->has_list_value()) return ids;
-  for (const v1::Value& group : groups->list_value().items()) {
-    const v1::Value* params = group.has_dict_value() ? find(group, "params") : nullptr;
-    if (params == nullptr || !params->has_list_value()) continue;
-    for (const v1::Value& id : params->list_value().items()) {
-      if (id.has_int_value()) ids.push_back(id.int_value());
-    }
-  }
-  return ids;
-}
-
 // Optimizer state is indexed by parameter position over the whole model: a subset may only drop
 // tensors the optimizer does not index (buffers, frozen parameters), and only when the store
 // knows which tensor each index is.
@@ -96,7 +74,9 @@ absl::Status CheckOptimizerAlignment(const v1::Manifest& manifest,
   absl::flat_hash_set<std::string> kept;
   for (const PlannedTensor& tensor : planned) kept.insert(tensor.meta->key());
   std::vector<std::string> dropped;
-  for (int64_t id : OptimizerParameterIds(manifest.optimizer_state())) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
+                   OptimizerParameterIndices(manifest.optimizer_state()));
+  for (int64_t id : ids) {
     auto it = manifest.optimizer_param_names().find(id);
     if (it == manifest.optimizer_param_names().end()) {
       dropped.push_back(absl::StrCat(id, " (unnamed)"));

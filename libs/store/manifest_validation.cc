@@ -172,34 +172,8 @@ absl::Status ValidateOptimizer(const v1::Manifest& header,
         optimizer.has_dict_value() ? " without them (or of other types)" : ""));
   }
 
-  // Parameter indices, in param-group order.
-  std::set<int64_t> params;
-  const v1::ValueList& group_list =
-      groups->has_list_value() ? groups->list_value() : groups->tuple_value();
-  for (int g = 0; g < group_list.items_size(); ++g) {
-    const v1::Value* group_params = FindStringKey(group_list.items(g), "params");
-    if (group_params == nullptr || !group_params->has_list_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
-                                                     "] must be a dict with a 'params' list"));
-    }
-    for (const v1::Value& index : group_params->list_value().items()) {
-      if (!index.has_int_value()) {
-        return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
-                                                       "]['params'] holds a ", KindName(index),
-                                                       "; expected parameter indices (int)"));
-      }
-      if (index.int_value() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
-                                                       "] lists negative parameter index ",
-                                                       index.int_value()));
-      }
-      if (!params.insert(index.int_value()).second) {
-        return absl::InvalidArgumentError(absl::StrCat("optimizer_state lists parameter ",
-                                                       index.int_value(),
-                                                       " in more than one place in param_groups"));
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(const std::vector<int64_t> indices, OptimizerParameterIndices(optimizer));
+  const std::set<int64_t> params(indices.begin(), indices.end());
 
   int64_t trainable_typed = 0;
   for (const v1::TensorMeta& meta : header.tensors()) {
@@ -345,6 +319,45 @@ absl::StatusOr<std::vector<std::string>> ValidateManifestHeader(const v1::Manife
   }
   RETURN_IF_ERROR(ValidateBundleLayout(header.bundle_layout()));
   return warnings;
+}
+
+absl::StatusOr<std::vector<int64_t>> OptimizerParameterIndices(const v1::Value& optimizer) {
+  const v1::Value* groups = FindStringKey(optimizer, "param_groups");
+  if (groups == nullptr || !(groups->has_list_value() || groups->has_tuple_value())) {
+    return absl::InvalidArgumentError(
+        "optimizer_state has no 'param_groups' list: not a PyTorch optimizer state_dict");
+  }
+  std::vector<int64_t> indices;
+  std::set<int64_t> seen;
+  const v1::ValueList& group_list =
+      groups->has_list_value() ? groups->list_value() : groups->tuple_value();
+  for (int g = 0; g < group_list.items_size(); ++g) {
+    const v1::Value* group_params = FindStringKey(group_list.items(g), "params");
+    if (group_params == nullptr || !group_params->has_list_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
+                                                     "] must be a dict with a 'params' list"));
+    }
+    for (const v1::Value& index : group_params->list_value().items()) {
+      if (!index.has_int_value()) {
+        return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
+                                                       "]['params'] holds a ", KindName(index),
+                                                       "; expected parameter indices (int)"));
+      }
+      if (index.int_value() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("optimizer_state param_groups[", g,
+                                                       "] lists negative parameter index ",
+                                                       index.int_value()));
+      }
+      if (!seen.insert(index.int_value()).second) {
+        return absl::InvalidArgumentError(absl::StrCat("optimizer_state lists parameter ",
+                                                       index.int_value(),
+                                                       " in more than one place in param_groups"));
+      }
+      indices.push_back(index.int_value());
+    }
+  }
+
+  return indices;
 }
 
 }  // namespace ckpt

@@ -30,6 +30,7 @@
 //  - a scheduler state that is not a dict (e.g. an opaque pickled object): stored as is;
 //  - state tensors that no value tree references.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ namespace ckpt {
 
 // Validates `header` as described above. Returns the warnings (empty when all is well).
 absl::StatusOr<std::vector<std::string>> ValidateManifestHeader(const v1::Manifest& header);
+
+// The parameter indices an optimizer state_dict's param_groups list, in order (the order
+// torch.optim numbers parameters in). INVALID_ARGUMENT, naming the group, for the malformed
+// param_groups described above (missing, not int, negative, listed twice).
+absl::StatusOr<std::vector<int64_t>> OptimizerParameterIndices(const v1::Value& optimizer);
 
 }  // namespace ckpt
 
