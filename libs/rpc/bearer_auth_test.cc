@@ -33,22 +33,5 @@ TEST(ReadAuthTokenFileTest, RejectsMissingEmptyAndUnprintableTokens) {
               StatusIs(absl::StatusCode::kInvalidArgument, "printable ASCII"));
 }
 
-TEST(CheckBearerTokenTest, AcceptsOnlyTheRightToken) {
-  std::multimap<grpc::string_ref, grpc::string_ref> metadata;
-  EXPECT_THAT(CheckBearerToken(metadata, "", "trainer"), IsOk());
-  EXPECT_THAT(CheckBearerToken(metadata, "t0k", "trainer"),
-              StatusIs(absl::StatusCode::kUnauthenticated, "requires 'authorization"));
-  metadata.emplace("authorization", "Basic t0k");
-  EXPECT_THAT(CheckBearerToken(metadata, "t0k", "trainer"),
-              StatusIs(absl::StatusCode::kUnauthenticated, "not of the form"));
-  metadata.clear();
-  metadata.emplace("authorization", "Bearer t0kk");
-  EXPECT_THAT(CheckBearerToken(metadata, "t0k", "trainer"),
-              StatusIs(absl::StatusCode::kUnauthenticated, "not valid for this trainer"));
-  metadata.clear();
-  metadata.emplace("authorization", "bearer t0k");
-  EXPECT_THAT(CheckBearerToken(metadata, "t0k", "trainer"), IsOk());
-}
-
 }  // namespace
 }  // namespace ckpt

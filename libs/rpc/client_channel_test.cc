@@ -107,9 +107,10 @@ TEST_F(ClientChannelTest, RestartOnUnavailableRunsTheAttemptAgainFromTheStart) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<ClientChannel> channel,
                        ClientChannel::Open(options, TrainerSpec()));
   int attempts = 0;
-  EXPECT_OK(channel->RestartOnUnavailable(absl::Seconds(10), [&](std::unique_ptr<grpc::ClientContext>) {
-    return ++attempts < 3 ? absl::UnavailableError("reset") : absl::OkStatus();
-  }));
+  EXPECT_OK(
+      channel->RestartOnUnavailable(absl::Seconds(10), [&](std::unique_ptr<grpc::ClientContext>) {
+        return ++attempts < 3 ? absl::UnavailableError("reset") : absl::OkStatus();
+      }));
   EXPECT_EQ(attempts, 3);
   attempts = 0;
   EXPECT_THAT(channel->RestartOnUnavailable(absl::Seconds(10),

@@ -1,14 +1,21 @@
 #include "libs/rpc/grpc_server.h"
 
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
+#include "libs/io/read_file.h"
+#include "libs/status/status_macros.h"
 
 namespace ckpt {
 namespace {
@@ -25,13 +32,56 @@ absl::Status ValidateListenAddress(const std::string& address) {
   return absl::OkStatus();
 }
 
+// Reads `path` (named by `what`) and checks that it holds a PEM block, so that a wrong file fails
+// at start-up rather than at every handshake.
+absl::Status CheckPemFile(const std::string& path, absl::string_view what) {
+  ASSIGN_OR_RETURN(const std::string pem, ReadSmallFile(path, what));
+  if (!absl::StrContains(pem, "-----BEGIN ")) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "=", path, " holds no PEM block"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const ServerTlsOptions& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty() && tls.client_ca_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both the server's certificate (tls_cert_file) and its key (tls_key_file)");
+  }
+  if (tls.reload_interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("the TLS reload interval must be at least 1s");
+  }
+  RETURN_IF_ERROR(CheckPemFile(tls.cert_file, "tls_cert_file"));
+  RETURN_IF_ERROR(CheckPemFile(tls.key_file, "tls_key_file"));
+  if (!tls.client_ca_file.empty()) {
+    RETURN_IF_ERROR(CheckPemFile(tls.client_ca_file, "tls_client_ca_file"));
+  }
+  const auto interval = static_cast<unsigned int>(absl::ToInt64Seconds(tls.reload_interval));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key_file, tls.cert_file, tls.client_ca_file, interval);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (tls.client_ca_file.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
 }  // namespace
+
+bool IsLoopbackHost(absl::string_view host) {
+  return absl::StartsWith(host, "127.") || host == "localhost" || host == "[::1]" || host == "::1";
+}
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const GrpcServerOptions& options, std::vector<ServiceBinding> services) {
-  if (absl::Status valid = ValidateListenAddress(options.listen_address); !valid.ok()) {
-    return valid;
-  }
+  RETURN_IF_ERROR(ValidateListenAddress(options.listen_address));
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_message_bytes must be positive, got ", options.max_message_bytes));
@@ -39,12 +89,15 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   if (services.empty()) {
     return absl::InvalidArgumentError("a gRPC server needs at least one service to serve");
   }
-  // Process-wide switch; must be set before the first server is built.
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ServerCredentials(options.tls));
+  // Process-wide switches; must be set before the first server is built.
   grpc::EnableDefaultHealthCheckService(true);
+  if (options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(options.listen_address, credentials, &bound_port);
   // SO_REUSEPORT would let a second server bind a port already serving, splitting traffic
   // between two stores; fail loudly instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -64,6 +117,15 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     for (const ServiceBinding& binding : services) health->SetServingStatus(binding.name, true);
   }
   const std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
+  if (options.tls.cert_file.empty() && !IsLoopbackHost(host)) {
+    std::fprintf(stderr,
+                 "WARNING: serving %s:%d in PLAINTEXT on an address other machines can reach.\n"
+                 "WARNING: anyone on the network can read the calls, their tensors and bearer "
+                 "tokens, and forge calls.\n"
+                 "WARNING: pass --tls_cert_file and --tls_key_file (and --tls_client_ca_file for "
+                 "mutual TLS), or listen on 127.0.0.1.\n",
+                 host.c_str(), bound_port);
+  }
   return std::unique_ptr<GrpcServer>(
       new GrpcServer(std::move(server), bound_port, absl::StrCat(host, ":", bound_port)));
 }
