@@ -1,6 +1,7 @@
 // The `ckpt` binary as users run it: on files real PyTorch wrote, against an embedded store and
 // against a real checkpoint_store server with a token. Checks output, exit codes and errors.
 
+#include <pwd.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,8 +10,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -22,7 +25,9 @@
 namespace ckpt {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 
 using Result = testing::ShellResult;
 
@@ -66,6 +71,72 @@ TEST_F(CkptCliTest, EmbeddedStoreWorkflow) {
   EXPECT_EQ(Ckpt("rm mlp@1 --force " + store).exit_code, 0);
   Result stats = Ckpt("stats " + store);
   EXPECT_THAT(stats.output, HasSubstr("versions: 1"));
+}
+
+TEST_F(CkptCliTest, AuditSaysWhoChangedAnEmbeddedStoreAndHow) {
+  const std::string store = "--store_dir=" + Dir() + "/audited";
+  ASSERT_EQ(Ckpt(absl::StrCat("import ", Dir(), "/ddp_cuda1.pt --model mlp --alias best ", store))
+                .exit_code,
+            0);
+  ASSERT_EQ(Ckpt(absl::StrCat("import ", Dir(), "/bundle.pt --model mlp ", store)).exit_code, 0);
+  ASSERT_EQ(Ckpt("tag mlp@2 best " + store).exit_code, 0);
+  EXPECT_EQ(Ckpt("tag mlp@9 best " + store).exit_code, 1);
+  ASSERT_EQ(Ckpt("untag mlp best " + store).exit_code, 0);
+  ASSERT_EQ(Ckpt("rm mlp@1 " + store).exit_code, 0);
+  ASSERT_EQ(Ckpt("gc --dry-run " + store).exit_code, 0);  // changes nothing: not recorded
+  ASSERT_EQ(Ckpt("gc " + store).exit_code, 0);
+  const struct passwd* user = getpwuid(geteuid());
+  ASSERT_NE(user, nullptr);
+  const std::string identity = absl::StrCat("local:", user->pw_name);
+
+  Result text = Ckpt("audit " + store);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  const std::vector<std::string> lines = absl::StrSplit(text.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 7u) << text.output;
+  const std::string by = absl::StrCat("  ", identity, "  local  ");
+  EXPECT_THAT(
+      lines[0],
+      MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[.][0-9]{6}Z  .*"));
+  EXPECT_THAT(lines[0], HasSubstr(by + "commit  mlp@1 alias best  OK  committed mlp@1: "));
+  EXPECT_THAT(lines[1], HasSubstr(by + "commit  mlp@2  OK  committed mlp@2: "));
+  EXPECT_THAT(lines[2], HasSubstr(by + "set_alias  mlp@2 alias best  OK  alias best: 1 -> 2"));
+  EXPECT_THAT(lines[3], HasSubstr(by + "set_alias  mlp@9 alias best  FAILED NOT_FOUND: mlp@9 "
+                                       "not found  alias best -> 9"));
+  EXPECT_THAT(lines[4], HasSubstr(by + "delete_alias  mlp alias best  OK  alias best deleted"));
+  EXPECT_THAT(lines[5], HasSubstr(by + "delete_version  mlp@1  OK  deleted mlp@1"));
+  EXPECT_THAT(lines[6], HasSubstr(by + "garbage_collect  -  OK  reclaimed "));
+
+  Result json = Ckpt("audit mlp --json " + store);
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const std::vector<std::string> objects = absl::StrSplit(json.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(objects.size(), 6u) << json.output;  // gc touches no model
+  std::vector<std::string> actions;
+  for (const std::string& object : objects) {
+    const nlohmann::json record = nlohmann::json::parse(object);
+    EXPECT_EQ(record["identity"], identity);
+    EXPECT_EQ(record["peer"], "local");
+    EXPECT_EQ(record["model"], "mlp");
+    actions.push_back(record["action"].get<std::string>() + " " +
+                      record["outcome"].get<std::string>());
+  }
+  EXPECT_THAT(actions, ElementsAre("commit OK", "commit OK", "set_alias OK", "set_alias FAILED",
+                                   "delete_alias OK", "delete_version OK"));
+  const nlohmann::json failed = nlohmann::json::parse(objects[3]);
+  EXPECT_EQ(failed["error_code"], "NOT_FOUND");
+  EXPECT_EQ(failed["version"], 9);
+  EXPECT_EQ(failed["sequence"], 4);
+
+  EXPECT_EQ(Ckpt("audit --since=1h " + store).output, text.output);
+  Result future = Ckpt("audit --since=2999-01-01T00:00:00Z " + store);
+  EXPECT_EQ(future.exit_code, 0);
+  EXPECT_EQ(future.output, "");
+  Result bad_since = Ckpt("audit --since=yesterday " + store);
+  EXPECT_EQ(bad_since.exit_code, 1);
+  EXPECT_THAT(bad_since.output, HasSubstr("neither a duration"));
+
+  // Whoever committed is the producer.
+  EXPECT_THAT(Ckpt("show mlp@2 " + store).output, HasSubstr("by " + identity));
+  EXPECT_THAT(Ckpt("--help").output, HasSubstr("audit [MODEL]"));
 }
 
 TEST_F(CkptCliTest, ConvertAndInspect) {
@@ -122,6 +193,12 @@ TEST_F(CkptCliTest, RemoteStoreWithToken) {
   EXPECT_EQ(imported.exit_code, 0) << imported.output;
   Result listed = Ckpt("ls " + auth);
   EXPECT_THAT(listed.output, HasSubstr("net"));
+  // The server audits the import as its caller (the holder of the shared token), from this
+  // client's address.
+  Result audited = Ckpt("audit " + auth);
+  EXPECT_EQ(audited.exit_code, 0) << audited.output;
+  EXPECT_THAT(audited.output, HasSubstr("  token  ipv4:127.0.0.1:"));
+  EXPECT_THAT(audited.output, HasSubstr("  commit  net@1  OK  committed net@1: "));
   EXPECT_EQ(Ckpt("verify " + auth).exit_code, 0);
   kill(server, SIGTERM);
   int status = 0;

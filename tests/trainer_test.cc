@@ -231,6 +231,10 @@ TEST(TrainerTest, TwoRanksFollowOneRankOverTheSameGlobalBatches) {
   }
   // The loss falls: the default task is learnable.
   EXPECT_LT(two_losses.back().second, two_losses.front().second);
+  // Rank 0 lent its embedded store to rank 1 on loopback only.
+  EXPECT_THAT(ReadFile(two + ".log"),
+              HasSubstr("lending the embedded store to the other ranks on 127.0.0.1:"));
+  EXPECT_THAT(ReadFile(two + ".log"), HasSubstr("(loopback only)"));
 
   // Two micro-batches of 16 per rank, the first under NoSync, make the same steps again.
   const std::string accumulated = TempPath("accumulated");

@@ -2,8 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/audited_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 
 namespace ckpt {
@@ -19,20 +21,25 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenCheckpointStore(
     RemoteStoreOptions options;
     options.address = location.address;
     options.auth_token = location.auth_token;
+    options.tls = location.tls;
     ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> store,
                      RemoteCheckpointStore::Connect(options));
     return std::unique_ptr<CheckpointStore>(std::move(store));
   }
-  if (!location.auth_token.empty()) {
+  if (!location.auth_token.empty() || !location.tls.ca_file.empty()) {
     return absl::InvalidArgumentError(
-        "an auth token goes with a store service's address, not a store directory");
+        "an auth token or TLS settings go with a store service's address, not a store "
+        "directory");
   }
   StoreOptions options;
   options.db_path = location.directory;
   options.create_if_missing = location.create_if_missing;
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
                    RocksDbCheckpointStore::Open(options));
-  return std::unique_ptr<CheckpointStore>(std::move(store));
+  // A remote store's server audits the calls made to it; a directory opened here has no server,
+  // so this process records its own changes, as the user it runs as.
+  return std::unique_ptr<CheckpointStore>(std::make_unique<AuditedStore>(
+      std::move(store), AuditedStore::Actor{absl::StrCat("local:", ProcessUserName()), "local"}));
 }
 
 }  // namespace ckpt

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "libs/rpc/client_channel.h"
 #include "libs/store/checkpoint_store.h"
 
 namespace ckpt {
@@ -23,6 +24,9 @@ struct StoreLocation {
   std::string address;
   // With address: the bearer token the service wants (empty: none).
   std::string auth_token;
+  // With address: TLS towards the service (CA, and a client certificate for mutual TLS);
+  // plaintext when tls.ca_file is empty.
+  ClientTlsOptions tls;
   // A RocksDB store directory, opened in this process (no other process may have it open).
   std::string directory;
   // With directory: create an empty store when there is none.
@@ -32,6 +36,10 @@ struct StoreLocation {
   std::string ToString() const { return address.empty() ? directory : address; }
 };
 
+// A directory's store comes wrapped in an AuditedStore (libs/store/audited_store.h) naming this
+// process's user, "local:<user name>" from peer "local", so changes made in-process are audited as
+// a server audits its callers; a remote store is returned as it is (its server audits).
+//
 // INVALID_ARGUMENT unless exactly one of address and directory is given, or for an auth_token
 // without an address; otherwise the errors of RocksDbCheckpointStore::Open (NOT_FOUND for a
 // directory without a store and !create_if_missing) or RemoteCheckpointStore::Connect

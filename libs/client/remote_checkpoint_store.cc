@@ -43,7 +43,8 @@ std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.
 // config); every other call may have changed the store and is sent once.
 const std::vector<std::string>& ReadOnlyMethods() {
   static const auto* methods = new std::vector<std::string>{
-      "FindMissingChunks", "ListModels", "ListVersions", "GetManifest", "Verify", "GetStats"};
+      "FindMissingChunks", "ListModels", "ListVersions", "GetManifest", "Verify",
+      "GetStats",          "ListAudit"};
   return *methods;
 }
 
@@ -688,6 +689,56 @@ absl::StatusOr<v1::StoreStats> RemoteCheckpointStore::GetStats() {
   RETURN_IF_ERROR(connection_->Call("GetStats", &Stub::GetStats, request, &stats,
                                     connection_->options().deadline));
   return stats;
+}
+
+absl::StatusOr<int64_t> RemoteCheckpointStore::BeginAudit(v1::AuditRecord record) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot write the audit record of a '", record.action(), "' call to the store at ", address(),
+      ": a store server records its own audit of the calls made to it, naming the caller it "
+      "authenticated, so a client must not write records on anyone's behalf; make the call "
+      "itself instead"));
+}
+
+absl::Status RemoteCheckpointStore::FinishAudit(int64_t sequence, const absl::Status&,
+                                                absl::string_view, int64_t) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot finish audit record ", sequence, " of the store at ", address(),
+      ": a store server records its own audit of the calls made to it; a client writes none"));
+}
+
+absl::StatusOr<std::vector<v1::AuditRecord>> RemoteCheckpointStore::ListAudit(
+    const AuditQuery& query) {
+  if (query.after_sequence < 0 || query.limit < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("audit query: after_sequence (",
+                                                   query.after_sequence, ") and limit (",
+                                                   query.limit, ") must not be negative"));
+  }
+  std::vector<v1::AuditRecord> records;
+  v1::ListAuditRequest request;
+  request.set_model(query.model);
+  request.set_since_unix_micros(
+      query.since == absl::InfinitePast() ? 0 : absl::ToUnixMicros(query.since));
+  request.set_after_sequence(query.after_sequence);
+  while (true) {
+    const int64_t wanted = query.limit > 0 ? query.limit - static_cast<int64_t>(records.size())
+                                           : int64_t{kListPageSize};
+    request.set_page_size(static_cast<int32_t>(std::min<int64_t>(wanted, kListPageSize)));
+    v1::ListAuditResponse response;
+    RETURN_IF_ERROR(connection_->Call("ListAudit", &Stub::ListAudit, request, &response,
+                                      connection_->options().deadline));
+    for (v1::AuditRecord& record : *response.mutable_records()) {
+      records.push_back(std::move(record));
+    }
+    if (response.next_after_sequence() == 0) break;
+    if (response.next_after_sequence() <= request.after_sequence()) {
+      return absl::InternalError(absl::StrCat("ListAudit returned next_after_sequence ",
+                                              response.next_after_sequence(), " for a page after ",
+                                              request.after_sequence()));
+    }
+    if (query.limit > 0 && static_cast<int64_t>(records.size()) >= query.limit) break;
+    request.set_after_sequence(response.next_after_sequence());
+  }
+  return records;
 }
 
 }  // namespace ckpt

@@ -32,6 +32,9 @@
 //    key; the main stream stays where it was. Every chunk's length and xxh3 are checked on
 //    arrival against the manifest (DATA_LOSS naming the chunk), as the local store does on disk.
 //
+// Audit: every change made through this client is recorded by the server (identity, peer, what);
+// ListAudit reads that log. BeginAudit / FinishAudit are refused (see below).
+//
 // What the wire cannot do: CheckpointStore::ReadTensorChunks (reading by chunk list, outside a
 // version) returns UNIMPLEMENTED; use OpenVersion(MODEL@N)->ReadTensorChunks. A remote
 // AddTensorData does not store chunks before it returns (the server does, shortly after), and
@@ -107,6 +110,14 @@ class RemoteCheckpointStore final : public CheckpointStore {
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
+
+  // The server's audit log, paged through until complete (or query.limit).
+  absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
+  // FAILED_PRECONDITION: the server audits the calls made to it, naming the caller it
+  // authenticated (services/checkpoint_store); a client must not write records on its behalf.
+  absl::StatusOr<int64_t> BeginAudit(v1::AuditRecord record) override;
+  absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
+                           int64_t version) override;
 
   const std::string& address() const;
 

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/audited_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/testing/store_conformance.h"
@@ -445,6 +446,73 @@ TEST_F(RemoteCheckpointStoreTest, ARestartedServerIsFoundAgainWithoutErrors) {
   ASSERT_OK(remote->SetAlias("m", "best", 1).status());
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@best")));
   ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
+}
+
+TEST_F(RemoteCheckpointStoreTest, TheServerAuditsEveryChangeAndListAuditReadsItBack) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  CommitOptions with_best;
+  with_best.aliases = {"best"};
+  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1), with_best).status());
+  CheckpointContents claimed = SmallCheckpoint(2);
+  claimed.metadata.set_producer("train.py on gpu-7");
+  ASSERT_OK(remote->CommitCheckpoint("m", claimed).status());
+  ASSERT_OK(remote->SetAlias("m", "best", 2).status());
+  EXPECT_THAT(remote->SetAlias("m", "best", 9), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(remote->DeleteAlias("m", "best"));
+  ASSERT_OK(remote->DeleteVersion("m", 1, /*force=*/false).status());
+  ASSERT_OK(remote->GarbageCollect(/*dry_run=*/true).status());  // changes nothing: not recorded
+  ASSERT_OK(remote->GarbageCollect(/*dry_run=*/false).status());
+  ASSERT_OK(remote->ListVersions("m").status());  // reads are not recorded
+
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::AuditRecord> records, remote->ListAudit({}));
+  std::vector<std::string> actions;
+  for (const v1::AuditRecord& record : records) {
+    SCOPED_TRACE(record.ShortDebugString());
+    actions.push_back(absl::StrCat(
+        record.sequence(), " ", record.action(), " ", record.model(), "@", record.version(), " ",
+        v1::AuditRecord::Outcome_Name(record.outcome()), " ", record.error_code()));
+    EXPECT_EQ(record.identity(), "anonymous");
+    EXPECT_THAT(record.peer(), ::testing::StartsWith("ipv4:127.0.0.1:"));
+    EXPECT_GT(record.unix_micros(), 0);
+  }
+  EXPECT_THAT(actions, ElementsAre("1 commit m@1 OK 0", "2 commit m@2 OK 0", "3 set_alias m@2 OK 0",
+                                   "4 set_alias m@9 FAILED 5", "5 delete_alias m@0 OK 0",
+                                   "6 delete_version m@1 OK 0", "7 garbage_collect @0 OK 0"));
+  ASSERT_EQ(records.size(), 7u);
+  EXPECT_EQ(records[2].detail(), "alias best: 1 -> 2");
+  EXPECT_THAT(records[3].error_message(), HasSubstr("m@9 not found"));
+
+  // The same records as the server's store holds, field for field.
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::AuditRecord> on_disk, local_->ListAudit({}));
+  ASSERT_EQ(on_disk.size(), records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    EXPECT_TRUE(MessageDifferencer::Equals(records[i], on_disk[i])) << i;
+  }
+  AuditQuery query;
+  query.model = "m";
+  query.after_sequence = 2;
+  query.limit = 2;
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::AuditRecord> page, remote->ListAudit(query));
+  ASSERT_EQ(page.size(), 2u);
+  EXPECT_EQ(page[0].sequence(), 3);
+  EXPECT_EQ(page[1].sequence(), 4);
+
+  // The producer is who committed, as the server saw it.
+  ASSERT_OK_AND_ASSIGN(v1::Manifest second, remote->GetManifest(Ref("m@2")));
+  EXPECT_EQ(second.metadata().producer(), "anonymous");
+  EXPECT_EQ(second.metadata().labels().at("client_producer"), "train.py on gpu-7");
+
+  // A client cannot write records for anyone, so an AuditedStore over it changes nothing.
+  EXPECT_THAT(remote->BeginAudit(records[0]),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "records its own audit"));
+  EXPECT_THAT(remote->FinishAudit(1, absl::OkStatus(), "", 0),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  AuditedStore impostor(*remote, {"mallory", "local"});
+  EXPECT_THAT(impostor.SetAlias("m", "best", 2), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_OK_AND_ASSIGN(records, remote->ListAudit({}));
+  EXPECT_EQ(records.size(), 7u);
 }
 
 TEST(RemoteStoreOptionsTest, BadOptionsAreInvalidArguments) {

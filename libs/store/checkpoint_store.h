@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
@@ -186,6 +187,36 @@ struct LoadedCheckpoint {
   CheckpointContents contents;
 };
 
+// AuditRecord.action of each kind of change.
+inline constexpr absl::string_view kAuditCommit = "commit";
+inline constexpr absl::string_view kAuditSetAlias = "set_alias";
+inline constexpr absl::string_view kAuditDeleteAlias = "delete_alias";
+inline constexpr absl::string_view kAuditDeleteVersion = "delete_version";
+inline constexpr absl::string_view kAuditApplyRetention = "apply_retention";
+inline constexpr absl::string_view kAuditGarbageCollect = "garbage_collect";
+
+// Whether `action` is one of the kAudit* actions above.
+inline bool IsAuditAction(absl::string_view action) {
+  for (absl::string_view known :
+       {kAuditCommit, kAuditSetAlias, kAuditDeleteAlias, kAuditDeleteVersion, kAuditApplyRetention,
+        kAuditGarbageCollect}) {
+    if (action == known) return true;
+  }
+  return false;
+}
+
+// Which audit records ListAudit returns (every filter applies): oldest first.
+struct AuditQuery {
+  // Only records of this model; empty: every model, and calls of none (garbage collection).
+  std::string model;
+  // Only calls begun at or after this time; InfinitePast(): all.
+  absl::Time since = absl::InfinitePast();
+  // Only records after this sequence number (paging: the last one a previous call returned).
+  int64_t after_sequence = 0;
+  // At most this many records; 0: no limit.
+  int64_t limit = 0;
+};
+
 class CheckpointStore {
  public:
   virtual ~CheckpointStore() = default;
@@ -281,6 +312,32 @@ class CheckpointStore {
   virtual absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) = 0;
 
   virtual absl::StatusOr<v1::StoreStats> GetStats() = 0;
+
+  // ---- Audit log.
+  //
+  // Every change to the store is recorded write-ahead by whoever makes it on behalf of a caller
+  // (AuditedStore, audited_store.h, does it for each mutating call): BeginAudit durably records
+  // the call with outcome PENDING before the change, FinishAudit rewrites that record with the
+  // outcome after it. The store methods above do not audit themselves: they do not know who is
+  // calling.
+
+  // Records `record` (identity, peer, action, model, version, alias, detail as given) with a
+  // fresh sequence number, the current time and outcome PENDING, durably (as durable as a
+  // commit: StoreOptions::sync_commits), and returns the sequence number. INVALID_ARGUMENT for an
+  // empty identity or an unknown action; FAILED_PRECONDITION where the store cannot take records
+  // from its caller (a remote store records the calls made to it itself).
+  virtual absl::StatusOr<int64_t> BeginAudit(v1::AuditRecord record) = 0;
+
+  // Rewrites record `sequence` with the call's outcome (OK, or FAILED with outcome's code and
+  // message), `detail` (what changed, for people) and, when `version` > 0, the version the call
+  // made or touched (a commit's version is only known once it committed). NOT_FOUND for an
+  // unknown sequence; FAILED_PRECONDITION when the record is no longer PENDING, or as BeginAudit.
+  virtual absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome,
+                                   absl::string_view detail, int64_t version) = 0;
+
+  // The records `query` selects, oldest (lowest sequence) first. PENDING records are returned
+  // as stored. INVALID_ARGUMENT for a bad model name or a negative after_sequence or limit.
+  virtual absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) = 0;
 };
 
 }  // namespace ckpt

@@ -94,8 +94,9 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
   // After the database: its lock keeps a second process from writing the same packs.
   ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs,
                    PackDirectory::Open(absl::StrCat(options.db_path, "/packs")));
-  return std::unique_ptr<RocksDbCheckpointStore>(new RocksDbCheckpointStore(
-      std::make_shared<Core>(options, std::move(db), std::move(packs), skip_hashing)));
+  auto core = std::make_shared<Core>(options, std::move(db), std::move(packs), skip_hashing);
+  RETURN_IF_ERROR(core->LoadAuditLog());
+  return std::unique_ptr<RocksDbCheckpointStore>(new RocksDbCheckpointStore(std::move(core)));
 }
 
 const std::string& RocksDbCheckpointStore::db_path() const { return core_->options().db_path; }

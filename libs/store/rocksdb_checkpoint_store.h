@@ -98,6 +98,14 @@ class RocksDbCheckpointStore final : public CheckpointStore {
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
 
+  // Records live in the `audit` column family (rocksdb_schema.h), one per call, keyed by
+  // sequence number; each write is a synced batch of its own (see StoreOptions::sync_commits),
+  // so a PENDING record is on disk before the change it announces is applied.
+  absl::StatusOr<int64_t> BeginAudit(v1::AuditRecord record) override;
+  absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
+                           int64_t version) override;
+  absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
+
   const std::string& db_path() const;
 
   // Internal state shared with sessions and readers (internal/rocksdb_store_core.h).

@@ -15,7 +15,8 @@ namespace ckpt {
 namespace {
 
 constexpr absl::string_view kColumnFamilyNames[kColumnFamilyCount] = {
-    "default", "models", "versions", "aliases", "chunks", "refs", "uploads", "packed_chunks",
+    "default", "models",  "versions",      "aliases", "chunks",
+    "refs",    "uploads", "packed_chunks", "audit",
 };
 
 constexpr uint64_t kKiB = 1024;
@@ -97,6 +98,10 @@ std::string UploadChunkKey(absl::string_view upload_id, absl::string_view sha256
   return absl::StrCat(upload_id, sha256);
 }
 
+std::string AuditKey(int64_t sequence) {
+  return EncodeBigEndian64(static_cast<uint64_t>(sequence));
+}
+
 rocksdb::DBOptions MakeDbOptions(bool create_if_missing) {
   rocksdb::DBOptions options;
   options.create_if_missing = create_if_missing;
@@ -164,7 +169,8 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
     case ColumnFamily::kModels:
     case ColumnFamily::kAliases:
     case ColumnFamily::kUploads:
-      // Small and few records.
+    case ColumnFamily::kAudit:
+      // Small and few records (audit records: one or two per change, a few hundred bytes each).
       options.compression = rocksdb::kNoCompression;
       options.write_buffer_size = 4 * kMiB;
       break;

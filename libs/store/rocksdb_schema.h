@@ -12,8 +12,10 @@
 //   chunks         SHA-256 (32 raw bytes)                  the chunk's bytes (schema 1 only)
 //   packed_chunks  SHA-256 (32 raw bytes)                  store.PackedChunk (pack, offset)
 //   refs           SHA-256 (32 raw bytes)                  store.ChunkRecord (refcount, length,
-//   xxh3) uploads        UPLOAD_ID (16 hex digits)               store.UploadRecord uploads
-//   UPLOAD_ID SHA-256                       uint64 big-endian chunk length
+//                                                          xxh3)
+//   uploads        UPLOAD_ID (16 hex digits)               store.UploadRecord
+//   uploads        UPLOAD_ID SHA-256                       uint64 big-endian chunk length
+//   audit          uint64 big-endian SEQUENCE              v1.AuditRecord (who changed what)
 //
 // '\0' cannot occur in model names (version_ref.h), so "a\0..." and "ab\0..." never interleave,
 // and big-endian versions iterate in numeric order, so the newest version of a model is the last
@@ -49,8 +51,12 @@ enum class ColumnFamily : int {
   kRefs,
   kUploads,
   kPackedChunks,
+  // Added without a schema version change: RocksDB creates it when a store written before it is
+  // opened (create_missing_column_families). Builds from before it refuse to open a store that
+  // has it ("column families not opened: audit") rather than silently ignore its records.
+  kAudit,
 };
-inline constexpr int kColumnFamilyCount = 8;
+inline constexpr int kColumnFamilyCount = 9;
 
 // RocksDB's name for `cf` ("default", "models", ...).
 absl::string_view ColumnFamilyName(ColumnFamily cf);
@@ -80,6 +86,9 @@ std::string AliasKey(absl::string_view model, absl::string_view alias);
 // The alias of an `aliases` key that starts with ModelPrefix(model).
 absl::string_view AliasFromKey(absl::string_view key, absl::string_view model);
 std::string UploadChunkKey(absl::string_view upload_id, absl::string_view sha256);
+// Audit records sort by sequence number, so the log reads oldest first and the newest record is
+// the last key.
+std::string AuditKey(int64_t sequence);
 
 // DB-wide options: 2 background jobs (the build and serving machines have 2 cores), WAL and
 // blob-file writeback smoothed with *_bytes_per_sync, memtables capped store-wide.

@@ -1,5 +1,6 @@
 // checkpoint_store: serves a RocksDB checkpoint store over gRPC (ckpt.v1.CheckpointStore plus
-// grpc.health.v1.Health).
+// grpc.health.v1.Health and reflection), in plaintext or over TLS / mutual TLS, with named
+// identities and roles (--identities_file).
 //
 //   bazel run //services/checkpoint_store -- --db_path=/data/ckpt --listen=127.0.0.1:50051
 //
@@ -32,9 +33,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/io/atomic_file.h"
-#include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
+#include "libs/rpc/server_security.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/checkpoint_store/store_service.h"
 
@@ -49,9 +50,25 @@ ABSL_FLAG(std::string, port_file, "",
           "atomically, once the server is serving, for scripts that start it on port 0. "
           "Default: none.");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the bearer token every call must present as metadata 'authorization: "
-          "Bearer <token>' (surrounding whitespace is ignored; health checks stay open). "
-          "Default: none, calls are not authenticated.");
+          "File holding one bearer token every call must present as metadata 'authorization: "
+          "Bearer <token>' (surrounding whitespace is ignored; health checks and reflection stay "
+          "open); its holder may do anything. For named identities with roles use "
+          "--identities_file instead. Default: none.");
+ABSL_FLAG(std::string, identities_file, "",
+          "JSON file of named identities, each with a role (reader, writer, admin), optional "
+          "model-name patterns, and a token_sha256 or a client certificate name "
+          "(libs/rpc/access_policy.h; README 'Serving the store to other teams'). Re-read when it "
+          "changes. Default: none (every caller is admitted).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of this server: serve TLS (with --tls_key_file). Re-read when "
+          "it changes. Default: plaintext, which is refused to nobody but warned about on any "
+          "address other than loopback.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: require every client to present a certificate signed by it (mutual "
+          "TLS); its SAN or CN is the caller's identity. Default: no client certificates.");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "How often the TLS files are checked for a rotated certificate. Default 60s.");
 ABSL_FLAG(int, max_message_bytes, 16 << 20,
           "Largest gRPC message received or sent, in bytes. Tensor bytes move in pieces of at "
           "most 1 MiB, so this bounds manifests and listings; at least 1114112 (1 MiB + 64 KiB). "
@@ -110,12 +127,17 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
     return absl::InvalidArgumentError(
         absl::StrCat("--worker_threads must be at least 1, got ", config.service.worker_threads));
   }
-  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadAuthTokenFile(token_file);
-    if (!token.ok()) return token.status();
-    config.service.auth_token = *std::move(token);
-  }
+  ServerSecurityFlags security_flags;
+  security_flags.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  security_flags.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  security_flags.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  security_flags.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
+  security_flags.identities_file = absl::GetFlag(FLAGS_identities_file);
+  security_flags.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags);
+  if (!security.ok()) return security.status();
+  config.server.tls = security->tls;
+  config.service.access = security->access;
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (config.shutdown_grace < absl::ZeroDuration()) {
@@ -173,7 +195,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves a ckpt checkpoint store over gRPC.\n"
       "  checkpoint_store --db_path=DIR [--listen=127.0.0.1:0] [--port_file=FILE]\n"
-      "                   [--auth_token_file=FILE] [--shutdown_grace=10s]");
+      "                   [--tls_cert_file=PEM --tls_key_file=PEM [--tls_client_ca_file=PEM]]\n"
+      "                   [--identities_file=JSON | --auth_token_file=FILE] "
+      "[--shutdown_grace=10s]");
   ckpt::SetHelpFlagsFile("services/checkpoint_store/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ckpt::ServerConfig> config = ckpt::ConfigFromFlags(positional);

@@ -13,9 +13,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "libs/rpc/bearer_auth.h"
+#include "libs/rpc/access_policy.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/audited_store.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 #include "services/checkpoint_store/internal/work_queue.h"
@@ -51,10 +52,13 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
                 v1::UploadResponse* response)
       : service_(*service), context_(*context), response_(*response) {
     service_.StreamStarted();
-    if (absl::Status authorized = service_.Authorize(context_); !authorized.ok()) {
-      Finish(ToGrpcStatus(authorized));
+    // The role now; the model's scope when the header names it.
+    absl::StatusOr<Caller> caller = service_.Authorize(context_, "Upload", "");
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
       return;
     }
+    caller_ = *std::move(caller);
     StartRead(&request_);
   }
 
@@ -115,11 +119,13 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
           return absl::InvalidArgumentError("the Upload stream sent a second UploadHeader");
         }
         const v1::UploadHeader& header = request_.header();
+        RETURN_IF_ERROR(AccessPolicy::Authorize(caller_, "Upload", header.model()));
         CommitOptions options;
         options.expected_latest_version = header.expected_latest_version();
         options.aliases.assign(header.aliases().begin(), header.aliases().end());
-        ASSIGN_OR_RETURN(session_,
-                         service_.store_.BeginUpload(header.model(), header.manifest(), options));
+        // The session keeps the store, not this AuditedStore; its Commit is audited.
+        AuditedStore audited(service_.store_, ActorOf(caller_));
+        ASSIGN_OR_RETURN(session_, audited.BeginUpload(header.model(), header.manifest(), options));
         aliases_ = std::set<std::string>(header.aliases().begin(), header.aliases().end());
         accepted_header = true;
         return absl::OkStatus();
@@ -186,6 +192,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
   v1::UploadRequest request_;
   std::unique_ptr<UploadSession> session_;
   std::set<std::string> aliases_;
+  Caller caller_;  // who opened the stream (the model scope is checked at the header).
   bool committed_ = false;
 };
 
@@ -201,13 +208,11 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
                   const grpc::ByteBuffer* request)
       : service_(*service), context_(*context) {
     service_.StreamStarted();
-    if (absl::Status authorized = service_.Authorize(context_); !authorized.ok()) {
-      Finish(ToGrpcStatus(authorized));
-      return;
-    }
-    if (absl::Status parsed = ParseFromByteBuffer(*request, "DownloadRequest", &request_);
-        !parsed.ok()) {
-      Finish(ToGrpcStatus(parsed));
+    absl::Status ready = ParseFromByteBuffer(*request, "DownloadRequest", &request_);
+    if (ready.ok())
+      ready = service_.Authorize(context_, "Download", request_.ref().model()).status();
+    if (!ready.ok()) {
+      Finish(ToGrpcStatus(ready));
       return;
     }
     service_.Schedule([this] { Open(); });
@@ -394,6 +399,7 @@ absl::StatusOr<std::unique_ptr<StoreService>> StoreService::Create(CheckpointSto
 StoreService::StoreService(CheckpointStore* store, StoreServiceOptions options)
     : store_(*store),
       options_(std::move(options)),
+      access_(AccessPolicy::Resolve(options_.access, options_.auth_token)),
       payload_pool_(PayloadPool::Create(kChunkBytes, /*max_idle=*/4)),
       work_queue_(std::make_unique<WorkQueue>(options_.worker_threads)) {}
 
@@ -406,8 +412,10 @@ StoreService::~StoreService() {
   work_queue_.reset();  // Runs what is queued, joins.
 }
 
-absl::Status StoreService::Authorize(const grpc::CallbackServerContext& context) const {
-  return CheckBearerToken(context.client_metadata(), options_.auth_token, "checkpoint store");
+absl::StatusOr<Caller> StoreService::Authorize(const grpc::CallbackServerContext& context,
+                                               absl::string_view method,
+                                               absl::string_view model) const {
+  return access_->Check(context, "checkpoint store", method, model);
 }
 
 void StoreService::Schedule(std::function<void()> work) { work_queue_->Schedule(std::move(work)); }
@@ -422,20 +430,22 @@ void StoreService::StreamDone() {
   --active_streams_;
 }
 
-grpc::ServerUnaryReactor* StoreService::RunUnary(grpc::CallbackServerContext* context,
-                                                 std::function<absl::Status()> work) {
+grpc::ServerUnaryReactor* StoreService::RunUnary(
+    grpc::CallbackServerContext* context, absl::string_view method, absl::string_view model,
+    std::function<absl::Status(const Caller& caller)> work) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
-    reactor->Finish(ToGrpcStatus(authorized));
+  absl::StatusOr<Caller> caller = Authorize(*context, method, model);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  Schedule([context, reactor, work = std::move(work)] {
+  Schedule([context, reactor, caller = *std::move(caller), work = std::move(work)] {
     // A call whose deadline passed while it waited in the queue is not run at all.
     if (context->IsCancelled()) {
       reactor->Finish(Cancelled());
       return;
     }
-    reactor->Finish(ToGrpcStatus(work()));
+    reactor->Finish(ToGrpcStatus(work(caller)));
   });
   return reactor;
 }
@@ -453,13 +463,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StoreService::Download(
 grpc::ServerUnaryReactor* StoreService::FindMissingChunks(
     grpc::CallbackServerContext* context, const v1::FindMissingChunksRequest* request,
     v1::FindMissingChunksResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::vector<std::string> missing,
-                     store_.FindMissingChunks(std::vector<std::string>(request->sha256().begin(),
-                                                                       request->sha256().end())));
-    for (std::string& sha256 : missing) response->add_missing_sha256(std::move(sha256));
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "FindMissingChunks", "",
+                  [this, request, response](const Caller&) -> absl::Status {
+                    ASSIGN_OR_RETURN(std::vector<std::string> missing,
+                                     store_.FindMissingChunks(std::vector<std::string>(
+                                         request->sha256().begin(), request->sha256().end())));
+                    for (std::string& sha256 : missing)
+                      response->add_missing_sha256(std::move(sha256));
+                    return absl::OkStatus();
+                  });
 }
 
 namespace {
@@ -478,139 +490,194 @@ absl::StatusOr<int> PageSize(int requested) {
 grpc::ServerUnaryReactor* StoreService::ListModels(grpc::CallbackServerContext* context,
                                                    const v1::ListModelsRequest* request,
                                                    v1::ListModelsResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
-    // The token is the last model name of the previous page: models created or deleted between
-    // pages neither repeat nor shift the listing.
-    const std::string& after = request->page_token();
-    if (!after.empty() && !ValidateModelName(after).ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("page_token '", after, "' is not one that ListModels returned"));
-    }
-    ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store_.ListModels());
-    std::sort(models.begin(), models.end(),
-              [](const v1::ModelInfo& a, const v1::ModelInfo& b) { return a.name() < b.name(); });
-    auto it = after.empty()
-                  ? models.begin()
-                  : std::upper_bound(models.begin(), models.end(), after,
-                                     [](const std::string& name, const v1::ModelInfo& model) {
-                                       return name < model.name();
-                                     });
-    for (; it != models.end() && response->models_size() < page_size; ++it) {
-      *response->add_models() = std::move(*it);
-    }
-    if (it != models.end()) {
-      response->set_next_page_token(response->models(response->models_size() - 1).name());
-    }
-    return absl::OkStatus();
-  });
+  return RunUnary(
+      context, "ListModels", "", [this, request, response](const Caller&) -> absl::Status {
+        ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
+        // The token is the last model name of the previous page: models created or deleted between
+        // pages neither repeat nor shift the listing.
+        const std::string& after = request->page_token();
+        if (!after.empty() && !ValidateModelName(after).ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("page_token '", after, "' is not one that ListModels returned"));
+        }
+        ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store_.ListModels());
+        std::sort(models.begin(), models.end(), [](const v1::ModelInfo& a, const v1::ModelInfo& b) {
+          return a.name() < b.name();
+        });
+        auto it = after.empty()
+                      ? models.begin()
+                      : std::upper_bound(models.begin(), models.end(), after,
+                                         [](const std::string& name, const v1::ModelInfo& model) {
+                                           return name < model.name();
+                                         });
+        for (; it != models.end() && response->models_size() < page_size; ++it) {
+          *response->add_models() = std::move(*it);
+        }
+        if (it != models.end()) {
+          response->set_next_page_token(response->models(response->models_size() - 1).name());
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::ListVersions(grpc::CallbackServerContext* context,
                                                      const v1::ListVersionsRequest* request,
                                                      v1::ListVersionsResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
-    int64_t after = 0;  // The last version of the previous page.
-    if (!request->page_token().empty() &&
-        (!absl::SimpleAtoi(request->page_token(), &after) || after < 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("page_token '", request->page_token(),
-                                                     "' is not one that ListVersions returned"));
-    }
-    ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions, store_.ListVersions(request->model()));
-    std::sort(versions.begin(), versions.end(),
-              [](const v1::VersionInfo& a, const v1::VersionInfo& b) {
-                return a.version() < b.version();
-              });
-    auto it = std::upper_bound(
-        versions.begin(), versions.end(), after,
-        [](int64_t version, const v1::VersionInfo& info) { return version < info.version(); });
-    for (; it != versions.end() && response->versions_size() < page_size; ++it) {
-      *response->add_versions() = std::move(*it);
-    }
-    if (it != versions.end()) {
-      response->set_next_page_token(
-          absl::StrCat(response->versions(response->versions_size() - 1).version()));
-    }
-    return absl::OkStatus();
-  });
+  return RunUnary(
+      context, "ListVersions", request->model(),
+      [this, request, response](const Caller&) -> absl::Status {
+        ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
+        int64_t after = 0;  // The last version of the previous page.
+        if (!request->page_token().empty() &&
+            (!absl::SimpleAtoi(request->page_token(), &after) || after < 1)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "page_token '", request->page_token(), "' is not one that ListVersions returned"));
+        }
+        ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions,
+                         store_.ListVersions(request->model()));
+        std::sort(versions.begin(), versions.end(),
+                  [](const v1::VersionInfo& a, const v1::VersionInfo& b) {
+                    return a.version() < b.version();
+                  });
+        auto it = std::upper_bound(
+            versions.begin(), versions.end(), after,
+            [](int64_t version, const v1::VersionInfo& info) { return version < info.version(); });
+        for (; it != versions.end() && response->versions_size() < page_size; ++it) {
+          *response->add_versions() = std::move(*it);
+        }
+        if (it != versions.end()) {
+          response->set_next_page_token(
+              absl::StrCat(response->versions(response->versions_size() - 1).version()));
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::GetManifest(grpc::CallbackServerContext* context,
                                                     const v1::GetManifestRequest* request,
                                                     v1::Manifest* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, store_.GetManifest(request->ref()));
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "GetManifest", request->ref().model(),
+                  [this, request, response](const Caller&) -> absl::Status {
+                    ASSIGN_OR_RETURN(*response, store_.GetManifest(request->ref()));
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::SetAlias(grpc::CallbackServerContext* context,
                                                  const v1::SetAliasRequest* request,
                                                  v1::SetAliasResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(const int64_t previous,
-                     store_.SetAlias(request->model(), request->alias(), request->version(),
-                                     request->expected_current_version()));
-    response->set_previous_version(previous);
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "SetAlias", request->model(),
+                  [this, request, response](const Caller& caller) -> absl::Status {
+                    AuditedStore audited(store_, ActorOf(caller));
+                    ASSIGN_OR_RETURN(
+                        const int64_t previous,
+                        audited.SetAlias(request->model(), request->alias(), request->version(),
+                                         request->expected_current_version()));
+                    response->set_previous_version(previous);
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::DeleteAlias(grpc::CallbackServerContext* context,
                                                     const v1::DeleteAliasRequest* request,
                                                     v1::DeleteAliasResponse*) {
-  return RunUnary(context, [this, request]() -> absl::Status {
-    return store_.DeleteAlias(request->model(), request->alias());
-  });
+  return RunUnary(context, "DeleteAlias", request->model(),
+                  [this, request](const Caller& caller) -> absl::Status {
+                    AuditedStore audited(store_, ActorOf(caller));
+                    return audited.DeleteAlias(request->model(), request->alias());
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::DeleteVersion(grpc::CallbackServerContext* context,
                                                       const v1::DeleteVersionRequest* request,
                                                       v1::DeleteVersionResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(const int64_t released,
-                     store_.DeleteVersion(request->model(), request->version(), request->force()));
-    response->set_bytes_released(released);
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "DeleteVersion", request->model(),
+                  [this, request, response](const Caller& caller) -> absl::Status {
+                    AuditedStore audited(store_, ActorOf(caller));
+                    ASSIGN_OR_RETURN(const int64_t released,
+                                     audited.DeleteVersion(request->model(), request->version(),
+                                                           request->force()));
+                    response->set_bytes_released(released);
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::ApplyRetention(grpc::CallbackServerContext* context,
                                                        const v1::ApplyRetentionRequest* request,
                                                        v1::ApplyRetentionResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(
-        *response, store_.ApplyRetention(request->model(), request->policy(), request->dry_run()));
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "ApplyRetention", request->model(),
+                  [this, request, response](const Caller& caller) -> absl::Status {
+                    AuditedStore audited(store_, ActorOf(caller));
+                    ASSIGN_OR_RETURN(*response,
+                                     audited.ApplyRetention(request->model(), request->policy(),
+                                                            request->dry_run()));
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::GarbageCollect(grpc::CallbackServerContext* context,
                                                        const v1::GarbageCollectRequest* request,
                                                        v1::GarbageCollectResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, store_.GarbageCollect(request->dry_run()));
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "GarbageCollect", "",
+                  [this, request, response](const Caller& caller) -> absl::Status {
+                    AuditedStore audited(store_, ActorOf(caller));
+                    ASSIGN_OR_RETURN(*response, audited.GarbageCollect(request->dry_run()));
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::Verify(grpc::CallbackServerContext* context,
                                                const v1::VerifyRequest* request,
                                                v1::VerifyResponse* response) {
-  return RunUnary(context, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, store_.Verify(request->model(), request->version()));
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "Verify", request->model(),
+                  [this, request, response](const Caller&) -> absl::Status {
+                    ASSIGN_OR_RETURN(*response,
+                                     store_.Verify(request->model(), request->version()));
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::GetStats(grpc::CallbackServerContext* context,
                                                  const v1::GetStatsRequest*,
                                                  v1::StoreStats* response) {
-  return RunUnary(context, [this, response]() -> absl::Status {
+  return RunUnary(context, "GetStats", "", [this, response](const Caller&) -> absl::Status {
     ASSIGN_OR_RETURN(*response, store_.GetStats());
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* StoreService::ListAudit(grpc::CallbackServerContext* context,
+                                                  const v1::ListAuditRequest* request,
+                                                  v1::ListAuditResponse* response) {
+  return RunUnary(
+      context, "ListAudit", request->model(),
+      [this, request, response](const Caller&) -> absl::Status {
+        ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
+        if (request->after_sequence() < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "after_sequence is ", request->after_sequence(), "; use 0 for the first page"));
+        }
+        AuditQuery query;
+        query.model = request->model();
+        if (request->since_unix_micros() != 0) {
+          query.since = absl::FromUnixMicros(request->since_unix_micros());
+        }
+        query.after_sequence = request->after_sequence();
+        // One more than the page: whether it comes back says whether another page follows.
+        query.limit = int64_t{page_size} + 1;
+        ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, store_.ListAudit(query));
+        const bool more = static_cast<int64_t>(records.size()) > page_size;
+        if (more) {
+          records.resize(page_size);
+          response->set_next_after_sequence(records.back().sequence());
+        }
+        for (v1::AuditRecord& record : records) *response->add_records() = std::move(record);
+        return absl::OkStatus();
+      });
+}
+
+AuditedStore::Actor StoreService::ActorOf(const Caller& caller) {
+  return {caller.identity, caller.peer};
 }
 
 }  // namespace ckpt

@@ -23,13 +23,25 @@
 //    byte for byte what DownloadResponse's serializer would write.
 //  - ListModels / ListVersions page in the adapter: page_size 0 means kDefaultPageSize, larger
 //    than kMaxPageSize is capped; page_token is the last name (version) of the previous page.
+//  - ListAudit pages like them: page_size 0 means kDefaultPageSize, capped at kMaxPageSize;
+//    next_after_sequence is the last record's sequence, 0 on the last page.
 //  - Every other call is unary and forwards one store method.
 //
-// Authentication: with StoreServiceOptions::auth_token set, every call of this service must carry
-// the metadata "authorization: Bearer <token>" (compared in constant time), else UNAUTHENTICATED
-// before any work is done. The check sits at the top of each method / reactor rather than in a
-// server interceptor: gRPC's C++ interceptor API is experimental, and here the standard
-// grpc.health.v1 service (registered by GrpcServer) stays open to load balancers for free.
+// Audit: every call that changes the store (Upload's commit, SetAlias, DeleteAlias,
+// DeleteVersion, ApplyRetention and GarbageCollect unless dry runs) runs through an AuditedStore
+// (libs/store/audited_store.h) made for that call, so the store records, write-ahead, who made
+// it (the caller's identity, see below), from where (gRPC's peer, e.g.
+// "ipv4:127.0.0.1:50312"), what it asked and how it ended; a commit's producer becomes that
+// identity. A call whose audit record cannot be written is refused. Reads are not recorded.
+//
+// Access: every call is checked by the service's AccessPolicy (libs/rpc/access_policy.h) --
+// who is calling (a token or a client certificate), whether its role allows the method, and
+// whether its model scope covers the model the request names -- before any work is done:
+// UNAUTHENTICATED or PERMISSION_DENIED naming the identity, method and what it lacks. An Upload
+// is checked for its role when it opens and for its model when the header arrives. The check
+// sits at the top of each method / reactor rather than in a server interceptor: gRPC's C++
+// interceptor API is experimental and cannot see the model a request names, and here the
+// standard grpc.health.v1 and reflection services (registered by GrpcServer) stay open.
 //
 // Threading: gRPC's callback threads only parse, check auth and hand off. Every store call runs on
 // the service's own WorkQueue (worker_threads threads): RocksDB reads may miss the cache, commits
@@ -59,8 +71,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/server_callback.h"
+#include "libs/rpc/access_policy.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
+#include "libs/store/audited_store.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
 
@@ -73,8 +87,11 @@ class WorkQueue;
 // kMaxTensorDataBytes, the page sizes and the Upload metadata names: libs/rpc/wire_constants.h.
 
 struct StoreServiceOptions {
-  // When non-empty, every call must carry "authorization: Bearer <auth_token>"; calls without it,
-  // or with another token, fail with UNAUTHENTICATED. Empty (the default): no authentication.
+  // Who may call what (identities, roles, model scopes; libs/rpc/access_policy.h). Default:
+  // nobody is asked (AccessPolicy::AllowAll), unless auth_token is set.
+  std::shared_ptr<const AccessPolicy> access;
+  // Shorthand for access = AccessPolicy::SharedToken(auth_token): every call must carry
+  // "authorization: Bearer <auth_token>", else UNAUTHENTICATED. Ignored when `access` is set.
   std::string auth_token;
   // Threads that run store work (RocksDB reads and writes, hashing, fsync). Calls beyond this
   // many wait in a queue; streams take a thread only while a chunk is read or stored. Default 8.
@@ -131,6 +148,9 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::StoreStats* response) override;
+  grpc::ServerUnaryReactor* ListAudit(grpc::CallbackServerContext* context,
+                                      const v1::ListAuditRequest* request,
+                                      v1::ListAuditResponse* response) override;
 
  private:
   class UploadReactor;
@@ -138,12 +158,19 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
 
   StoreService(CheckpointStore* store, StoreServiceOptions options);
 
-  // OK, or UNAUTHENTICATED when a token is configured and the call does not carry it.
-  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
+  // The caller, when it may call `method` on `model` (AccessPolicy::Check); UNAUTHENTICATED or
+  // PERMISSION_DENIED otherwise.
+  absl::StatusOr<Caller> Authorize(const grpc::CallbackServerContext& context,
+                                   absl::string_view method, absl::string_view model) const;
 
-  // Runs `work` on the work queue and finishes the call with its status.
-  grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
-                                     std::function<absl::Status()> work);
+  // Who the audit log names for a call: its identity and gRPC's peer address.
+  static AuditedStore::Actor ActorOf(const Caller& caller);
+
+  // Runs `work` (given the caller) on the work queue and finishes the call with its status, after
+  // checking that the caller may call `method` on `model` ("" when it names none).
+  grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, absl::string_view method,
+                                     absl::string_view model,
+                                     std::function<absl::Status(const Caller& caller)> work);
 
   void Schedule(std::function<void()> work);
   void StreamStarted();
@@ -151,6 +178,7 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
 
   CheckpointStore& store_;
   const StoreServiceOptions options_;
+  const std::shared_ptr<const AccessPolicy> access_;
 
   // Chunk buffers of Download streams, which gRPC may hold past a write (see PayloadPool).
   const std::shared_ptr<PayloadPool> payload_pool_;

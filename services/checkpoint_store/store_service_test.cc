@@ -526,6 +526,9 @@ TEST_F(StoreServiceTest, EveryCallNeedsTheBearerTokenButHealthChecksDoNot) {
     v1::VerifyResponse verify;
     EXPECT_EQ(stub_->Verify(Context(authorization).get(), {}, &verify).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListAuditResponse audit;
+    EXPECT_EQ(stub_->ListAudit(Context(authorization).get(), {}, &audit).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
 
     std::unique_ptr<grpc::ClientContext> upload_context = Context(authorization);
     v1::UploadResponse uploaded;
@@ -553,6 +556,98 @@ TEST_F(StoreServiceTest, EveryCallNeedsTheBearerTokenButHealthChecksDoNot) {
   HealthCheckResponse health_response;
   ASSERT_TRUE(health->Check(Context().get(), health_request, &health_response).ok());
   EXPECT_EQ(health_response.status(), HealthCheckResponse::SERVING);
+}
+
+TEST_F(StoreServiceTest, ChangesAreAuditedAsTheirCallerAndPeerWithTheirOutcome) {
+  StartServer();
+  v1::Manifest header = OneTensorHeader(2);
+  header.mutable_metadata()->set_producer("train.py");
+  v1::UploadResponse uploaded;
+  ASSERT_OK(Upload({HeaderRequest("m", header, {"best"}), DataRequest(0, 0, std::string(8, 'x')),
+                    CommitRequest()},
+                   &uploaded));
+  v1::SetAliasRequest missing;
+  missing.set_model("m");
+  missing.set_alias("best");
+  missing.set_version(7);
+  v1::SetAliasResponse set_alias;
+  EXPECT_EQ(stub_->SetAlias(Context().get(), missing, &set_alias).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::GarbageCollectRequest dry_run;
+  dry_run.set_dry_run(true);
+  v1::GarbageCollectResponse collected;
+  ASSERT_TRUE(stub_->GarbageCollect(Context().get(), dry_run, &collected).ok());
+
+  v1::ListAuditResponse audit;
+  ASSERT_TRUE(stub_->ListAudit(Context().get(), {}, &audit).ok());
+  ASSERT_EQ(audit.records_size(), 2);  // the dry run changed nothing and is not there
+  EXPECT_EQ(audit.next_after_sequence(), 0);
+  const v1::AuditRecord& commit = audit.records(0);
+  EXPECT_EQ(commit.sequence(), 1);
+  EXPECT_EQ(commit.identity(), "anonymous");
+  EXPECT_THAT(commit.peer(), ::testing::StartsWith("ipv4:127.0.0.1:"));
+  EXPECT_EQ(commit.action(), "commit");
+  EXPECT_EQ(commit.model(), "m");
+  EXPECT_EQ(commit.version(), 1);
+  EXPECT_EQ(commit.alias(), "best");
+  EXPECT_EQ(commit.outcome(), v1::AuditRecord::OK);
+  EXPECT_EQ(commit.detail(), "committed m@1: 8 bytes, 8 new; aliases best");
+  const v1::AuditRecord& refused = audit.records(1);
+  EXPECT_EQ(refused.action(), "set_alias");
+  EXPECT_EQ(refused.version(), 7);
+  EXPECT_EQ(refused.outcome(), v1::AuditRecord::FAILED);
+  EXPECT_EQ(refused.error_code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(refused.error_message(), HasSubstr("m@7 not found"));
+
+  // The committing identity is the producer; the client's claim is a label.
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, local_->GetManifest(Ref("m@1")));
+  EXPECT_EQ(manifest.metadata().producer(), "anonymous");
+  EXPECT_EQ(manifest.metadata().labels().at("client_producer"), "train.py");
+}
+
+TEST_F(StoreServiceTest, ListAuditPagesBySequence) {
+  for (const char* model : {"a", "b", "a", "a", "b"}) {
+    v1::AuditRecord record;
+    record.set_identity("alice");
+    record.set_action("commit");
+    record.set_model(model);
+    ASSERT_OK(local_->BeginAudit(record).status());
+  }
+  StartServer();
+  std::vector<std::vector<int64_t>> pages;
+  v1::ListAuditRequest request;
+  request.set_page_size(2);
+  do {
+    v1::ListAuditResponse response;
+    ASSERT_TRUE(stub_->ListAudit(Context().get(), request, &response).ok());
+    std::vector<int64_t>& page = pages.emplace_back();
+    for (const v1::AuditRecord& record : response.records()) page.push_back(record.sequence());
+    request.set_after_sequence(response.next_after_sequence());
+  } while (request.after_sequence() != 0 && pages.size() < 10);
+  EXPECT_THAT(pages, ElementsAre(ElementsAre(1, 2), ElementsAre(3, 4), ElementsAre(5)));
+
+  request.set_model("a");
+  request.set_page_size(0);
+  v1::ListAuditResponse only_a;
+  ASSERT_TRUE(stub_->ListAudit(Context().get(), request, &only_a).ok());
+  ASSERT_EQ(only_a.records_size(), 3);
+  EXPECT_EQ(only_a.records(2).sequence(), 4);
+  EXPECT_EQ(only_a.next_after_sequence(), 0);
+
+  request.set_since_unix_micros(absl::ToUnixMicros(absl::Now() + absl::Hours(1)));
+  v1::ListAuditResponse future;
+  ASSERT_TRUE(stub_->ListAudit(Context().get(), request, &future).ok());
+  EXPECT_EQ(future.records_size(), 0);
+
+  v1::ListAuditRequest bad;
+  bad.set_after_sequence(-1);
+  v1::ListAuditResponse refused;
+  EXPECT_EQ(stub_->ListAudit(Context().get(), bad, &refused).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  bad.set_after_sequence(0);
+  bad.set_page_size(-1);
+  EXPECT_EQ(stub_->ListAudit(Context().get(), bad, &refused).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST(StoreServiceCreateTest, RejectsMissingStoreAndZeroThreads) {

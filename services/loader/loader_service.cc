@@ -16,7 +16,7 @@
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/loader/loader_proto.h"
-#include "libs/rpc/bearer_auth.h"
+#include "libs/rpc/access_policy.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -85,11 +85,13 @@ absl::StatusOr<std::unique_ptr<LoaderService>> LoaderService::Create(CheckpointS
 LoaderService::LoaderService(CheckpointStore* store, LoaderServiceOptions options)
     : store_(*store),
       options_(std::move(options)),
+      access_(AccessPolicy::Resolve(options_.access, options_.auth_token)),
       loader_(*store, options_.cache_bytes),
       payload_pool_(PayloadPool::Create(kMaxLoaderPieceBytes, /*max_idle=*/8)) {}
 
-absl::Status LoaderService::Authorize(const grpc::ServerContextBase& context) const {
-  return CheckBearerToken(context.client_metadata(), options_.auth_token, "loader");
+absl::Status LoaderService::Authorize(const grpc::ServerContextBase& context,
+                                      absl::string_view method, absl::string_view model) const {
+  return access_->Check(context, "loader", method, model).status();
 }
 
 // A Load stream: the blocking DoLoad on a thread of the reactor's own, each write waited for.
@@ -100,12 +102,12 @@ class LoaderService::LoadReactor final : public grpc::ServerWriteReactor<grpc::B
   LoadReactor(LoaderService* service, grpc::CallbackServerContext* context,
               const grpc::ByteBuffer* request)
       : service_(*service), context_(*context) {
-    absl::Status ready = service_.Authorize(context_);
+    absl::Status ready = ParseFromByteBuffer(*request, "LoadRequest", &request_);
+    if (ready.ok()) ready = service_.Authorize(context_, "Load", request_.ref().model());
     if (ready.ok()) {
       slot_.emplace(service_);
       ready = slot_->status();
     }
-    if (ready.ok()) ready = ParseFromByteBuffer(*request, "LoadRequest", &request_);
     if (!ready.ok()) {
       slot_.reset();
       Finish(ToGrpcStatus(ready));
@@ -172,7 +174,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LoaderService::Load(
 grpc::Status LoaderService::Preflight(grpc::ServerContext* context,
                                       const v1::PreflightRequest* request,
                                       v1::PreflightResponse* response) {
-  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
+  if (absl::Status authorized = Authorize(*context, "Preflight", request->ref().model());
+      !authorized.ok()) {
     return ToGrpcStatus(authorized);
   }
   return ToGrpcStatus(DoPreflight(*request, *response));
@@ -180,7 +183,8 @@ grpc::Status LoaderService::Preflight(grpc::ServerContext* context,
 
 grpc::Status LoaderService::Export(grpc::ServerContext* context, const v1::ExportRequest* request,
                                    grpc::ServerWriter<v1::ExportResponse>* writer) {
-  if (absl::Status authorized = Authorize(*context); !authorized.ok()) {
+  if (absl::Status authorized = Authorize(*context, "Export", request->ref().model());
+      !authorized.ok()) {
     return ToGrpcStatus(authorized);
   }
   StreamSlot slot(*this);

@@ -24,8 +24,10 @@
 // calls, so concurrent readers of one version cost one store read per chunk and one cached copy
 // (cache_stats()).
 //
-// Authentication as the store service: with auth_token set, calls must carry "authorization:
-// Bearer <token>", else UNAUTHENTICATED before any work; grpc.health.v1 stays open.
+// Access as the store service: every call is checked by the AccessPolicy (libs/rpc/
+// access_policy.h) before any work -- Load, Preflight and Export need the reader role, on the
+// model they name -- UNAUTHENTICATED or PERMISSION_DENIED otherwise; grpc.health.v1 and
+// reflection stay open.
 //
 // Threading: every step of a call blocks (store reads, torch casts, file staging), so each call
 // runs as straight-line code on a thread of its own and waits for each write (flow control): a
@@ -61,6 +63,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "libs/loader/chunk_cache.h"
 #include "libs/loader/local_loader.h"
+#include "libs/rpc/access_policy.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/store/checkpoint_store.h"
@@ -69,7 +72,11 @@
 namespace ckpt {
 
 struct LoaderServiceOptions {
-  // When non-empty, every call must carry "authorization: Bearer <auth_token>". Default: none.
+  // Who may call (identities, roles, model scopes). Default: nobody is asked (AllowAll), unless
+  // auth_token is set.
+  std::shared_ptr<const AccessPolicy> access;
+  // Shorthand for access = AccessPolicy::SharedToken(auth_token): every call must carry
+  // "authorization: Bearer <auth_token>". Ignored when `access` is set.
   std::string auth_token;
   // Bytes of store chunks kept in memory for all readers together (LRU). Default 1 GiB.
   int64_t cache_bytes = int64_t{1} << 30;
@@ -106,7 +113,9 @@ class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Lo
 
   LoaderService(CheckpointStore* store, LoaderServiceOptions options);
 
-  absl::Status Authorize(const grpc::ServerContextBase& context) const;
+  // OK when the caller may call `method` on `model` (AccessPolicy::Check).
+  absl::Status Authorize(const grpc::ServerContextBase& context, absl::string_view method,
+                         absl::string_view model) const;
   absl::Status DoLoad(const grpc::ServerContextBase& context, const v1::LoadRequest& request,
                       const MessageWriter& write);
   absl::Status DoPreflight(const v1::PreflightRequest& request, v1::PreflightResponse& response);
@@ -115,6 +124,7 @@ class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Lo
 
   CheckpointStore& store_;
   const LoaderServiceOptions options_;
+  const std::shared_ptr<const AccessPolicy> access_;
   // The loader logic (preflight, export, the chunk cache); the streaming stays here.
   const LocalLoader loader_;
   // Copies of cached chunks on their way out; gRPC may hold one past its write (PayloadPool).

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +30,9 @@
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
 #include "libs/testing/python_runner.h"
+#include "libs/testing/test_certificates.h"
+#include "libs/testing/child_process.h"
+#include "libs/rpc/access_policy.h"
 #include "torch/csrc/autograd/grad_mode.h"
 #include "torch/nn/modules/activation.h"
 #include "torch/nn/modules/batchnorm.h"
@@ -242,6 +246,29 @@ TEST_F(LoaderServiceTest, PythonGrpcClientLoadsAVersion) {
   EXPECT_THAT(::ckpt::testing::RunPythonOrAddFailure(
                   "services/loader/testdata/python_client.py",
                   absl::StrCat(server_->address(), " py-token mlp ", Dir(), " ", Dir(), "/gen")),
+              HasSubstr("OK"));
+}
+
+TEST_F(LoaderServiceTest, PythonGrpcClientOverMutualTlsListsServicesAndLoadsAVersion) {
+  const std::string cert_dir = Dir() + "/certs";
+  std::filesystem::create_directories(cert_dir);
+  ASSERT_OK_AND_ASSIGN(::ckpt::testing::TestCertificates certs,
+                       ::ckpt::testing::MakeTestCertificates(cert_dir));
+  ::ckpt::testing::WriteTextFile(cert_dir + "/identities.json", R"({"identities": [
+      {"name": "team-a", "certificate": "team-a.example", "role": "reader",
+       "models": ["mlp"]}]})");
+  LoaderServiceOptions options;
+  ASSERT_OK_AND_ASSIGN(options.access,
+                       AccessPolicy::FromIdentitiesFile(cert_dir + "/identities.json"));
+  ASSERT_OK_AND_ASSIGN(service_, LoaderService::Create(store_.get(), options));
+  GrpcServerOptions server_options;
+  server_options.tls = {certs.server.cert, certs.server.key, certs.ca};
+  ASSERT_OK_AND_ASSIGN(server_, GrpcServer::Start(server_options, {{service_.get(),
+                                                                    v1::Loader::service_full_name()}}));
+  EXPECT_THAT(::ckpt::testing::RunPythonOrAddFailure(
+                  "services/loader/testdata/python_mtls_client.py",
+                  absl::StrCat(server_->address(), " ", certs.ca, " ", certs.client.cert, " ",
+                               certs.client.key, " mlp ", Dir(), " ", Dir(), "/gen-mtls")),
               HasSubstr("OK"));
 }
 

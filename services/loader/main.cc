@@ -1,5 +1,6 @@
 // loader: serves stored checkpoint versions to consumers in their own shape (ckpt.v1.Loader plus
-// grpc.health.v1.Health): subset, key layout, dtype, and file format (torch .pt, safetensors).
+// grpc.health.v1.Health and reflection): subset, key layout, dtype, and file format (torch .pt,
+// safetensors); in plaintext or TLS / mutual TLS, with named identities (--identities_file).
 //
 //   bazel run //services/loader -- --store_dir=/data/ckpt --listen=127.0.0.1:50052
 //   bazel run //services/loader -- --store=store-host:50051 --cache_bytes=4294967296
@@ -36,6 +37,7 @@
 #include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
+#include "libs/rpc/server_security.h"
 #include "services/loader/loader_service.h"
 
 ABSL_FLAG(std::string, store, "",
@@ -46,6 +48,15 @@ ABSL_FLAG(std::string, store_dir, "",
           "process may have it open). Exactly one of --store and --store_dir is required.");
 ABSL_FLAG(std::string, store_auth_token_file, "",
           "With --store: file holding the bearer token for the checkpoint store. Default: none.");
+ABSL_FLAG(std::string, store_tls_ca_file, "",
+          "With --store: PEM CA that signed the store server's certificate; turns TLS on. "
+          "Default: plaintext.");
+ABSL_FLAG(std::string, store_tls_cert_file, "",
+          "With --store_tls_ca_file: PEM certificate this loader presents to the store (mutual "
+          "TLS), with --store_tls_key_file.");
+ABSL_FLAG(std::string, store_tls_key_file, "", "PEM private key of --store_tls_cert_file.");
+ABSL_FLAG(std::string, store_tls_server_name, "",
+          "Name the store's certificate must carry when it differs from --store's host.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "HOST:PORT to serve on. Port 0 picks a free port (see --port_file). Default "
           "127.0.0.1:0: loopback only.");
@@ -53,9 +64,21 @@ ABSL_FLAG(std::string, port_file, "",
           "If set, the port actually bound is written to this file (decimal, one line), "
           "atomically, once the server is serving. Default: none.");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding the bearer token every call must present as metadata 'authorization: "
-          "Bearer <token>' (surrounding whitespace ignored; health checks stay open). Default: "
-          "none, calls are not authenticated.");
+          "File holding one bearer token every call must present as metadata 'authorization: "
+          "Bearer <token>' (surrounding whitespace ignored; health checks and reflection stay "
+          "open). For named identities with roles use --identities_file instead. Default: none.");
+ABSL_FLAG(std::string, identities_file, "",
+          "JSON file of named identities with roles and optional model scopes, by token hash or "
+          "client certificate (libs/rpc/access_policy.h); the loader's calls need the reader "
+          "role. Re-read when it changes. Default: none (every caller is admitted).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of this server: serve TLS (with --tls_key_file). Re-read when "
+          "it changes. Default: plaintext (warned about on any address but loopback).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS).");
+ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
+          "How often the TLS files are checked for a rotated certificate. Default 60s.");
 ABSL_FLAG(int64_t, cache_bytes, int64_t{1} << 30,
           "Bytes of store chunks kept in memory, shared by every reader (LRU, content-addressed: "
           "concurrent readers of one version share one copy). 0 disables caching. Default "
@@ -79,6 +102,7 @@ constexpr int kMinMaxMessageBytes = kMaxLoaderPieceBytes + (64 << 10);
 struct ServerConfig {
   std::string store_address;
   std::string store_auth_token;
+  ClientTlsOptions store_tls;
   std::string store_dir;
   LoaderServiceOptions service;
   GrpcServerOptions server;
@@ -109,6 +133,14 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
     if (!token.ok()) return token.status();
     config.store_auth_token = *std::move(token);
   }
+  config.store_tls.ca_file = absl::GetFlag(FLAGS_store_tls_ca_file);
+  config.store_tls.cert_file = absl::GetFlag(FLAGS_store_tls_cert_file);
+  config.store_tls.key_file = absl::GetFlag(FLAGS_store_tls_key_file);
+  config.store_tls.server_name = absl::GetFlag(FLAGS_store_tls_server_name);
+  if (config.store_address.empty() &&
+      !(config.store_tls.ca_file.empty() && config.store_tls.cert_file.empty())) {
+    return absl::InvalidArgumentError("--store_tls_* flags need --store");
+  }
   config.server.listen_address = absl::GetFlag(FLAGS_listen);
   config.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (config.server.max_message_bytes < kMinMaxMessageBytes) {
@@ -124,12 +156,17 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   if (config.service.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("--max_concurrent_streams must be at least 1");
   }
-  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
-  if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadAuthTokenFile(token_file, "--auth_token_file");
-    if (!token.ok()) return token.status();
-    config.service.auth_token = *std::move(token);
-  }
+  ServerSecurityFlags security_flags;
+  security_flags.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  security_flags.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  security_flags.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  security_flags.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
+  security_flags.identities_file = absl::GetFlag(FLAGS_identities_file);
+  security_flags.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags);
+  if (!security.ok()) return security.status();
+  config.server.tls = security->tls;
+  config.service.access = security->access;
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (config.shutdown_grace < absl::ZeroDuration()) {
@@ -142,6 +179,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const ServerConfig& c
   StoreLocation location;
   location.address = config.store_address;
   location.auth_token = config.store_auth_token;
+  location.tls = config.store_tls;
   location.directory = config.store_dir;
   return OpenCheckpointStore(location);
 }
@@ -194,7 +232,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves stored ckpt versions adapted to each consumer (ckpt.v1.Loader).\n"
       "  loader (--store=HOST:PORT | --store_dir=DIR) [--listen=127.0.0.1:0] [--port_file=FILE]\n"
-      "         [--auth_token_file=FILE] [--cache_bytes=1073741824] [--shutdown_grace=10s]");
+      "         [--store_tls_ca_file=PEM [--store_tls_cert_file=PEM --store_tls_key_file=PEM]]\n"
+      "         [--tls_cert_file=PEM --tls_key_file=PEM [--tls_client_ca_file=PEM]]\n"
+      "         [--identities_file=JSON | --auth_token_file=FILE] [--cache_bytes=1073741824]\n"
+      "         [--shutdown_grace=10s]");
   ckpt::SetHelpFlagsFile("services/loader/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ckpt::ServerConfig> config = ckpt::ConfigFromFlags(positional);

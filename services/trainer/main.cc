@@ -34,6 +34,7 @@
 #include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
+#include "libs/rpc/server_security.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/train/rank_supervisor.h"
@@ -104,6 +105,14 @@ ABSL_FLAG(std::string, store_dir, "ckpt-data",
 ABSL_FLAG(std::string, store, "",
           "HOST:PORT of a checkpoint store service to use instead of the embedded store.");
 ABSL_FLAG(std::string, store_auth_token_file, "", "Bearer token file for --store.");
+ABSL_FLAG(std::string, store_tls_ca_file, "",
+          "With --store: PEM CA that signed the store server's certificate; turns TLS on.");
+ABSL_FLAG(std::string, store_tls_cert_file, "",
+          "With --store_tls_ca_file: PEM certificate the ranks present to the store (mutual "
+          "TLS), with --store_tls_key_file.");
+ABSL_FLAG(std::string, store_tls_key_file, "", "PEM private key of --store_tls_cert_file.");
+ABSL_FLAG(std::string, store_tls_server_name, "",
+          "Name the store's certificate must carry when it differs from --store's host.");
 // ---- Control.
 ABSL_FLAG(std::string, control_listen, "",
           "HOST:PORT where rank 0 serves the ckpt.v1.Trainer API (status, checkpoint now, stop). "
@@ -112,6 +121,15 @@ ABSL_FLAG(std::string, control_port_file, "",
           "With --control_listen, write the bound port here once serving.");
 ABSL_FLAG(std::string, control_auth_token_file, "",
           "Bearer token file required of Trainer API calls. Default: none.");
+ABSL_FLAG(std::string, control_identities_file, "",
+          "JSON identities file for the Trainer API (libs/rpc/access_policy.h): GetStatus needs "
+          "the reader role, CheckpointNow and Stop the writer role. Instead of "
+          "--control_auth_token_file.");
+ABSL_FLAG(std::string, control_tls_cert_file, "",
+          "PEM certificate of the Trainer API server: serve TLS (with --control_tls_key_file).");
+ABSL_FLAG(std::string, control_tls_key_file, "", "PEM private key of --control_tls_cert_file.");
+ABSL_FLAG(std::string, control_tls_client_ca_file, "",
+          "PEM CA: require Trainer API clients to present certificates it signed (mutual TLS).");
 ABSL_FLAG(int64_t, log_every, 20, "Steps between log lines when stderr is not a terminal.");
 
 namespace ckpt {
@@ -193,6 +211,14 @@ absl::StatusOr<RankStoreOptions> StoreOptionsFromFlags() {
   if (const std::string path = absl::GetFlag(FLAGS_store_auth_token_file); !path.empty()) {
     ASSIGN_OR_RETURN(options.store_auth_token, ReadAuthTokenFile(path, "--store_auth_token_file"));
   }
+  options.store_tls.ca_file = absl::GetFlag(FLAGS_store_tls_ca_file);
+  options.store_tls.cert_file = absl::GetFlag(FLAGS_store_tls_cert_file);
+  options.store_tls.key_file = absl::GetFlag(FLAGS_store_tls_key_file);
+  options.store_tls.server_name = absl::GetFlag(FLAGS_store_tls_server_name);
+  if (options.store_address.empty() &&
+      !(options.store_tls.ca_file.empty() && options.store_tls.cert_file.empty())) {
+    return absl::InvalidArgumentError("--store_tls_* flags need --store");
+  }
   return options;
 }
 
@@ -225,18 +251,21 @@ int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
   std::unique_ptr<GrpcServer> server;
   const std::string control_listen = absl::GetFlag(FLAGS_control_listen);
   if (rendezvous.rank == 0 && !control_listen.empty()) {
-    std::string token;
-    if (const std::string path = absl::GetFlag(FLAGS_control_auth_token_file); !path.empty()) {
-      auto read = ReadAuthTokenFile(path, "--control_auth_token_file");
-      if (!read.ok()) {
-        std::cerr << "trainer: " << read.status().message() << "\n";
-        return kExitBadFlags;
-      }
-      token = *read;
+    ServerSecurityFlags security_flags;
+    security_flags.tls_cert_file = absl::GetFlag(FLAGS_control_tls_cert_file);
+    security_flags.tls_key_file = absl::GetFlag(FLAGS_control_tls_key_file);
+    security_flags.tls_client_ca_file = absl::GetFlag(FLAGS_control_tls_client_ca_file);
+    security_flags.identities_file = absl::GetFlag(FLAGS_control_identities_file);
+    security_flags.auth_token_file = absl::GetFlag(FLAGS_control_auth_token_file);
+    absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags, "--control_");
+    if (!security.ok()) {
+      std::cerr << "trainer: " << security.status().message() << "\n";
+      return kExitBadFlags;
     }
-    service = std::make_unique<TrainerService>(&control, token);
+    service = std::make_unique<TrainerService>(&control, security->access);
     GrpcServerOptions options;
     options.listen_address = control_listen;
+    options.tls = security->tls;
     absl::StatusOr<std::unique_ptr<GrpcServer>> started =
         GrpcServer::Start(options, {{service.get(), "ckpt.v1.Trainer"}});
     if (!started.ok()) {

@@ -8,6 +8,13 @@
 //  - Otherwise the store is embedded: RocksDB admits one process, so rank 0 opens the directory
 //    and, when there are other ranks, lends it to them through a StoreService on an ephemeral
 //    port with a random bearer token; rank 0 sends "HOST:PORT TOKEN" over the process group.
+//    When the ranks meet on a loopback address (one node) the service listens on 127.0.0.1
+//    only. Across machines it listens on every address with TLS, using a certificate made for
+//    the run (libs/rpc/run_certificate.h) for the master address; the certificate (not its key)
+//    travels with the address and token, and the other ranks trust exactly it.
+//  - Audit: rank 0's own changes to the embedded store are recorded as
+//    "trainer:<user>@<host>" (peer "local"); the other ranks' reach it through the StoreService,
+//    which records them as its callers. With a store address the service audits every rank.
 //
 // Example:
 //   RankStoreOptions options;
@@ -20,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "libs/ddp/process_group.h"
+#include "libs/rpc/client_channel.h"
 #include "libs/store/checkpoint_store.h"
 
 namespace ckpt {
@@ -29,6 +37,8 @@ struct RankStoreOptions {
   std::string store_address;
   // Bearer token for store_address (empty: none).
   std::string store_auth_token;
+  // TLS towards store_address (plaintext when ca_file is empty).
+  ClientTlsOptions store_tls;
   // The embedded store's directory (created if missing).
   std::string store_dir = "ckpt-data";
   // The address other ranks reach rank 0 on (the rendezvous master address).

@@ -3,14 +3,20 @@
 #include <algorithm>
 #include <utility>
 
-#include "libs/rpc/bearer_auth.h"
 #include "libs/status/grpc_status.h"
 
 namespace ckpt {
 
-TrainerService::TrainerService(train::TrainerControl* control, std::string auth_token,
-                               absl::Duration max_wait)
-    : control_(control), auth_token_(std::move(auth_token)), max_wait_(max_wait) {}
+TrainerService::TrainerService(train::TrainerControl* control,
+                               std::shared_ptr<const AccessPolicy> access, absl::Duration max_wait)
+    : control_(control),
+      access_(AccessPolicy::Resolve(std::move(access), "")),
+      max_wait_(max_wait) {}
+
+absl::Status TrainerService::Authorize(const grpc::ServerContext& context,
+                                       absl::string_view method) const {
+  return access_->Check(context, "trainer", method, "").status();
+}
 
 absl::Duration TrainerService::WaitBudget(const grpc::ServerContext& context) const {
   const absl::Time deadline = absl::FromChrono(context.deadline());
@@ -20,10 +26,7 @@ absl::Duration TrainerService::WaitBudget(const grpc::ServerContext& context) co
 grpc::Status TrainerService::GetStatus(grpc::ServerContext* context,
                                        const v1::GetStatusRequest* request,
                                        v1::TrainerStatus* response) {
-  if (absl::Status auth = CheckBearerToken(context->client_metadata(), auth_token_, "trainer");
-      !auth.ok()) {
-    return ToGrpcStatus(auth);
-  }
+  if (absl::Status auth = Authorize(*context, "GetStatus"); !auth.ok()) return ToGrpcStatus(auth);
   *response = control_->status();
   return grpc::Status::OK;
 }
@@ -31,8 +34,7 @@ grpc::Status TrainerService::GetStatus(grpc::ServerContext* context,
 grpc::Status TrainerService::CheckpointNow(grpc::ServerContext* context,
                                            const v1::CheckpointNowRequest* request,
                                            v1::CheckpointNowResponse* response) {
-  if (absl::Status auth = CheckBearerToken(context->client_metadata(), auth_token_, "trainer");
-      !auth.ok()) {
+  if (absl::Status auth = Authorize(*context, "CheckpointNow"); !auth.ok()) {
     return ToGrpcStatus(auth);
   }
   absl::StatusOr<v1::VersionRef> version = control_->CheckpointNow(WaitBudget(*context));
@@ -43,10 +45,7 @@ grpc::Status TrainerService::CheckpointNow(grpc::ServerContext* context,
 
 grpc::Status TrainerService::Stop(grpc::ServerContext* context, const v1::StopRequest* request,
                                   v1::StopResponse* response) {
-  if (absl::Status auth = CheckBearerToken(context->client_metadata(), auth_token_, "trainer");
-      !auth.ok()) {
-    return ToGrpcStatus(auth);
-  }
+  if (absl::Status auth = Authorize(*context, "Stop"); !auth.ok()) return ToGrpcStatus(auth);
   absl::StatusOr<std::optional<v1::VersionRef>> final_version =
       control_->Stop(request->skip_checkpoint(), WaitBudget(*context));
   if (!final_version.ok()) return ToGrpcStatus(final_version.status());

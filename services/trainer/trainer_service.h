@@ -7,14 +7,16 @@
 //   CheckpointNow  blocks until a checkpoint taken at the next step boundary is committed;
 //   Stop           stops after the current step (checkpoint first unless skip_checkpoint) and
 //                  returns the final version.
-// Blocking calls honour the client's deadline (capped at `max_wait`). With an auth token, every
-// call needs "authorization: Bearer <token>" metadata.
+// Blocking calls honour the client's deadline (capped at `max_wait`). Every call is checked by
+// the AccessPolicy: GetStatus needs the reader role, CheckpointNow and Stop the writer role.
 //
 // Thread-safety: gRPC calls it from its threads; TrainerControl is thread-safe.
 
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
+#include "libs/rpc/access_policy.h"
 #include "libs/train/trainer_control.h"
 #include "proto/ckpt/v1/trainer.grpc.pb.h"
 
@@ -22,7 +24,7 @@ namespace ckpt {
 
 class TrainerService final : public v1::Trainer::Service {
  public:
-  TrainerService(train::TrainerControl* control, std::string auth_token,
+  TrainerService(train::TrainerControl* control, std::shared_ptr<const AccessPolicy> access,
                  absl::Duration max_wait = absl::Hours(1));
 
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
@@ -36,7 +38,10 @@ class TrainerService final : public v1::Trainer::Service {
   absl::Duration WaitBudget(const grpc::ServerContext& context) const;
 
   train::TrainerControl* const control_;
-  const std::string auth_token_;
+  // OK when the caller may call `method`.
+  absl::Status Authorize(const grpc::ServerContext& context, absl::string_view method) const;
+
+  const std::shared_ptr<const AccessPolicy> access_;
   const absl::Duration max_wait_;
 };
 

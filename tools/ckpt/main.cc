@@ -17,10 +17,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "libs/client/open_store.h"
@@ -39,6 +41,7 @@
 #include "libs/store/version_diff.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
+#include "nlohmann/json.hpp"
 #include "tools/ckpt/command_line.h"
 
 namespace ckpt {
@@ -55,7 +58,14 @@ const std::vector<cli::OptionSpec>& GlobalOptions() {
       {"store_dir", "DIR", "open the checkpoint store in DIR in-process (embedded)", "./ckpt-data"},
       {"store", "HOST:PORT", "talk to a checkpoint_store service instead of opening --store_dir",
        ""},
-      {"auth_token_file", "FILE", "bearer token for --store (whitespace around it ignored)", ""},
+      {"auth_token_file", "FILE",
+       "bearer token for --store / --loader (whitespace around it "
+       "ignored)",
+       ""},
+      {"tls_ca_file", "PEM", "TLS to --store / --loader: the CA that signed its certificate", ""},
+      {"tls_cert_file", "PEM", "with --tls_ca_file: this client's certificate (mutual TLS)", ""},
+      {"tls_key_file", "PEM", "the private key of --tls_cert_file", ""},
+      {"tls_server_name", "NAME", "the name the server's certificate carries, if not its host", ""},
   };
   return *options;
 }
@@ -143,6 +153,17 @@ const std::vector<cli::CommandSpec>& Commands() {
        2,
        {}},
       {"stats", "", "Models, versions, logical vs physical bytes, dedup ratio.", 0, 0, {}},
+      {"audit",
+       "[MODEL]",
+       "Who changed the store (or MODEL), when, from where and how it ended: commits, alias "
+       "moves and deletes, version deletes, retention, gc; oldest first.",
+       0,
+       1,
+       {{"since", "DURATION|TIME",
+         "only calls begun in the last DURATION (30m, 24h, 7d) or since an RFC 3339 TIME "
+         "(2024-05-01T12:00:00Z)",
+         "all"},
+        {"json", "", "one JSON object per record and line", ""}}},
       {"export",
        "MODEL@REF OUT",
        "Write a stored version's model tensors -- or with --bundle the whole training bundle "
@@ -222,6 +243,21 @@ absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
 // ---- Store commands.
 
 // The store the command works on: a service (--store) or a database opened in-process.
+// --tls_* as client TLS options (plaintext when --tls_ca_file is absent).
+ClientTlsOptions ClientTls(const cli::ParsedCommandLine& line) {
+  ClientTlsOptions tls;
+  if (line.Has("tls_ca_file")) tls.ca_file = line.Get("tls_ca_file");
+  if (line.Has("tls_cert_file")) tls.cert_file = line.Get("tls_cert_file");
+  if (line.Has("tls_key_file")) tls.key_file = line.Get("tls_key_file");
+  if (line.Has("tls_server_name")) tls.server_name = line.Get("tls_server_name");
+  return tls;
+}
+
+bool HasClientTls(const cli::ParsedCommandLine& line) {
+  return line.Has("tls_ca_file") || line.Has("tls_cert_file") || line.Has("tls_key_file") ||
+         line.Has("tls_server_name");
+}
+
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
                                                            bool create) {
   StoreLocation location;
@@ -230,8 +266,11 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedComm
     if (line.Has("auth_token_file")) {
       ASSIGN_OR_RETURN(location.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
     }
-  } else if (line.Has("auth_token_file")) {
+    location.tls = ClientTls(line);
+  } else if (line.Has("auth_token_file") && !line.Has("loader")) {
     return absl::InvalidArgumentError("--auth_token_file needs --store=HOST:PORT");
+  } else if (HasClientTls(line) && !line.Has("loader")) {
+    return absl::InvalidArgumentError("--tls_* options need --store=HOST:PORT (or --loader)");
   } else {
     location.directory = line.Get("store_dir");
     location.create_if_missing = create;
@@ -524,6 +563,95 @@ absl::Status RunStats(const cli::ParsedCommandLine& line) {
   return absl::OkStatus();
 }
 
+// --since: a duration back from now ("30m", "24h", "7d") or an RFC 3339 time.
+absl::StatusOr<absl::Time> ParseSince(const std::string& text) {
+  absl::Duration duration;
+  int64_t days = 0;
+  if (absl::EndsWith(text, "d") && absl::SimpleAtoi(text.substr(0, text.size() - 1), &days) &&
+      days >= 0) {
+    return absl::Now() - absl::Hours(24 * days);
+  }
+  if (absl::ParseDuration(text, &duration) && duration >= absl::ZeroDuration()) {
+    return absl::Now() - duration;
+  }
+  absl::Time time;
+  std::string error;
+  if (absl::ParseTime(absl::RFC3339_full, text, &time, &error)) return time;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--since '", text,
+      "' is neither a duration (30m, 24h, 7d) nor an RFC 3339 time (2024-05-01T12:00:00Z)"));
+}
+
+// RFC 3339 in UTC with a "Z" and all six digits of microseconds, so lines align and sort.
+std::string AuditTime(int64_t unix_micros) {
+  return absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", absl::FromUnixMicros(unix_micros),
+                          absl::UTCTimeZone());
+}
+
+// "model@version", plus the alias; "-" for a call on no model (gc).
+std::string AuditTarget(const v1::AuditRecord& record) {
+  std::string target = record.model().empty() ? "-" : record.model();
+  if (record.version() > 0) absl::StrAppend(&target, "@", record.version());
+  if (!record.alias().empty()) absl::StrAppend(&target, " alias ", record.alias());
+  return target;
+}
+
+std::string AuditOutcome(const v1::AuditRecord& record) {
+  switch (record.outcome()) {
+    case v1::AuditRecord::OK:
+      return "OK";
+    case v1::AuditRecord::FAILED:
+      return absl::StrCat(
+          "FAILED ", absl::StatusCodeToString(static_cast<absl::StatusCode>(record.error_code())),
+          ": ", record.error_message());
+    case v1::AuditRecord::PENDING:
+      return "outcome unknown (in progress when read, or the server stopped during the call)";
+    default:
+      return "outcome unrecorded";
+  }
+}
+
+nlohmann::ordered_json AuditJson(const v1::AuditRecord& record) {
+  nlohmann::ordered_json json;
+  json["sequence"] = record.sequence();
+  json["time"] = AuditTime(record.unix_micros());
+  json["unix_micros"] = record.unix_micros();
+  json["identity"] = record.identity();
+  json["peer"] = record.peer();
+  json["action"] = record.action();
+  json["model"] = record.model();
+  json["version"] = record.version();
+  json["alias"] = record.alias();
+  json["outcome"] = v1::AuditRecord::Outcome_Name(record.outcome());
+  if (record.outcome() == v1::AuditRecord::FAILED) {
+    json["error_code"] =
+        absl::StatusCodeToString(static_cast<absl::StatusCode>(record.error_code()));
+    json["error_message"] = record.error_message();
+  }
+  json["detail"] = record.detail();
+  return json;
+}
+
+absl::Status RunAudit(const cli::ParsedCommandLine& line) {
+  AuditQuery query;
+  if (!line.arguments().empty()) query.model = line.arguments()[0];
+  if (line.Has("since")) {
+    ASSIGN_OR_RETURN(query.since, ParseSince(line.Get("since")));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
+  ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, store->ListAudit(query));
+  for (const v1::AuditRecord& record : records) {
+    if (line.Has("json")) {
+      std::cout << AuditJson(record).dump() << "\n";
+      continue;
+    }
+    std::cout << AuditTime(record.unix_micros()) << "  " << record.identity() << "  "
+              << record.peer() << "  " << record.action() << "  " << AuditTarget(record) << "  "
+              << AuditOutcome(record) << "  " << record.detail() << "\n";
+  }
+  return absl::OkStatus();
+}
+
 std::string ModelKey(const cli::ParsedCommandLine& line) {
   return line.Has("key") ? line.Get("key") : "";
 }
@@ -592,6 +720,7 @@ absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCom
   if (line.Has("auth_token_file")) {
     ASSIGN_OR_RETURN(options.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
   }
+  options.tls = ClientTls(line);
   return RemoteLoader::Connect(options);
 }
 
@@ -709,7 +838,7 @@ int Main(int argc, char** argv) {
       {"inspect", RunInspect}, {"convert", RunConvert}, {"import", RunImport}, {"ls", RunList},
       {"show", RunShow},       {"tag", RunTag},         {"untag", RunUntag},   {"rm", RunRemove},
       {"retain", RunRetain},   {"gc", RunGc},           {"verify", RunVerify}, {"diff", RunDiff},
-      {"stats", RunStats},     {"export", RunExport},   {"check", RunCheck},
+      {"stats", RunStats},     {"export", RunExport},   {"check", RunCheck},   {"audit", RunAudit},
   };
   const absl::Status status = runners->at(line->command())(*line);
   if (!status.ok()) {

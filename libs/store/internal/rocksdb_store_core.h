@@ -9,6 +9,7 @@
 // The files, by concern (as RocksDB splits db_impl.cc):
 //   rocksdb_checkpoint_store.cc              open, begin upload, reads, versions and aliases
 //   rocksdb_checkpoint_store_maintenance.cc  retention, garbage collection, verify, stats
+//   rocksdb_checkpoint_store_audit.cc        the audit log: begin, finish, list
 //   internal/rocksdb_upload_session.cc       the upload session and its hashing pipeline
 //   internal/rocksdb_store_core.h            this file
 //   internal/rocksdb_store_records.h         small helpers every file uses
@@ -636,6 +637,42 @@ class RocksDbCheckpointStore::Core {
     return static_cast<int64_t>(live_uploads_.size());
   }
 
+  // ---- Audit log (rocksdb_checkpoint_store_audit.cc).
+
+  // Sequence numbers are handed out, and records written, under `mu`, so the log's key order is
+  // the order calls began, and times never go backwards along it.
+  struct AuditLog {
+    absl::Mutex mu;
+    int64_t last_sequence ABSL_GUARDED_BY(mu) = 0;     // of the newest record; 0 when none.
+    int64_t last_unix_micros ABSL_GUARDED_BY(mu) = 0;  // ... and its time.
+  };
+  AuditLog& audit_log() { return audit_log_; }
+
+  // Called once by Open: sequence numbers continue after the newest record on disk, so a number
+  // is never reused across restarts (or after a crash).
+  absl::Status LoadAuditLog() {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(Read(), cf(ColumnFamily::kAudit)));
+    it->SeekToLast();
+    int64_t last_sequence = 0, last_unix_micros = 0;
+    if (it->Valid()) {
+      absl::StatusOr<uint64_t> sequence = DecodeBigEndian64(ToView(it->key()));
+      if (!sequence.ok()) {
+        return absl::DataLossError(absl::StrCat("the newest audit record's key has ",
+                                                it->key().size(), " bytes; keys have 8"));
+      }
+      v1::AuditRecord record;
+      RETURN_IF_ERROR(
+          ParseRecord(ToView(it->value()), record, absl::StrCat("audit record ", *sequence)));
+      last_sequence = static_cast<int64_t>(*sequence);
+      last_unix_micros = record.unix_micros();
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "finding the newest audit record"));
+    absl::MutexLock lock(&audit_log_.mu);
+    audit_log_.last_sequence = last_sequence;
+    audit_log_.last_unix_micros = last_unix_micros;
+    return absl::OkStatus();
+  }
+
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   const absl::flat_hash_set<std::string>& live_uploads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return live_uploads_;
@@ -663,6 +700,8 @@ class RocksDbCheckpointStore::Core {
   absl::flat_hash_set<std::string> live_uploads_ ABSL_GUARDED_BY(mu_);
   // Chunk -> number of live uploads that stored it or rely on it being present.
   absl::flat_hash_map<std::string, int> pinned_chunks_ ABSL_GUARDED_BY(mu_);
+
+  AuditLog audit_log_;
 };
 
 }  // namespace ckpt

@@ -134,4 +134,20 @@ absl::StatusOr<v1::StoreStats> InstrumentedStore::GetStats() {
   return base_.GetStats();
 }
 
+absl::StatusOr<int64_t> InstrumentedStore::BeginAudit(v1::AuditRecord record) {
+  Called("BeginAudit");
+  return base_.BeginAudit(std::move(record));
+}
+
+absl::Status InstrumentedStore::FinishAudit(int64_t sequence, const absl::Status& outcome,
+                                            absl::string_view detail, int64_t version) {
+  Called("FinishAudit");
+  return base_.FinishAudit(sequence, outcome, detail, version);
+}
+
+absl::StatusOr<std::vector<v1::AuditRecord>> InstrumentedStore::ListAudit(const AuditQuery& query) {
+  Called("ListAudit");
+  return base_.ListAudit(query);
+}
+
 }  // namespace ckpt

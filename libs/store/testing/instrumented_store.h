@@ -4,9 +4,9 @@
 // InstrumentedStore (testonly): a CheckpointStore that forwards every call to another store and
 // lets a test watch or hold calls: a hook runs at the start of each method, and of each chunk read
 // through a VersionReader it opened and of each UploadSession call, with the method's name
-// ("GetStats", "BeginUpload", "ReadTensorChunks", "AddTensorData", "Commit", ...). A hook that
-// blocks holds the call there, which is how tests make a server call outlast a client deadline
-// without sleeping.
+// ("GetStats", "BeginUpload", "ReadTensorChunks", "AddTensorData", "Commit", "BeginAudit", ...). A
+// hook that blocks holds the call there, which is how tests make a server call outlast a client
+// deadline without sleeping.
 //
 // Thread-safe as the wrapped store is; set the hook before the store is used.
 //
@@ -62,6 +62,10 @@ class InstrumentedStore final : public CheckpointStore {
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
+  absl::StatusOr<int64_t> BeginAudit(v1::AuditRecord record) override;
+  absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
+                           int64_t version) override;
+  absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
 
  private:
   class Reader;

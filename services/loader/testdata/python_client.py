@@ -35,12 +35,28 @@ def generate(gen_dir):
     sys.path.insert(0, gen_dir)
 
 
-def connect(address, gen_dir):
-    """A Loader stub over a plaintext channel, and the generated message modules."""
-    generate(gen_dir)
+def open_channel(address, ca_file=None, cert_file=None, key_file=None):
+    """A channel to a ckpt server: plaintext without ca_file; TLS trusting ca_file; mutual TLS
+    when cert_file and key_file (this client's certificate) are given too."""
     import grpc
+    if ca_file is None:
+        return grpc.insecure_channel(address)
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read(ca_file),
+        private_key=read(key_file) if key_file else None,
+        certificate_chain=read(cert_file) if cert_file else None)
+    return grpc.secure_channel(address, credentials)
+
+
+def connect(address, gen_dir, ca_file=None, cert_file=None, key_file=None):
+    """A Loader stub (over open_channel's channel), and the generated message modules."""
+    generate(gen_dir)
     from proto.ckpt.v1 import loader_pb2, loader_pb2_grpc, types_pb2
-    return loader_pb2_grpc.LoaderStub(grpc.insecure_channel(address)), loader_pb2, types_pb2
+    channel = open_channel(address, ca_file, cert_file, key_file)
+    return loader_pb2_grpc.LoaderStub(channel), loader_pb2, types_pb2
 
 
 def export_bundle(stub, loader_pb2, types_pb2, model, token, path, ref=None):
@@ -70,7 +86,8 @@ def export_bundle(stub, loader_pb2, types_pb2, model, token, path, ref=None):
 
 def load(stub, types_pb2, loader_pb2, model, token, target):
     request = loader_pb2.LoadRequest(ref=types_pb2.VersionRef(model=model), target=target)
-    stream = stub.Load(request, metadata=[("authorization", f"Bearer {token}")], timeout=60)
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    stream = stub.Load(request, metadata=metadata, timeout=60)
     manifest = None
     buffers = []
     for response in stream:

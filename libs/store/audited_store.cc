@@ -1,0 +1,301 @@
+#include "libs/store/audited_store.h"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/version_ref.h"
+
+namespace ckpt {
+namespace {
+
+constexpr absl::string_view kClientProducerLabel = "client_producer";
+
+// BeginAudit's failure, as the error of the call it kept from running.
+absl::Status NotAudited(const v1::AuditRecord& record, const absl::Status& status) {
+  return absl::Status(
+      status.code(),
+      absl::StrCat(record.action(), record.model().empty() ? "" : " of '", record.model(),
+                   record.model().empty() ? "" : "'",
+                   " was not done: its audit record could not be written: ", status.message()));
+}
+
+// Finishes record `sequence`. A failure leaves the record PENDING and goes to stderr only: the
+// caller gets the call's own result (see the header).
+void Finish(CheckpointStore& store, int64_t sequence, absl::string_view action,
+            const absl::Status& outcome, const std::string& detail, int64_t version) {
+  const absl::Status finished = store.FinishAudit(sequence, outcome, detail, version);
+  if (!finished.ok()) {
+    std::cerr << "audit record " << sequence << " (" << action
+              << ") stays PENDING (outcome unknown): finishing it failed: " << finished << "\n";
+  }
+}
+
+// Runs `call` between BeginAudit(record) and FinishAudit; `describe` says what a successful
+// result changed. The call is not made when BeginAudit fails.
+template <typename T, typename Call, typename Describe>
+absl::StatusOr<T> RunAudited(CheckpointStore& store, const v1::AuditRecord& record, Call call,
+                             Describe describe) {
+  absl::StatusOr<int64_t> sequence = store.BeginAudit(record);
+  if (!sequence.ok()) return NotAudited(record, sequence.status());
+  absl::StatusOr<T> result = call();
+  Finish(store, *sequence, record.action(), result.status(),
+         result.ok() ? describe(*result) : std::string(), /*version=*/0);
+  return result;
+}
+
+std::string VersionOrNew(int64_t version) {
+  return version > 0 ? absl::StrCat(version) : std::string("(new)");
+}
+
+std::string RetentionDetail(const v1::RetentionPolicy& policy) {
+  return absl::StrCat("keep_last ", policy.keep_last(), ", keep_every ", policy.keep_every(),
+                      ", drop_optimizer_state_older_than ",
+                      policy.drop_optimizer_state_older_than());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// One upload: forwards everything; Commit is audited.
+class AuditedStore::Session final : public UploadSession {
+ public:
+  Session(std::shared_ptr<CheckpointStore> store, v1::AuditRecord record,
+          std::unique_ptr<UploadSession> base)
+      : store_(std::move(store)), record_(std::move(record)), base_(std::move(base)) {}
+
+  const v1::Manifest& header() const override { return base_->header(); }
+  int tensor_count() const override { return base_->tensor_count(); }
+  const std::vector<std::string>& warnings() const override { return base_->warnings(); }
+
+  absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
+    RETURN_IF_ERROR(failed_);
+    return base_->AddTensorData(tensor_index, offset, bytes);
+  }
+
+  absl::Status AddStableTensorData(int tensor_index, int64_t offset,
+                                   absl::string_view bytes) override {
+    RETURN_IF_ERROR(failed_);
+    return base_->AddStableTensorData(tensor_index, offset, bytes);
+  }
+
+  absl::StatusOr<CommitResult> Commit() override {
+    RETURN_IF_ERROR(failed_);
+    absl::StatusOr<int64_t> sequence = store_->BeginAudit(record_);
+    if (!sequence.ok()) {
+      // Never committed: destroying the session abandons the upload.
+      const absl::Status error = NotAudited(record_, sequence.status());
+      failed_ = absl::FailedPreconditionError(
+          absl::StrCat("the upload failed earlier (", error.message(), ")"));
+      return error;
+    }
+    absl::StatusOr<CommitResult> result = base_->Commit();
+    std::string detail;
+    int64_t version = 0;
+    if (result.ok()) {
+      version = result->version.version();
+      detail = absl::StrCat("committed ", FormatVersionRef(result->version), ": ",
+                            result->logical_bytes, " bytes, ", result->new_bytes, " new",
+                            record_.alias().empty() ? "" : "; aliases ", record_.alias());
+    }
+    Finish(*store_, *sequence, record_.action(), result.status(), detail, version);
+    return result;
+  }
+
+ private:
+  const std::shared_ptr<CheckpointStore> store_;
+  const v1::AuditRecord record_;
+  const std::unique_ptr<UploadSession> base_;
+  absl::Status failed_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+AuditedStore::AuditedStore(CheckpointStore& inner, Actor actor)
+    // Aliasing constructor with no owner: a shared_ptr that never deletes `inner`.
+    : inner_(std::shared_ptr<CheckpointStore>(std::shared_ptr<void>(), &inner)),
+      actor_(std::move(actor)) {}
+
+AuditedStore::AuditedStore(std::unique_ptr<CheckpointStore> inner, Actor actor)
+    : inner_(std::move(inner)), actor_(std::move(actor)) {}
+
+AuditedStore::~AuditedStore() = default;
+
+v1::AuditRecord AuditedStore::NewRecord(absl::string_view action, absl::string_view model) const {
+  v1::AuditRecord record;
+  record.set_identity(actor_.identity);
+  record.set_peer(actor_.peer);
+  record.set_action(std::string(action));
+  record.set_model(std::string(model));
+  return record;
+}
+
+absl::StatusOr<std::unique_ptr<UploadSession>> AuditedStore::BeginUpload(
+    absl::string_view model, v1::Manifest header, const CommitOptions& options) {
+  v1::VersionMetadata& metadata = *header.mutable_metadata();
+  if (!metadata.producer().empty()) {
+    (*metadata.mutable_labels())[std::string(kClientProducerLabel)] = metadata.producer();
+  }
+  metadata.set_producer(actor_.identity);
+  const int tensors = header.tensors_size() + header.state_tensors_size();
+  ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
+                   inner_->BeginUpload(model, std::move(header), options));
+  v1::AuditRecord record = NewRecord(kAuditCommit, model);
+  // What the commit was asked to do, kept if it fails or the server stops during it.
+  record.set_detail(absl::StrCat(
+      "commit of ", tensors, " tensors",
+      options.aliases.empty() ? ""
+                              : absl::StrCat("; aliases ", absl::StrJoin(options.aliases, ", ")),
+      options.expected_latest_version > 0
+          ? absl::StrCat("; expects latest version ", options.expected_latest_version)
+          : ""));
+  record.set_alias(absl::StrJoin(options.aliases, ","));
+  return std::unique_ptr<UploadSession>(new Session(inner_, std::move(record), std::move(session)));
+}
+
+absl::StatusOr<std::vector<std::string>> AuditedStore::FindMissingChunks(
+    const std::vector<std::string>& sha256s) {
+  return inner_->FindMissingChunks(sha256s);
+}
+
+absl::StatusOr<v1::Manifest> AuditedStore::GetManifest(const v1::VersionRef& ref) {
+  return inner_->GetManifest(ref);
+}
+
+absl::StatusOr<std::unique_ptr<VersionReader>> AuditedStore::OpenVersion(
+    const v1::VersionRef& ref) {
+  return inner_->OpenVersion(ref);
+}
+
+absl::Status AuditedStore::ReadTensorChunks(const v1::TensorMeta& meta,
+                                            const ChunkCallback& callback) {
+  return inner_->ReadTensorChunks(meta, callback);
+}
+
+absl::StatusOr<std::vector<v1::ModelInfo>> AuditedStore::ListModels() {
+  return inner_->ListModels();
+}
+
+absl::StatusOr<std::vector<v1::VersionInfo>> AuditedStore::ListVersions(absl::string_view model) {
+  return inner_->ListVersions(model);
+}
+
+absl::StatusOr<int64_t> AuditedStore::SetAlias(absl::string_view model, absl::string_view alias,
+                                               int64_t version, int64_t expected_current_version) {
+  v1::AuditRecord record = NewRecord(kAuditSetAlias, model);
+  record.set_alias(std::string(alias));
+  record.set_version(version);
+  record.set_detail(absl::StrCat("alias ", alias, " -> ", version,
+                                 expected_current_version > 0
+                                     ? absl::StrCat(" if it points at ", expected_current_version)
+                                     : ""));
+  return RunAudited<int64_t>(
+      *inner_, record,
+      [&] { return inner_->SetAlias(model, alias, version, expected_current_version); },
+      [&](int64_t previous) {
+        return absl::StrCat("alias ", alias, ": ", VersionOrNew(previous), " -> ", version);
+      });
+}
+
+absl::Status AuditedStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
+  v1::AuditRecord record = NewRecord(kAuditDeleteAlias, model);
+  record.set_alias(std::string(alias));
+  record.set_detail(absl::StrCat("delete alias ", alias));
+  return RunAudited<bool>(
+             *inner_, record,
+             [&]() -> absl::StatusOr<bool> {
+               RETURN_IF_ERROR(inner_->DeleteAlias(model, alias));
+               return true;
+             },
+             [&](bool) { return absl::StrCat("alias ", alias, " deleted"); })
+      .status();
+}
+
+absl::StatusOr<int64_t> AuditedStore::DeleteVersion(absl::string_view model, int64_t version,
+                                                    bool force) {
+  v1::AuditRecord record = NewRecord(kAuditDeleteVersion, model);
+  record.set_version(version);
+  const std::string ref = FormatVersionRef(model, version);
+  record.set_detail(absl::StrCat("delete ", ref, force ? " (force)" : ""));
+  return RunAudited<int64_t>(
+      *inner_, record, [&] { return inner_->DeleteVersion(model, version, force); },
+      [&](int64_t released) {
+        return absl::StrCat("deleted ", ref, force ? " (force)" : "", "; ", released,
+                            " bytes no longer referenced");
+      });
+}
+
+absl::StatusOr<v1::ApplyRetentionResponse> AuditedStore::ApplyRetention(
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+  if (dry_run) return inner_->ApplyRetention(model, policy, dry_run);
+  v1::AuditRecord record = NewRecord(kAuditApplyRetention, model);
+  const std::string asked = RetentionDetail(policy);
+  record.set_detail(asked);
+  return RunAudited<v1::ApplyRetentionResponse>(
+      *inner_, record, [&] { return inner_->ApplyRetention(model, policy, dry_run); },
+      [&](const v1::ApplyRetentionResponse& response) {
+        if (response.deleted_versions().empty() && response.optimizer_state_dropped().empty()) {
+          return absl::StrCat(asked, ": nothing to do");
+        }
+        return absl::StrCat(asked, ": deleted versions ",
+                            response.deleted_versions().empty()
+                                ? std::string("none")
+                                : absl::StrJoin(response.deleted_versions(), ", "),
+                            "; dropped optimizer state of ",
+                            response.optimizer_state_dropped().empty()
+                                ? std::string("none")
+                                : absl::StrJoin(response.optimizer_state_dropped(), ", "));
+      });
+}
+
+absl::StatusOr<v1::GarbageCollectResponse> AuditedStore::GarbageCollect(bool dry_run) {
+  if (dry_run) return inner_->GarbageCollect(dry_run);
+  v1::AuditRecord record = NewRecord(kAuditGarbageCollect, "");
+  record.set_detail("garbage collection");
+  return RunAudited<v1::GarbageCollectResponse>(
+      *inner_, record, [&] { return inner_->GarbageCollect(dry_run); },
+      [](const v1::GarbageCollectResponse& response) {
+        return absl::StrCat("reclaimed ", response.bytes_freed(), " bytes in ",
+                            response.chunks_freed(), " chunks, ",
+                            response.abandoned_uploads_reclaimed(), " abandoned uploads");
+      });
+}
+
+absl::StatusOr<v1::VerifyResponse> AuditedStore::Verify(absl::string_view model, int64_t version) {
+  return inner_->Verify(model, version);
+}
+
+absl::StatusOr<v1::StoreStats> AuditedStore::GetStats() { return inner_->GetStats(); }
+
+absl::StatusOr<int64_t> AuditedStore::BeginAudit(v1::AuditRecord record) {
+  return inner_->BeginAudit(std::move(record));
+}
+
+absl::Status AuditedStore::FinishAudit(int64_t sequence, const absl::Status& outcome,
+                                       absl::string_view detail, int64_t version) {
+  return inner_->FinishAudit(sequence, outcome, detail, version);
+}
+
+absl::StatusOr<std::vector<v1::AuditRecord>> AuditedStore::ListAudit(const AuditQuery& query) {
+  return inner_->ListAudit(query);
+}
+
+std::string ProcessUserName() {
+  const uid_t uid = geteuid();
+  // getpwuid_r: another thread may be calling getpwuid.
+  struct passwd entry;
+  struct passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(uid, &entry, buffer, sizeof(buffer), &found) == 0 && found != nullptr &&
+      found->pw_name != nullptr && found->pw_name[0] != '\0') {
+    return found->pw_name;
+  }
+  return absl::StrCat("uid:", uid);
+}
+
+}  // namespace ckpt
