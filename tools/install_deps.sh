@@ -14,6 +14,8 @@ packages=(
   # A Python gRPC client of the loader in tests (stubs generated with protoc and
   # /usr/bin/grpc_python_plugin from protobuf-compiler-grpc).
   python3-grpcio python3-protobuf
+  # The openssl command line: tests make their TLS certificates with it.
+  openssl
   # libFuzzer and the sanitizers for the parser fuzz targets.
   clang libclang-rt-14-dev
 )
