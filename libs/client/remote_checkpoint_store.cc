@@ -53,12 +53,15 @@ class RemoteCheckpointStore::Connection {
   explicit Connection(std::shared_ptr<ClientChannel> channel)
       : channel_(std::move(channel)),
         stub_(v1::CheckpointStore::NewStub(channel_->channel())),
+        stream_stub_(v1::CheckpointStore::NewStub(channel_->stream_channel())),
         download_method_(kDownloadMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
-                         channel_->channel()) {}
+                         channel_->stream_channel()) {}
 
   const RemoteStoreOptions& options() const { return channel_->options(); }
   const ClientChannel& channel() const { return *channel_; }
   Stub& stub() const { return *stub_; }
+  // For Upload: a stub on the stream channel (ClientChannel::stream_channel).
+  Stub& stream_stub() const { return *stream_stub_; }
 
   // Download, read as raw messages (TensorDataResponseReader reads them without copying the
   // bytes). gRPC's generated stubs make their readers with this same internal factory; there is
@@ -67,7 +70,7 @@ class RemoteCheckpointStore::Connection {
       grpc::ClientContext* context, const v1::DownloadRequest& request) const {
     return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-            channel_->channel().get(), download_method_, context, request));
+            channel_->stream_channel().get(), download_method_, context, request));
   }
 
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const {
@@ -98,6 +101,7 @@ class RemoteCheckpointStore::Connection {
  private:
   const std::shared_ptr<ClientChannel> channel_;
   const std::unique_ptr<Stub> stub_;
+  const std::unique_ptr<Stub> stream_stub_;
   const grpc::internal::RpcMethod download_method_;
 };
 
@@ -192,7 +196,7 @@ class RemoteUploadSession final : public UploadSession {
   absl::Status SendHeader(absl::string_view model, v1::Manifest header,
                           const CommitOptions& options) {
     context_ = connection_->NewContext(absl::Now() + connection_->options().stream_deadline);
-    writer_ = connection_->stub().Upload(context_.get(), &response_);
+    writer_ = connection_->stream_stub().Upload(context_.get(), &response_);
     stream_open_ = true;
     v1::UploadHeader* upload = request_.mutable_header();
     upload->set_model(std::string(model));

@@ -62,7 +62,9 @@ absl::StatusOr<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(
 RemoteLoader::RemoteLoader(std::shared_ptr<ClientChannel> channel)
     : channel_(std::move(channel)),
       stub_(v1::Loader::NewStub(channel_->channel())),
-      load_method_(kLoadMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_->channel()) {}
+      stream_stub_(v1::Loader::NewStub(channel_->stream_channel())),
+      load_method_(kLoadMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
+                   channel_->stream_channel()) {}
 
 absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
                                                const LoadTarget& target) const {
@@ -83,7 +85,7 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
         // gRPC's slices into their tensor (libs/rpc/tensor_data_message).
         std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> stream(
             grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-                channel_->channel().get(), load_method_, &context, request));
+                channel_->stream_channel().get(), load_method_, &context, request));
         grpc::ByteBuffer response;
         TensorDataResponseReader decoder;
         // Receives the stream; an early return cancels the call (TryCancel) before Finish.
@@ -225,7 +227,7 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
         result = ExportResult();
         ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
         std::unique_ptr<grpc::ClientReader<v1::ExportResponse>> stream =
-            stub_->Export(&context, request);
+            stream_stub_->Export(&context, request);
         v1::ExportResponse response;
         uint64_t total = 0;
         bool first = true;

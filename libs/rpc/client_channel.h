@@ -105,14 +105,19 @@ class ClientChannel {
                                                              const ServiceSpec& service);
 
   const ClientOptions& options() const { return options_; }
+  // For unary calls: carries the retry service config.
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // For streams (Upload, Download, Load, Export): the same server without the retry service
+  // config, which costs streams throughput (gRPC then runs every call through its retry
+  // machinery); streams restart through RestartOnUnavailable instead.
+  const std::shared_ptr<grpc::Channel>& stream_channel() const { return stream_channel_; }
   // "checkpoint store at HOST:PORT".
   std::string ServerName() const;
 
   // A context for one call that must end by `deadline`, carrying the bearer token.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
 
-  // OK once the channel is connected; UNAVAILABLE naming the server when it is not within
+  // OK once both channels are connected; UNAVAILABLE naming the server when they are not within
   // connect_timeout (or by `deadline`, if sooner). Nothing has been sent when this fails.
   absl::Status WaitUntilConnected(absl::Time deadline) const;
 
@@ -132,11 +137,13 @@ class ClientChannel {
       const;
 
  private:
-  ClientChannel(ClientOptions options, ServiceSpec service, std::shared_ptr<grpc::Channel> channel);
+  ClientChannel(ClientOptions options, ServiceSpec service, std::shared_ptr<grpc::Channel> channel,
+                std::shared_ptr<grpc::Channel> stream_channel);
 
   const ClientOptions options_;
   const ServiceSpec service_;
   const std::shared_ptr<grpc::Channel> channel_;
+  const std::shared_ptr<grpc::Channel> stream_channel_;
 };
 
 }  // namespace ckpt
