@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
                  "WARNING: serving %s:%d in PLAINTEXT on an address other machines can reach.\n"
                  "WARNING: anyone on the network can read the calls, their tensors and bearer "
                  "tokens, and forge calls.\n"
-                 "WARNING: pass --tls_cert_file and --tls_key_file (and --tls_client_ca_file for "
+                 "WARNING: give the server a TLS certificate and key (and a client CA for "
                  "mutual TLS), or listen on 127.0.0.1.\n",
                  host.c_str(), bound_port);
   }

@@ -61,8 +61,8 @@ ABSL_FLAG(std::string, identities_file, "",
           "changes. Default: none (every caller is admitted).");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate chain of this server: serve TLS (with --tls_key_file). Re-read when "
-          "it changes. Default: plaintext, which is refused to nobody but warned about on any "
-          "address other than loopback.");
+          "it changes. Default: plaintext, with a warning at start-up on any address other than "
+          "loopback.");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA bundle: require every client to present a certificate signed by it (mutual "
