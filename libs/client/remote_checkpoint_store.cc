@@ -202,6 +202,7 @@ class RemoteUploadSession final : public UploadSession {
     upload->set_model(std::string(model));
     *upload->mutable_manifest() = header;
     upload->set_expected_latest_version(options.expected_latest_version);
+    upload->set_reason(options.attribution.reason);
     for (const std::string& alias : options.aliases) upload->add_aliases(alias);
     if (!writer_->Write(request_)) return StreamEnded();
     // The server sends initial metadata once it accepted the header; when it rejects the header
@@ -528,12 +529,17 @@ absl::StatusOr<std::unique_ptr<RemoteCheckpointStore>> RemoteCheckpointStore::Co
       std::shared_ptr<ClientChannel> channel,
       ClientChannel::Open(options, {std::string(v1::CheckpointStore::service_full_name()),
                                     "checkpoint store", ReadOnlyMethods()}));
-  auto connection = std::make_shared<Connection>(std::move(channel));
-  return std::unique_ptr<RemoteCheckpointStore>(new RemoteCheckpointStore(std::move(connection)));
+  auto connection = std::make_shared<Connection>(channel);
+  return std::unique_ptr<RemoteCheckpointStore>(
+      new RemoteCheckpointStore(std::move(connection), std::move(channel)));
 }
 
-RemoteCheckpointStore::RemoteCheckpointStore(std::shared_ptr<Connection> connection)
-    : connection_(std::move(connection)) {}
+RemoteCheckpointStore::RemoteCheckpointStore(std::shared_ptr<Connection> connection,
+                                             std::shared_ptr<ClientChannel> channel)
+    : connection_(std::move(connection)),
+      channel_(std::move(channel)),
+      stub_(v1::CheckpointStore::NewStub(channel_->channel())),
+      stream_stub_(v1::CheckpointStore::NewStub(channel_->stream_channel())) {}
 
 RemoteCheckpointStore::~RemoteCheckpointStore() = default;
 
@@ -622,8 +628,10 @@ absl::StatusOr<std::vector<v1::VersionInfo>> RemoteCheckpointStore::ListVersions
 
 absl::StatusOr<int64_t> RemoteCheckpointStore::SetAlias(absl::string_view model,
                                                         absl::string_view alias, int64_t version,
-                                                        int64_t expected_current_version) {
+                                                        int64_t expected_current_version,
+                                                        const ChangeAttribution& attribution) {
   v1::SetAliasRequest request;
+  request.set_reason(attribution.reason);
   request.set_model(std::string(model));
   request.set_alias(std::string(alias));
   request.set_version(version);
@@ -634,8 +642,10 @@ absl::StatusOr<int64_t> RemoteCheckpointStore::SetAlias(absl::string_view model,
   return response.previous_version();
 }
 
-absl::Status RemoteCheckpointStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
+absl::Status RemoteCheckpointStore::DeleteAlias(absl::string_view model, absl::string_view alias,
+                                                const ChangeAttribution& attribution) {
   v1::DeleteAliasRequest request;
+  request.set_reason(attribution.reason);
   request.set_model(std::string(model));
   request.set_alias(std::string(alias));
   v1::DeleteAliasResponse response;
@@ -644,8 +654,10 @@ absl::Status RemoteCheckpointStore::DeleteAlias(absl::string_view model, absl::s
 }
 
 absl::StatusOr<int64_t> RemoteCheckpointStore::DeleteVersion(absl::string_view model,
-                                                             int64_t version, bool force) {
+                                                             int64_t version, bool force,
+                                                             const ChangeAttribution& attribution) {
   v1::DeleteVersionRequest request;
+  request.set_reason(attribution.reason);
   request.set_model(std::string(model));
   request.set_version(version);
   request.set_force(force);
@@ -656,7 +668,8 @@ absl::StatusOr<int64_t> RemoteCheckpointStore::DeleteVersion(absl::string_view m
 }
 
 absl::StatusOr<v1::ApplyRetentionResponse> RemoteCheckpointStore::ApplyRetention(
-    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+    const ChangeAttribution&) {
   v1::ApplyRetentionRequest request;
   request.set_model(std::string(model));
   *request.mutable_policy() = policy;

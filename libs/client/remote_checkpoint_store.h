@@ -65,6 +65,7 @@
 #include "absl/time/time.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/store/checkpoint_store.h"
+#include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
 
 namespace ckpt {
@@ -98,15 +99,19 @@ class RemoteCheckpointStore final : public CheckpointStore {
   // Both page through the server's listing until it is complete.
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override;
   absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override;
+  // attribution.reason travels with the request; the server names the identity.
   absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
-                                   int64_t version, int64_t expected_current_version = 0) override;
-  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) override;
-  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
-                                        bool force) override;
+                                   int64_t version, int64_t expected_current_version = 0,
+                                   const ChangeAttribution& attribution = {}) override;
+  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias,
+                           const ChangeAttribution& attribution = {}) override;
+  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version, bool force,
+                                        const ChangeAttribution& attribution = {}) override;
 
-  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(absl::string_view model,
-                                                            const v1::RetentionPolicy& policy,
-                                                            bool dry_run) override;
+  // The wire has no reason for retention (ApplyRetentionRequest): attribution is not sent.
+  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(
+      absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+      const ChangeAttribution& attribution = {}) override;
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
@@ -119,14 +124,55 @@ class RemoteCheckpointStore final : public CheckpointStore {
   absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
                            int64_t version) override;
 
+  // ---- The model registry (remote_checkpoint_store_registry.cc). Changes are sent once, never
+  // retried (like every change); ListHistory only reads and is restarted on UNAVAILABLE.
+  absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
+                                            const v1::ModelDetails& details,
+                                            const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::ModelInfo> UpdateModel(absl::string_view model,
+                                            const v1::ModelDetailsChange& change,
+                                            const ChangeAttribution& attribution) override;
+  absl::Status RenameModel(absl::string_view model, absl::string_view new_name,
+                           const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::DeleteModelResponse> DeleteModel(
+      absl::string_view model, bool force, const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::VersionAnnotations> AnnotateVersion(
+      absl::string_view model, int64_t version, const v1::AnnotationChange& change,
+      const ChangeAttribution& attribution) override;
+  // Pages through the server's history until complete (or query.limit).
+  absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) override;
+  // The first message of a Watch of `models` (the state), after which the stream is cancelled.
+  absl::StatusOr<RegistryState> GetRegistryState(const std::vector<std::string>& models) override;
+  // A ListHistory probe, then a Watch resuming after `after_sequence` that waits for its first
+  // event until `deadline`.
+  absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
+  // The server's Watch stream, read by a thread of the watch into a small buffer (so Next can
+  // wait with a deadline; when the caller stops calling Next, flow control stops the server,
+  // which eventually cuts the watch off). When the stream breaks with UNAVAILABLE (the server
+  // restarted), the watch waits for the channel (connect_timeout) and resumes with the resume
+  // token of the last message it received: the caller misses nothing and sees nothing twice.
+  // It gives up, ending with UNAVAILABLE, when the channel does not come back within
+  // connect_timeout or max_retries streams in a row fail before delivering anything. Any other
+  // error (CANCELLED or RESOURCE_EXHAUSTED when the server cut a slow watcher off) ends the
+  // watch after the messages received before it; a new Watch with the last resume_token
+  // continues. Names are checked here (INVALID_ARGUMENT); access errors come from Next. The
+  // stream has no deadline. A watch may outlive the RemoteCheckpointStore that made it.
+  absl::StatusOr<std::unique_ptr<RegistryWatch>> Watch(const v1::WatchRequest& request) override;
+
   const std::string& address() const;
 
   // The channel, stub and options, shared with sessions and readers (defined in the .cc).
   class Connection;
 
  private:
-  explicit RemoteCheckpointStore(std::shared_ptr<Connection> connection);
+  RemoteCheckpointStore(std::shared_ptr<Connection> connection,
+                        std::shared_ptr<ClientChannel> channel);
   std::shared_ptr<Connection> connection_;
+  // For the registry calls (remote_checkpoint_store_registry.cc): the channel Connection wraps,
+  // a stub for unary calls and one on the stream channel for Watch.
+  std::shared_ptr<ClientChannel> channel_;
+  std::shared_ptr<v1::CheckpointStore::Stub> stub_;
+  std::shared_ptr<v1::CheckpointStore::Stub> stream_stub_;
 };
 
 }  // namespace ckpt

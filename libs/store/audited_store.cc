@@ -143,8 +143,10 @@ absl::StatusOr<std::unique_ptr<UploadSession>> AuditedStore::BeginUpload(
   }
   metadata.set_producer(actor_.identity);
   const int tensors = header.tensors_size() + header.state_tensors_size();
+  CommitOptions attributed = options;
+  attributed.attribution = Attributed(options.attribution);
   ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
-                   inner_->BeginUpload(model, std::move(header), options));
+                   inner_->BeginUpload(model, std::move(header), attributed));
   v1::AuditRecord record = NewRecord(kAuditCommit, model);
   // What the commit was asked to do, kept if it fails or the server stops during it.
   record.set_detail(absl::StrCat(
@@ -186,7 +188,8 @@ absl::StatusOr<std::vector<v1::VersionInfo>> AuditedStore::ListVersions(absl::st
 }
 
 absl::StatusOr<int64_t> AuditedStore::SetAlias(absl::string_view model, absl::string_view alias,
-                                               int64_t version, int64_t expected_current_version) {
+                                               int64_t version, int64_t expected_current_version,
+                                               const ChangeAttribution& attribution) {
   v1::AuditRecord record = NewRecord(kAuditSetAlias, model);
   record.set_alias(std::string(alias));
   record.set_version(version);
@@ -196,20 +199,24 @@ absl::StatusOr<int64_t> AuditedStore::SetAlias(absl::string_view model, absl::st
                                      : ""));
   return RunAudited<int64_t>(
       *inner_, record,
-      [&] { return inner_->SetAlias(model, alias, version, expected_current_version); },
+      [&] {
+        return inner_->SetAlias(model, alias, version, expected_current_version,
+                                Attributed(attribution));
+      },
       [&](int64_t previous) {
         return absl::StrCat("alias ", alias, ": ", VersionOrNew(previous), " -> ", version);
       });
 }
 
-absl::Status AuditedStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
+absl::Status AuditedStore::DeleteAlias(absl::string_view model, absl::string_view alias,
+                                       const ChangeAttribution& attribution) {
   v1::AuditRecord record = NewRecord(kAuditDeleteAlias, model);
   record.set_alias(std::string(alias));
   record.set_detail(absl::StrCat("delete alias ", alias));
   return RunAudited<bool>(
              *inner_, record,
              [&]() -> absl::StatusOr<bool> {
-               RETURN_IF_ERROR(inner_->DeleteAlias(model, alias));
+               RETURN_IF_ERROR(inner_->DeleteAlias(model, alias, Attributed(attribution)));
                return true;
              },
              [&](bool) { return absl::StrCat("alias ", alias, " deleted"); })
@@ -217,13 +224,15 @@ absl::Status AuditedStore::DeleteAlias(absl::string_view model, absl::string_vie
 }
 
 absl::StatusOr<int64_t> AuditedStore::DeleteVersion(absl::string_view model, int64_t version,
-                                                    bool force) {
+                                                    bool force,
+                                                    const ChangeAttribution& attribution) {
   v1::AuditRecord record = NewRecord(kAuditDeleteVersion, model);
   record.set_version(version);
   const std::string ref = FormatVersionRef(model, version);
   record.set_detail(absl::StrCat("delete ", ref, force ? " (force)" : ""));
   return RunAudited<int64_t>(
-      *inner_, record, [&] { return inner_->DeleteVersion(model, version, force); },
+      *inner_, record,
+      [&] { return inner_->DeleteVersion(model, version, force, Attributed(attribution)); },
       [&](int64_t released) {
         return absl::StrCat("deleted ", ref, force ? " (force)" : "", "; ", released,
                             " bytes no longer referenced");
@@ -231,13 +240,15 @@ absl::StatusOr<int64_t> AuditedStore::DeleteVersion(absl::string_view model, int
 }
 
 absl::StatusOr<v1::ApplyRetentionResponse> AuditedStore::ApplyRetention(
-    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+    const ChangeAttribution& attribution) {
   if (dry_run) return inner_->ApplyRetention(model, policy, dry_run);
   v1::AuditRecord record = NewRecord(kAuditApplyRetention, model);
   const std::string asked = RetentionDetail(policy);
   record.set_detail(asked);
   return RunAudited<v1::ApplyRetentionResponse>(
-      *inner_, record, [&] { return inner_->ApplyRetention(model, policy, dry_run); },
+      *inner_, record,
+      [&] { return inner_->ApplyRetention(model, policy, dry_run, Attributed(attribution)); },
       [&](const v1::ApplyRetentionResponse& response) {
         if (response.deleted_versions().empty() && response.optimizer_state_dropped().empty()) {
           return absl::StrCat(asked, ": nothing to do");
@@ -283,6 +294,89 @@ absl::Status AuditedStore::FinishAudit(int64_t sequence, const absl::Status& out
 
 absl::StatusOr<std::vector<v1::AuditRecord>> AuditedStore::ListAudit(const AuditQuery& query) {
   return inner_->ListAudit(query);
+}
+
+ChangeAttribution AuditedStore::Attributed(const ChangeAttribution& attribution) const {
+  return ChangeAttribution{actor_.identity, attribution.reason};
+}
+
+absl::StatusOr<v1::ModelInfo> AuditedStore::CreateModel(absl::string_view model,
+                                                        const v1::ModelDetails& details,
+                                                        const ChangeAttribution& attribution) {
+  v1::AuditRecord record = NewRecord(kAuditCreateModel, model);
+  record.set_detail(absl::StrCat("create model ", model));
+  return RunAudited<v1::ModelInfo>(
+      *inner_, record, [&] { return inner_->CreateModel(model, details, Attributed(attribution)); },
+      [&](const v1::ModelInfo&) { return absl::StrCat("created model ", model); });
+}
+
+absl::StatusOr<v1::ModelInfo> AuditedStore::UpdateModel(absl::string_view model,
+                                                        const v1::ModelDetailsChange& change,
+                                                        const ChangeAttribution& attribution) {
+  v1::AuditRecord record = NewRecord(kAuditUpdateModel, model);
+  record.set_detail(absl::StrCat("update model ", model, ": ", change.ShortDebugString()));
+  return RunAudited<v1::ModelInfo>(
+      *inner_, record, [&] { return inner_->UpdateModel(model, change, Attributed(attribution)); },
+      [&](const v1::ModelInfo&) { return absl::StrCat("updated model ", model); });
+}
+
+absl::Status AuditedStore::RenameModel(absl::string_view model, absl::string_view new_name,
+                                       const ChangeAttribution& attribution) {
+  v1::AuditRecord record = NewRecord(kAuditRenameModel, model);
+  record.set_detail(absl::StrCat("rename model ", model, " to ", new_name));
+  return RunAudited<bool>(
+             *inner_, record,
+             [&]() -> absl::StatusOr<bool> {
+               RETURN_IF_ERROR(inner_->RenameModel(model, new_name, Attributed(attribution)));
+               return true;
+             },
+             [&](bool) { return absl::StrCat("renamed model ", model, " to ", new_name); })
+      .status();
+}
+
+absl::StatusOr<v1::DeleteModelResponse> AuditedStore::DeleteModel(
+    absl::string_view model, bool force, const ChangeAttribution& attribution) {
+  v1::AuditRecord record = NewRecord(kAuditDeleteModel, model);
+  record.set_detail(absl::StrCat("delete model ", model, force ? " (force)" : ""));
+  return RunAudited<v1::DeleteModelResponse>(
+      *inner_, record, [&] { return inner_->DeleteModel(model, force, Attributed(attribution)); },
+      [&](const v1::DeleteModelResponse& response) {
+        return absl::StrCat("deleted model ", model, " with ", response.versions_deleted(),
+                            " versions; ", response.bytes_released(),
+                            " bytes no longer referenced");
+      });
+}
+
+absl::StatusOr<v1::VersionAnnotations> AuditedStore::AnnotateVersion(
+    absl::string_view model, int64_t version, const v1::AnnotationChange& change,
+    const ChangeAttribution& attribution) {
+  v1::AuditRecord record = NewRecord(kAuditAnnotate, model);
+  record.set_version(version);
+  const std::string ref = FormatVersionRef(model, version);
+  record.set_detail(absl::StrCat("annotate ", ref, ": ", change.ShortDebugString()));
+  return RunAudited<v1::VersionAnnotations>(
+      *inner_, record,
+      [&] { return inner_->AnnotateVersion(model, version, change, Attributed(attribution)); },
+      [&](const v1::VersionAnnotations&) { return absl::StrCat("annotated ", ref); });
+}
+
+absl::StatusOr<std::vector<v1::RegistryEvent>> AuditedStore::ListHistory(
+    const HistoryQuery& query) {
+  return inner_->ListHistory(query);
+}
+
+absl::StatusOr<RegistryState> AuditedStore::GetRegistryState(
+    const std::vector<std::string>& models) {
+  return inner_->GetRegistryState(models);
+}
+
+absl::StatusOr<bool> AuditedStore::WaitForHistory(int64_t after_sequence, absl::Time deadline) {
+  return inner_->WaitForHistory(after_sequence, deadline);
+}
+
+absl::StatusOr<std::unique_ptr<RegistryWatch>> AuditedStore::Watch(
+    const v1::WatchRequest& request) {
+  return inner_->Watch(request);
 }
 
 std::string ProcessUserName() {

@@ -21,7 +21,12 @@
 // claim, in metadata.labels["client_producer"]. The record is begun when Commit is called (an
 // upload that is never committed changes nothing), and its version filled in when it finished.
 //
-// Reads, FindMissingChunks and the audit methods themselves forward unchanged.
+// Registry changes (CreateModel, UpdateModel, RenameModel, DeleteModel, AnnotateVersion) are
+// audited the same way. Every change's ChangeAttribution gets actor.identity as its identity, so
+// the registry's history names the same caller as the audit log; the caller's reason is kept.
+//
+// Reads, FindMissingChunks, the history, Watch and the audit methods themselves forward
+// unchanged.
 //
 // Ownership: the wrapped store is borrowed (it must outlive the AuditedStore and every session it
 // returns) or owned. Sessions keep the wrapped store, not the AuditedStore: an AuditedStore made
@@ -75,13 +80,15 @@ class AuditedStore final : public CheckpointStore {
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override;
   absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override;
   absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
-                                   int64_t version, int64_t expected_current_version = 0) override;
-  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) override;
-  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
-                                        bool force) override;
-  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(absl::string_view model,
-                                                            const v1::RetentionPolicy& policy,
-                                                            bool dry_run) override;
+                                   int64_t version, int64_t expected_current_version = 0,
+                                   const ChangeAttribution& attribution = {}) override;
+  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias,
+                           const ChangeAttribution& attribution = {}) override;
+  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version, bool force,
+                                        const ChangeAttribution& attribution = {}) override;
+  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(
+      absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+      const ChangeAttribution& attribution = {}) override;
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
@@ -89,8 +96,30 @@ class AuditedStore final : public CheckpointStore {
   absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
                            int64_t version) override;
   absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
+  absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
+                                            const v1::ModelDetails& details,
+                                            const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::ModelInfo> UpdateModel(absl::string_view model,
+                                            const v1::ModelDetailsChange& change,
+                                            const ChangeAttribution& attribution) override;
+  absl::Status RenameModel(absl::string_view model, absl::string_view new_name,
+                           const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::DeleteModelResponse> DeleteModel(
+      absl::string_view model, bool force, const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::VersionAnnotations> AnnotateVersion(
+      absl::string_view model, int64_t version, const v1::AnnotationChange& change,
+      const ChangeAttribution& attribution) override;
+  absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) override;
+  absl::StatusOr<RegistryState> GetRegistryState(const std::vector<std::string>& models) override;
+  absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
+  // The wrapped store's watch (a remote store's server stream rather than polling through this
+  // object).
+  absl::StatusOr<std::unique_ptr<RegistryWatch>> Watch(const v1::WatchRequest& request) override;
 
  private:
+  // `attribution` with the actor's identity: callers name why, never who.
+  ChangeAttribution Attributed(const ChangeAttribution& attribution) const;
+
   class Session;
 
   // A record of `action` on `model` by actor_, ready for BeginAudit.

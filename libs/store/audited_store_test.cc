@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/testing/instrumented_store.h"
 #include "libs/store/testing/store_conformance.h"
 #include "libs/store/version_ref.h"
 
@@ -32,74 +33,23 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-// Forwards to a RocksDB store, except that BeginAudit or FinishAudit fail when told to: what a
-// full disk or a broken store would do to the audit log alone.
-class FlakyAuditStore final : public CheckpointStore {
- public:
-  explicit FlakyAuditStore(CheckpointStore& base) : base_(base) {}
+// What a full disk or a broken store would do to the audit log alone.
+struct FlakyAuditStore {
+  explicit FlakyAuditStore(CheckpointStore& base) : store(&base) {
+    store.set_audit_fault([this](absl::string_view method) {
+      if (method == "BeginAudit" && fail_begin) {
+        return absl::ResourceExhaustedError("no space left for the audit record");
+      }
+      if (method == "FinishAudit" && fail_finish) {
+        return absl::UnavailableError("the audit log went away");
+      }
+      return absl::OkStatus();
+    });
+  }
+  operator CheckpointStore&() { return store; }  // NOLINT: stands in for the store in tests.
+  InstrumentedStore store;
   bool fail_begin = false;
   bool fail_finish = false;
-
-  absl::StatusOr<int64_t> BeginAudit(v1::AuditRecord record) override {
-    if (fail_begin) return absl::ResourceExhaustedError("no space left for the audit record");
-    return base_.BeginAudit(std::move(record));
-  }
-  absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
-                           int64_t version) override {
-    if (fail_finish) return absl::UnavailableError("the audit log went away");
-    return base_.FinishAudit(sequence, outcome, detail, version);
-  }
-  absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override {
-    return base_.ListAudit(query);
-  }
-  absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(
-      absl::string_view model, v1::Manifest header, const CommitOptions& options) override {
-    return base_.BeginUpload(model, std::move(header), options);
-  }
-  absl::StatusOr<std::vector<std::string>> FindMissingChunks(
-      const std::vector<std::string>& sha256s) override {
-    return base_.FindMissingChunks(sha256s);
-  }
-  absl::StatusOr<v1::Manifest> GetManifest(const v1::VersionRef& ref) override {
-    return base_.GetManifest(ref);
-  }
-  absl::StatusOr<std::unique_ptr<VersionReader>> OpenVersion(const v1::VersionRef& ref) override {
-    return base_.OpenVersion(ref);
-  }
-  absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
-                                const ChunkCallback& callback) override {
-    return base_.ReadTensorChunks(meta, callback);
-  }
-  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override { return base_.ListModels(); }
-  absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override {
-    return base_.ListVersions(model);
-  }
-  absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
-                                   int64_t version, int64_t expected_current_version) override {
-    return base_.SetAlias(model, alias, version, expected_current_version);
-  }
-  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) override {
-    return base_.DeleteAlias(model, alias);
-  }
-  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
-                                        bool force) override {
-    return base_.DeleteVersion(model, version, force);
-  }
-  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(absl::string_view model,
-                                                            const v1::RetentionPolicy& policy,
-                                                            bool dry_run) override {
-    return base_.ApplyRetention(model, policy, dry_run);
-  }
-  absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override {
-    return base_.GarbageCollect(dry_run);
-  }
-  absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override {
-    return base_.Verify(model, version);
-  }
-  absl::StatusOr<v1::StoreStats> GetStats() override { return base_.GetStats(); }
-
- private:
-  CheckpointStore& base_;
 };
 
 class AuditedStoreTest : public ::testing::Test {

@@ -54,9 +54,17 @@
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
+#include "proto/ckpt/v1/registry.pb.h"
 #include "proto/ckpt/v1/types.pb.h"
 
 namespace ckpt {
+
+// Who makes a change and why, kept with it in the registry's history (v1::RegistryEvent).
+// AuditedStore sets `identity` to its caller's, whatever the caller put there.
+struct ChangeAttribution {
+  std::string identity;  // empty: recorded as "unknown".
+  std::string reason;    // free-form; may be empty.
+};
 
 // How a commit is made.
 struct CommitOptions {
@@ -72,6 +80,8 @@ struct CommitOptions {
   // CommitCheckpoint only: called after each tensor is stored with the tensor bytes stored so far
   // and in all, for progress bars. May be empty.
   std::function<void(int64_t bytes_done, int64_t bytes_total)> progress;
+  // Who commits and why, for the history.
+  ChangeAttribution attribution;
 };
 
 struct CommitResult {
@@ -194,12 +204,21 @@ inline constexpr absl::string_view kAuditDeleteAlias = "delete_alias";
 inline constexpr absl::string_view kAuditDeleteVersion = "delete_version";
 inline constexpr absl::string_view kAuditApplyRetention = "apply_retention";
 inline constexpr absl::string_view kAuditGarbageCollect = "garbage_collect";
+inline constexpr absl::string_view kAuditCreateModel = "create_model";
+inline constexpr absl::string_view kAuditUpdateModel = "update_model";
+inline constexpr absl::string_view kAuditRenameModel = "rename_model";
+inline constexpr absl::string_view kAuditDeleteModel = "delete_model";
+inline constexpr absl::string_view kAuditAnnotate = "annotate";
 
-// Whether `action` is one of the kAudit* actions above.
+// Every kAudit* action above.
+inline constexpr absl::string_view kAuditActions[] = {
+    kAuditCommit,         kAuditSetAlias,       kAuditDeleteAlias, kAuditDeleteVersion,
+    kAuditApplyRetention, kAuditGarbageCollect, kAuditCreateModel, kAuditUpdateModel,
+    kAuditRenameModel,    kAuditDeleteModel,    kAuditAnnotate};
+
+// Whether `action` is one of kAuditActions.
 inline bool IsAuditAction(absl::string_view action) {
-  for (absl::string_view known :
-       {kAuditCommit, kAuditSetAlias, kAuditDeleteAlias, kAuditDeleteVersion, kAuditApplyRetention,
-        kAuditGarbageCollect}) {
+  for (absl::string_view known : kAuditActions) {
     if (action == known) return true;
   }
   return false;
@@ -215,6 +234,39 @@ struct AuditQuery {
   int64_t after_sequence = 0;
   // At most this many records; 0: no limit.
   int64_t limit = 0;
+};
+
+// Which registry events ListHistory returns (every filter applies): oldest first.
+struct HistoryQuery {
+  // Only events of this model (a rename is an event of its old name); empty: every model.
+  std::string model;
+  // Only ALIAS_SET / ALIAS_DELETED events of this alias (needs `model`); empty: every event.
+  std::string alias;
+  // Only events after this sequence number (paging, and Watch's resume token).
+  int64_t after_sequence = 0;
+  // Only events at or after this time; InfinitePast(): all.
+  absl::Time since = absl::InfinitePast();
+  // At most this many events; 0: no limit.
+  int64_t limit = 0;
+};
+
+// The state a watch starts from: the watched models and the sequence number of the newest
+// registry event that state includes (events after it are the changes since).
+struct RegistryState {
+  std::vector<v1::ModelInfo> models;
+  int64_t sequence = 0;
+};
+
+// A running watch: CheckpointStore::Watch. Not thread-safe, except Cancel.
+class RegistryWatch {
+ public:
+  virtual ~RegistryWatch() = default;
+  // The next update, waiting for it until `deadline`: nullopt when none came by then. The first
+  // update of a watch begun without a resume token is the state (WatchResponse.state). An error
+  // ends the watch; CANCELLED after Cancel().
+  virtual absl::StatusOr<std::optional<v1::WatchResponse>> Next(absl::Time deadline) = 0;
+  // Ends a Next() waiting in another thread soon, with CANCELLED.
+  virtual void Cancel() = 0;
 };
 
 class CheckpointStore {
@@ -272,23 +324,30 @@ class CheckpointStore {
   virtual absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() = 0;
   // Every version of `model`, oldest first. NOT_FOUND for an unknown model.
   virtual absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) = 0;
+  // The versions of `model` that `filter` selects (version_filter.h), oldest first. Errors as
+  // ListVersions; INVALID_ARGUMENT for a malformed filter.
+  absl::StatusOr<std::vector<v1::VersionInfo>> FindVersions(absl::string_view model,
+                                                            const v1::VersionFilter& filter);
 
   // Points `alias` at MODEL@version atomically; returns the version it pointed at before (0 if it
   // is new). With expected_current_version > 0, FAILED_PRECONDITION unless the alias points there
   // now (compare-and-set). INVALID_ARGUMENT for a bad or reserved alias; NOT_FOUND for a missing
   // model or version.
+  // Every move is an ALIAS_SET event in the history (from, to, `attribution`).
   virtual absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
-                                           int64_t version,
-                                           int64_t expected_current_version = 0) = 0;
+                                           int64_t version, int64_t expected_current_version = 0,
+                                           const ChangeAttribution& attribution = {}) = 0;
   // NOT_FOUND if the alias does not exist.
-  virtual absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) = 0;
+  virtual absl::Status DeleteAlias(absl::string_view model, absl::string_view alias,
+                                   const ChangeAttribution& attribution = {}) = 0;
 
   // Deletes MODEL@version, decrementing its chunks' refcounts in the same batch. Returns the bytes
   // whose refcount reached zero (freed by the next GarbageCollect). FAILED_PRECONDITION naming the
   // aliases when aliases point at it and !force (with force they are removed in the same batch);
   // NOT_FOUND for a missing version. Version numbers are never reused.
   virtual absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
-                                                bool force) = 0;
+                                                bool force,
+                                                const ChangeAttribution& attribution = {}) = 0;
 
   // ---- Retention, garbage collection, verification.
 
@@ -298,7 +357,8 @@ class CheckpointStore {
   // drop_optimizer_state_older_than. All in one batch; dry_run only reports. INVALID_ARGUMENT for
   // negative policy numbers; NOT_FOUND for an unknown model.
   virtual absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(
-      absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) = 0;
+      absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+      const ChangeAttribution& attribution = {}) = 0;
 
   // Frees chunks whose refcount is zero and the chunks of abandoned uploads (no live session,
   // begun longer ago than the store's grace period), and reports logical bytes freed. Never frees
@@ -338,6 +398,61 @@ class CheckpointStore {
   // The records `query` selects, oldest (lowest sequence) first. PENDING records are returned
   // as stored. INVALID_ARGUMENT for a bad model name or a negative after_sequence or limit.
   virtual absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) = 0;
+
+  // ---- The model registry.
+  //
+  // Every change -- a commit, an alias move or delete, a version delete, retention, an
+  // annotation, a model created, changed, renamed or deleted -- appends a v1::RegistryEvent in
+  // the same atomic write as the change, with the change's ChangeAttribution. That history is
+  // what ListHistory pages through and what Watch streams.
+
+  // A model with no versions and `details` (description, owner, tags; the times are set by the
+  // store). ALREADY_EXISTS if the name is, or ever was, a model (version numbers must never be
+  // reused under a name); INVALID_ARGUMENT for a bad name. A commit to a new name creates the
+  // model too, without details.
+  virtual absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
+                                                    const v1::ModelDetails& details,
+                                                    const ChangeAttribution& attribution) = 0;
+  // Applies `change` to the model's details. NOT_FOUND for an unknown model.
+  virtual absl::StatusOr<v1::ModelInfo> UpdateModel(absl::string_view model,
+                                                    const v1::ModelDetailsChange& change,
+                                                    const ChangeAttribution& attribution) = 0;
+  // Moves the model, its versions (whose manifests then name `new_name`), aliases, annotations
+  // and details to `new_name` in one atomic write; the old name stays reserved. NOT_FOUND for an
+  // unknown model; ALREADY_EXISTS if `new_name` is or was a model.
+  virtual absl::Status RenameModel(absl::string_view model, absl::string_view new_name,
+                                   const ChangeAttribution& attribution) = 0;
+  // Deletes the model; the name stays reserved (its version counter is kept, so re-creating it
+  // continues the numbering). FAILED_PRECONDITION while it has versions, unless `force`, which
+  // deletes them and their aliases in the same write. NOT_FOUND for an unknown model.
+  virtual absl::StatusOr<v1::DeleteModelResponse> DeleteModel(
+      absl::string_view model, bool force, const ChangeAttribution& attribution) = 0;
+
+  // Applies `change` to MODEL@version's annotations and returns them. NOT_FOUND for a missing
+  // version; INVALID_ARGUMENT for an empty metric or tag name or a non-finite metric.
+  virtual absl::StatusOr<v1::VersionAnnotations> AnnotateVersion(
+      absl::string_view model, int64_t version, const v1::AnnotationChange& change,
+      const ChangeAttribution& attribution) = 0;
+
+  // The events `query` selects, oldest first. INVALID_ARGUMENT for a bad model or alias name, an
+  // alias without a model, or a negative after_sequence or limit.
+  virtual absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) = 0;
+
+  // `models` (every model when empty; unknown names are left out) as they are at one instant,
+  // with the sequence number of the newest event that instant includes.
+  virtual absl::StatusOr<RegistryState> GetRegistryState(
+      const std::vector<std::string>& models) = 0;
+
+  // Waits until an event after `after_sequence` exists or `deadline` passes: true when one
+  // exists.
+  virtual absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) = 0;
+
+  // Watches `request.models`: the state first (unless request.resume_token > 0), then every
+  // matching event in order, each update carrying the resume token that continues after it.
+  // The default runs over GetRegistryState, ListHistory and WaitForHistory, reading the history
+  // a page at a time (memory per watch is bounded by one page); a remote store streams its
+  // server's Watch. INVALID_ARGUMENT for bad names or a negative token.
+  virtual absl::StatusOr<std::unique_ptr<RegistryWatch>> Watch(const v1::WatchRequest& request);
 };
 
 }  // namespace ckpt

@@ -13,6 +13,7 @@
 #include "libs/format/bundle.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/value_proto.h"
 
@@ -274,12 +275,30 @@ absl::Status ValidateScheduler(const v1::Value& scheduler, const std::string& pa
 
 }  // namespace
 
+absl::Status ValidateLineage(const v1::Lineage& lineage) {
+  if (lineage.parent().empty()) {
+    if (!lineage.parent_relation().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lineage names a parent relation ('", lineage.parent_relation(), "') but no parent"));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::VersionRef> parent = ParseVersionRef(lineage.parent());
+  if (!parent.ok() || parent->ref_case() != v1::VersionRef::kVersion) {
+    // An alias moves; lineage must stay true.
+    return absl::InvalidArgumentError(absl::StrCat("lineage parent '", lineage.parent(),
+                                                   "' is not MODEL@VERSION with a version number"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::string>> ValidateManifestHeader(const v1::Manifest& header) {
   std::vector<std::string> warnings;
   absl::flat_hash_map<std::string, int> model_keys;
   absl::flat_hash_map<std::string, int> state_keys;
   RETURN_IF_ERROR(ValidateTensorTable("tensor", header.tensors(), model_keys));
   RETURN_IF_ERROR(ValidateTensorTable("state tensor", header.state_tensors(), state_keys));
+  RETURN_IF_ERROR(ValidateLineage(header.metadata().lineage()));
 
   absl::flat_hash_set<std::string> referenced;
   auto check_trees = [&](const v1::Value& tree, const std::string& name) -> absl::Status {

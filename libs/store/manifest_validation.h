@@ -39,6 +39,10 @@
 
 namespace ckpt {
 
+// OK unless the parent is not "MODEL@VERSION" with a number (an alias would move, and lineage
+// must stay true), or a parent relation is given without a parent.
+absl::Status ValidateLineage(const v1::Lineage& lineage);
+
 // Validates `header` as described above. Returns the warnings (empty when all is well).
 absl::StatusOr<std::vector<std::string>> ValidateManifestHeader(const v1::Manifest& header);
 

@@ -242,5 +242,20 @@ TEST(ValidateManifestHeaderTest, RejectsValueWithoutKind) {
               StatusIs(absl::StatusCode::kInvalidArgument, "extra_state/x: value has no kind"));
 }
 
+TEST(ValidateManifestHeaderTest, LineageParentMustBeANumberedVersion) {
+  v1::Manifest manifest = TwoLayerModel();
+  v1::Lineage& lineage = *manifest.mutable_metadata()->mutable_lineage();
+  lineage.set_parent("resnet@7");
+  lineage.set_parent_relation("resumed_from");
+  EXPECT_OK(ValidateManifestHeader(manifest).status());
+  lineage.set_parent("resnet@production");
+  EXPECT_THAT(ValidateManifestHeader(manifest),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "lineage parent 'resnet@production' is not MODEL@VERSION"));
+  lineage.clear_parent();
+  EXPECT_THAT(ValidateManifestHeader(manifest),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no parent"));
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -66,6 +66,8 @@ absl::StatusOr<v1::Manifest> ReadVersion(const Core& core, const v1::VersionRef&
   ASSIGN_OR_RETURN(auto aliases, core.ReadAliases(ref.model(), snapshot));
   manifest->clear_aliases();
   for (const std::string& alias : aliases[version]) manifest->add_aliases(alias);
+  ASSIGN_OR_RETURN(*manifest->mutable_annotations(),
+                   core.ReadAnnotations(ref.model(), version, snapshot));
   return manifest;
 }
 
@@ -96,6 +98,7 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
                    PackDirectory::Open(absl::StrCat(options.db_path, "/packs")));
   auto core = std::make_shared<Core>(options, std::move(db), std::move(packs), skip_hashing);
   RETURN_IF_ERROR(core->LoadAuditLog());
+  RETURN_IF_ERROR(core->LoadHistory());
   return std::unique_ptr<RocksDbCheckpointStore>(new RocksDbCheckpointStore(std::move(core)));
 }
 
@@ -118,6 +121,7 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
   header.set_model(std::string(model));
   header.set_version(0);
   header.clear_aliases();
+  header.clear_annotations();  // added after commit (AnnotateVersion), never with it.
   header.clear_warnings();
   for (const std::string& warning : warnings) header.add_warnings(warning);
 
@@ -202,15 +206,7 @@ absl::StatusOr<std::vector<v1::ModelInfo>> RocksDbCheckpointStore::ListModels() 
   ASSIGN_OR_RETURN(auto models, core_->ReadAllModels(snapshot.get()));
   std::vector<v1::ModelInfo> infos;
   for (const auto& [name, record] : models) {
-    v1::ModelInfo& info = infos.emplace_back();
-    info.set_name(name);
-    info.set_latest_version(record.latest_version());
-    info.set_version_count(record.version_count());
-    info.set_logical_bytes(record.logical_bytes());
-    ASSIGN_OR_RETURN(auto aliases, core_->ReadAliases(name, snapshot.get()));
-    for (const auto& [version, names] : aliases) {
-      for (const std::string& alias : names) (*info.mutable_aliases())[alias] = version;
-    }
+    ASSIGN_OR_RETURN(infos.emplace_back(), core_->BuildModelInfo(name, record, snapshot.get()));
   }
   return infos;
 }
@@ -232,13 +228,16 @@ absl::StatusOr<std::vector<v1::VersionInfo>> RocksDbCheckpointStore::ListVersion
     info.set_tensor_count(manifest.tensors_size());
     info.set_has_optimizer_state(manifest.has_optimizer_state());
     info.set_has_scheduler_state(manifest.has_scheduler_state());
+    ASSIGN_OR_RETURN(*info.mutable_annotations(),
+                     core_->ReadAnnotations(model, version, snapshot.get()));
   }
   return infos;
 }
 
 absl::StatusOr<int64_t> RocksDbCheckpointStore::SetAlias(absl::string_view model,
                                                          absl::string_view alias, int64_t version,
-                                                         int64_t expected_current_version) {
+                                                         int64_t expected_current_version,
+                                                         const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(ValidateModelName(model));
   RETURN_IF_ERROR(ValidateAliasName(alias));
   if (version < 1) {
@@ -269,11 +268,20 @@ absl::StatusOr<int64_t> RocksDbCheckpointStore::SetAlias(absl::string_view model
   rocksdb::WriteBatch batch;
   batch.Put(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias),
             EncodeBigEndian64(static_cast<uint64_t>(version)));
+  v1::RegistryEvent event;
+  event.set_kind(v1::RegistryEvent::ALIAS_SET);
+  event.set_model(std::string(model));
+  event.set_alias(std::string(alias));
+  event.set_version(version);
+  event.set_previous_version(previous);
+  const int64_t sequence = core_->AppendEvent(batch, std::move(event), attribution);
   RETURN_IF_ERROR(core_->Write(batch, "setting an alias", /*sync=*/true));
+  core_->PublishHistory(sequence);
   return previous;
 }
 
-absl::Status RocksDbCheckpointStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
+absl::Status RocksDbCheckpointStore::DeleteAlias(absl::string_view model, absl::string_view alias,
+                                                 const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(ValidateModelName(model));
   RETURN_IF_ERROR(ValidateAliasName(alias));
   absl::MutexLock lock(&core_->mu());
@@ -284,13 +292,25 @@ absl::Status RocksDbCheckpointStore::DeleteAlias(absl::string_view model, absl::
     return absl::NotFoundError(absl::StrCat("model '", model, "' has no alias '", alias, "'"));
   }
   RETURN_IF_ERROR(FromRocksDbStatus(read, "reading an alias"));
+  absl::StatusOr<uint64_t> previous = DecodeBigEndian64(bytes);
+  if (!previous.ok()) {
+    return absl::DataLossError(absl::StrCat("alias ", model, "@", alias, " is unreadable"));
+  }
   rocksdb::WriteBatch batch;
   batch.Delete(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias));
-  return core_->Write(batch, "deleting an alias", /*sync=*/true);
+  v1::RegistryEvent event;
+  event.set_kind(v1::RegistryEvent::ALIAS_DELETED);
+  event.set_model(std::string(model));
+  event.set_alias(std::string(alias));
+  event.set_previous_version(static_cast<int64_t>(*previous));
+  const int64_t sequence = core_->AppendEvent(batch, std::move(event), attribution);
+  RETURN_IF_ERROR(core_->Write(batch, "deleting an alias", /*sync=*/true));
+  core_->PublishHistory(sequence);
+  return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> RocksDbCheckpointStore::DeleteVersion(absl::string_view model,
-                                                              int64_t version, bool force) {
+absl::StatusOr<int64_t> RocksDbCheckpointStore::DeleteVersion(
+    absl::string_view model, int64_t version, bool force, const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(ValidateModelName(model));
   const std::string ref_text = FormatVersionRef(model, version);
   absl::MutexLock lock(&core_->mu());
@@ -305,21 +325,18 @@ absl::StatusOr<int64_t> RocksDbCheckpointStore::DeleteVersion(absl::string_view 
   }
   rocksdb::WriteBatch batch;
   RefDeltas deltas;
-  AddManifestRefs(manifest, -1, deltas);
+  core_->StageVersionDelete(model, manifest, pointing, record, deltas, batch);
   int64_t released = 0;
   RETURN_IF_ERROR(core_->ApplyRefDeltas(deltas, batch, &released, nullptr));
-  batch.Delete(core_->cf(ColumnFamily::kVersions), VersionKey(model, version));
-  for (const std::string& alias : pointing) {
-    batch.Delete(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias));
-  }
-  record.set_version_count(record.version_count() - 1);
-  record.set_logical_bytes(record.logical_bytes() - LogicalBytes(manifest));
   if (record.latest_version() == version) {
     ASSIGN_OR_RETURN(int64_t newest, core_->NewestVersionExcept(model, {version}));
     record.set_latest_version(newest);
   }
   batch.Put(core_->cf(ColumnFamily::kModels), ToSlice(model), record.SerializeAsString());
+  const int64_t sequence =
+      core_->AppendEvent(batch, VersionDeletedEvent(model, version, pointing), attribution);
   RETURN_IF_ERROR(core_->Write(batch, absl::StrCat("deleting ", ref_text), /*sync=*/true));
+  core_->PublishHistory(sequence);
   return released;
 }
 

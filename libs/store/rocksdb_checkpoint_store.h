@@ -86,14 +86,16 @@ class RocksDbCheckpointStore final : public CheckpointStore {
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override;
   absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override;
   absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
-                                   int64_t version, int64_t expected_current_version) override;
-  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) override;
-  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
-                                        bool force) override;
+                                   int64_t version, int64_t expected_current_version = 0,
+                                   const ChangeAttribution& attribution = {}) override;
+  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias,
+                           const ChangeAttribution& attribution = {}) override;
+  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version, bool force,
+                                        const ChangeAttribution& attribution = {}) override;
 
-  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(absl::string_view model,
-                                                            const v1::RetentionPolicy& policy,
-                                                            bool dry_run) override;
+  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(
+      absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+      const ChangeAttribution& attribution = {}) override;
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
@@ -105,6 +107,25 @@ class RocksDbCheckpointStore final : public CheckpointStore {
   absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
                            int64_t version) override;
   absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
+
+  // Registry events live in the `history` column family, keyed by sequence number, each written
+  // in the batch of its change; annotations in `annotations`, keyed like manifests.
+  absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
+                                            const v1::ModelDetails& details,
+                                            const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::ModelInfo> UpdateModel(absl::string_view model,
+                                            const v1::ModelDetailsChange& change,
+                                            const ChangeAttribution& attribution) override;
+  absl::Status RenameModel(absl::string_view model, absl::string_view new_name,
+                           const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::DeleteModelResponse> DeleteModel(
+      absl::string_view model, bool force, const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::VersionAnnotations> AnnotateVersion(
+      absl::string_view model, int64_t version, const v1::AnnotationChange& change,
+      const ChangeAttribution& attribution) override;
+  absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) override;
+  absl::StatusOr<RegistryState> GetRegistryState(const std::vector<std::string>& models) override;
+  absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
 
   const std::string& db_path() const;
 

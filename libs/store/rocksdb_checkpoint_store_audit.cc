@@ -13,10 +13,9 @@ absl::StatusOr<int64_t> RocksDbCheckpointStore::BeginAudit(v1::AuditRecord recor
                                                    "' call needs the identity of its caller"));
   }
   if (!IsAuditAction(record.action())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown audit action '", record.action(),
-        "'; expected commit, set_alias, delete_alias, delete_version, apply_retention or "
-        "garbage_collect"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown audit action '", record.action(),
+                                                   "'; expected one of ",
+                                                   absl::StrJoin(kAuditActions, ", ")));
   }
   // Whatever the caller put there: these are the store's to say.
   record.set_outcome(v1::AuditRecord::PENDING);

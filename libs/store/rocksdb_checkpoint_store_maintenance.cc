@@ -7,7 +7,8 @@
 namespace ckpt {
 
 absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetention(
-    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+    const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(ValidateModelName(model));
   if (policy.keep_last() < 0 || policy.keep_every() < 0 ||
       policy.drop_optimizer_state_older_than() < 0) {
@@ -52,12 +53,12 @@ absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetentio
 
   rocksdb::WriteBatch batch;
   RefDeltas deltas;
-  for (size_t rank : to_delete) {
-    const auto& [version, manifest] = manifests[rank];
-    AddManifestRefs(manifest, -1, deltas);
-    batch.Delete(core_->cf(ColumnFamily::kVersions), VersionKey(model, version));
-    record.set_version_count(record.version_count() - 1);
-    record.set_logical_bytes(record.logical_bytes() - LogicalBytes(manifest));
+  std::vector<v1::RegistryEvent> events;
+  for (auto it = to_delete.rbegin(); it != to_delete.rend(); ++it) {  // oldest first.
+    const auto& [version, manifest] = manifests[*it];
+    // Never aliased (see above): no aliases go with it.
+    core_->StageVersionDelete(model, manifest, {}, record, deltas, batch);
+    events.push_back(VersionDeletedEvent(model, version, {}));
   }
   for (size_t rank : to_drop) {
     auto& [version, manifest] = manifests[rank];
@@ -68,10 +69,21 @@ absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetentio
     batch.Put(core_->cf(ColumnFamily::kVersions), VersionKey(model, version),
               manifest.SerializeAsString());
   }
+  for (auto it = to_drop.rbegin(); it != to_drop.rend(); ++it) {
+    v1::RegistryEvent& event = events.emplace_back();
+    event.set_kind(v1::RegistryEvent::OPTIMIZER_STATE_DROPPED);
+    event.set_model(std::string(model));
+    event.set_version(manifests[*it].first);
+  }
   RETURN_IF_ERROR(core_->ApplyRefDeltas(deltas, batch, nullptr, nullptr));
   batch.Put(core_->cf(ColumnFamily::kModels), ToSlice(model), record.SerializeAsString());
+  int64_t sequence = 0;
+  for (v1::RegistryEvent& event : events) {
+    sequence = core_->AppendEvent(batch, std::move(event), attribution);
+  }
   RETURN_IF_ERROR(core_->Write(batch, absl::StrCat("applying retention to '", model, "'"),
                                /*sync=*/true));
+  core_->PublishHistory(sequence);
   return response;
 }
 

@@ -15,8 +15,8 @@ namespace ckpt {
 namespace {
 
 constexpr absl::string_view kColumnFamilyNames[kColumnFamilyCount] = {
-    "default", "models",  "versions",      "aliases", "chunks",
-    "refs",    "uploads", "packed_chunks", "audit",
+    "default", "models",        "versions", "aliases", "chunks",      "refs",
+    "uploads", "packed_chunks", "audit",    "history", "annotations",
 };
 
 constexpr uint64_t kKiB = 1024;
@@ -102,6 +102,10 @@ std::string AuditKey(int64_t sequence) {
   return EncodeBigEndian64(static_cast<uint64_t>(sequence));
 }
 
+std::string HistoryKey(int64_t sequence) {
+  return EncodeBigEndian64(static_cast<uint64_t>(sequence));
+}
+
 rocksdb::DBOptions MakeDbOptions(bool create_if_missing) {
   rocksdb::DBOptions options;
   options.create_if_missing = create_if_missing;
@@ -170,7 +174,10 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
     case ColumnFamily::kAliases:
     case ColumnFamily::kUploads:
     case ColumnFamily::kAudit:
-      // Small and few records (audit records: one or two per change, a few hundred bytes each).
+    case ColumnFamily::kHistory:
+    case ColumnFamily::kAnnotations:
+      // Small and few records (audit records and registry events: one or two per change, a few
+      // hundred bytes each; annotations: one per annotated version).
       options.compression = rocksdb::kNoCompression;
       options.write_buffer_size = 4 * kMiB;
       break;

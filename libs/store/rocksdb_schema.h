@@ -16,6 +16,8 @@
 //   uploads        UPLOAD_ID (16 hex digits)               store.UploadRecord
 //   uploads        UPLOAD_ID SHA-256                       uint64 big-endian chunk length
 //   audit          uint64 big-endian SEQUENCE              v1.AuditRecord (who changed what)
+//   history        uint64 big-endian SEQUENCE              v1.RegistryEvent (each change made)
+//   annotations    MODEL '\0' uint64 big-endian VERSION    v1.VersionAnnotations
 //
 // '\0' cannot occur in model names (version_ref.h), so "a\0..." and "ab\0..." never interleave,
 // and big-endian versions iterate in numeric order, so the newest version of a model is the last
@@ -55,8 +57,12 @@ enum class ColumnFamily : int {
   // opened (create_missing_column_families). Builds from before it refuse to open a store that
   // has it ("column families not opened: audit") rather than silently ignore its records.
   kAudit,
+  // Added the same way: the registry's history (events written in the batch of their change) and
+  // the annotations of versions (keyed like `versions`).
+  kHistory,
+  kAnnotations,
 };
-inline constexpr int kColumnFamilyCount = 9;
+inline constexpr int kColumnFamilyCount = 11;
 
 // RocksDB's name for `cf` ("default", "models", ...).
 absl::string_view ColumnFamilyName(ColumnFamily cf);
@@ -89,6 +95,8 @@ std::string UploadChunkKey(absl::string_view upload_id, absl::string_view sha256
 // Audit records sort by sequence number, so the log reads oldest first and the newest record is
 // the last key.
 std::string AuditKey(int64_t sequence);
+// Registry events sort by sequence number the same way.
+std::string HistoryKey(int64_t sequence);
 
 // DB-wide options: 2 background jobs (the build and serving machines have 2 cores), WAL and
 // blob-file writeback smoothed with *_bytes_per_sync, memtables capped store-wide.

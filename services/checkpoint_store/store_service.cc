@@ -19,11 +19,14 @@
 #include "libs/store/audited_store.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
+#include "services/checkpoint_store/internal/requests.h"
 #include "services/checkpoint_store/internal/work_queue.h"
 
 namespace ckpt {
 namespace {
 
+using store_service_internal::Because;
+using store_service_internal::PageSize;
 using store_service_internal::WorkQueue;
 
 // Warnings travel in initial metadata, whose size gRPC limits (8 KiB by default); the complete
@@ -123,6 +126,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
         CommitOptions options;
         options.expected_latest_version = header.expected_latest_version();
         options.aliases.assign(header.aliases().begin(), header.aliases().end());
+        options.attribution.reason = header.reason();
         // The session keeps the store, not this AuditedStore; its Commit is audited.
         AuditedStore audited(service_.store_, ActorOf(caller_));
         ASSIGN_OR_RETURN(session_, audited.BeginUpload(header.model(), header.manifest(), options));
@@ -393,6 +397,13 @@ absl::StatusOr<std::unique_ptr<StoreService>> StoreService::Create(CheckpointSto
     return absl::InvalidArgumentError(absl::StrCat(
         "StoreServiceOptions.worker_threads must be at least 1, got ", options.worker_threads));
   }
+  if (options.max_watches < 1 || options.watch_write_timeout <= absl::ZeroDuration() ||
+      options.watch_max_lag < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StoreServiceOptions: max_watches (", options.max_watches, ") and watch_max_lag (",
+        options.watch_max_lag, ") must be at least 1 and watch_write_timeout (",
+        absl::FormatDuration(options.watch_write_timeout), ") positive"));
+  }
   return std::unique_ptr<StoreService>(new StoreService(store, std::move(options)));
 }
 
@@ -474,19 +485,6 @@ grpc::ServerUnaryReactor* StoreService::FindMissingChunks(
                   });
 }
 
-namespace {
-
-// The page size a request asks for: 0 is the default, more than the maximum is capped.
-absl::StatusOr<int> PageSize(int requested) {
-  if (requested < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_size is ", requested, "; use 0 for the default (", kDefaultPageSize, ")"));
-  }
-  return requested == 0 ? kDefaultPageSize : std::min(requested, kMaxPageSize);
-}
-
-}  // namespace
-
 grpc::ServerUnaryReactor* StoreService::ListModels(grpc::CallbackServerContext* context,
                                                    const v1::ListModelsRequest* request,
                                                    v1::ListModelsResponse* response) {
@@ -534,7 +532,9 @@ grpc::ServerUnaryReactor* StoreService::ListVersions(grpc::CallbackServerContext
               "page_token '", request->page_token(), "' is not one that ListVersions returned"));
         }
         ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions,
-                         store_.ListVersions(request->model()));
+                         request->has_filter()
+                             ? store_.FindVersions(request->model(), request->filter())
+                             : store_.ListVersions(request->model()));
         std::sort(versions.begin(), versions.end(),
                   [](const v1::VersionInfo& a, const v1::VersionInfo& b) {
                     return a.version() < b.version();
@@ -566,16 +566,17 @@ grpc::ServerUnaryReactor* StoreService::GetManifest(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* StoreService::SetAlias(grpc::CallbackServerContext* context,
                                                  const v1::SetAliasRequest* request,
                                                  v1::SetAliasResponse* response) {
-  return RunUnary(context, "SetAlias", request->model(),
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(
-                        const int64_t previous,
-                        audited.SetAlias(request->model(), request->alias(), request->version(),
-                                         request->expected_current_version()));
-                    response->set_previous_version(previous);
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "SetAlias", request->model(),
+      [this, request, response](const Caller& caller) -> absl::Status {
+        AuditedStore audited(store_, ActorOf(caller));
+        ASSIGN_OR_RETURN(
+            const int64_t previous,
+            audited.SetAlias(request->model(), request->alias(), request->version(),
+                             request->expected_current_version(), Because(request->reason())));
+        response->set_previous_version(previous);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::DeleteAlias(grpc::CallbackServerContext* context,
@@ -584,7 +585,8 @@ grpc::ServerUnaryReactor* StoreService::DeleteAlias(grpc::CallbackServerContext*
   return RunUnary(context, "DeleteAlias", request->model(),
                   [this, request](const Caller& caller) -> absl::Status {
                     AuditedStore audited(store_, ActorOf(caller));
-                    return audited.DeleteAlias(request->model(), request->alias());
+                    return audited.DeleteAlias(request->model(), request->alias(),
+                                               Because(request->reason()));
                   });
 }
 
@@ -594,9 +596,10 @@ grpc::ServerUnaryReactor* StoreService::DeleteVersion(grpc::CallbackServerContex
   return RunUnary(context, "DeleteVersion", request->model(),
                   [this, request, response](const Caller& caller) -> absl::Status {
                     AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(const int64_t released,
-                                     audited.DeleteVersion(request->model(), request->version(),
-                                                           request->force()));
+                    ASSIGN_OR_RETURN(
+                        const int64_t released,
+                        audited.DeleteVersion(request->model(), request->version(),
+                                              request->force(), Because(request->reason())));
                     response->set_bytes_released(released);
                     return absl::OkStatus();
                   });

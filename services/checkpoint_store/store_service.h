@@ -23,12 +23,30 @@
 //    byte for byte what DownloadResponse's serializer would write.
 //  - ListModels / ListVersions page in the adapter: page_size 0 means kDefaultPageSize, larger
 //    than kMaxPageSize is capped; page_token is the last name (version) of the previous page.
-//  - ListAudit pages like them: page_size 0 means kDefaultPageSize, capped at kMaxPageSize;
-//    next_after_sequence is the last record's sequence, 0 on the last page.
+//  - ListAudit and ListHistory page like them: page_size 0 means kDefaultPageSize, capped at
+//    kMaxPageSize; next_after_sequence is the last record's (event's) sequence, 0 on the last
+//    page. ListVersions with a filter runs CheckpointStore::FindVersions (INVALID_ARGUMENT for a
+//    malformed filter).
+//  - Watch (server stream): the store's RegistryWatch (CheckpointStore::Watch) forwarded message
+//    by message. A watch only reads the registry's history, so it never holds up a commit. Each
+//    watch has a thread of its own (not the work queue: it waits for the history most of its
+//    life), at most max_watches at once (RESOURCE_EXHAUSTED beyond). A watcher that stops
+//    reading cannot hold that thread forever:
+//      * when one write to it has been blocked by flow control for watch_write_timeout, the
+//        server cancels the call (the client sees CANCELLED) and logs "watch cut off: ...";
+//      * when its writes have been held by flow control for 100 ms in all (the client reads, but
+//        too slowly) and the history has moved on more than watch_max_lag events past what it
+//        was sent, the watch ends with
+//        RESOURCE_EXHAUSTED "watcher fell behind ...; resume with resume_token N", N being the
+//        last message it was sent.
+//    Either way the client resumes with its last resume_token and misses nothing. Memory per
+//    watch is one history page (the store's Watch) plus the message being written.
 //  - Every other call is unary and forwards one store method.
 //
 // Audit: every call that changes the store (Upload's commit, SetAlias, DeleteAlias,
-// DeleteVersion, ApplyRetention and GarbageCollect unless dry runs) runs through an AuditedStore
+// DeleteVersion, ApplyRetention and GarbageCollect unless dry runs, and the registry's
+// CreateModel, UpdateModel, RenameModel, DeleteModel and AnnotateVersion) runs through an
+// AuditedStore
 // (libs/store/audited_store.h) made for that call, so the store records, write-ahead, who made
 // it (the caller's identity, see below), from where (gRPC's peer, e.g.
 // "ipv4:127.0.0.1:50312"), what it asked and how it ended; a commit's producer becomes that
@@ -42,6 +60,13 @@
 // sits at the top of each method / reactor rather than in a server interceptor: gRPC's C++
 // interceptor API is experimental and cannot see the model a request names, and here the
 // standard grpc.health.v1 and reflection services (registered by GrpcServer) stay open.
+// Model scope of the registry calls: RenameModel checks the new name too (a scoped caller may not
+// move a model out of its scope). ListHistory and Watch read events of many models at once, so a
+// scoped caller must name its models (ListHistoryRequest.model; every WatchRequest.models entry
+// in scope): a request for all models is PERMISSION_DENIED for it rather than silently narrowed,
+// so it never mistakes a partial view for the whole registry. (A watch of a model in scope does
+// see a rename of another model to a watched name, with the old name.)
+// The request's `reason` goes with each change into the history (ChangeAttribution::reason).
 //
 // Threading: gRPC's callback threads only parse, check auth and hand off. Every store call runs on
 // the service's own WorkQueue (worker_threads threads): RocksDB reads may miss the cache, commits
@@ -63,6 +88,7 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,  // 127.0.0.1:0 by default
 //                    GrpcServer::Start({}, {{service.get(), "ckpt.v1.CheckpointStore"}}));
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -70,6 +96,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/support/server_callback.h"
 #include "libs/rpc/access_policy.h"
 #include "libs/rpc/tensor_data_message.h"
@@ -96,6 +123,14 @@ struct StoreServiceOptions {
   // Threads that run store work (RocksDB reads and writes, hashing, fsync). Calls beyond this
   // many wait in a queue; streams take a thread only while a chunk is read or stored. Default 8.
   int worker_threads = 8;
+  // Watch streams served at once; more are RESOURCE_EXHAUSTED. Each holds a thread. Default 1000.
+  int max_watches = 1000;
+  // A watch whose current write has been blocked this long (the client stopped reading) is
+  // cancelled. Default 30 s.
+  absl::Duration watch_write_timeout = absl::Seconds(30);
+  // A watch whose writes were held by flow control and that is more than this many history
+  // events behind ends with RESOURCE_EXHAUSTED naming its resume token. Default 10000.
+  int64_t watch_max_lag = 10000;
 };
 
 // Download is a raw method (ByteBuffer in and out; see above).
@@ -151,10 +186,37 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
   grpc::ServerUnaryReactor* ListAudit(grpc::CallbackServerContext* context,
                                       const v1::ListAuditRequest* request,
                                       v1::ListAuditResponse* response) override;
+  grpc::ServerUnaryReactor* CreateModel(grpc::CallbackServerContext* context,
+                                        const v1::CreateModelRequest* request,
+                                        v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* UpdateModel(grpc::CallbackServerContext* context,
+                                        const v1::UpdateModelRequest* request,
+                                        v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* RenameModel(grpc::CallbackServerContext* context,
+                                        const v1::RenameModelRequest* request,
+                                        v1::RenameModelResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteModel(grpc::CallbackServerContext* context,
+                                        const v1::DeleteModelRequest* request,
+                                        v1::DeleteModelResponse* response) override;
+  grpc::ServerUnaryReactor* AnnotateVersion(grpc::CallbackServerContext* context,
+                                            const v1::AnnotateVersionRequest* request,
+                                            v1::VersionAnnotations* response) override;
+  grpc::ServerUnaryReactor* ListHistory(grpc::CallbackServerContext* context,
+                                        const v1::ListHistoryRequest* request,
+                                        v1::ListHistoryResponse* response) override;
+  grpc::ServerWriteReactor<v1::WatchResponse>* Watch(grpc::CallbackServerContext* context,
+                                                     const v1::WatchRequest* request) override;
+
+  // Watch streams being served now, and those ended so far because their client stopped
+  // reading (cut off after watch_write_timeout, or fallen behind by watch_max_lag): for tests
+  // and monitoring.
+  int active_watches() const;
+  int64_t watches_cut_off() const;
 
  private:
   class UploadReactor;
   class DownloadReactor;
+  class WatchReactor;
 
   StoreService(CheckpointStore* store, StoreServiceOptions options);
 
@@ -175,6 +237,11 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
   void Schedule(std::function<void()> work);
   void StreamStarted();
   void StreamDone();
+  // Admits one more watch (RESOURCE_EXHAUSTED beyond max_watches). WatchDone ends a Watch
+  // reactor's stream (and its watch, when `counted`: WatchStarted admitted it).
+  absl::Status WatchStarted();
+  void WatchDone(bool counted);
+  void WatchCutOff();
 
   CheckpointStore& store_;
   const StoreServiceOptions options_;
@@ -183,8 +250,10 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
   // Chunk buffers of Download streams, which gRPC may hold past a write (see PayloadPool).
   const std::shared_ptr<PayloadPool> payload_pool_;
 
-  absl::Mutex mu_;
-  int active_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Upload / Download reactors not yet done.
+  mutable absl::Mutex mu_;
+  int active_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Upload / Download / Watch reactors not done.
+  int active_watches_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t watches_cut_off_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Last member: destroyed (drained and joined) first.
   std::unique_ptr<store_service_internal::WorkQueue> work_queue_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -650,6 +651,74 @@ TEST_F(StoreServiceTest, ListAuditPagesBySequence) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+TEST_F(StoreServiceTest, RegistryCallsKeepTheirReasonsAndListHistoryPagesBySequence) {
+  StartServer();
+  v1::CreateModelRequest create;
+  create.set_model("m");
+  create.mutable_details()->set_owner("vision");
+  create.set_reason("new project");
+  v1::ModelInfo created;
+  ASSERT_TRUE(stub_->CreateModel(Context().get(), create, &created).ok());
+  EXPECT_EQ(created.details().owner(), "vision");
+  CheckpointContents contents;
+  ASSERT_OK(contents.model.Insert("w", at::ones({2})));
+  ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
+  ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
+  v1::AnnotateVersionRequest annotate;
+  annotate.set_model("m");
+  annotate.set_version(2);
+  (*annotate.mutable_change()->mutable_set_tags())["stage"] = "eval";
+  annotate.set_reason("evaluated");
+  v1::VersionAnnotations annotations;
+  ASSERT_TRUE(stub_->AnnotateVersion(Context().get(), annotate, &annotations).ok());
+  EXPECT_EQ(annotations.tags().at("stage"), "eval");
+  v1::SetAliasRequest set;
+  set.set_model("m");
+  set.set_alias("best");
+  set.set_version(2);
+  set.set_reason("tagged eval");
+  v1::SetAliasResponse previous;
+  ASSERT_TRUE(stub_->SetAlias(Context().get(), set, &previous).ok());
+
+  // MODEL_CREATED, 2 x VERSION_COMMITTED, VERSION_ANNOTATED, ALIAS_SET: pages of two.
+  std::vector<std::vector<std::string>> pages;
+  v1::ListHistoryRequest request;
+  request.set_model("m");
+  request.set_page_size(2);
+  do {
+    v1::ListHistoryResponse response;
+    ASSERT_TRUE(stub_->ListHistory(Context().get(), request, &response).ok());
+    std::vector<std::string>& page = pages.emplace_back();
+    for (const v1::RegistryEvent& event : response.events()) {
+      page.push_back(absl::StrCat(v1::RegistryEvent::Kind_Name(event.kind()), ":", event.reason(),
+                                  ":", event.identity()));
+    }
+    request.set_after_sequence(response.next_after_sequence());
+  } while (request.after_sequence() != 0 && pages.size() < 10);
+  EXPECT_THAT(
+      pages, ElementsAre(
+                 ElementsAre("MODEL_CREATED:new project:anonymous", "VERSION_COMMITTED::unknown"),
+                 ElementsAre("VERSION_COMMITTED::unknown", "VERSION_ANNOTATED:evaluated:anonymous"),
+                 ElementsAre("ALIAS_SET:tagged eval:anonymous")));
+  v1::ListHistoryRequest negative;
+  negative.set_after_sequence(-1);
+  v1::ListHistoryResponse refused;
+  EXPECT_EQ(stub_->ListHistory(Context().get(), negative, &refused).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  // ListVersions with a filter selects; a malformed one is refused.
+  v1::ListVersionsRequest versions;
+  versions.set_model("m");
+  versions.mutable_filter()->add_tags("stage=eval");
+  v1::ListVersionsResponse selected;
+  ASSERT_TRUE(stub_->ListVersions(Context().get(), versions, &selected).ok());
+  ASSERT_EQ(selected.versions_size(), 1);
+  EXPECT_EQ(selected.versions(0).version(), 2);
+  versions.mutable_filter()->add_metrics()->set_name("val_acc");  // no bound
+  EXPECT_EQ(stub_->ListVersions(Context().get(), versions, &selected).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST(StoreServiceCreateTest, RejectsMissingStoreAndZeroThreads) {
   EXPECT_THAT(StoreService::Create(nullptr, {}), StatusIs(absl::StatusCode::kInvalidArgument));
   StoreOptions options;
@@ -660,6 +729,10 @@ TEST(StoreServiceCreateTest, RejectsMissingStoreAndZeroThreads) {
   service_options.worker_threads = 0;
   EXPECT_THAT(StoreService::Create(store.get(), service_options),
               StatusIs(absl::StatusCode::kInvalidArgument, "worker_threads"));
+  service_options.worker_threads = 1;
+  service_options.watch_write_timeout = absl::ZeroDuration();
+  EXPECT_THAT(StoreService::Create(store.get(), service_options),
+              StatusIs(absl::StatusCode::kInvalidArgument, "watch_write_timeout"));
 }
 
 }  // namespace

@@ -117,11 +117,13 @@ class RocksDbCheckpointStore::Core {
     return record;
   }
 
+  // A deleted model's record (ModelRecord.deleted) is returned like any other: its version counter
+  // still counts. ReadExistingModel and ReadAllModels leave deleted models out.
   absl::StatusOr<ModelRecord> ReadExistingModel(absl::string_view model,
                                                 const rocksdb::Snapshot* snapshot,
                                                 absl::string_view ref_text) const {
     ASSIGN_OR_RETURN(std::optional<ModelRecord> record, ReadModel(model, snapshot));
-    if (!record.has_value()) {
+    if (!record.has_value() || record->deleted()) {
       return absl::NotFoundError(absl::StrCat(ref_text.empty() ? "" : absl::StrCat(ref_text, ": "),
                                               "no model '", model, "' in the store"));
     }
@@ -209,7 +211,7 @@ class RocksDbCheckpointStore::Core {
     return manifests;
   }
 
-  // Every model name.
+  // Every model that is not deleted, by name.
   absl::StatusOr<std::vector<std::pair<std::string, ModelRecord>>> ReadAllModels(
       const rocksdb::Snapshot* snapshot) const {
     std::vector<std::pair<std::string, ModelRecord>> models;
@@ -219,10 +221,44 @@ class RocksDbCheckpointStore::Core {
       ModelRecord record;
       RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record,
                                   absl::StrCat("model '", ToView(it->key()), "'")));
+      if (record.deleted()) continue;
       models.emplace_back(it->key().ToString(), std::move(record));
     }
     RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing models"));
     return models;
+  }
+
+  // `model`'s ModelInfo: counts, details and aliases as `snapshot` sees them.
+  absl::StatusOr<v1::ModelInfo> BuildModelInfo(const std::string& model, const ModelRecord& record,
+                                               const rocksdb::Snapshot* snapshot) const {
+    v1::ModelInfo info;
+    info.set_name(model);
+    info.set_latest_version(record.latest_version());
+    info.set_version_count(record.version_count());
+    info.set_logical_bytes(record.logical_bytes());
+    *info.mutable_details() = record.details();
+    ASSIGN_OR_RETURN(auto aliases, ReadAliases(model, snapshot));
+    for (const auto& [version, names] : aliases) {
+      for (const std::string& alias : names) (*info.mutable_aliases())[alias] = version;
+    }
+    return info;
+  }
+
+  // Adds the removal of `manifest`'s version of `model` to `batch` -- its manifest, annotations
+  // and the aliases `pointing` at it -- and its chunk references to `deltas` (which the caller
+  // applies once, with ApplyRefDeltas, for all the versions of one batch), and takes its counts
+  // out of `record`. `record.latest_version` is the caller's to fix.
+  void StageVersionDelete(absl::string_view model, const v1::Manifest& manifest,
+                          const std::vector<std::string>& pointing, ModelRecord& record,
+                          RefDeltas& deltas, rocksdb::WriteBatch& batch) const {
+    AddManifestRefs(manifest, -1, deltas);
+    batch.Delete(cf(ColumnFamily::kVersions), VersionKey(model, manifest.version()));
+    batch.Delete(cf(ColumnFamily::kAnnotations), VersionKey(model, manifest.version()));
+    for (const std::string& alias : pointing) {
+      batch.Delete(cf(ColumnFamily::kAliases), AliasKey(model, alias));
+    }
+    record.set_version_count(record.version_count() - 1);
+    record.set_logical_bytes(record.logical_bytes() - LogicalBytes(manifest));
   }
 
   // Newest version of `model` other than those in `excluded`; 0 if none.
@@ -673,6 +709,92 @@ class RocksDbCheckpointStore::Core {
     return absl::OkStatus();
   }
 
+  // ---- Registry history and annotations (rocksdb_checkpoint_store_registry.cc).
+
+  // Gives `event` the next sequence number and the time, and adds it to `batch`, which the
+  // caller writes under mu() (so history keys become visible in sequence order, and a watcher
+  // that has read up to N never later finds an event below N). After the write succeeds, the
+  // caller calls PublishHistory with the returned sequence. An empty identity is "unknown".
+  int64_t AppendEvent(rocksdb::WriteBatch& batch, v1::RegistryEvent event,
+                      const ChangeAttribution& attribution) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t sequence = ++history_last_sequence_;  // not reused if the write fails.
+    history_last_unix_micros_ = std::max(NowMicros(), history_last_unix_micros_);
+    event.set_sequence(sequence);
+    event.set_unix_micros(history_last_unix_micros_);
+    event.set_identity(attribution.identity.empty() ? "unknown" : attribution.identity);
+    event.set_reason(attribution.reason);
+    batch.Put(cf(ColumnFamily::kHistory), HistoryKey(sequence), event.SerializeAsString());
+    return sequence;
+  }
+
+  // Wakes WaitForHistory callers: events up to `sequence` are written.
+  void PublishHistory(int64_t sequence) {
+    absl::MutexLock lock(&history_visible_mu_);
+    history_visible_sequence_ = std::max(history_visible_sequence_, sequence);
+  }
+
+  // True once an event after `after_sequence` is published; false at `deadline`.
+  bool AwaitHistory(int64_t after_sequence, absl::Time deadline) {
+    absl::MutexLock lock(&history_visible_mu_);
+    auto published = [this, after_sequence]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(history_visible_mu_) {
+      return history_visible_sequence_ > after_sequence;
+    };
+    return history_visible_mu_.AwaitWithDeadline(absl::Condition(&published), deadline);
+  }
+
+  // Called once by Open: sequence numbers continue after the newest event on disk.
+  absl::Status LoadHistory() {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(Read(), cf(ColumnFamily::kHistory)));
+    it->SeekToLast();
+    int64_t last_sequence = 0, last_unix_micros = 0;
+    if (it->Valid()) {
+      absl::StatusOr<uint64_t> sequence = DecodeBigEndian64(ToView(it->key()));
+      if (!sequence.ok()) {
+        return absl::DataLossError(absl::StrCat("the newest registry event's key has ",
+                                                it->key().size(), " bytes; keys have 8"));
+      }
+      v1::RegistryEvent event;
+      RETURN_IF_ERROR(
+          ParseRecord(ToView(it->value()), event, absl::StrCat("registry event ", *sequence)));
+      last_sequence = static_cast<int64_t>(*sequence);
+      last_unix_micros = event.unix_micros();
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "finding the newest registry event"));
+    absl::MutexLock lock(&mu_);
+    history_last_sequence_ = last_sequence;
+    history_last_unix_micros_ = last_unix_micros;
+    PublishHistory(last_sequence);
+    return absl::OkStatus();
+  }
+
+  // The sequence of the newest event `snapshot` sees; 0 when none.
+  absl::StatusOr<int64_t> LastEventSequence(const rocksdb::Snapshot* snapshot) const {
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(snapshot), cf(ColumnFamily::kHistory)));
+    it->SeekToLast();
+    int64_t last = 0;
+    if (it->Valid()) {
+      ASSIGN_OR_RETURN(uint64_t sequence, DecodeBigEndian64(ToView(it->key())));
+      last = static_cast<int64_t>(sequence);
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "finding the newest registry event"));
+    return last;
+  }
+
+  // MODEL@version's annotations; empty when it has none.
+  absl::StatusOr<v1::VersionAnnotations> ReadAnnotations(absl::string_view model, int64_t version,
+                                                         const rocksdb::Snapshot* snapshot) const {
+    std::string bytes;
+    rocksdb::Status read = db_->Get(Read(snapshot), cf(ColumnFamily::kAnnotations),
+                                    VersionKey(model, version), &bytes);
+    v1::VersionAnnotations annotations;
+    if (read.IsNotFound()) return annotations;
+    const std::string ref_text = FormatVersionRef(model, version);
+    RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading annotations of ", ref_text)));
+    RETURN_IF_ERROR(ParseRecord(bytes, annotations, absl::StrCat("annotations of ", ref_text)));
+    return annotations;
+  }
+
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   const absl::flat_hash_set<std::string>& live_uploads() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return live_uploads_;
@@ -698,6 +820,10 @@ class RocksDbCheckpointStore::Core {
   // Serializes every read-modify-write of metadata: commits, alias moves, deletes, retention, GC.
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> live_uploads_ ABSL_GUARDED_BY(mu_);
+  int64_t history_last_sequence_ ABSL_GUARDED_BY(mu_) = 0;     // newest event handed out.
+  int64_t history_last_unix_micros_ ABSL_GUARDED_BY(mu_) = 0;  // ... and its time.
+  absl::Mutex history_visible_mu_;
+  int64_t history_visible_sequence_ ABSL_GUARDED_BY(history_visible_mu_) = 0;  // newest written.
   // Chunk -> number of live uploads that stored it or rely on it being present.
   absl::flat_hash_map<std::string, int> pinned_chunks_ ABSL_GUARDED_BY(mu_);
 

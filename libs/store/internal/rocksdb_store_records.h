@@ -57,6 +57,17 @@ inline bool StartsWith(const rocksdb::Slice& key, absl::string_view prefix) {
 
 inline int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
+// A VERSION_DELETED event of MODEL@version, naming the aliases removed with it.
+inline v1::RegistryEvent VersionDeletedEvent(absl::string_view model, int64_t version,
+                                             const std::vector<std::string>& aliases) {
+  v1::RegistryEvent event;
+  event.set_kind(v1::RegistryEvent::VERSION_DELETED);
+  event.set_model(std::string(model));
+  event.set_version(version);
+  event.set_alias(absl::StrJoin(aliases, ","));
+  return event;
+}
+
 template <typename Proto>
 inline absl::Status ParseRecord(absl::string_view bytes, Proto& record, absl::string_view what) {
   if (!record.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {

@@ -146,9 +146,15 @@ class RocksDbUploadSession final : public UploadSession {
       absl::MutexLock lock(&core_->mu());
       ASSIGN_OR_RETURN(std::optional<ModelRecord> existing, core_->ReadModel(model, nullptr));
       ModelRecord record = existing.value_or(ModelRecord());
-      if (!existing.has_value()) {
-        record.set_next_version(1);
+      // A deleted model's name comes back to life with its version counter, so no MODEL@N is
+      // ever handed out twice.
+      const bool created = !existing.has_value() || existing->deleted();
+      if (created) {
+        if (!existing.has_value()) record.set_next_version(1);
+        record.clear_deleted();
+        record.clear_details();
         record.set_created_unix_micros(NowMicros());
+        record.mutable_details()->set_created_unix_micros(record.created_unix_micros());
       }
       if (options_.expected_latest_version > 0 &&
           record.latest_version() != options_.expected_latest_version) {
@@ -163,9 +169,35 @@ class RocksDbUploadSession final : public UploadSession {
       rocksdb::WriteBatch batch;
       int64_t new_bytes = 0;
       RETURN_IF_ERROR(core_->ApplyRefDeltas(deltas, batch, nullptr, &new_bytes));
+      const ChangeAttribution& attribution = options_.attribution;
+      if (created) {
+        v1::RegistryEvent event;
+        event.set_kind(v1::RegistryEvent::MODEL_CREATED);
+        event.set_model(model);
+        *event.mutable_details() = record.details();
+        core_->AppendEvent(batch, std::move(event), attribution);
+      }
+      v1::RegistryEvent committed_event;
+      committed_event.set_kind(v1::RegistryEvent::VERSION_COMMITTED);
+      committed_event.set_model(model);
+      committed_event.set_version(version);
+      committed_event.set_alias(absl::StrJoin(options_.aliases, ","));
+      int64_t sequence = core_->AppendEvent(batch, std::move(committed_event), attribution);
+      ASSIGN_OR_RETURN(auto aliases, core_->ReadAliases(model, nullptr));
       for (const std::string& alias : options_.aliases) {
         batch.Put(core_->cf(ColumnFamily::kAliases), AliasKey(model, alias),
                   EncodeBigEndian64(static_cast<uint64_t>(version)));
+        v1::RegistryEvent moved;
+        moved.set_kind(v1::RegistryEvent::ALIAS_SET);
+        moved.set_model(model);
+        moved.set_alias(alias);
+        moved.set_version(version);
+        for (const auto& [pointed, names] : aliases) {
+          if (std::find(names.begin(), names.end(), alias) != names.end()) {
+            moved.set_previous_version(pointed);
+          }
+        }
+        sequence = core_->AppendEvent(batch, std::move(moved), attribution);
       }
       batch.Put(core_->cf(ColumnFamily::kVersions), VersionKey(model, version),
                 header_.SerializeAsString());
@@ -184,6 +216,7 @@ class RocksDbUploadSession final : public UploadSession {
       RETURN_IF_ERROR(core_->Write(batch,
                                    absl::StrCat("committing ", FormatVersionRef(model, version)),
                                    /*sync=*/true));
+      core_->PublishHistory(sequence);
       core_->EndUploadLocked(upload_id_, pinned_);
       upload_records_.Clear();
       finished_ = true;

@@ -96,26 +96,30 @@ absl::StatusOr<std::vector<v1::VersionInfo>> InstrumentedStore::ListVersions(
 
 absl::StatusOr<int64_t> InstrumentedStore::SetAlias(absl::string_view model,
                                                     absl::string_view alias, int64_t version,
-                                                    int64_t expected_current_version) {
+                                                    int64_t expected_current_version,
+                                                    const ChangeAttribution& attribution) {
   Called("SetAlias");
-  return base_.SetAlias(model, alias, version, expected_current_version);
+  return base_.SetAlias(model, alias, version, expected_current_version, attribution);
 }
 
-absl::Status InstrumentedStore::DeleteAlias(absl::string_view model, absl::string_view alias) {
+absl::Status InstrumentedStore::DeleteAlias(absl::string_view model, absl::string_view alias,
+                                            const ChangeAttribution& attribution) {
   Called("DeleteAlias");
-  return base_.DeleteAlias(model, alias);
+  return base_.DeleteAlias(model, alias, attribution);
 }
 
 absl::StatusOr<int64_t> InstrumentedStore::DeleteVersion(absl::string_view model, int64_t version,
-                                                         bool force) {
+                                                         bool force,
+                                                         const ChangeAttribution& attribution) {
   Called("DeleteVersion");
-  return base_.DeleteVersion(model, version, force);
+  return base_.DeleteVersion(model, version, force, attribution);
 }
 
 absl::StatusOr<v1::ApplyRetentionResponse> InstrumentedStore::ApplyRetention(
-    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run) {
+    absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+    const ChangeAttribution& attribution) {
   Called("ApplyRetention");
-  return base_.ApplyRetention(model, policy, dry_run);
+  return base_.ApplyRetention(model, policy, dry_run, attribution);
 }
 
 absl::StatusOr<v1::GarbageCollectResponse> InstrumentedStore::GarbageCollect(bool dry_run) {
@@ -136,18 +140,71 @@ absl::StatusOr<v1::StoreStats> InstrumentedStore::GetStats() {
 
 absl::StatusOr<int64_t> InstrumentedStore::BeginAudit(v1::AuditRecord record) {
   Called("BeginAudit");
+  if (audit_fault_) RETURN_IF_ERROR(audit_fault_("BeginAudit"));
   return base_.BeginAudit(std::move(record));
 }
 
 absl::Status InstrumentedStore::FinishAudit(int64_t sequence, const absl::Status& outcome,
                                             absl::string_view detail, int64_t version) {
   Called("FinishAudit");
+  if (audit_fault_) RETURN_IF_ERROR(audit_fault_("FinishAudit"));
   return base_.FinishAudit(sequence, outcome, detail, version);
 }
 
 absl::StatusOr<std::vector<v1::AuditRecord>> InstrumentedStore::ListAudit(const AuditQuery& query) {
   Called("ListAudit");
   return base_.ListAudit(query);
+}
+
+absl::StatusOr<v1::ModelInfo> InstrumentedStore::CreateModel(absl::string_view model,
+                                                             const v1::ModelDetails& details,
+                                                             const ChangeAttribution& attribution) {
+  Called("CreateModel");
+  return base_.CreateModel(model, details, attribution);
+}
+
+absl::StatusOr<v1::ModelInfo> InstrumentedStore::UpdateModel(absl::string_view model,
+                                                             const v1::ModelDetailsChange& change,
+                                                             const ChangeAttribution& attribution) {
+  Called("UpdateModel");
+  return base_.UpdateModel(model, change, attribution);
+}
+
+absl::Status InstrumentedStore::RenameModel(absl::string_view model, absl::string_view new_name,
+                                            const ChangeAttribution& attribution) {
+  Called("RenameModel");
+  return base_.RenameModel(model, new_name, attribution);
+}
+
+absl::StatusOr<v1::DeleteModelResponse> InstrumentedStore::DeleteModel(
+    absl::string_view model, bool force, const ChangeAttribution& attribution) {
+  Called("DeleteModel");
+  return base_.DeleteModel(model, force, attribution);
+}
+
+absl::StatusOr<v1::VersionAnnotations> InstrumentedStore::AnnotateVersion(
+    absl::string_view model, int64_t version, const v1::AnnotationChange& change,
+    const ChangeAttribution& attribution) {
+  Called("AnnotateVersion");
+  return base_.AnnotateVersion(model, version, change, attribution);
+}
+
+absl::StatusOr<std::vector<v1::RegistryEvent>> InstrumentedStore::ListHistory(
+    const HistoryQuery& query) {
+  Called("ListHistory");
+  return base_.ListHistory(query);
+}
+
+absl::StatusOr<RegistryState> InstrumentedStore::GetRegistryState(
+    const std::vector<std::string>& models) {
+  Called("GetRegistryState");
+  return base_.GetRegistryState(models);
+}
+
+absl::StatusOr<bool> InstrumentedStore::WaitForHistory(int64_t after_sequence,
+                                                       absl::Time deadline) {
+  Called("WaitForHistory");
+  return base_.WaitForHistory(after_sequence, deadline);
 }
 
 }  // namespace ckpt

@@ -36,6 +36,10 @@ class InstrumentedStore final : public CheckpointStore {
   explicit InstrumentedStore(CheckpointStore* base) : base_(*base) {}
 
   void set_hook(Hook hook) { hook_ = std::move(hook); }
+  // BeginAudit and FinishAudit return the error `fault` gives for their name instead of calling
+  // the wrapped store: a full disk or a broken store as the audit log alone sees it.
+  using Fault = std::function<absl::Status(absl::string_view method)>;
+  void set_audit_fault(Fault fault) { audit_fault_ = std::move(fault); }
   // Chunk reads made through readers from OpenVersion (one per ReadTensorChunks call).
   int64_t reader_chunk_reads() const { return reader_chunk_reads_.load(); }
   // Bytes given to AddTensorData of sessions from BeginUpload (accepted or not).
@@ -52,13 +56,15 @@ class InstrumentedStore final : public CheckpointStore {
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override;
   absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override;
   absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
-                                   int64_t version, int64_t expected_current_version) override;
-  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias) override;
-  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version,
-                                        bool force) override;
-  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(absl::string_view model,
-                                                            const v1::RetentionPolicy& policy,
-                                                            bool dry_run) override;
+                                   int64_t version, int64_t expected_current_version = 0,
+                                   const ChangeAttribution& attribution = {}) override;
+  absl::Status DeleteAlias(absl::string_view model, absl::string_view alias,
+                           const ChangeAttribution& attribution = {}) override;
+  absl::StatusOr<int64_t> DeleteVersion(absl::string_view model, int64_t version, bool force,
+                                        const ChangeAttribution& attribution = {}) override;
+  absl::StatusOr<v1::ApplyRetentionResponse> ApplyRetention(
+      absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
+      const ChangeAttribution& attribution = {}) override;
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
@@ -66,6 +72,22 @@ class InstrumentedStore final : public CheckpointStore {
   absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
                            int64_t version) override;
   absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
+  absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
+                                            const v1::ModelDetails& details,
+                                            const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::ModelInfo> UpdateModel(absl::string_view model,
+                                            const v1::ModelDetailsChange& change,
+                                            const ChangeAttribution& attribution) override;
+  absl::Status RenameModel(absl::string_view model, absl::string_view new_name,
+                           const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::DeleteModelResponse> DeleteModel(
+      absl::string_view model, bool force, const ChangeAttribution& attribution) override;
+  absl::StatusOr<v1::VersionAnnotations> AnnotateVersion(
+      absl::string_view model, int64_t version, const v1::AnnotationChange& change,
+      const ChangeAttribution& attribution) override;
+  absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) override;
+  absl::StatusOr<RegistryState> GetRegistryState(const std::vector<std::string>& models) override;
+  absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
 
  private:
   class Reader;
@@ -77,6 +99,7 @@ class InstrumentedStore final : public CheckpointStore {
 
   CheckpointStore& base_;
   Hook hook_;
+  Fault audit_fault_;
   mutable std::atomic<int64_t> reader_chunk_reads_{0};
   std::atomic<int64_t> uploaded_bytes_{0};
 };

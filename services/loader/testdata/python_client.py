@@ -23,7 +23,8 @@ import sys
 
 import torch
 
-PROTOS = ["proto/ckpt/v1/types.proto", "proto/ckpt/v1/checkpoint_store.proto",
+PROTOS = ["proto/ckpt/v1/types.proto", "proto/ckpt/v1/registry.proto",
+          "proto/ckpt/v1/checkpoint_store.proto",
           "proto/ckpt/v1/loader.proto"]
 
 
