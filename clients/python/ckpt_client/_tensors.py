@@ -1,0 +1,198 @@
+"""Rebuilding tensors from a Load / Download stream, verifying every byte on the way.
+
+What the protocol carries to check against (proto/ckpt/v1/types.proto):
+
+* ``TensorMeta.chunks``: the store's Download manifest lists each tensor's chunks, each with the
+  SHA-256 of its bytes and its length. Chunks are consecutive pieces of the tensor; each one is
+  hashed as its bytes arrive and compared when it is complete, so a bad byte is reported with the
+  tensor and the chunk that hold it.
+* ``TensorMeta.content_hash``: the loader's Load manifest has no chunk list (its tensors may be
+  re-keyed or subset), but an uncast tensor keeps its content hash: SHA-256 over its chunks'
+  SHA-256s each followed by the chunk length as 8 little-endian bytes, with chunks cut every
+  4 MiB from offset 0 (libs/store/chunk_hasher.h). The client cuts the received bytes the same way.
+  Stores written before that scheme hold SHA-256 of the bytes themselves, which is accepted too.
+
+A tensor with neither (the loader clears the hash of a tensor it casts) cannot be verified;
+``verify=True`` refuses it, which is why Client asks the loader for stored dtypes and casts itself.
+"""
+import hashlib
+import sys
+
+import torch
+
+from .errors import IntegrityError, ProtocolError
+
+CHUNK_BYTES = 4 << 20  # libs/store/chunk_hasher.h kChunkBytes: part of the content-hash scheme.
+
+
+def torch_dtypes(types_pb2):
+    """ckpt.v1.DType -> torch.dtype, for the dtypes this torch has."""
+    table = {
+        types_pb2.DTYPE_FLOAT32: torch.float32,
+        types_pb2.DTYPE_FLOAT64: torch.float64,
+        types_pb2.DTYPE_FLOAT16: torch.float16,
+        types_pb2.DTYPE_BFLOAT16: torch.bfloat16,
+        types_pb2.DTYPE_UINT8: torch.uint8,
+        types_pb2.DTYPE_INT8: torch.int8,
+        types_pb2.DTYPE_INT16: torch.int16,
+        types_pb2.DTYPE_INT32: torch.int32,
+        types_pb2.DTYPE_INT64: torch.int64,
+        types_pb2.DTYPE_BOOL: torch.bool,
+        types_pb2.DTYPE_COMPLEX64: torch.complex64,
+        types_pb2.DTYPE_COMPLEX128: torch.complex128,
+    }
+    optional = {  # not in every torch
+        "DTYPE_COMPLEX32": "complex32",
+        "DTYPE_FLOAT8_E4M3FN": "float8_e4m3fn",
+        "DTYPE_FLOAT8_E5M2": "float8_e5m2",
+        "DTYPE_FLOAT8_E4M3FNUZ": "float8_e4m3fnuz",
+        "DTYPE_FLOAT8_E5M2FNUZ": "float8_e5m2fnuz",
+        "DTYPE_UINT16": "uint16",
+        "DTYPE_UINT32": "uint32",
+        "DTYPE_UINT64": "uint64",
+    }
+    for enum_name, torch_name in optional.items():
+        if hasattr(torch, torch_name):
+            table[types_pb2.DType.Value(enum_name)] = getattr(torch, torch_name)
+    return table
+
+
+def _le64(n):
+    return n.to_bytes(8, "little")
+
+
+class _Tensor:
+    """One tensor's bytes as they arrive, with its running chunk check."""
+
+    def __init__(self, meta, verify):
+        self.meta = meta
+        self.buffer = bytearray(meta.byte_length)
+        self.received = 0
+        self.verify = verify
+        self.chunks = list(meta.chunks)
+        if self.chunks:
+            total = sum(chunk.length for chunk in self.chunks)
+            if total != meta.byte_length:
+                raise IntegrityError(
+                    f"tensor '{meta.key}': its chunks hold {total} bytes, its byte_length is "
+                    f"{meta.byte_length}", tensor=meta.key)
+            self.bounds = self.chunks
+        else:
+            # The content-hash scheme's chunks: every 4 MiB from offset 0.
+            self.bounds = None
+        self.chunk_index = 0
+        self.chunk_filled = 0
+        self.hasher = hashlib.sha256()
+        self.chunk_digests = []  # (sha256, length) of completed chunks, for the content hash.
+
+    def _chunk_length(self, index):
+        if self.bounds is not None:
+            return self.bounds[index].length
+        return min(CHUNK_BYTES, self.meta.byte_length - index * CHUNK_BYTES)
+
+    def _chunk_done(self):
+        digest = self.hasher.digest()
+        length = self.chunk_filled
+        if self.bounds is not None and self.verify:
+            expected = self.bounds[self.chunk_index].sha256
+            if digest != expected:
+                start = sum(c.length for c in self.bounds[:self.chunk_index])
+                raise IntegrityError(
+                    f"tensor '{self.meta.key}' chunk {self.chunk_index} (bytes {start}.."
+                    f"{start + length}) has SHA-256 {digest.hex()}, the manifest says "
+                    f"{expected.hex()}: the bytes were damaged on the way or in the store",
+                    tensor=self.meta.key, chunk=self.chunk_index)
+        self.chunk_digests.append((digest, length))
+        self.chunk_index += 1
+        self.chunk_filled = 0
+        self.hasher = hashlib.sha256()
+
+    def add(self, offset, data):
+        key = self.meta.key
+        if offset != self.received:
+            raise ProtocolError(f"tensor '{key}': bytes at offset {offset} arrived after "
+                                f"{self.received} bytes (the stream sends them in order)")
+        end = offset + len(data)
+        if end > self.meta.byte_length:
+            raise ProtocolError(f"tensor '{key}': {end} bytes sent, its byte_length is "
+                                f"{self.meta.byte_length}")
+        view = memoryview(data)
+        self.buffer[offset:end] = view
+        while len(view) > 0:
+            room = self._chunk_length(self.chunk_index) - self.chunk_filled
+            take = min(room, len(view))
+            self.hasher.update(view[:take])
+            self.chunk_filled += take
+            view = view[take:]
+            if self.chunk_filled == self._chunk_length(self.chunk_index):
+                self._chunk_done()
+        self.received = end
+
+    def finish(self):
+        meta = self.meta
+        if self.received != meta.byte_length:
+            raise ProtocolError(f"tensor '{meta.key}': the stream ended after {self.received} of "
+                                f"its {meta.byte_length} bytes")
+        if not self.verify or self.bounds is not None:
+            return  # every chunk was checked as it completed.
+        if not meta.content_hash:
+            raise IntegrityError(
+                f"tensor '{meta.key}' arrived without a checksum (no chunks, no content_hash), "
+                "so its bytes cannot be verified; pass verify=False to accept it anyway",
+                tensor=meta.key)
+        scheme = hashlib.sha256()
+        for digest, length in self.chunk_digests:
+            scheme.update(digest + _le64(length))
+        accepted = {scheme.digest(), hashlib.sha256(self.buffer).digest()}
+        if meta.byte_length == 0:  # an empty tensor stored as one empty chunk
+            accepted.add(hashlib.sha256(hashlib.sha256(b"").digest() + _le64(0)).digest())
+        if meta.content_hash not in accepted:
+            raise IntegrityError(
+                f"tensor '{meta.key}': the {meta.byte_length} bytes received do not match its "
+                f"content hash {meta.content_hash.hex()} (the protocol names no chunk list here, "
+                f"so the damage is somewhere in chunks 0..{max(len(self.chunk_digests) - 1, 0)})",
+                tensor=meta.key)
+
+
+class StreamAssembler:
+    """Collects TensorData for the tensors of a manifest, verifies them, builds torch tensors.
+
+    ``metas`` are the TensorMeta messages indexed as TensorData.tensor_index counts them
+    (Manifest.tensors, then state_tensors); ``selected`` the indices the stream will send.
+    """
+
+    def __init__(self, metas, selected, verify=True):
+        if sys.byteorder != "little":
+            raise NotImplementedError("ckpt tensor bytes are little-endian; this host is not")
+        self.metas = metas
+        self.tensors = {}
+        for index in selected:
+            self.tensors[index] = _Tensor(metas[index], verify)
+
+    def add(self, data):
+        """Takes one TensorData message."""
+        tensor = self.tensors.get(data.tensor_index)
+        if tensor is None:
+            raise ProtocolError(f"TensorData for tensor index {data.tensor_index}, which the "
+                                f"manifest's selection does not hold")
+        tensor.add(data.offset, data.data)
+
+    def finish(self):
+        """Checks completeness and content hashes; returns {index: bytearray} in index order."""
+        for tensor in self.tensors.values():
+            tensor.finish()
+        return {index: self.tensors[index].buffer for index in sorted(self.tensors)}
+
+
+def to_tensor(meta, buffer, dtypes):
+    """A CPU tensor over `buffer` (no copy) with meta's dtype and shape."""
+    dtype = dtypes.get(meta.dtype)
+    if dtype is None:
+        raise NotImplementedError(
+            f"tensor '{meta.key}' has dtype {meta.dtype} (ckpt.v1.DType), which torch "
+            f"{torch.__version__} cannot hold")
+    shape = list(meta.shape)
+    if len(buffer) == 0:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(buffer, dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)

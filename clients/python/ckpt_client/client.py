@@ -1,0 +1,478 @@
+"""Client: the ckpt checkpoint store and loader, from Python."""
+import collections
+import os
+import random
+import tempfile
+import time
+
+import grpc
+import torch
+
+from . import _stubs
+from ._tensors import StreamAssembler, to_tensor, torch_dtypes
+from .errors import InvalidArgument, ProtocolError, from_rpc_error
+
+# Large enough for a 1 MiB TensorData piece and a manifest of many tensors (the servers' own
+# default limit is 16 MiB).
+_MAX_MESSAGE_BYTES = 64 << 20
+
+WatchUpdate = collections.namedtuple("WatchUpdate", ["state", "event", "resume_token"])
+WatchUpdate.__doc__ = """One message of a watch: exactly one of ``state`` (a ckpt.v1.WatchState:
+the watched models as they are, sent first on a fresh watch) and ``event`` (a
+ckpt.v1.RegistryEvent) is set. ``resume_token`` continues after it (``Client.watch(...,
+resume_token=...)``)."""
+
+
+def parse_ref(text):
+    """"MODEL" / "MODEL@latest" / "MODEL@7" / "MODEL@best" -> (model, version or None, alias or
+    None); a plain "MODEL" means alias "latest". Model names never contain '@'."""
+    if not isinstance(text, str) or not text:
+        raise InvalidArgument(f"a version reference is 'MODEL', 'MODEL@N' or 'MODEL@ALIAS', "
+                              f"got {text!r}")
+    model, at, ref = text.partition("@")
+    if not model or "@" in ref or (at and not ref):
+        raise InvalidArgument(f"bad version reference {text!r}: use 'MODEL', 'MODEL@N' or "
+                              "'MODEL@ALIAS'")
+    if not ref:
+        return model, None, "latest"
+    if ref.isdigit():
+        version = int(ref)
+        if version < 1:
+            raise InvalidArgument(f"bad version reference {text!r}: versions start at 1")
+        return model, version, None
+    return model, None, ref
+
+
+def _read(path):
+    with open(os.path.expanduser(os.fspath(path)), "rb") as f:
+        return f.read()
+
+
+class Client:
+    """A connection to a ckpt checkpoint_store and / or loader service.
+
+    Args:
+      store: "HOST:PORT" of the checkpoint_store service (registry calls: resolve, history,
+        annotate, versions, watch; and load_state_dict when no loader is given).
+      loader: "HOST:PORT" of the loader service (load_state_dict, export).
+      token: bearer token sent with every call ("authorization: Bearer <token>").
+      token_file: a file holding the token (whitespace around it ignored).
+      ca_file: PEM of the CA that signed the servers' certificates; enables TLS.
+      cert_file, key_file: this client's certificate and key, for mutual TLS (with ca_file).
+      server_name: the name the servers' certificates carry, when it is not the host dialled.
+      timeout: seconds for unary calls; streaming calls (load, export) get ``timeout`` per call as
+        well unless given their own.
+
+    Use as a context manager (or call close()) to close the channels.
+    """
+
+    def __init__(self, store=None, loader=None, token=None, token_file=None, ca_file=None,
+                 cert_file=None, key_file=None, server_name=None, timeout=60):
+        if store is None and loader is None:
+            raise InvalidArgument("Client needs store='HOST:PORT' and / or loader='HOST:PORT'")
+        if token is not None and token_file is not None:
+            raise InvalidArgument("give token or token_file, not both")
+        if token_file is not None:
+            token = _read(token_file).decode().strip()
+        if token is not None and (not token or any(c.isspace() or not c.isprintable()
+                                                   for c in token)):
+            raise InvalidArgument("the token must be non-empty printable text without spaces")
+        if (cert_file is None) != (key_file is None):
+            raise InvalidArgument("mutual TLS needs both cert_file and key_file")
+        if cert_file is not None and ca_file is None:
+            raise InvalidArgument("cert_file / key_file (mutual TLS) need ca_file (TLS)")
+        self._pb = _stubs.load()
+        self._dtypes = torch_dtypes(self._pb.types_pb2)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout = timeout
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        credentials = None
+        if ca_file is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(ca_file),
+                private_key=_read(key_file) if key_file else None,
+                certificate_chain=_read(cert_file) if cert_file else None)
+
+        def channel(address):
+            if credentials is None:
+                return grpc.insecure_channel(address, options=options)
+            return grpc.secure_channel(address, credentials, options=options)
+
+        self._channels = []
+        self._closed = False
+        self._store = self._loader = None
+        if store is not None:
+            self._channels.append(channel(store))
+            self._store = self._pb.checkpoint_store_pb2_grpc.CheckpointStoreStub(self._channels[-1])
+        if loader is not None:
+            self._channels.append(channel(loader))
+            self._loader = self._pb.loader_pb2_grpc.LoaderStub(self._channels[-1])
+
+    # ---- plumbing
+
+    def close(self):
+        """Closes the channels; calls in progress end (a watch() iteration just stops)."""
+        self._closed = True
+        for channel in self._channels:
+            channel.close()
+        self._channels = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def messages(self):
+        """The generated ckpt.v1 modules (types_pb2, checkpoint_store_pb2, registry_pb2,
+        loader_pb2, ...), for calls this class does not wrap."""
+        return self._pb
+
+    def _need(self, which, what):
+        stub = self._store if which == "store" else self._loader
+        if stub is None:
+            raise InvalidArgument(f"{what} needs Client({which}='HOST:PORT')")
+        return stub
+
+    def _call(self, which, method, request, timeout=None):
+        stub = self._need(which, method)
+        try:
+            return getattr(stub, method)(request, metadata=self._metadata,
+                                         timeout=timeout or self.timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error, method) from error
+
+    def _stream(self, which, method, request, timeout=None):
+        """Yields the responses of a server-streaming call, errors mapped."""
+        stub = self._need(which, method)
+        try:
+            for response in getattr(stub, method)(request, metadata=self._metadata,
+                                                  timeout=timeout or self.timeout):
+                yield response
+        except grpc.RpcError as error:
+            raise from_rpc_error(error, method) from error
+
+    def version_ref(self, ref):
+        """A ckpt.v1.VersionRef for "MODEL[@N|@ALIAS]"."""
+        model, version, alias = parse_ref(ref)
+        message = self._pb.types_pb2.VersionRef(model=model)
+        if version is not None:
+            message.version = version
+        else:
+            message.alias = alias
+        return message
+
+    # ---- reading versions
+
+    def resolve(self, ref):
+        """The version number "MODEL@ALIAS" (or "MODEL", meaning latest) points at now."""
+        manifest = self._call("store", "GetManifest",
+                              self._pb.checkpoint_store_pb2.GetManifestRequest(
+                                  ref=self.version_ref(ref)))
+        return manifest.version
+
+    def manifest(self, ref):
+        """The stored ckpt.v1.Manifest of a version (metadata, tensors, annotations)."""
+        return self._call("store", "GetManifest",
+                          self._pb.checkpoint_store_pb2.GetManifestRequest(
+                              ref=self.version_ref(ref)))
+
+    def load_state_dict(self, ref, device="cpu", dtype=None, keys=None, prefixes=None,
+                        verify=True, timeout=None):
+        """A version's model state dict: an OrderedDict of tensors under canonical keys (no
+        "module." prefix), in the producer's order, ready for ``module.load_state_dict(sd,
+        strict=True)``.
+
+        Args:
+          ref: "MODEL", "MODEL@7" or "MODEL@ALIAS" ("MODEL" is "MODEL@latest").
+          device: where the tensors go ("cpu", "cuda", "cuda:1", or a torch.device).
+          dtype: cast floating-point tensors to it (e.g. torch.float16); integer and bool
+            tensors are never cast, as the loader's own cast does.
+          keys: only these canonical keys; prefixes: only keys under these prefixes.
+          verify: check each tensor's bytes against the manifest's SHA-256 checksums (see
+            ckpt_client._tensors); IntegrityError names the tensor and chunk that fail.
+
+        Reads from the loader when the Client has one (its shared chunk cache serves many
+        readers), else from the store's Download. Both are verified; the store's manifest names
+        each chunk's SHA-256, the loader's only each tensor's content hash. The loader is asked
+        for stored dtypes, because a tensor it casts loses its hash, and the cast is done here.
+        """
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise InvalidArgument(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        device = torch.device(device)
+        keys = list(keys or [])
+        prefixes = list(prefixes or [])
+        version_ref = self.version_ref(ref)
+        if self._loader is not None:
+            pb = self._pb.loader_pb2
+            request = pb.LoadRequest(ref=version_ref, target=pb.LoadTarget(
+                device="cpu", include_keys=keys, include_prefixes=prefixes))
+            stream = self._stream("loader", "Load", request, timeout)
+        else:
+            pb = self._pb.checkpoint_store_pb2
+            request = pb.DownloadRequest(ref=version_ref, keys=keys, key_prefixes=prefixes)
+            stream = self._stream("store", "Download", request, timeout)
+        manifest = None
+        assembler = None
+        for response in stream:
+            if response.HasField("manifest"):
+                if manifest is not None:
+                    raise ProtocolError(f"{ref}: the stream sent a second manifest")
+                manifest = response.manifest
+                selected = [index for index, meta in enumerate(manifest.tensors)
+                            if self._selected(meta.key, keys, prefixes)]
+                assembler = StreamAssembler(list(manifest.tensors), selected, verify)
+            elif assembler is None:
+                raise ProtocolError(f"{ref}: tensor bytes arrived before the manifest")
+            else:
+                assembler.add(response.data)
+        if manifest is None:
+            raise ProtocolError(f"{ref}: the stream ended without a manifest")
+        buffers = assembler.finish()
+        state = collections.OrderedDict()
+        for index, buffer in buffers.items():
+            meta = manifest.tensors[index]
+            tensor = to_tensor(meta, buffer, self._dtypes)
+            if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            if device.type != "cpu":
+                tensor = tensor.to(device)
+            state[meta.key] = tensor
+        return state
+
+    @staticmethod
+    def _selected(key, keys, prefixes):
+        if not keys and not prefixes:
+            return True
+        return key in keys or any(key.startswith(prefix) for prefix in prefixes)
+
+    def export(self, ref, path, format="pt", dtype=None, keys=None, prefixes=None,
+               include_optimizer=False, include_scheduler=False, timeout=None):
+        """Writes a version as a file through the loader's Export: ``format="pt"`` (torch.save
+        zip that torch.load(weights_only=True) reads) or ``"safetensors"``. With
+        include_optimizer / include_scheduler (pt only) the file is the whole training bundle as
+        its producer saved it. dtype (torch.float16 / bfloat16 / float32) casts floating tensors
+        on the server. The file appears whole or not at all: bytes go to a temporary file beside
+        ``path``, which is renamed into place once the size the server announced has arrived.
+
+        Returns a dict: version ("MODEL@N"), file_name (the server's suggestion), bytes,
+        left_out (what the file cannot hold, with why) and warnings.
+        """
+        pb = self._pb.loader_pb2
+        formats = {"pt": pb.EXPORT_FORMAT_TORCH, "torch": pb.EXPORT_FORMAT_TORCH,
+                   "safetensors": pb.EXPORT_FORMAT_SAFETENSORS}
+        if format not in formats:
+            raise InvalidArgument(f"export format must be 'pt' or 'safetensors', got {format!r}")
+        target = pb.LoadTarget(include_keys=list(keys or []),
+                               include_prefixes=list(prefixes or []),
+                               include_optimizer_state=include_optimizer,
+                               include_scheduler_state=include_scheduler)
+        if dtype is not None:
+            target.cast_floating_to = self._wire_dtype(dtype)
+        request = pb.ExportRequest(ref=self.version_ref(ref), target=target,
+                                   format=formats[format])
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, partial = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".partial",
+                                       dir=directory)
+        info = None
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for response in self._stream("loader", "Export", request, timeout):
+                    if info is None:
+                        info = {"version": response.version, "file_name": response.file_name,
+                                "total_bytes": response.total_bytes,
+                                "left_out": list(response.left_out),
+                                "warnings": list(response.warnings)}
+                    out.write(response.data)
+                size = out.tell()
+                out.flush()
+                os.fsync(out.fileno())
+            if info is None:
+                raise ProtocolError(f"Export of {ref} sent nothing")
+            if info["total_bytes"] and size != info["total_bytes"]:
+                raise ProtocolError(f"Export of {ref} ended after {size} of "
+                                    f"{info['total_bytes']} bytes")
+            os.chmod(partial, 0o644 & ~_umask())
+            os.replace(partial, path)
+        except BaseException:
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
+        info["bytes"] = size
+        del info["total_bytes"]
+        return info
+
+    def _wire_dtype(self, dtype):
+        for wire, torch_dtype in self._dtypes.items():
+            if torch_dtype == dtype:
+                return wire
+        raise InvalidArgument(f"no ckpt dtype for {dtype!r}")
+
+    # ---- the registry
+
+    def history(self, model, alias=None, after_sequence=0, since_unix_micros=0):
+        """Every registry event of `model` (or only `alias`'s moves and deletes), oldest first, as
+        ckpt.v1.RegistryEvent messages: commits, alias moves with who / when / why, annotations,
+        deletes. Pages are fetched until the end."""
+        pb = self._pb.checkpoint_store_pb2
+        events = []
+        after = after_sequence
+        while True:
+            response = self._call("store", "ListHistory", pb.ListHistoryRequest(
+                model=model, alias=alias or "", after_sequence=after,
+                since_unix_micros=since_unix_micros))
+            events.extend(response.events)
+            if response.next_after_sequence == 0 or not response.events:
+                return events
+            after = response.next_after_sequence
+
+    def annotate(self, ref, metrics=None, tags=None, description=None, reason=None,
+                 remove_metrics=(), remove_tags=()):
+        """Adds (or changes) metrics, tags and the description of a committed version; returns
+        its ckpt.v1.VersionAnnotations after the change. ``ref`` may be an alias: it is resolved
+        first, and the annotation goes to that version number."""
+        model, version, _ = parse_ref(ref)
+        if version is None:
+            version = self.resolve(ref)
+        registry = self._pb.registry_pb2
+        change = registry.AnnotationChange(
+            set_metrics={k: float(v) for k, v in (metrics or {}).items()},
+            set_tags={k: str(v) for k, v in (tags or {}).items()},
+            remove_metrics=list(remove_metrics), remove_tags=list(remove_tags))
+        if description is not None:
+            change.description = description
+        return self._call("store", "AnnotateVersion",
+                          self._pb.checkpoint_store_pb2.AnnotateVersionRequest(
+                              model=model, version=version, change=change, reason=reason or ""))
+
+    def set_alias(self, ref, alias, reason=None, expected_current_version=0):
+        """Points `alias` at the version `ref` names; returns the version it pointed at before (0
+        when new)."""
+        model, version, _ = parse_ref(ref)
+        if version is None:
+            version = self.resolve(ref)
+        response = self._call("store", "SetAlias", self._pb.checkpoint_store_pb2.SetAliasRequest(
+            model=model, alias=alias, version=version, reason=reason or "",
+            expected_current_version=expected_current_version))
+        return response.previous_version
+
+    def versions(self, model, tags=(), labels=(), where=(), created_after_unix_micros=0,
+                 created_before_unix_micros=0):
+        """The versions of `model` (ckpt.v1.VersionInfo, oldest first) that match every filter:
+        ``tags`` / ``labels`` as "key=value" or bare "key"; ``where`` metric conditions such as
+        "val_acc>=0.9", "loss<=0.2", "val_acc==0.93" (annotation metrics over commit-time ones)."""
+        registry = self._pb.registry_pb2
+        version_filter = registry.VersionFilter(
+            tags=list(tags), labels=list(labels),
+            created_after_unix_micros=created_after_unix_micros,
+            created_before_unix_micros=created_before_unix_micros)
+        for condition in where:
+            name, low, high = _parse_condition(condition)
+            metric = version_filter.metrics.add(name=name)
+            if low is not None:
+                metric.min = low
+            if high is not None:
+                metric.max = high
+        pb = self._pb.checkpoint_store_pb2
+        infos, token = [], ""
+        while True:
+            response = self._call("store", "ListVersions", pb.ListVersionsRequest(
+                model=model, page_token=token, filter=version_filter))
+            infos.extend(response.versions)
+            token = response.next_page_token
+            if not token:
+                return infos
+
+    def watch(self, models=None, alias=None, resume_token=0, max_backoff=10.0,
+              max_reconnects=None):
+        """Iterates over registry updates (WatchUpdate) of `models` (a name, a list, or None for
+        every model), only `alias`'s moves when given, forever.
+
+        With resume_token=0 the first update is the current state, then each change as it
+        commits. When the connection drops (UNAVAILABLE; RESOURCE_EXHAUSTED or CANCELLED from
+        the server cutting off a slow reader or shutting down), the watch reconnects with the
+        last resume token it yielded, backing off 0.1 s doubling up to ``max_backoff`` seconds
+        (with jitter; reset after each update): the caller misses nothing and sees nothing
+        twice. ``max_reconnects`` consecutive failed reconnects (None: no limit) raise the last
+        error. Other errors raise at once.
+        Close the iterator (or break out of the loop), or close the Client, to stop.
+        """
+        if isinstance(models, str):
+            models = [models]
+        pb = self._pb.checkpoint_store_pb2
+        stub = self._need("store", "Watch")
+        token = resume_token
+        failures = 0
+        backoff = 0.1
+        while True:
+            request = pb.WatchRequest(models=list(models or []),
+                                      aliases=[alias] if alias else [], resume_token=token)
+            call = stub.Watch(request, metadata=self._metadata)
+            try:
+                for response in call:
+                    failures, backoff = 0, 0.1
+                    token = response.resume_token
+                    kind = response.WhichOneof("update")
+                    yield WatchUpdate(state=response.state if kind == "state" else None,
+                                      event=response.event if kind == "event" else None,
+                                      resume_token=token)
+                error = None  # the server ended the stream: reconnect.
+            except grpc.RpcError as rpc_error:
+                if self._closed:
+                    return  # close() cancelled the call.
+                error = from_rpc_error(rpc_error, "Watch")
+                if rpc_error.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                            grpc.StatusCode.CANCELLED):
+                    raise error from rpc_error
+            finally:
+                call.cancel()
+            if error is not None:
+                failures += 1
+                if max_reconnects is not None and failures > max_reconnects:
+                    raise error
+            # Also after a stream the server ended cleanly, so a server that keeps ending them
+            # is not called in a tight loop.
+            time.sleep(backoff * random.uniform(0.5, 1.0))
+            if self._closed:
+                return
+            backoff = min(backoff * 2, max_backoff)
+
+
+def _umask():
+    """The process umask, read without changing it (os.umask would race with other threads)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+def _parse_condition(text):
+    """ "val_acc>=0.9" -> ("val_acc", 0.9, None); ranges are inclusive, so > and < are refused
+    rather than silently widened."""
+    for operator in (">=", "<=", "=="):
+        name, found, value = text.partition(operator)
+        if found:
+            name = name.strip()
+            try:
+                number = float(value)
+            except ValueError:
+                raise InvalidArgument(f"metric condition {text!r}: {value.strip()!r} is not a "
+                                      "number") from None
+            if not name:
+                break
+            if operator == ">=":
+                return name, number, None
+            if operator == "<=":
+                return name, None, number
+            return name, number, number
+    raise InvalidArgument(f"metric condition {text!r}: use NAME>=X, NAME<=X or NAME==X")

@@ -1,0 +1,441 @@
+"""ckpt_client against the real checkpoint_store and loader binaries on 127.0.0.1, plaintext and
+TLS (a CA and server / client certificates made here with openssl), with versions put in by the
+real `ckpt import` from torch.save files made here.
+
+The registry cases (annotate, history, watch) need the store's AnnotateVersion / ListHistory /
+Watch; against a server that answers UNIMPLEMENTED they are skipped, saying so.
+"""
+import collections
+import json
+import os
+import queue
+import signal
+import struct
+import subprocess
+import threading
+import time
+import unittest
+
+import torch
+from torch import nn
+
+import ckpt_client
+
+ROOT = os.getcwd()  # the runfiles root (tests/run_python.sh)
+STORE_BIN = os.path.join(ROOT, "services/checkpoint_store/checkpoint_store")
+LOADER_BIN = os.path.join(ROOT, "services/loader/loader")
+CKPT_BIN = os.path.join(ROOT, "tools/ckpt/ckpt")
+TMP = os.environ.get("TEST_TMPDIR") or "/tmp/ckpt_client_test"
+MODEL = "team-a.net"
+TOKEN = "s3cret-token"
+
+
+class Net(nn.Module):
+    """Float weights in two chunks (> 4 MiB), an int64 buffer (BatchNorm) and a scalar."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(1024, 1200)
+        self.norm = nn.BatchNorm1d(1200)
+        self.head = nn.Linear(1200, 10)
+        self.register_buffer("temperature", torch.tensor(0.5))
+
+
+def run(*args):
+    result = subprocess.run(list(args), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({result.returncode}):\n"
+                           f"{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+SERVERS = []  # every server started, stopped at the end whatever happened
+
+
+def _read_text(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+class Server:
+    """A service binary on 127.0.0.1 (port 0 unless given), its port from --port_file."""
+
+    def __init__(self, name, binary, flags, port=0):
+        self.name, self.binary, self.flags = name, binary, flags
+        self.start(port)
+
+    def start(self, port=0):
+        port_file = os.path.join(TMP, f"{self.name}.port")
+        if os.path.exists(port_file):
+            os.remove(port_file)
+        self.log = open(os.path.join(TMP, f"{self.name}.log"), "ab")
+        self.process = subprocess.Popen(
+            [self.binary, f"--listen=127.0.0.1:{port}", f"--port_file={port_file}",
+             "--shutdown_grace=1s"] + self.flags, stdout=self.log, stderr=subprocess.STDOUT)
+        SERVERS.append(self)
+        deadline = time.monotonic() + 30
+        while not _read_text(port_file):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.log.flush()
+                log = _read_text(self.log.name)[-3000:]
+                raise RuntimeError(f"{self.name} did not start:\n{log}")
+            time.sleep(0.02)
+        self.port = int(_read_text(port_file))
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        if self in SERVERS:
+            SERVERS.remove(self)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+    def restart(self):
+        """Stops and starts again on the same port and data (a store restart clients ride out)."""
+        self.stop()
+        self.start(self.port)
+
+
+def make_certificates(directory):
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    join = lambda name: os.path.join(directory, name)  # noqa: E731
+    run("openssl", "req", "-x509", *key, "-keyout", join("ca.key"), "-out", join("ca.pem"),
+        "-days", "2", "-subj", "/CN=ckpt-client-test-ca")
+    for name, subject, san in (("server", "/CN=ckpt-test-server", "DNS:localhost,IP:127.0.0.1"),
+                               ("client", "/CN=team-a", "DNS:team-a.example")):
+        with open(join(name + ".ext"), "w") as f:
+            f.write(f"subjectAltName={san}\n")
+        run("openssl", "req", *key, "-keyout", join(name + ".key"), "-out", join(name + ".csr"),
+            "-subj", subject)
+        run("openssl", "x509", "-req", "-in", join(name + ".csr"), "-CA", join("ca.pem"),
+            "-CAkey", join("ca.key"), "-CAcreateserial", "-days", "2", "-extfile",
+            join(name + ".ext"), "-out", join(name + ".pem"))
+    return {name: join(name) for name in ("ca.pem", "server.pem", "server.key", "client.pem",
+                                          "client.key")}
+
+
+def read_safetensors(path):
+    """A safetensors file parsed by its specification (8-byte little-endian header length, JSON
+    header, raw little-endian bytes); Debian has no safetensors package."""
+    dtypes = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "F64": torch.float64, "I32": torch.int32}
+    with open(path, "rb") as f:
+        blob = f.read()
+    (header_length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + header_length])
+    data = bytearray(blob[8 + header_length:])
+    out = collections.OrderedDict()
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        dtype = dtypes[entry["dtype"]]
+        chunk = data[begin:end]
+        tensor = (torch.frombuffer(chunk, dtype=torch.uint8).view(dtype) if chunk
+                  else torch.empty(0, dtype=dtype))
+        out[key] = tensor.reshape(entry["shape"]).clone()
+    return out
+
+
+def assert_same(test, state, reference, dtype=None):
+    test.assertEqual(list(state), list(reference))
+    for key, expected in reference.items():
+        if dtype is not None and expected.is_floating_point():
+            expected = expected.to(dtype)
+        test.assertEqual(state[key].dtype, expected.dtype, key)
+        test.assertTrue(torch.equal(state[key].cpu(), expected), key)
+
+
+def setUpModule():
+    try:
+        start_everything()
+    except BaseException:
+        tearDownModule()
+        raise
+
+
+def start_everything():
+    global CERTS, PLAIN_STORE, PLAIN_LOADER, TLS_STORE, TLS_LOADER, V1, V2, TOKEN_FILE
+    os.makedirs(TMP, exist_ok=True)
+    CERTS = make_certificates(TMP)
+    TOKEN_FILE = os.path.join(TMP, "token")
+    with open(TOKEN_FILE, "w") as f:
+        f.write(TOKEN + "\n")
+    torch.manual_seed(7)
+    first, second = Net(), Net()
+    first.norm.num_batches_tracked.fill_(3)  # a non-default int64 buffer
+    V1, V2 = first.state_dict(), second.state_dict()
+    # Saved as DDP saves: every key under "module.". The store keeps canonical keys.
+    files = []
+    for index, state in enumerate((V1, V2), 1):
+        path = os.path.join(TMP, f"v{index}.pt")
+        torch.save(collections.OrderedDict(("module." + k, v) for k, v in state.items()), path)
+        files.append(path)
+
+    PLAIN_STORE = Server("plain_store", STORE_BIN, [f"--db_path={TMP}/plain_db"])
+    PLAIN_LOADER = Server("plain_loader", LOADER_BIN, [f"--store={PLAIN_STORE.address}"])
+    tls = [f"--tls_cert_file={CERTS['server.pem']}", f"--tls_key_file={CERTS['server.key']}",
+           f"--auth_token_file={TOKEN_FILE}"]
+    TLS_STORE = Server("tls_store", STORE_BIN, [f"--db_path={TMP}/tls_db"] + tls)
+    TLS_LOADER = Server("tls_loader", LOADER_BIN, tls + [
+        f"--tls_client_ca_file={CERTS['ca.pem']}",  # mutual TLS towards clients
+        f"--store={TLS_STORE.address}", f"--store_tls_ca_file={CERTS['ca.pem']}",
+        f"--store_auth_token_file={TOKEN_FILE}"])
+    for store, extra in ((PLAIN_STORE, []), (TLS_STORE, [
+            f"--tls_ca_file={CERTS['ca.pem']}", f"--auth_token_file={TOKEN_FILE}"])):
+        run(CKPT_BIN, "import", files[0], "--model", MODEL, "--alias", "production",
+            f"--store={store.address}", *extra)
+        run(CKPT_BIN, "import", files[1], "--model", MODEL, f"--store={store.address}", *extra)
+
+
+def tearDownModule():
+    for server in reversed(list(SERVERS)):
+        server.stop()
+
+
+def plain_client(**kwargs):
+    return ckpt_client.Client(store=PLAIN_STORE.address, loader=PLAIN_LOADER.address, **kwargs)
+
+
+class LoadTest(unittest.TestCase):
+    def test_load_into_module_strict_through_loader_and_store(self):
+        with plain_client() as client, \
+                ckpt_client.Client(store=PLAIN_STORE.address) as store_only:
+            for source in (client, store_only):
+                state = source.load_state_dict(f"{MODEL}@production")
+                self.assertIsInstance(state, collections.OrderedDict)
+                self.assertFalse(any(k.startswith("module.") for k in state))
+                assert_same(self, state, V1)
+                net = Net()
+                net.load_state_dict(state, strict=True)
+                self.assertTrue(torch.equal(net.encoder.weight, V1["encoder.weight"]))
+                self.assertEqual(net.norm.num_batches_tracked.item(), 3)
+
+    def test_damaged_bytes_in_real_streams_are_caught(self):
+        """The servers' own Download and Load messages, one byte flipped on the way: the
+        verifier names the tensor (and, with the store's chunk list, the chunk)."""
+        from ckpt_client._tensors import StreamAssembler
+        with plain_client() as client:
+            pb = client.messages
+            manifest = client.manifest(f"{MODEL}@1")
+            weight = [t for t in manifest.tensors if t.key == "encoder.weight"][0]
+            self.assertEqual(len(weight.chunks), 2)  # 4 MiB + the rest
+            ref = client.version_ref(f"{MODEL}@1")
+            streams = {
+                "Download": client._stream("store", "Download",
+                                           pb.checkpoint_store_pb2.DownloadRequest(ref=ref)),
+                "Load": client._stream("loader", "Load", pb.loader_pb2.LoadRequest(ref=ref)),
+            }
+            for method, stream in streams.items():
+                messages = list(stream)
+                header = messages[0].manifest
+                index = [t.key for t in header.tensors].index("encoder.weight")
+                # A piece of the second chunk (bytes from 4 MiB on) of encoder.weight.
+                victim = next(m.data for m in messages[1:] if m.data.tensor_index == index
+                              and m.data.offset >= 4 << 20)
+                damaged = bytearray(victim.data)
+                damaged[100] ^= 0x04
+                victim.data = bytes(damaged)
+                assembler = StreamAssembler(list(header.tensors), range(len(header.tensors)))
+                with self.assertRaises(ckpt_client.IntegrityError, msg=method) as caught:
+                    for message in messages[1:]:
+                        assembler.add(message.data)
+                    assembler.finish()
+                self.assertEqual(caught.exception.tensor, "encoder.weight", method)
+                if method == "Download":
+                    self.assertEqual(caught.exception.chunk, 1)
+                    self.assertIn("tensor 'encoder.weight' chunk 1", str(caught.exception))
+
+    def test_refs(self):
+        with plain_client() as client:
+            assert_same(self, client.load_state_dict(MODEL), V2)  # latest
+            assert_same(self, client.load_state_dict(f"{MODEL}@2"), V2)
+            assert_same(self, client.load_state_dict(f"{MODEL}@1"), V1)
+            self.assertEqual(client.resolve(f"{MODEL}@production"), 1)
+            self.assertEqual(client.resolve(MODEL), 2)
+
+    def test_dtype_subset_and_device(self):
+        with plain_client() as client, \
+                ckpt_client.Client(store=PLAIN_STORE.address) as store_only:
+            for source in (client, store_only):
+                half = source.load_state_dict(f"{MODEL}@production", dtype=torch.float16)
+                assert_same(self, half, V1, dtype=torch.float16)
+                self.assertEqual(half["norm.num_batches_tracked"].dtype, torch.int64)
+                subset = source.load_state_dict(f"{MODEL}@1", keys=["head.bias"],
+                                                prefixes=["norm.running"])
+                self.assertEqual(list(subset),
+                                 ["norm.running_mean", "norm.running_var", "head.bias"])
+                self.assertTrue(torch.equal(subset["head.bias"], V1["head.bias"]))
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+            placed = client.load_state_dict(f"{MODEL}@1", device=device)
+            self.assertEqual(placed["encoder.weight"].device, torch.device(device))
+
+    def test_errors_carry_the_server_message(self):
+        with plain_client() as client:
+            with self.assertRaises(ckpt_client.NotFound) as caught:
+                client.load_state_dict("no-such-model@1")
+            self.assertIn("no-such-model", str(caught.exception))
+            self.assertIsInstance(caught.exception, ckpt_client.CkptError)
+            with self.assertRaises(ckpt_client.NotFound):
+                client.resolve(f"{MODEL}@no-such-alias")
+        with ckpt_client.Client(loader="127.0.0.1:1", timeout=2) as client:
+            with self.assertRaises(ckpt_client.Unavailable):
+                client.load_state_dict(MODEL)
+            with self.assertRaises(ckpt_client.InvalidArgument):
+                client.resolve(MODEL)  # needs a store address
+
+    def test_export_pt_and_safetensors(self):
+        with plain_client() as client:
+            path = os.path.join(TMP, "export", "net.pt")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            info = client.export(f"{MODEL}@production", path)
+            self.assertEqual(info["version"], f"{MODEL}@1")
+            self.assertEqual(info["bytes"], os.path.getsize(path))
+            assert_same(self, torch.load(path, weights_only=True), V1)
+            path = os.path.join(TMP, "export", "net.safetensors")
+            client.export(f"{MODEL}@2", path, format="safetensors", dtype=torch.bfloat16)
+            exported = read_safetensors(path)  # a safetensors header is not ordered
+            in_order = collections.OrderedDict((k, exported[k]) for k in V2 if k in exported)
+            assert_same(self, in_order, V2, dtype=torch.bfloat16)
+            self.assertEqual(sorted(exported), sorted(V2))
+            self.assertEqual(sorted(os.listdir(os.path.dirname(path))),
+                             ["net.pt", "net.safetensors"])  # no temporary file left
+            with self.assertRaises(ckpt_client.NotFound):
+                client.export("no-such-model", os.path.join(TMP, "export", "missing.pt"))
+            self.assertFalse(os.path.exists(os.path.join(TMP, "export", "missing.pt")))
+            self.assertEqual(len(os.listdir(os.path.dirname(path))), 2)
+
+
+class TlsTest(unittest.TestCase):
+    def client(self, **kwargs):
+        options = dict(store=TLS_STORE.address, loader=TLS_LOADER.address,
+                       ca_file=CERTS["ca.pem"], cert_file=CERTS["client.pem"],
+                       key_file=CERTS["client.key"], token_file=TOKEN_FILE, timeout=20)
+        options.update(kwargs)
+        return ckpt_client.Client(**options)
+
+    def test_load_over_mutual_tls(self):
+        with self.client() as client:
+            state = client.load_state_dict(f"{MODEL}@production")
+            Net().load_state_dict(state, strict=True)
+            assert_same(self, state, V1)
+            self.assertEqual(client.resolve(MODEL), 2)
+        # The certificate names localhost too: dial the address, check the name.
+        with self.client(server_name="localhost") as client:
+            assert_same(self, client.load_state_dict(f"{MODEL}@2", keys=["head.bias"]),
+                        {"head.bias": V2["head.bias"]})
+
+    def test_refusals(self):
+        with self.client(token=None, token_file=None) as client:
+            with self.assertRaises(ckpt_client.Unauthenticated):
+                client.load_state_dict(MODEL)
+            with self.assertRaises(ckpt_client.Unauthenticated):
+                client.resolve(MODEL)
+        with self.client(token="wrong", token_file=None) as client:
+            with self.assertRaises(ckpt_client.Unauthenticated):
+                client.resolve(MODEL)
+        # Plaintext to a TLS server, and TLS without a client certificate to the mutual-TLS
+        # loader, never get through.
+        with ckpt_client.Client(store=TLS_STORE.address, token=TOKEN, timeout=3) as client:
+            with self.assertRaises(ckpt_client.Unavailable):
+                client.resolve(MODEL)
+        with self.client(cert_file=None, key_file=None, timeout=3) as client:
+            with self.assertRaises(ckpt_client.Unavailable):
+                client.load_state_dict(MODEL)
+
+
+def registry_or_skip(test, call):
+    """Runs call(); skips the test when the server has no registry RPCs yet (UNIMPLEMENTED)."""
+    try:
+        return call()
+    except ckpt_client.Unimplemented as error:
+        test.skipTest(f"the checkpoint_store does not implement the registry RPCs yet: {error}")
+
+
+class RegistryTest(unittest.TestCase):
+    def test_annotate_and_history(self):
+        with plain_client() as client:
+            annotations = registry_or_skip(self, lambda: client.annotate(
+                f"{MODEL}@production", metrics={"val_acc": 0.93}, tags={"eval": "imagenet-v2"},
+                description="first eval", reason="nightly eval"))
+            self.assertAlmostEqual(annotations.metrics["val_acc"], 0.93)
+            self.assertEqual(annotations.tags["eval"], "imagenet-v2")
+            self.assertEqual(annotations.description, "first eval")
+            self.assertEqual(client.manifest(f"{MODEL}@1").annotations.tags["eval"],
+                             "imagenet-v2")
+            kinds = client.messages.registry_pb2.RegistryEvent
+            events = client.history(MODEL)
+            self.assertEqual([e.kind for e in events if e.kind == kinds.VERSION_COMMITTED],
+                             [kinds.VERSION_COMMITTED] * 2)
+            annotated = [e for e in events if e.kind == kinds.VERSION_ANNOTATED]
+            self.assertEqual(len(annotated), 1)
+            self.assertEqual((annotated[0].version, annotated[0].reason), (1, "nightly eval"))
+            sequences = [e.sequence for e in events]
+            self.assertEqual(sequences, sorted(set(sequences)))
+            found = client.versions(MODEL, tags=["eval=imagenet-v2"], where=["val_acc>=0.9"])
+            self.assertEqual([v.version for v in found], [1])
+            self.assertEqual(client.versions(MODEL, where=["val_acc>=0.95"]), [])
+
+    def test_watch_sees_alias_moves_across_a_store_restart(self):
+        with plain_client() as client:
+            registry_or_skip(self, lambda: client.history(MODEL))
+            kinds = client.messages.registry_pb2.RegistryEvent
+            updates = queue.Queue()
+
+            def follow():
+                try:
+                    for update in client.watch(MODEL, alias="candidate", max_backoff=0.5):
+                        updates.put(update)
+                except ckpt_client.CkptError as error:  # the client closing ends it
+                    updates.put(error)
+
+            threading.Thread(target=follow, daemon=True).start()
+            first = updates.get(timeout=20)
+            if isinstance(first, ckpt_client.Unimplemented):
+                self.skipTest(f"the checkpoint_store does not implement Watch yet: {first}")
+            self.assertIsNotNone(first.state, first)
+            (info,) = first.state.models
+            self.assertEqual((info.name, info.latest_version, info.aliases["production"]),
+                             (MODEL, 2, 1))
+            self.assertNotIn("candidate", info.aliases)
+
+            def next_event():
+                while True:
+                    update = updates.get(timeout=30)
+                    self.assertNotIsInstance(update, Exception)
+                    if update.event is not None:
+                        return update.event
+
+            self.assertEqual(client.set_alias(f"{MODEL}@2", "candidate", reason="canary"), 0)
+            client.set_alias(f"{MODEL}@2", "elsewhere")  # filtered out: another alias
+            moved = next_event()
+            self.assertEqual((moved.kind, moved.alias, moved.version, moved.previous_version,
+                              moved.reason), (kinds.ALIAS_SET, "candidate", 2, 0, "canary"))
+            PLAIN_STORE.restart()  # the watch stream breaks; the watcher resumes from its token
+            deadline = time.monotonic() + 20
+            while True:  # the client's channel reconnects to the restarted store
+                try:
+                    client.set_alias(f"{MODEL}@1", "candidate", reason="rollback")
+                    break
+                except ckpt_client.Unavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            back = next_event()
+            self.assertEqual((back.kind, back.version, back.previous_version, back.reason),
+                             (kinds.ALIAS_SET, 1, 2, "rollback"))
+            self.assertGreater(back.sequence, moved.sequence)
+            time.sleep(1)
+            self.assertTrue(updates.empty(), "nothing seen twice, nothing else sent")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

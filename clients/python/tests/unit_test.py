@@ -1,0 +1,189 @@
+"""ckpt_client without servers: references, metric conditions, the stream verifier (real chunk
+and content hashes, tampered bytes), and generating the gRPC modules from the .proto files."""
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+
+import ckpt_client
+from ckpt_client import _stubs
+from ckpt_client._tensors import CHUNK_BYTES, StreamAssembler, to_tensor, torch_dtypes
+from ckpt_client.client import _parse_condition
+
+PB = _stubs.load()
+TYPES = PB.types_pb2
+
+
+def meta_for(key, tensor, chunks=True, content_hash="scheme"):
+    """The TensorMeta a store would send for `tensor`: 4 MiB chunks with their SHA-256s, or only
+    a content hash ("scheme": over the chunk digests, "legacy": over the bytes, None)."""
+    data = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    meta = TYPES.TensorMeta(key=key, dtype=TYPES.DTYPE_FLOAT32, shape=list(tensor.shape),
+                            byte_length=len(data))
+    digests = []
+    for start in range(0, len(data), CHUNK_BYTES):
+        piece = data[start:start + CHUNK_BYTES]
+        digests.append((hashlib.sha256(piece).digest(), len(piece)))
+    if chunks:
+        for digest, length in digests:
+            meta.chunks.add(sha256=digest, length=length)
+    if content_hash == "scheme":
+        meta.content_hash = hashlib.sha256(
+            b"".join(d + n.to_bytes(8, "little") for d, n in digests)).digest()
+    elif content_hash == "legacy":
+        meta.content_hash = hashlib.sha256(data).digest()
+    return meta, data
+
+
+def tensor_data(data, tensor_index, size=(1 << 20) + 7):
+    """TensorData messages of `data` in `size` pieces (not aligned with chunks on purpose)."""
+    # TensorData lives in checkpoint_store.proto.
+    message = PB.checkpoint_store_pb2.TensorData
+    return [message(tensor_index=tensor_index, offset=offset, data=data[offset:offset + size])
+            for offset in range(0, len(data), size)]
+
+
+class RefTest(unittest.TestCase):
+    def test_parse(self):
+        self.assertEqual(ckpt_client.parse_ref("resnet"), ("resnet", None, "latest"))
+        self.assertEqual(ckpt_client.parse_ref("team-a/resnet@7"), ("team-a/resnet", 7, None))
+        self.assertEqual(ckpt_client.parse_ref("resnet@production"),
+                         ("resnet", None, "production"))
+        for bad in ("", "@7", "resnet@", "a@b@c", "resnet@0", None):
+            with self.assertRaises(ckpt_client.InvalidArgument, msg=repr(bad)):
+                ckpt_client.parse_ref(bad)
+
+    def test_conditions(self):
+        self.assertEqual(_parse_condition("val_acc>=0.9"), ("val_acc", 0.9, None))
+        self.assertEqual(_parse_condition("loss <= 0.25"), ("loss", None, 0.25))
+        self.assertEqual(_parse_condition("epoch==3"), ("epoch", 3.0, 3.0))
+        for bad in ("val_acc>0.9", ">=1", "acc>=high"):
+            with self.assertRaises(ckpt_client.InvalidArgument, msg=bad):
+                _parse_condition(bad)
+
+
+class VerifierTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        # 9 MiB + 12 bytes: chunks of 4, 4 and 1 MiB + 12 bytes.
+        self.big = torch.randn(9 * (1 << 18) + 3)
+        self.small = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+
+    def assemble(self, metas, datas, verify=True):
+        assembler = StreamAssembler(metas, range(len(metas)), verify)
+        for index, data in enumerate(datas):
+            for message in tensor_data(data, index):
+                assembler.add(message)
+        buffers = assembler.finish()
+        return [to_tensor(metas[i], buffers[i], torch_dtypes(TYPES)) for i in buffers]
+
+    def test_intact_chunks_and_content_hashes(self):
+        for chunks, content_hash in ((True, None), (False, "scheme"), (False, "legacy")):
+            with self.subTest(chunks=chunks, content_hash=content_hash):
+                big_meta, big_data = meta_for("big", self.big, chunks, content_hash)
+                small_meta, small_data = meta_for("layer.w", self.small, chunks, content_hash)
+                if chunks:
+                    self.assertEqual(len(big_meta.chunks), 3)
+                big, small = self.assemble([big_meta, small_meta], [big_data, small_data])
+                self.assertTrue(torch.equal(big, self.big))
+                self.assertTrue(torch.equal(small, self.small))
+
+    def test_tampered_chunk_is_named(self):
+        meta, data = meta_for("encoder.weight", self.big)
+        tampered = bytearray(data)
+        tampered[CHUNK_BYTES + 5] ^= 0x01  # one bit in chunk 1
+        with self.assertRaises(ckpt_client.IntegrityError) as caught:
+            self.assemble([meta], [bytes(tampered)])
+        self.assertEqual(caught.exception.tensor, "encoder.weight")
+        self.assertEqual(caught.exception.chunk, 1)
+        self.assertIn("tensor 'encoder.weight' chunk 1", str(caught.exception))
+        self.assertIsInstance(caught.exception, ckpt_client.CkptError)
+
+    def test_tampered_content_hash(self):
+        for content_hash in ("scheme", "legacy"):
+            meta, data = meta_for("w", self.big, chunks=False, content_hash=content_hash)
+            tampered = bytearray(data)
+            tampered[-1] ^= 0x80
+            with self.assertRaises(ckpt_client.IntegrityError) as caught:
+                self.assemble([meta], [bytes(tampered)])
+            self.assertEqual(caught.exception.tensor, "w")
+            self.assertIn("content hash", str(caught.exception))
+
+    def test_unverifiable_tensor_is_refused_unless_asked(self):
+        meta, data = meta_for("w", self.small, chunks=False, content_hash=None)
+        with self.assertRaises(ckpt_client.IntegrityError):
+            self.assemble([meta], [data])
+        (tensor,) = self.assemble([meta], [data], verify=False)
+        self.assertTrue(torch.equal(tensor, self.small))
+
+    def test_broken_streams(self):
+        meta, data = meta_for("w", self.big)
+        assembler = StreamAssembler([meta], [0])
+        messages = tensor_data(data, 0)
+        with self.assertRaises(ckpt_client.ProtocolError):  # out of order
+            assembler.add(messages[1])
+        assembler = StreamAssembler([meta], [0])
+        for message in messages[:-1]:
+            assembler.add(message)
+        with self.assertRaises(ckpt_client.ProtocolError):  # cut short
+            assembler.finish()
+        with self.assertRaises(ckpt_client.ProtocolError):  # a tensor not selected
+            StreamAssembler([meta], []).add(messages[0])
+
+    def test_scalar_and_empty(self):
+        scalar = torch.tensor(2.5)
+        empty = torch.zeros(0, 4)
+        metas, datas = zip(*(meta_for("s", scalar), meta_for("e", empty)))
+        s, e = self.assemble(list(metas), list(datas))
+        self.assertEqual(s.shape, torch.Size([]))
+        self.assertEqual(s.item(), 2.5)
+        self.assertEqual(e.shape, torch.Size([0, 4]))
+
+
+class StubsTest(unittest.TestCase):
+    def test_generates_into_cache_and_loads_from_proto_dir(self):
+        root = _stubs._proto_root()
+        self.assertIsNotNone(root, "the .proto files are in the runfiles")
+        with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as cache:
+            os.environ["XDG_CACHE_HOME"] = cache
+            try:
+                generated = _stubs._generate(root)
+                self.assertTrue(generated.startswith(os.path.join(cache, "ckpt_client")))
+                self.assertEqual(_stubs._generate(root), generated)  # cached: same directory
+            finally:
+                del os.environ["XDG_CACHE_HOME"]
+            # A fresh interpreter takes them from CKPT_CLIENT_PROTO_DIR, and `proto` (proto-plus's
+            # import name) stays free.
+            env = dict(os.environ, CKPT_CLIENT_PROTO_DIR=generated)
+            script = ("import sys, ckpt_client._stubs as s; pb = s.load(); "
+                      "print(pb.directory); print(pb.loader_pb2.LoadRequest.DESCRIPTOR.full_name);"
+                      "print(any(m == 'proto' or m.startswith('proto.') for m in sys.modules))")
+            out = subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                                 capture_output=True, text=True).stdout.split()
+            self.assertEqual(out, [generated, "ckpt.v1.LoadRequest", "False"])
+
+    def test_missing_protoc_names_the_package(self):
+        saved = (_stubs._find_tool, os.environ.get("XDG_CACHE_HOME"))
+        _stubs._find_tool = lambda name, fallback: None  # as on a machine without them
+        try:
+            with self.assertRaises(ckpt_client.StubsUnavailableError) as caught:
+                _stubs._generate(_stubs._proto_root())
+        finally:
+            _stubs._find_tool = saved[0]
+        self.assertIn("protoc and grpc_python_plugin", str(caught.exception))
+        self.assertIn("protobuf-compiler-grpc", str(caught.exception))
+
+    def test_bad_proto_dir_is_an_error(self):
+        env = dict(os.environ, CKPT_CLIENT_PROTO_DIR=os.environ.get("TEST_TMPDIR", "/tmp"))
+        result = subprocess.run([sys.executable, "-c", "import ckpt_client; ckpt_client.Client("
+                                 "store='127.0.0.1:1')"], env=env, capture_output=True, text=True)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("does not hold the generated ckpt.v1 modules", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
