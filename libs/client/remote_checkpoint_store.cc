@@ -669,11 +669,12 @@ absl::StatusOr<int64_t> RemoteCheckpointStore::DeleteVersion(absl::string_view m
 
 absl::StatusOr<v1::ApplyRetentionResponse> RemoteCheckpointStore::ApplyRetention(
     absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
-    const ChangeAttribution&) {
+    const ChangeAttribution& attribution) {
   v1::ApplyRetentionRequest request;
   request.set_model(std::string(model));
   *request.mutable_policy() = policy;
   request.set_dry_run(dry_run);
+  request.set_reason(attribution.reason);
   v1::ApplyRetentionResponse response;
   RETURN_IF_ERROR(connection_->Call("ApplyRetention", &Stub::ApplyRetention, request, &response,
                                     connection_->options().stream_deadline));

@@ -112,7 +112,12 @@ class RemoteWatch final : public RegistryWatch {
       {
         absl::MutexLock lock(&mu_);
         if (cancelled_) return EndLocked(absl::CancelledError("the watch was cancelled"));
-        if (last_token_ > 0) request.set_resume_token(last_token_);
+        // Once anything was read (a state may carry token 0), continue after it, never from a
+        // second state.
+        if (read_any_) {
+          request.set_resume_token(last_token_);
+          request.set_resume(true);
+        }
         context_ = context;
       }
       std::unique_ptr<grpc::ClientReader<v1::WatchResponse>> reader =
@@ -128,6 +133,7 @@ class RemoteWatch final : public RegistryWatch {
         mu_.Await(absl::Condition(&room));
         if (cancelled_) break;
         last_token_ = response.resume_token();
+        read_any_ = true;
         buffer_.push_back(std::move(response));
         response = v1::WatchResponse();
       }
@@ -169,6 +175,7 @@ class RemoteWatch final : public RegistryWatch {
   absl::Mutex mu_;
   std::deque<v1::WatchResponse> buffer_ ABSL_GUARDED_BY(mu_);  // read, not yet taken by Next.
   int64_t last_token_ ABSL_GUARDED_BY(mu_) = 0;                // of the last message read.
+  bool read_any_ ABSL_GUARDED_BY(mu_) = false;                 // whether a message was read.
   std::optional<absl::Status> ended_ ABSL_GUARDED_BY(mu_);     // how the watch ended.
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(mu_);  // the open stream's.

@@ -235,6 +235,40 @@ TEST_F(RemoteWatchTest, ResumesByItselfWhenTheServerComesBackOnItsAddress) {
   EXPECT_EQ(seen, HistorySequences("m", state->resume_token()));
 }
 
+TEST_F(RemoteWatchTest, AShutdownEndsWatchesAndTheyResumeWithoutASecondStateEvenFromNothing) {
+  StartServer();
+  const std::string address = server_->address();
+  std::unique_ptr<RemoteCheckpointStore> remote = Connect();
+  ASSERT_NE(remote, nullptr);
+  // An empty store: the state's resume token is 0, the same number that asks for a state.
+  v1::WatchRequest request;
+  request.add_models("m");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RegistryWatch> watch, remote->Watch(request));
+  ASSERT_OK_AND_ASSIGN(std::optional<v1::WatchResponse> state,
+                       watch->Next(absl::Now() + absl::Seconds(20)));
+  ASSERT_TRUE(state.has_value() && state->has_state());
+  EXPECT_EQ(state->resume_token(), 0);
+  EXPECT_EQ(state->state().models_size(), 0);
+
+  // What the service's main does on SIGTERM: end the watches, then shut down with a grace that
+  // they no longer hold up.
+  service_->EndWatches();
+  const absl::Time shutting_down = absl::Now();
+  server_->Shutdown(absl::Seconds(30));
+  server_->Wait();
+  EXPECT_LT(absl::Now() - shutting_down, absl::Seconds(10));
+  server_.reset();
+  service_.reset();
+  ASSERT_OK(local_->CommitCheckpoint("m", Small(1)).status());
+  StartServer({}, address);
+  ASSERT_OK(remote->SetAlias("m", "best", 1).status());
+  std::vector<int64_t> seen;
+  int64_t token = 0;
+  TakeEvents(*watch, 3, seen, token);  // model created, version committed, alias set.
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(seen, HistorySequences("m", 0));
+}
+
 TEST_F(RemoteWatchTest, AHundredWatchersOfOneAliasAllSeeItMove) {
   StartServer();
   std::unique_ptr<RemoteCheckpointStore> remote = Connect();

@@ -8,18 +8,22 @@
 //
 // Roles, each including the one before:
 //   reader  Download, FindMissingChunks, ListModels, ListVersions, GetManifest, Verify, GetStats,
-//           ListAudit; the loader's Load, Preflight, Export; the trainer's GetStatus.
-//   writer  + Upload, SetAlias, DeleteAlias; the trainer's CheckpointNow and Stop.
-//   admin   + DeleteVersion, ApplyRetention, GarbageCollect.
-// A scoped identity ("models": ["team-a/*"]) may only make calls that name a model matching one
+//           ListAudit, ListHistory, Watch; the loader's Load, Preflight, Export; the trainer's
+//           GetStatus.
+//   writer  + Upload, SetAlias, DeleteAlias, AnnotateVersion, CreateModel, UpdateModel; the
+//           trainer's CheckpointNow and Stop.
+//   admin   + DeleteVersion, ApplyRetention, GarbageCollect, RenameModel, DeleteModel.
+// A scoped identity ("models": ["team-a-*"]) may only make calls that name a model matching one
 // of its patterns (shell-style: '*' matches any run of characters, '?' one character); calls that
-// name no model (ListModels, GetStats, GarbageCollect...) need only the role.
+// name no model (ListModels, GetStats, GarbageCollect...) need only the role, except ListHistory
+// and Watch, which a scoped identity must make for named models (the store service refuses them
+// otherwise rather than return a partial view).
 //
 // The identities file (JSON), re-read when it changes (checked at most once a second, on a call):
 //   {"identities": [
 //     {"name": "serving",  "token_sha256": "<64 hex digits>", "role": "reader"},
 //     {"name": "team-a",   "token_sha256": "<64 hex digits>", "role": "writer",
-//      "models": ["team-a/*"]},
+//      "models": ["team-a-*"]},
 //     {"name": "ops",      "certificate": "ops.example.com",  "role": "admin"}]}
 // "certificate" matches a verified client certificate's subject alternative name, common name or
 // full subject ("CN=ops,O=Example"). `printf %s "$TOKEN" | sha256sum` gives a token's hash. A file

@@ -447,7 +447,8 @@ class CheckpointStore {
   // exists.
   virtual absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) = 0;
 
-  // Watches `request.models`: the state first (unless request.resume_token > 0), then every
+  // Watches `request.models`: the state first (unless request.resume_token > 0 or
+  // request.resume), then every
   // matching event in order, each update carrying the resume token that continues after it.
   // The default runs over GetRegistryState, ListHistory and WaitForHistory, reading the history
   // a page at a time (memory per watch is bounded by one page); a remote store streams its

@@ -45,7 +45,7 @@ class HistoryWatch final : public RegistryWatch {
       : store_(store),
         request_(std::move(request)),
         last_read_(request_.resume_token()),
-        state_due_(request_.resume_token() == 0) {}
+        state_due_(request_.resume_token() == 0 && !request_.resume()) {}
 
   absl::StatusOr<std::optional<v1::WatchResponse>> Next(absl::Time deadline) override {
     if (state_due_) {
@@ -55,9 +55,8 @@ class HistoryWatch final : public RegistryWatch {
       state_due_ = false;
       last_read_ = state.sequence;
       v1::WatchResponse response;
-      for (v1::ModelInfo& model : state.models) {
-        *response.mutable_state()->add_models() = std::move(model);
-      }
+      v1::WatchState& watched = *response.mutable_state();  // set even when no model exists.
+      for (v1::ModelInfo& model : state.models) *watched.add_models() = std::move(model);
       response.set_resume_token(state.sequence);
       return response;
     }

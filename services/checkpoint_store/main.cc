@@ -180,6 +180,7 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
             << std::endl;
 
   WaitForStopSignal(stop_signals, "checkpoint_store", config.shutdown_grace);
+  (*service)->EndWatches();  // watches never end on their own; the grace is for other calls.
   (*server)->Shutdown(config.shutdown_grace);
   (*server)->Wait();
   server->reset();

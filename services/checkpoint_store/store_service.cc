@@ -611,9 +611,9 @@ grpc::ServerUnaryReactor* StoreService::ApplyRetention(grpc::CallbackServerConte
   return RunUnary(context, "ApplyRetention", request->model(),
                   [this, request, response](const Caller& caller) -> absl::Status {
                     AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(*response,
-                                     audited.ApplyRetention(request->model(), request->policy(),
-                                                            request->dry_run()));
+                    ASSIGN_OR_RETURN(*response, audited.ApplyRetention(
+                                                    request->model(), request->policy(),
+                                                    request->dry_run(), {"", request->reason()}));
                     return absl::OkStatus();
                   });
 }

@@ -88,6 +88,7 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,  // 127.0.0.1:0 by default
 //                    GrpcServer::Start({}, {{service.get(), "ckpt.v1.CheckpointStore"}}));
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -211,6 +212,12 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
   // reading (cut off after watch_write_timeout, or fallen behind by watch_max_lag): for tests
   // and monitoring.
   int active_watches() const;
+
+  // Ends every watch within about a second with UNAVAILABLE ("shutting down; resume with
+  // resume_token N"), and refuses new ones: call before GrpcServer::Shutdown, whose grace would
+  // otherwise be spent waiting for watches, which never end on their own. Clients resume where
+  // they were once the store is back.
+  void EndWatches();
   int64_t watches_cut_off() const;
 
  private:
@@ -254,6 +261,7 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Upload / Download / Watch reactors not done.
   int active_watches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t watches_cut_off_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> ending_watches_{false};
 
   // Last member: destroyed (drained and joined) first.
   std::unique_ptr<store_service_internal::WorkQueue> work_queue_;

@@ -221,6 +221,13 @@ class StoreService::WatchReactor final : public grpc::ServerWriteReactor<v1::Wat
       absl::StatusOr<std::optional<v1::WatchResponse>> next =
           watch_->Next(absl::Now() + kWatchPollInterval);
       if (cancelled_.load()) break;
+      if (service_.ending_watches_.load()) {
+        // Whatever `next` holds was not sent: the client's resume token still points before it.
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("the checkpoint store is shutting down; resume with "
+                                         "resume_token ",
+                                         sent_token_));
+      }
       if (!next.ok()) return ToGrpcStatus(next.status());
       if (!next->has_value()) continue;
       response_ = **std::move(next);
@@ -313,7 +320,12 @@ grpc::ServerWriteReactor<v1::WatchResponse>* StoreService::Watch(
   return new WatchReactor(this, context, request);
 }
 
+void StoreService::EndWatches() { ending_watches_.store(true); }
+
 absl::Status StoreService::WatchStarted() {
+  if (ending_watches_.load()) {
+    return absl::UnavailableError("the checkpoint store is shutting down; watch again later");
+  }
   absl::MutexLock lock(&mu_);
   if (active_watches_ >= options_.max_watches) {
     return absl::ResourceExhaustedError(absl::StrCat("this checkpoint store serves at most ",

@@ -407,16 +407,21 @@ class Client:
         pb = self._pb.checkpoint_store_pb2
         stub = self._need("store", "Watch")
         token = resume_token
+        # Once an update was seen, reconnects continue after it, never from a second state (a
+        # state read from an empty history carries token 0).
+        resume = False
         failures = 0
         backoff = 0.1
         while True:
             request = pb.WatchRequest(models=list(models or []),
-                                      aliases=[alias] if alias else [], resume_token=token)
+                                      aliases=[alias] if alias else [], resume_token=token,
+                                      resume=resume)
             call = stub.Watch(request, metadata=self._metadata)
             try:
                 for response in call:
                     failures, backoff = 0, 0.1
                     token = response.resume_token
+                    resume = True
                     kind = response.WhichOneof("update")
                     yield WatchUpdate(state=response.state if kind == "state" else None,
                                       event=response.event if kind == "event" else None,

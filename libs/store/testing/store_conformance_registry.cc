@@ -102,6 +102,28 @@ TEST_P(StoreConformanceTest, HistoryRecordsEveryChangeInOrderWithReasons) {
   EXPECT_THAT(store_->ListHistory(negative), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST_P(StoreConformanceTest, RetentionRecordsWhatItDeletesAndDropsWithItsReason) {
+  for (int i = 1; i <= 3; ++i) {
+    const at::Tensor weight = at::full({2}, static_cast<float>(i));
+    CheckpointContents contents = WeightsOnly({{"w", weight}});
+    contents.optimizer = AdamState({weight}, i, i);
+    MustCommit("m", contents);
+  }
+  v1::RetentionPolicy policy;
+  policy.set_keep_last(2);
+  policy.set_drop_optimizer_state_older_than(1);
+  ASSERT_OK(
+      store_->ApplyRetention("m", policy, /*dry_run=*/false, {"", "nightly retention"}).status());
+  HistoryQuery query;
+  query.model = "m";
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::RegistryEvent> events, store_->ListHistory(query));
+  ASSERT_GE(events.size(), 2u);
+  const std::vector<std::string> lines = EventLines(events);
+  EXPECT_THAT(std::vector<std::string>(lines.end() - 2, lines.end()),
+              ElementsAre("VERSION_DELETED m@1", "OPTIMIZER_STATE_DROPPED m@2"));
+  EXPECT_EQ(events.back().reason(), "nightly retention");
+}
+
 TEST_P(StoreConformanceTest, LineageIsKeptWithTheVersion) {
   CheckpointContents contents = WeightsOnly({{"w", at::full({2}, 1)}});
   MustCommit("base", contents);
