@@ -139,6 +139,172 @@ TEST_F(CkptCliTest, AuditSaysWhoChangedAnEmbeddedStoreAndHow) {
   EXPECT_THAT(Ckpt("--help").output, HasSubstr("audit [MODEL]"));
 }
 
+TEST_F(CkptCliTest, RegistryWorkflowOnAnEmbeddedStore) {
+  const std::string store = "--store_dir=" + Dir() + "/registry";
+  const struct passwd* user = getpwuid(geteuid());
+  ASSERT_NE(user, nullptr);
+  const std::string identity = absl::StrCat("local:", user->pw_name);
+
+  // The model, before its first version.
+  Result created = Ckpt(
+      "model create mlp --description 'tiny mlp' --owner vision --tag team=cv "
+      "--reason 'new project' " +
+      store);
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+  EXPECT_THAT(Ckpt("model create mlp " + store).output, HasSubstr("ALREADY_EXISTS"));
+  Result updated = Ckpt("model update mlp --owner platform --remove-tag team " + store);
+  ASSERT_EQ(updated.exit_code, 0) << updated.output;
+  Result shown = Ckpt("model show mlp " + store);
+  EXPECT_THAT(shown.output, HasSubstr("description: tiny mlp\nowner: platform\n"));
+  EXPECT_THAT(shown.output, HasSubstr("versions: 0 (latest 0)"));
+  EXPECT_EQ(Ckpt("model frob mlp " + store).exit_code, 1);
+
+  // Versions with metrics and lineage; bad lineage and metrics are refused.
+  Result first = Ckpt(absl::StrCat("import ", Dir(), "/ddp_cuda1.pt --model mlp --alias production",
+                                   " --metric loss=0.5 --run-id run-1 --dataset toy",
+                                   " --code-revision abc123 --label stage=dev ", store));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  Result second = Ckpt(absl::StrCat("import ", Dir(), "/bundle.pt --model mlp --metric loss=0.2",
+                                    " --parent mlp@1 --parent-relation resumed_from ", store));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  Result lost_parent =
+      Ckpt(absl::StrCat("import ", Dir(), "/bundle.pt --model mlp --parent mlp@9 ", store));
+  EXPECT_EQ(lost_parent.exit_code, 1);
+  EXPECT_THAT(lost_parent.output, HasSubstr("NOT_FOUND: --parent: mlp@9"));
+  Result alias_parent = Ckpt(
+      absl::StrCat("import ", Dir(), "/bundle.pt --model mlp --parent mlp@production ", store));
+  EXPECT_THAT(alias_parent.output, HasSubstr("must name a version number"));
+  Result bad_metric =
+      Ckpt(absl::StrCat("import ", Dir(), "/bundle.pt --model mlp --metric loss=low ", store));
+  EXPECT_THAT(bad_metric.output, HasSubstr("--metric loss=low: the value must be a finite number"));
+  const nlohmann::json manifest = nlohmann::json::parse(Ckpt("show mlp@2 --json " + store).output);
+  EXPECT_EQ(manifest["metadata"]["lineage"]["parent"], "mlp@1");
+  EXPECT_EQ(manifest["metadata"]["lineage"]["parent_relation"], "resumed_from");
+  EXPECT_EQ(manifest["metadata"]["metrics"]["loss"], 0.2);
+  EXPECT_THAT(Ckpt("show mlp@1 " + store).output,
+              HasSubstr("run: run-1\ncode: abc123\ndataset: toy\n"));
+
+  // Promotion under a rule: refused with the reason, then accepted once evaluation is better.
+  ASSERT_EQ(Ckpt("annotate mlp@2 --metric val_acc=0.87 --tag eval=nightly --reason eval " + store)
+                .exit_code,
+            0);
+  EXPECT_THAT(Ckpt("annotate mlp@2 " + store).output, HasSubstr("annotate needs --metric"));
+  EXPECT_THAT(Ckpt("annotate mlp@7 --metric a=1 " + store).output, HasSubstr("NOT_FOUND"));
+  Result refused =
+      Ckpt("promote mlp@2 production --require 'val_acc>=0.9' --require 'loss<=0.3' " + store);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.output, HasSubstr("FAILED_PRECONDITION: cannot promote mlp@2 to production: "
+                                        "val_acc is 0.87, below 0.9"));
+  EXPECT_THAT(Ckpt("promote mlp@2 production --require 'val_acc>0.9' " + store).output,
+              HasSubstr("is not one of NAME>=X"));
+  EXPECT_THAT(Ckpt("promote mlp@2 production --require 'f1>=0.5' " + store).output,
+              HasSubstr("it has no metric 'f1'"));
+  ASSERT_EQ(Ckpt("annotate mlp@2 --metric val_acc=0.93 " + store).exit_code, 0);
+  Result promoted = Ckpt(
+      "promote mlp@2 production --require 'val_acc>=0.9' --require 'loss<=0.3' "
+      "--require-verified --reason 'weekly release' " +
+      store);
+  ASSERT_EQ(promoted.exit_code, 0) << promoted.output;
+  EXPECT_THAT(promoted.output, HasSubstr("mlp@production -> 2 (was 1)"));
+
+  // Filters select versions by what is known about them.
+  Result good = Ckpt("ls mlp --where 'val_acc>=0.9' " + store);
+  ASSERT_EQ(good.exit_code, 0) << good.output;
+  const std::vector<std::string> good_lines = absl::StrSplit(good.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(good_lines.size(), 2u) << good.output;
+  EXPECT_THAT(good_lines[1], MatchesRegex("2 +.*production"));
+  Result dev = Ckpt("ls mlp --label stage=dev --since 1h " + store);
+  ASSERT_EQ(dev.exit_code, 0) << dev.output;
+  const std::vector<std::string> dev_lines = absl::StrSplit(dev.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(dev_lines.size(), 2u) << dev.output;
+  EXPECT_THAT(dev_lines[1], MatchesRegex("1 +.*"));
+  Result old = Ckpt("ls mlp --tag eval=nightly --until 2000-01-01T00:00:00Z " + store);
+  ASSERT_EQ(old.exit_code, 0) << old.output;
+  EXPECT_THAT(old.output, MatchesRegex("VERSION [^\n]*\n"));  // the header alone
+  EXPECT_THAT(Ckpt("ls --where 'a>=1' " + store).output, HasSubstr("need a MODEL"));
+  EXPECT_THAT(Ckpt("ls mlp --where 'a>>1' " + store).output, HasSubstr("INVALID_ARGUMENT"));
+
+  // Tags with reasons, rollback, and the history of it all.
+  ASSERT_EQ(Ckpt("tag mlp@1 canary --reason 'try the old one' " + store).exit_code, 0);
+  ASSERT_EQ(Ckpt("untag mlp canary --reason done " + store).exit_code, 0);
+  Result rolled = Ckpt("rollback mlp production --reason 'bad canary' " + store);
+  ASSERT_EQ(rolled.exit_code, 0) << rolled.output;
+  EXPECT_THAT(rolled.output, HasSubstr("mlp@production -> 1 (was 2)"));
+  EXPECT_THAT(Ckpt("rollback mlp canary " + store).output, HasSubstr("NOT_FOUND"));
+
+  Result history = Ckpt("history mlp " + store);
+  ASSERT_EQ(history.exit_code, 0) << history.output;
+  const std::vector<std::string> events = absl::StrSplit(history.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 11u) << history.output;
+  for (const std::string& event : events) {
+    EXPECT_THAT(event, MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{15}Z  " + identity +
+                                    "  [A-Z_]+  .*"));
+  }
+  EXPECT_THAT(events[0], HasSubstr("MODEL_CREATED  created model mlp, owner vision  reason: new "
+                                   "project"));
+  EXPECT_THAT(events[1], HasSubstr("MODEL_UPDATED  updated model mlp: now description 'tiny "
+                                   "mlp', owner platform"));
+  EXPECT_THAT(events[2], HasSubstr("VERSION_COMMITTED  committed mlp@1 as production"));
+  EXPECT_THAT(events[3], HasSubstr("ALIAS_SET  mlp@production (new) -> 1"));
+  EXPECT_THAT(events[4], HasSubstr("VERSION_COMMITTED  committed mlp@2"));
+  EXPECT_THAT(events[5], HasSubstr("VERSION_ANNOTATED  annotated mlp@2: now metrics "
+                                   "val_acc=0.87, tags eval=nightly  reason: eval"));
+  EXPECT_THAT(events[6], HasSubstr("VERSION_ANNOTATED  annotated mlp@2: now metrics val_acc=0.93"));
+  EXPECT_THAT(events[7], HasSubstr("ALIAS_SET  mlp@production 1 -> 2  reason: promoted mlp@2: "
+                                   "val_acc 0.93 >= 0.9, loss 0.2 <= 0.3, verified; weekly "
+                                   "release"));
+  EXPECT_THAT(events[8], HasSubstr("ALIAS_SET  mlp@canary (new) -> 1  reason: try the old one"));
+  EXPECT_THAT(events[9], HasSubstr("ALIAS_DELETED  mlp@canary deleted (was 1)  reason: done"));
+  EXPECT_THAT(events[10], HasSubstr("ALIAS_SET  mlp@production 2 -> 1  reason: rollback of "
+                                    "production from 2 to 1; bad canary"));
+
+  Result aliases = Ckpt("history mlp@production --json " + store);
+  ASSERT_EQ(aliases.exit_code, 0) << aliases.output;
+  const std::vector<std::string> moves = absl::StrSplit(aliases.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(moves.size(), 3u) << aliases.output;
+  const nlohmann::json rollback = nlohmann::json::parse(moves[2]);
+  EXPECT_EQ(rollback["kind"], "ALIAS_SET");
+  EXPECT_EQ(rollback["identity"], identity);
+  EXPECT_EQ(rollback["previous_version"], 2);
+  EXPECT_EQ(rollback["version"], 1);
+  EXPECT_EQ(rollback["reason"], "rollback of production from 2 to 1; bad canary");
+  EXPECT_THAT(Ckpt("history --since=yesterday " + store).output, HasSubstr("neither a duration"));
+
+  // Sync once: the served file is the version real PyTorch loads.
+  const std::string serving = Dir() + "/serving";
+  Result synced =
+      Ckpt(absl::StrCat("sync mlp@production ", serving, " --once --format pt ", store));
+  ASSERT_EQ(synced.exit_code, 0) << synced.output;
+  EXPECT_THAT(synced.output, HasSubstr("synced mlp@production -> version 1 in "));
+  EXPECT_EQ(testing::ReadFileOrEmpty(serving + "/mlp/CURRENT"), "1\n");
+  EXPECT_EQ(testing::RunPythonOrAddFailure(
+                "libs/format/testdata/checkpoint_fixtures.py",
+                absl::StrCat("verify_torch ", serving, "/mlp/1/model.pt ", Dir())),
+            "OK\n");
+  const nlohmann::json metadata =
+      nlohmann::json::parse(testing::ReadFileOrEmpty(serving + "/mlp/1/metadata.json"));
+  EXPECT_EQ(metadata["metadata"]["lineage"]["run_id"], "run-1");
+  EXPECT_THAT(Ckpt(absl::StrCat("sync mlp@1 ", serving, " --once ", store)).output,
+              HasSubstr("sync follows an alias"));
+  EXPECT_THAT(Ckpt(absl::StrCat("sync mlp@staging ", serving, " --once ", store)).output,
+              HasSubstr("NOT_FOUND: mlp@staging does not exist"));
+  EXPECT_THAT(
+      Ckpt(absl::StrCat("sync mlp@production ", serving, " --once --keep -1 ", store)).output,
+      HasSubstr("--keep must be between"));
+
+  // Rename and delete.
+  ASSERT_EQ(Ckpt("model rename mlp mlp2 --reason reorg " + store).exit_code, 0);
+  EXPECT_THAT(Ckpt("model show mlp2 " + store).output, HasSubstr("aliases: production=1"));
+  Result kept = Ckpt("model delete mlp2 " + store);
+  EXPECT_EQ(kept.exit_code, 1);
+  EXPECT_THAT(kept.output, HasSubstr("FAILED_PRECONDITION"));
+  Result deleted = Ckpt("model delete mlp2 --force " + store);
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.output;
+  EXPECT_THAT(deleted.output, HasSubstr("deleted model mlp2 with 2 version(s)"));
+  EXPECT_THAT(Ckpt("--help").output, HasSubstr("promote MODEL@VERSION ALIAS"));
+  EXPECT_THAT(Ckpt("promote --help").output, HasSubstr("(repeatable)"));
+}
+
 TEST_F(CkptCliTest, ConvertAndInspect) {
   const std::string out = Dir() + "/clean.pt";
   Result converted = Ckpt(absl::StrCat("convert ", Dir(), "/ddp_cuda1.pt ", out));

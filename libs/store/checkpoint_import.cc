@@ -63,6 +63,8 @@ absl::StatusOr<ImportResult> ImportCheckpointFile(CheckpointStore& store, const 
     (*metadata.mutable_labels())[absl::StrCat("safetensors.", key)] = value;
   }
   for (const auto& [key, value] : options.labels) (*metadata.mutable_labels())[key] = value;
+  for (const auto& [name, value] : options.metrics) (*metadata.mutable_metrics())[name] = value;
+  *metadata.mutable_lineage() = options.lineage;
 
   ASSIGN_OR_RETURN(result.commit, store.CommitCheckpoint(model, contents, commit_options));
   result.warnings.insert(result.warnings.end(), result.commit.warnings.begin(),

@@ -28,6 +28,9 @@ struct ImportOptions {
   std::vector<std::string> aliases;
   std::string description;
   std::map<std::string, std::string> labels;
+  // Commit-time metrics (VersionMetadata.metrics) and where the version came from (lineage).
+  std::map<std::string, double> metrics;
+  v1::Lineage lineage;
   // Bytes stored so far / in all, after each tensor.
   std::function<void(int64_t, int64_t)> progress;
 };

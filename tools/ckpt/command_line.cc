@@ -25,6 +25,7 @@ std::string OptionLine(const OptionSpec& option) {
   absl::StrAppend(&line, option.help);
   if (!option.default_value.empty())
     absl::StrAppend(&line, " (default: ", option.default_value, ")");
+  if (option.repeatable) absl::StrAppend(&line, " (repeatable)");
   return line + "\n";
 }
 
@@ -38,6 +39,11 @@ std::string ParsedCommandLine::Get(absl::string_view name) const {
   if (auto it = values_.find(name); it != values_.end()) return it->second;
   if (auto it = defaults_.find(name); it != defaults_.end()) return it->second;
   return "";
+}
+
+std::vector<std::string> ParsedCommandLine::GetAll(absl::string_view name) const {
+  if (auto it = all_values_.find(name); it != all_values_.end()) return it->second;
+  return {};
 }
 
 absl::StatusOr<int64_t> ParsedCommandLine::GetInt(absl::string_view name) const {
@@ -102,6 +108,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<CommandSpec
         value = args[++i];
       }
       parsed.values_[name] = value;
+      parsed.all_values_[name].push_back(value);
       continue;
     }
     if (command == nullptr) {

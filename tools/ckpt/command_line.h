@@ -21,6 +21,9 @@ struct OptionSpec {
   std::string value_name;  // "auto|none|PREFIX"; empty for a boolean switch.
   std::string help;        // One line: meaning, unit, default.
   std::string default_value;
+  // May be given more than once (`--tag a=1 --tag b=2`); GetAll returns every value. Other
+  // options keep the last value given.
+  bool repeatable = false;
 };
 
 struct CommandSpec {
@@ -42,6 +45,8 @@ class ParsedCommandLine {
   bool Has(absl::string_view name) const;
   // The given value, else the spec's default.
   std::string Get(absl::string_view name) const;
+  // Every value given, in order (a repeatable option); empty when none was.
+  std::vector<std::string> GetAll(absl::string_view name) const;
   // INVALID_ARGUMENT naming the option when the value is not an integer.
   absl::StatusOr<int64_t> GetInt(absl::string_view name) const;
 
@@ -52,6 +57,7 @@ class ParsedCommandLine {
   std::string command_;
   std::vector<std::string> arguments_;
   std::map<std::string, std::string, std::less<>> values_;
+  std::map<std::string, std::vector<std::string>, std::less<>> all_values_;
   std::map<std::string, std::string, std::less<>> defaults_;
   bool help_ = false;
 };

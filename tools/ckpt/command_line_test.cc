@@ -10,6 +10,7 @@ namespace {
 using ::ckpt::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 const std::vector<OptionSpec> kGlobals = {
     {"store_dir", "DIR", "embedded store directory", "./ckpt-data"},
@@ -101,6 +102,19 @@ TEST(GetIntTest, ParsesOrExplains) {
                        ParseCommandLine(commands, {}, {"retain", "m", "--keep-last", "five"}));
   EXPECT_THAT(bad.GetInt("keep-last"),
               StatusIs(absl::StatusCode::kInvalidArgument, "--keep-last expects an integer"));
+}
+
+TEST(GetAllTest, RepeatableOptionsKeepEveryValueInOrder) {
+  const std::vector<CommandSpec> commands = {
+      {"promote", "REF ALIAS", "", 2, 2, {{"require", "COND", "a rule", "", true}}}};
+  ASSERT_OK_AND_ASSIGN(
+      ParsedCommandLine parsed,
+      ParseCommandLine(commands, {},
+                       {"promote", "--require", "a>=1", "m@1", "prod", "--require=b<=2"}));
+  EXPECT_THAT(parsed.GetAll("require"), ElementsAre("a>=1", "b<=2"));
+  EXPECT_EQ(parsed.Get("require"), "b<=2");
+  EXPECT_THAT(parsed.GetAll("missing"), IsEmpty());
+  EXPECT_THAT(CommandHelp("ckpt", commands[0], {}), HasSubstr("a rule (repeatable)"));
 }
 
 }  // namespace

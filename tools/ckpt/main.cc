@@ -25,16 +25,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
-#include "libs/client/open_store.h"
-#include "libs/client/remote_loader.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/format/inspect.h"
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
-#include "libs/loader/local_loader.h"
-#include "libs/rpc/bearer_auth.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/checkpoint_store.h"
@@ -43,6 +39,9 @@
 #include "libs/tensor/dtype.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt/command_line.h"
+#include "tools/ckpt/registry_commands.h"
+#include "tools/ckpt/store_access.h"
+#include "tools/ckpt/sync_command.h"
 
 namespace ckpt {
 namespace {
@@ -70,8 +69,16 @@ const std::vector<cli::OptionSpec>& GlobalOptions() {
   return *options;
 }
 
+// `options` followed by `more`.
+std::vector<cli::OptionSpec> With(std::vector<cli::OptionSpec> options,
+                                  const std::vector<cli::OptionSpec>& more) {
+  options.insert(options.end(), more.begin(), more.end());
+  return options;
+}
+
 const std::vector<cli::CommandSpec>& Commands() {
-  static const auto* commands = new std::vector<cli::CommandSpec>{
+  // Filled once, below, with the registry's and the sync's commands too; never changed after.
+  static auto* commands = new std::vector<cli::CommandSpec>{
       {"inspect",
        "FILE",
        "Describe a checkpoint: format, tensors (dtype, shape, original device), wrapper prefix, "
@@ -93,18 +100,19 @@ const std::vector<cli::CommandSpec>& Commands() {
          "auto strips wrapper prefixes (module., _orig_mod., FSDP, checkpointing)", "auto"},
         {"add-prefix", "PREFIX", "prefix added to every key after stripping, e.g. module.", ""},
         {"key", "PATH", "where the model state dict is, e.g. model", "auto"}}},
-      {"import",
-       "FILE",
+      {"import", "FILE",
        "Store FILE (torch .pt zip or legacy, whole pickled model, bundle, safetensors) as a new "
        "version of --model.",
-       1,
-       1,
-       {{"model", "NAME", "model to add the version to ([A-Za-z0-9._-], required)", ""},
-        {"alias", "A[,B]", "aliases to point at the new version", ""},
-        {"strip-prefix", "auto|none|PREFIX", "wrapper prefixes to strip (recorded)", "auto"},
-        {"key", "PATH", "where the model state dict is in FILE", "auto"},
-        {"description", "TEXT", "free text stored with the version", ""}}},
-      {"ls", "[MODEL]", "List models, or the versions of MODEL.", 0, 1, {}},
+       1, 1,
+       With({{"model", "NAME", "model to add the version to ([A-Za-z0-9._-], required)", ""},
+             {"alias", "A[,B]", "aliases to point at the new version", ""},
+             {"strip-prefix", "auto|none|PREFIX", "wrapper prefixes to strip (recorded)", "auto"},
+             {"key", "PATH", "where the model state dict is in FILE", "auto"},
+             {"description", "TEXT", "free text stored with the version", ""}},
+            ImportRecordOptions())},
+      {"ls", "[MODEL]",
+       "List models, or the versions of MODEL (those the filters select, when given).", 0, 1,
+       VersionFilterOptions()},
       {"show",
        "MODEL[@REF]",
        "Show a version's manifest: metadata, tensors, optimizer and scheduler state.",
@@ -113,17 +121,17 @@ const std::vector<cli::CommandSpec>& Commands() {
        {{"json", "", "print the manifest as JSON", ""}}},
       {"tag",
        "MODEL@VERSION ALIAS",
-       "Point ALIAS at MODEL@VERSION (moves it if it exists).",
+       "Point ALIAS at MODEL@VERSION (moves it if it exists; see also promote).",
        2,
        2,
-       {}},
-      {"untag", "MODEL ALIAS", "Delete an alias.", 2, 2, {}},
+       {ReasonOption()}},
+      {"untag", "MODEL ALIAS", "Delete an alias.", 2, 2, {ReasonOption()}},
       {"rm",
        "MODEL@VERSION",
        "Delete a version (its bytes are freed by the next gc).",
        1,
        1,
-       {{"force", "", "also when aliases point at it (they are removed)", ""}}},
+       {{"force", "", "also when aliases point at it (they are removed)", ""}, ReasonOption()}},
       {"retain",
        "MODEL",
        "Apply a retention policy: delete versions outside it, never aliased or latest ones.",
@@ -194,6 +202,13 @@ const std::vector<cli::CommandSpec>& Commands() {
          "all"},
         {"loader", "HOST:PORT", "ask a loader service instead of the store", ""}}},
   };
+  static const bool registered = [] {
+    const std::vector<cli::CommandSpec>& registry = RegistryCommands();
+    commands->insert(commands->end(), registry.begin(), registry.end());
+    commands->push_back(SyncCommand());
+    return true;
+  }();
+  (void)registered;
   return *commands;
 }
 
@@ -231,63 +246,7 @@ std::string TimeText(int64_t unix_micros) {
                           absl::LocalTimeZone());
 }
 
-absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
-  ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(text));
-  if (ref.ref_case() != v1::VersionRef::kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' must name a version number, e.g. MODEL@7"));
-  }
-  return ref;
-}
-
 // ---- Store commands.
-
-// The store the command works on: a service (--store) or a database opened in-process.
-// --tls_* as client TLS options (plaintext when --tls_ca_file is absent).
-ClientTlsOptions ClientTls(const cli::ParsedCommandLine& line) {
-  ClientTlsOptions tls;
-  if (line.Has("tls_ca_file")) tls.ca_file = line.Get("tls_ca_file");
-  if (line.Has("tls_cert_file")) tls.cert_file = line.Get("tls_cert_file");
-  if (line.Has("tls_key_file")) tls.key_file = line.Get("tls_key_file");
-  if (line.Has("tls_server_name")) tls.server_name = line.Get("tls_server_name");
-  return tls;
-}
-
-bool HasClientTls(const cli::ParsedCommandLine& line) {
-  return line.Has("tls_ca_file") || line.Has("tls_cert_file") || line.Has("tls_key_file") ||
-         line.Has("tls_server_name");
-}
-
-absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
-                                                           bool create) {
-  StoreLocation location;
-  if (line.Has("store")) {
-    location.address = line.Get("store");
-    if (line.Has("auth_token_file")) {
-      ASSIGN_OR_RETURN(location.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
-    }
-    location.tls = ClientTls(line);
-  } else if (line.Has("auth_token_file") && !line.Has("loader")) {
-    return absl::InvalidArgumentError("--auth_token_file needs --store=HOST:PORT");
-  } else if (HasClientTls(line) && !line.Has("loader")) {
-    return absl::InvalidArgumentError("--tls_* options need --store=HOST:PORT (or --loader)");
-  } else {
-    location.directory = line.Get("store_dir");
-    location.create_if_missing = create;
-  }
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenCheckpointStore(location);
-  if (!store.ok()) {
-    // The hint fits a store that is not there, not one that is damaged or held by another process.
-    const bool absent = store.status().code() == absl::StatusCode::kNotFound;
-    return absl::Status(
-        store.status().code(),
-        absl::StrCat("opening the store ", location.ToString(), ": ", store.status().message(),
-                     absent && !create && location.address.empty()
-                         ? " (import a checkpoint first, or pass --store_dir)"
-                         : ""));
-  }
-  return store;
-}
 
 absl::Status RunImport(const cli::ParsedCommandLine& line) {
   if (line.Get("model").empty()) {
@@ -301,6 +260,7 @@ absl::Status RunImport(const cli::ParsedCommandLine& line) {
   if (line.Has("alias")) {
     options.aliases = absl::StrSplit(line.Get("alias"), ',', absl::SkipEmpty());
   }
+  RETURN_IF_ERROR(ApplyImportRecordOptions(line, *store, options));
   ProgressBar bar("importing");
   options.progress = [&](int64_t done, int64_t total) {
     bar.Update(done, total, absl::StrCat(HumanBytes(done), " / ", HumanBytes(total)));
@@ -319,6 +279,9 @@ absl::Status RunImport(const cli::ParsedCommandLine& line) {
 }
 
 absl::Status RunList(const cli::ParsedCommandLine& line) {
+  if (line.arguments().empty() && HasVersionFilter(line)) {
+    return absl::InvalidArgumentError("--tag, --label, --where, --since and --until need a MODEL");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
   if (line.arguments().empty()) {
     ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store->ListModels());
@@ -336,7 +299,13 @@ absl::Status RunList(const cli::ParsedCommandLine& line) {
     }
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions, store->ListVersions(line.arguments()[0]));
+  std::vector<v1::VersionInfo> versions;
+  if (HasVersionFilter(line)) {
+    ASSIGN_OR_RETURN(v1::VersionFilter filter, VersionFilterFromOptions(line));
+    ASSIGN_OR_RETURN(versions, store->FindVersions(line.arguments()[0], filter));
+  } else {
+    ASSIGN_OR_RETURN(versions, store->ListVersions(line.arguments()[0]));
+  }
   std::cout << absl::StrFormat("%-8s %-19s %6s %8s %8s %10s %7s %-5s %s\n", "VERSION", "CREATED",
                                "EPOCH", "STEP", "TENSORS", "BYTES", "OPTIM", "SCHED", "ALIASES");
   for (const v1::VersionInfo& version : versions) {
@@ -379,6 +348,31 @@ absl::Status RunShow(const cli::ParsedCommandLine& line) {
   }
   std::cout << "\nepoch: " << metadata.epoch() << ", step: " << metadata.global_step() << "\n";
   for (const auto& [name, value] : metadata.metrics()) std::cout << name << ": " << value << "\n";
+  if (!metadata.description().empty())
+    std::cout << "description: " << metadata.description() << "\n";
+  const v1::Lineage& lineage = metadata.lineage();
+  if (!lineage.run_id().empty()) std::cout << "run: " << lineage.run_id() << "\n";
+  if (!lineage.parent().empty()) {
+    std::cout << "parent: " << lineage.parent()
+              << (lineage.parent_relation().empty() ? "" : " (" + lineage.parent_relation() + ")")
+              << "\n";
+  }
+  if (!lineage.code_revision().empty()) std::cout << "code: " << lineage.code_revision() << "\n";
+  if (!lineage.dataset().empty()) std::cout << "dataset: " << lineage.dataset() << "\n";
+  const v1::VersionAnnotations& annotations = manifest.annotations();
+  for (const auto& [name, value] : annotations.metrics()) {
+    std::cout << name << ": " << value << " (annotated)\n";
+  }
+  for (const auto& [key, value] : annotations.tags()) {
+    std::cout << "tag " << key << "=" << value << "\n";
+  }
+  if (!annotations.description().empty()) {
+    std::cout << "notes: " << annotations.description() << "\n";
+  }
+  if (annotations.updated_unix_micros() > 0) {
+    std::cout << "annotated: " << TimeText(annotations.updated_unix_micros()) << " by "
+              << annotations.updated_by() << "\n";
+  }
   if (!metadata.key_normalization().stripped_prefix().empty() ||
       !metadata.key_normalization().wrappers().empty()) {
     std::cout << "normalized: stripped '" << metadata.key_normalization().stripped_prefix() << "' ("
@@ -408,7 +402,8 @@ absl::Status RunTag(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
   ASSIGN_OR_RETURN(v1::VersionRef ref, RefWithVersion(line.arguments()[0]));
   const std::string& alias = line.arguments()[1];
-  ASSIGN_OR_RETURN(int64_t previous, store->SetAlias(ref.model(), alias, ref.version()));
+  ASSIGN_OR_RETURN(int64_t previous, store->SetAlias(ref.model(), alias, ref.version(), 0,
+                                                     AttributionFromOptions(line)));
   std::cout << ref.model() << "@" << alias << " -> " << ref.version()
             << (previous > 0 ? absl::StrCat(" (was ", previous, ")") : std::string()) << "\n";
   return absl::OkStatus();
@@ -416,7 +411,8 @@ absl::Status RunTag(const cli::ParsedCommandLine& line) {
 
 absl::Status RunUntag(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
-  RETURN_IF_ERROR(store->DeleteAlias(line.arguments()[0], line.arguments()[1]));
+  RETURN_IF_ERROR(
+      store->DeleteAlias(line.arguments()[0], line.arguments()[1], AttributionFromOptions(line)));
   std::cout << "removed alias " << line.arguments()[0] << "@" << line.arguments()[1] << "\n";
   return absl::OkStatus();
 }
@@ -425,7 +421,8 @@ absl::Status RunRemove(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
   ASSIGN_OR_RETURN(v1::VersionRef ref, RefWithVersion(line.arguments()[0]));
   ASSIGN_OR_RETURN(int64_t released,
-                   store->DeleteVersion(ref.model(), ref.version(), line.Has("force")));
+                   store->DeleteVersion(ref.model(), ref.version(), line.Has("force"),
+                                        AttributionFromOptions(line)));
   std::cout << "deleted " << FormatVersionRef(ref) << "; " << HumanBytes(released)
             << " no longer referenced (freed by ckpt gc)\n";
   return absl::OkStatus();
@@ -563,31 +560,6 @@ absl::Status RunStats(const cli::ParsedCommandLine& line) {
   return absl::OkStatus();
 }
 
-// --since: a duration back from now ("30m", "24h", "7d") or an RFC 3339 time.
-absl::StatusOr<absl::Time> ParseSince(const std::string& text) {
-  absl::Duration duration;
-  int64_t days = 0;
-  if (absl::EndsWith(text, "d") && absl::SimpleAtoi(text.substr(0, text.size() - 1), &days) &&
-      days >= 0) {
-    return absl::Now() - absl::Hours(24 * days);
-  }
-  if (absl::ParseDuration(text, &duration) && duration >= absl::ZeroDuration()) {
-    return absl::Now() - duration;
-  }
-  absl::Time time;
-  std::string error;
-  if (absl::ParseTime(absl::RFC3339_full, text, &time, &error)) return time;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--since '", text,
-      "' is neither a duration (30m, 24h, 7d) nor an RFC 3339 time (2024-05-01T12:00:00Z)"));
-}
-
-// RFC 3339 in UTC with a "Z" and all six digits of microseconds, so lines align and sort.
-std::string AuditTime(int64_t unix_micros) {
-  return absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", absl::FromUnixMicros(unix_micros),
-                          absl::UTCTimeZone());
-}
-
 // "model@version", plus the alias; "-" for a call on no model (gc).
 std::string AuditTarget(const v1::AuditRecord& record) {
   std::string target = record.model().empty() ? "-" : record.model();
@@ -614,7 +586,7 @@ std::string AuditOutcome(const v1::AuditRecord& record) {
 nlohmann::ordered_json AuditJson(const v1::AuditRecord& record) {
   nlohmann::ordered_json json;
   json["sequence"] = record.sequence();
-  json["time"] = AuditTime(record.unix_micros());
+  json["time"] = UtcTimeText(record.unix_micros());
   json["unix_micros"] = record.unix_micros();
   json["identity"] = record.identity();
   json["peer"] = record.peer();
@@ -636,7 +608,7 @@ absl::Status RunAudit(const cli::ParsedCommandLine& line) {
   AuditQuery query;
   if (!line.arguments().empty()) query.model = line.arguments()[0];
   if (line.Has("since")) {
-    ASSIGN_OR_RETURN(query.since, ParseSince(line.Get("since")));
+    ASSIGN_OR_RETURN(query.since, ParseTimeOption("since", line.Get("since")));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
   ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, store->ListAudit(query));
@@ -645,7 +617,7 @@ absl::Status RunAudit(const cli::ParsedCommandLine& line) {
       std::cout << AuditJson(record).dump() << "\n";
       continue;
     }
-    std::cout << AuditTime(record.unix_micros()) << "  " << record.identity() << "  "
+    std::cout << UtcTimeText(record.unix_micros()) << "  " << record.identity() << "  "
               << record.peer() << "  " << record.action() << "  " << AuditTarget(record) << "  "
               << AuditOutcome(record) << "  " << record.detail() << "\n";
   }
@@ -711,35 +683,6 @@ absl::StatusOr<LoadTarget> TargetFromOptions(const cli::ParsedCommandLine& line)
     target.include_prefixes = absl::StrSplit(line.Get("include"), ',', absl::SkipEmpty());
   }
   return target;
-}
-
-// A client of the loader service --loader names (with --auth_token_file's token).
-absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCommandLine& line) {
-  RemoteLoaderOptions options;
-  options.address = line.Get("loader");
-  if (line.Has("auth_token_file")) {
-    ASSIGN_OR_RETURN(options.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
-  }
-  options.tls = ClientTls(line);
-  return RemoteLoader::Connect(options);
-}
-
-// The Loader `export` and `check` use: a loader service (--loader), or this process over the
-// store (--store / --store_dir), which must outlive it.
-struct LoaderHandle {
-  std::unique_ptr<CheckpointStore> store;
-  std::unique_ptr<Loader> loader;
-};
-
-absl::StatusOr<LoaderHandle> OpenLoader(const cli::ParsedCommandLine& line) {
-  LoaderHandle handle;
-  if (line.Has("loader")) {
-    ASSIGN_OR_RETURN(handle.loader, ConnectLoader(line));
-    return handle;
-  }
-  ASSIGN_OR_RETURN(handle.store, OpenStore(line, false));
-  handle.loader = std::make_unique<LocalLoader>(*handle.store);
-  return handle;
 }
 
 absl::Status RunExport(const cli::ParsedCommandLine& line) {
@@ -835,10 +778,28 @@ int Main(int argc, char** argv) {
   }
   using Runner = absl::Status (*)(const cli::ParsedCommandLine&);
   static const std::map<std::string, Runner>* runners = new std::map<std::string, Runner>{
-      {"inspect", RunInspect}, {"convert", RunConvert}, {"import", RunImport}, {"ls", RunList},
-      {"show", RunShow},       {"tag", RunTag},         {"untag", RunUntag},   {"rm", RunRemove},
-      {"retain", RunRetain},   {"gc", RunGc},           {"verify", RunVerify}, {"diff", RunDiff},
-      {"stats", RunStats},     {"export", RunExport},   {"check", RunCheck},   {"audit", RunAudit},
+      {"inspect", RunInspect},
+      {"convert", RunConvert},
+      {"import", RunImport},
+      {"ls", RunList},
+      {"show", RunShow},
+      {"tag", RunTag},
+      {"untag", RunUntag},
+      {"rm", RunRemove},
+      {"retain", RunRetain},
+      {"gc", RunGc},
+      {"verify", RunVerify},
+      {"diff", RunDiff},
+      {"stats", RunStats},
+      {"export", RunExport},
+      {"check", RunCheck},
+      {"audit", RunAudit},
+      {"model", RunRegistryCommand},
+      {"annotate", RunRegistryCommand},
+      {"history", RunRegistryCommand},
+      {"promote", RunRegistryCommand},
+      {"rollback", RunRegistryCommand},
+      {"sync", RunSync},
   };
   const absl::Status status = runners->at(line->command())(*line);
   if (!status.ok()) {

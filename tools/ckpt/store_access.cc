@@ -1,0 +1,120 @@
+#include "tools/ckpt/store_access.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/client/open_store.h"
+#include "libs/loader/local_loader.h"
+#include "libs/rpc/bearer_auth.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/version_ref.h"
+
+namespace ckpt {
+namespace {
+
+// --tls_* as client TLS options (plaintext when --tls_ca_file is absent).
+ClientTlsOptions ClientTls(const cli::ParsedCommandLine& line) {
+  ClientTlsOptions tls;
+  if (line.Has("tls_ca_file")) tls.ca_file = line.Get("tls_ca_file");
+  if (line.Has("tls_cert_file")) tls.cert_file = line.Get("tls_cert_file");
+  if (line.Has("tls_key_file")) tls.key_file = line.Get("tls_key_file");
+  if (line.Has("tls_server_name")) tls.server_name = line.Get("tls_server_name");
+  return tls;
+}
+
+bool HasClientTls(const cli::ParsedCommandLine& line) {
+  return line.Has("tls_ca_file") || line.Has("tls_cert_file") || line.Has("tls_key_file") ||
+         line.Has("tls_server_name");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
+                                                           bool create) {
+  StoreLocation location;
+  if (line.Has("store")) {
+    location.address = line.Get("store");
+    if (line.Has("auth_token_file")) {
+      ASSIGN_OR_RETURN(location.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
+    }
+    location.tls = ClientTls(line);
+  } else if (line.Has("auth_token_file") && !line.Has("loader")) {
+    return absl::InvalidArgumentError("--auth_token_file needs --store=HOST:PORT");
+  } else if (HasClientTls(line) && !line.Has("loader")) {
+    return absl::InvalidArgumentError("--tls_* options need --store=HOST:PORT (or --loader)");
+  } else {
+    location.directory = line.Get("store_dir");
+    location.create_if_missing = create;
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenCheckpointStore(location);
+  if (!store.ok()) {
+    // The hint fits a store that is not there, not one that is damaged or held by another process.
+    const bool absent = store.status().code() == absl::StatusCode::kNotFound;
+    return absl::Status(
+        store.status().code(),
+        absl::StrCat("opening the store ", location.ToString(), ": ", store.status().message(),
+                     absent && !create && location.address.empty()
+                         ? " (import a checkpoint first, or pass --store_dir)"
+                         : ""));
+  }
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCommandLine& line) {
+  RemoteLoaderOptions options;
+  options.address = line.Get("loader");
+  if (line.Has("auth_token_file")) {
+    ASSIGN_OR_RETURN(options.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
+  }
+  options.tls = ClientTls(line);
+  return RemoteLoader::Connect(options);
+}
+
+absl::StatusOr<LoaderHandle> OpenLoader(const cli::ParsedCommandLine& line) {
+  LoaderHandle handle;
+  if (line.Has("loader")) {
+    ASSIGN_OR_RETURN(handle.loader, ConnectLoader(line));
+    return handle;
+  }
+  ASSIGN_OR_RETURN(handle.store, OpenStore(line, false));
+  handle.loader = std::make_unique<LocalLoader>(*handle.store);
+  return handle;
+}
+
+absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
+  ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(text));
+  if (ref.ref_case() != v1::VersionRef::kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' must name a version number, e.g. MODEL@7"));
+  }
+  return ref;
+}
+
+absl::StatusOr<absl::Time> ParseTimeOption(const std::string& option, const std::string& text) {
+  absl::Duration duration;
+  int64_t days = 0;
+  if (absl::EndsWith(text, "d") && absl::SimpleAtoi(text.substr(0, text.size() - 1), &days) &&
+      days >= 0) {
+    return absl::Now() - absl::Hours(24 * days);
+  }
+  if (absl::ParseDuration(text, &duration) && duration >= absl::ZeroDuration()) {
+    return absl::Now() - duration;
+  }
+  absl::Time time;
+  std::string error;
+  if (absl::ParseTime(absl::RFC3339_full, text, &time, &error)) return time;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", option, " '", text,
+      "' is neither a duration (30m, 24h, 7d) nor an RFC 3339 time (2024-05-01T12:00:00Z)"));
+}
+
+std::string UtcTimeText(int64_t unix_micros) {
+  return absl::FormatTime("%Y-%m-%d%ET%H:%M:%E6SZ", absl::FromUnixMicros(unix_micros),
+                          absl::UTCTimeZone());
+}
+
+}  // namespace ckpt
