@@ -105,9 +105,10 @@ absl::StatusOr<PromotionResult> Promote(CheckpointStore& store, absl::string_vie
       WithCallerReason(absl::StrCat("promoted ", named, met.empty() ? " (no rules)" : ": ",
                                     absl::StrJoin(met, ", ")),
                        reason);
-  // expected 0 means "no check": a new alias cannot be compare-and-set against its absence.
-  absl::StatusOr<int64_t> previous =
-      store.SetAlias(model, alias, version, current.value_or(0), {"", result.reason});
+  // A new alias is compare-and-set against its absence: two promotions creating it cannot both
+  // win.
+  absl::StatusOr<int64_t> previous = store.SetAlias(
+      model, alias, version, current.value_or(kAliasMustNotExist), {"", result.reason});
   if (absl::IsFailedPrecondition(previous.status())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot promote ", named, ": ", model, "@", alias, " moved while the rules were checked (",

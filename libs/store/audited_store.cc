@@ -193,10 +193,11 @@ absl::StatusOr<int64_t> AuditedStore::SetAlias(absl::string_view model, absl::st
   v1::AuditRecord record = NewRecord(kAuditSetAlias, model);
   record.set_alias(std::string(alias));
   record.set_version(version);
-  record.set_detail(absl::StrCat("alias ", alias, " -> ", version,
-                                 expected_current_version > 0
-                                     ? absl::StrCat(" if it points at ", expected_current_version)
-                                     : ""));
+  record.set_detail(absl::StrCat(
+      "alias ", alias, " -> ", version,
+      expected_current_version > 0 ? absl::StrCat(" if it points at ", expected_current_version)
+      : expected_current_version == kAliasMustNotExist ? std::string(" if it does not exist")
+                                                       : std::string()));
   return RunAudited<int64_t>(
       *inner_, record,
       [&] {

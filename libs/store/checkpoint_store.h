@@ -269,6 +269,9 @@ class RegistryWatch {
   virtual void Cancel() = 0;
 };
 
+// SetAlias's expected_current_version that only creates an alias: fails if it exists.
+inline constexpr int64_t kAliasMustNotExist = -1;
+
 class CheckpointStore {
  public:
   virtual ~CheckpointStore() = default;
@@ -330,8 +333,9 @@ class CheckpointStore {
                                                             const v1::VersionFilter& filter);
 
   // Points `alias` at MODEL@version atomically; returns the version it pointed at before (0 if it
-  // is new). With expected_current_version > 0, FAILED_PRECONDITION unless the alias points there
-  // now (compare-and-set). INVALID_ARGUMENT for a bad or reserved alias; NOT_FOUND for a missing
+  // is new). Compare-and-set: with expected_current_version > 0, FAILED_PRECONDITION unless the
+  // alias points there now; with kAliasMustNotExist, unless the alias does not exist yet; 0: no
+  // check. INVALID_ARGUMENT for a bad or reserved alias; NOT_FOUND for a missing
   // model or version.
   // Every move is an ALIAS_SET event in the history (from, to, `attribution`).
   virtual absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,

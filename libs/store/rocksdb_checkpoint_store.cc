@@ -258,6 +258,16 @@ absl::StatusOr<int64_t> RocksDbCheckpointStore::SetAlias(absl::string_view model
       return absl::DataLossError(absl::StrCat("alias ", model, "@", alias, " is unreadable"));
     previous = static_cast<int64_t>(*decoded);
   }
+  if (expected_current_version < kAliasMustNotExist) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "alias ", model, "@", alias, ": expected_current_version ", expected_current_version,
+        " is neither a version, 0 nor ", kAliasMustNotExist, " (must not exist)"));
+  }
+  if (expected_current_version == kAliasMustNotExist && previous != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("alias ", model, "@", alias,
+                                                      " points at version ", previous,
+                                                      "; expected it not to exist"));
+  }
   if (expected_current_version > 0 && previous != expected_current_version) {
     return absl::FailedPreconditionError(
         absl::StrCat("alias ", model, "@", alias, " ",

@@ -339,8 +339,12 @@ TEST_P(StoreConformanceTest, MissingRefsAreNotFoundNamingTheRef) {
 
 TEST_P(StoreConformanceTest, AliasesMoveAtomicallyWithCompareAndSet) {
   for (int i = 1; i <= 3; ++i) MustCommit("m", WeightsOnly({{"w", at::full({2}, i)}}));
-  ASSERT_OK_AND_ASSIGN(int64_t previous, store_->SetAlias("m", "best", 1, 0));
+  ASSERT_OK_AND_ASSIGN(int64_t previous, store_->SetAlias("m", "best", 1, kAliasMustNotExist));
   EXPECT_EQ(previous, 0);
+  EXPECT_THAT(store_->SetAlias("m", "best", 2, kAliasMustNotExist),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "alias m@best points at version 1; expected it not to exist"));
+  EXPECT_THAT(store_->SetAlias("m", "best", 2, -2), StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_OK_AND_ASSIGN(previous, store_->SetAlias("m", "best", 2, /*expected_current=*/1));
   EXPECT_EQ(previous, 1);
   EXPECT_THAT(store_->SetAlias("m", "best", 3, /*expected_current=*/1),
