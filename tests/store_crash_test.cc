@@ -18,6 +18,7 @@
 #include <iostream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -278,6 +279,43 @@ TEST(StoreCrashTest, KillsAtRandomMomentsLoseNoAcknowledgedCommitAndTearNoVersio
                       << seed << ") lost: " << error;
       }
     }
+    // The registry's history is written in each commit's own batch: after any kill it names
+    // exactly the versions that exist, each once.
+    std::set<std::pair<std::string, int64_t>> listed, committed_events;
+    for (const std::string& model : {ModelFor(0), ModelFor(1)}) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+      v1::ListVersionsRequest request;
+      request.set_model(model);
+      v1::ListVersionsResponse versions;
+      if (!stub->ListVersions(&context, request, &versions).ok()) continue;
+      for (const v1::VersionInfo& info : versions.versions()) listed.emplace(model, info.version());
+    }
+    for (int64_t after = 0;;) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+      v1::ListHistoryRequest request;
+      request.set_after_sequence(after);
+      v1::ListHistoryResponse page;
+      const grpc::Status read = stub->ListHistory(&context, request, &page);
+      ASSERT_TRUE(read.ok()) << read.error_message();
+      for (const v1::RegistryEvent& event : page.events()) {
+        if (event.kind() != v1::RegistryEvent::VERSION_COMMITTED) continue;
+        if (!committed_events.emplace(event.model(), event.version()).second) {
+          ++torn;
+          ADD_FAILURE() << "the history commits " << event.model() << "@" << event.version()
+                        << " twice";
+        }
+      }
+      after = page.next_after_sequence();
+      if (after == 0) break;
+    }
+    if (committed_events != listed) {
+      ++torn;
+      ADD_FAILURE() << "the history's commits (" << committed_events.size()
+                    << ") are not the versions that exist (" << listed.size() << ")";
+    }
+
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     v1::VerifyResponse verified;
