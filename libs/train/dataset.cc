@@ -1,5 +1,7 @@
 #include "libs/train/dataset.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -331,6 +333,33 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DataSpec& spec) {
   } catch (...) {
     return StatusFromCurrentException();
   }
+}
+
+absl::StatusOr<DataSplit> SplitHeldOut(int64_t size, double fraction, uint64_t seed) {
+  if (!(fraction >= 0 && fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_fraction must be in [0, 1), not ", fraction));
+  }
+  DataSplit split;
+  if (fraction == 0) {
+    split.train.resize(size);
+    for (int64_t i = 0; i < size; ++i) split.train[i] = i;
+    return split;
+  }
+  const int64_t held_out = std::max<int64_t>(
+      1, static_cast<int64_t>(std::llround(static_cast<double>(size) * fraction)));
+  if (held_out >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("eval_fraction ", fraction, " of ", size,
+                                                   " examples leaves none to train on"));
+  }
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  const at::Tensor order = at::randperm(size, generator, at::kLong);
+  const int64_t* indices = order.data_ptr<int64_t>();
+  split.held_out.assign(indices, indices + held_out);
+  split.train.assign(indices + held_out, indices + size);
+  std::sort(split.held_out.begin(), split.held_out.end());
+  std::sort(split.train.begin(), split.train.end());
+  return split;
 }
 
 }  // namespace ckpt::train

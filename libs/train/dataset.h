@@ -85,6 +85,21 @@ class Dataset {
 // torch.save reader as it reports them.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DataSpec& spec);
 
+// A data set's indices split into a part to train on and a held-out part to evaluate on, each in
+// ascending order.
+struct DataSplit {
+  std::vector<int64_t> train;
+  std::vector<int64_t> held_out;
+};
+
+// Holds out round(size * fraction) examples (at least one when fraction > 0): the first ones of
+// torch.randperm(size) drawn from a generator of its own seeded with `seed` (so the split
+// consumes no global random state, and Python reproduces it with
+// torch.randperm(size, generator=torch.Generator().manual_seed(seed))). fraction 0: every index
+// trains, none is held out. INVALID_ARGUMENT unless 0 <= fraction < 1 and both parts of a split
+// are non-empty.
+absl::StatusOr<DataSplit> SplitHeldOut(int64_t size, double fraction, uint64_t seed);
+
 }  // namespace ckpt::train
 
 #endif  // CKPT_LIBS_TRAIN_DATASET_H_

@@ -1,5 +1,6 @@
 #include "libs/train/dataset.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
@@ -105,6 +107,42 @@ TEST(DatasetTest, SyntheticTokensFollowTheirClass) {
   EXPECT_FALSE(at::equal(ba.inputs, c->Get({0, 1, 2, 3}).inputs));
   EXPECT_GE(ba.inputs.min().item<int64_t>(), 0);
   EXPECT_LT(ba.inputs.max().item<int64_t>(), 32);
+}
+
+TEST(DataSplitTest, HoldsOutASeededDisjointPartThatPythonReproduces) {
+  ASSERT_OK_AND_ASSIGN(DataSplit none, SplitHeldOut(5, 0, 7));
+  EXPECT_THAT(none.train, ElementsAre(0, 1, 2, 3, 4));
+  EXPECT_TRUE(none.held_out.empty());
+
+  ASSERT_OK_AND_ASSIGN(DataSplit split, SplitHeldOut(100, 0.1, 7));
+  ASSERT_EQ(split.held_out.size(), 10u);
+  ASSERT_EQ(split.train.size(), 90u);
+  std::vector<int64_t> all = split.train;
+  all.insert(all.end(), split.held_out.begin(), split.held_out.end());
+  std::sort(all.begin(), all.end());
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(all[i], i);  // disjoint, and covers everything.
+  ASSERT_OK_AND_ASSIGN(DataSplit again, SplitHeldOut(100, 0.1, 7));
+  EXPECT_EQ(again.held_out, split.held_out);
+  ASSERT_OK_AND_ASSIGN(DataSplit other_seed, SplitHeldOut(100, 0.1, 8));
+  EXPECT_NE(other_seed.held_out, split.held_out);
+  // A tiny fraction still holds out one example.
+  ASSERT_OK_AND_ASSIGN(DataSplit tiny, SplitHeldOut(100, 0.001, 7));
+  EXPECT_EQ(tiny.held_out.size(), 1u);
+
+  // The split is torch.randperm's with a generator of its own, as the header says.
+  RunPythonSnippet("split",
+                   absl::StrCat("import torch\n"
+                                "g = torch.Generator().manual_seed(7)\n"
+                                "held = sorted(torch.randperm(100, generator=g)[:10].tolist())\n"
+                                "assert held == [",
+                                absl::StrJoin(split.held_out, ", "), "], held\n"));
+
+  EXPECT_THAT(SplitHeldOut(100, 1.0, 7).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "eval_fraction must be in [0, 1)"));
+  EXPECT_THAT(SplitHeldOut(100, -0.5, 7).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "eval_fraction must be in [0, 1)"));
+  EXPECT_THAT(SplitHeldOut(1, 0.5, 7).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "leaves none to train on"));
 }
 
 TEST(DatasetDeathTest, GetOutOfRangeIsACallerBug) {

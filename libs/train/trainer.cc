@@ -25,8 +25,10 @@
 #include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/async_checkpointer.h"
+#include "libs/train/lineage.h"
 #include "libs/train/trainer_state.h"
 #include "torch/nn/utils/clip_grad.h"
+#include "torch/version.h"
 
 namespace ckpt::train {
 namespace {
@@ -105,6 +107,10 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
     return absl::InvalidArgumentError("accumulation_steps must be positive");
   }
   if (config.steps < 0) return absl::InvalidArgumentError("steps must be >= 0");
+  if (!(config.eval_fraction >= 0 && config.eval_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval_fraction must be in [0, 1), not ", config.eval_fraction));
+  }
   if (config.device != "cpu" && config.device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("device must be cpu or cuda, not \"", config.device, "\""));
@@ -128,6 +134,7 @@ class RankRun {
   absl::StatusOr<TrainingSummary> Run() {
     RETURN_IF_ERROR(Build());
     RETURN_IF_ERROR(Resume());
+    RETURN_IF_ERROR(SetUpLineage());
     loop_.target_step = loop_.global_step < loop_.target_step ? loop_.target_step
                                                               : loop_.global_step + config_.steps;
     summary_.target_step = loop_.target_step;
@@ -143,13 +150,17 @@ class RankRun {
   // Rank 0 picks the version to resume from (the model's latest), every rank loads that one.
   absl::Status Resume();
   absl::Status RestoreFrom(const v1::VersionRef& ref);
+  // The run id (rank 0's, so every rank reports the same) and the lineage every version carries.
+  absl::Status SetUpLineage();
   absl::Status SetUpDataParallel();
   absl::Status TrainLoop();
   // One optimizer step over `micro_batches`; the mean loss of this rank.
   absl::StatusOr<double> TrainStep(const std::vector<std::vector<int64_t>>& micro_batches);
   // Rank 0: the progress line and status after a step, then a checkpoint when one is due.
-  absl::Status AfterStep(const StepConsensus& consensus, bool epoch_end, bool last_step,
-                         int64_t steps_done, absl::Duration elapsed);
+  absl::Status AfterStep(const StepConsensus& consensus, bool checkpoint_due, bool final,
+                         bool last_step, int64_t steps_done, absl::Duration elapsed);
+  // All ranks, before a checkpoint: the held-out metrics (a no-op without a held-out part).
+  absl::Status Evaluate();
   absl::Status TakeCheckpoint(bool wait);
   void RecordCommitted();
   absl::Status Finish();
@@ -162,6 +173,7 @@ class RankRun {
 
   at::Device device_{at::kCPU};
   std::unique_ptr<Dataset> data_;
+  DataSplit split_;  // the sampler deals indices into split_.train.
   std::shared_ptr<Model> model_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -171,6 +183,9 @@ class RankRun {
   std::unique_ptr<AsyncCheckpointer> checkpointer_;  // rank 0 only.
 
   LoopState loop_;
+  v1::Lineage lineage_;
+  // The latest evaluation: with a held-out part, every checkpoint is preceded by one.
+  std::optional<EvalMetrics> eval_;
   TrainingSummary summary_;
   v1::TrainerStatus status_;
   absl::Time start_;
@@ -196,6 +211,7 @@ absl::Status RankRun::Build() {
   summary_.store_location = config_.store_location;
 
   ASSIGN_OR_RETURN(data_, OpenDataset(config_.data));
+  ASSIGN_OR_RETURN(split_, SplitHeldOut(data_->size(), config_.eval_fraction, config_.seed));
   at::manual_seed(config_.seed);
   ASSIGN_OR_RETURN(model_, MakeModel(config_.model, *data_));
   const std::string data_kind = config_.data.source.substr(0, config_.data.source.find(':'));
@@ -282,6 +298,15 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
                 << "; the epoch continues at the same global sample count\n";
     }
   }
+  if (state.eval_fraction != config_.eval_fraction && leader_) {
+    // Not refused: the run continues, but on another split, so the samples it deals differ from
+    // the ones the saved position counted, and earlier training may have seen the new held-out
+    // examples.
+    std::cerr << "trainer: " << name << " was trained with eval_fraction " << state.eval_fraction
+              << ", this run holds out " << config_.eval_fraction
+              << "; the data split changes, so val_* metrics are not comparable across the "
+                 "two and the epoch's order differs\n";
+  }
   if (state.rng_cpu.defined()) {
     RETURN_IF_ERROR(CatchTorchErrors([&] {
       at::Generator generator = at::detail::getDefaultCPUGenerator();
@@ -294,6 +319,109 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
   return absl::OkStatus();
 }
 
+absl::Status RankRun::SetUpLineage() {
+  std::string run_id = config_.run_id;
+  if (run_id.empty() && leader_) run_id = NewRunId(summary_.model_name, absl::Now());
+  if (config_.run_id.empty() && group_.world_size > 1) {
+    ASSIGN_OR_RETURN(run_id,
+                     CatchTorchErrors([&] { return ddp::BroadcastString(*group_.group, run_id); }));
+  }
+  summary_.run_id = run_id;
+  lineage_.set_run_id(run_id);
+  if (summary_.resumed_from) {
+    // Every version of this run, not only its first: see "Lineage" in trainer.h.
+    lineage_.set_parent(FormatVersionRef(*summary_.resumed_from));
+    lineage_.set_parent_relation("resumed_from");
+  }
+  lineage_.set_code_revision(config_.code_revision);
+  // Describe() names the source ("synthetic", "mnist:DIR", "pt:FILE") and its shape.
+  std::string dataset = data_->Describe();
+  if (config_.data.source == "synthetic") {
+    absl::StrAppend(&dataset, " (generated for ", config_.data.model_kind, ", seed ",
+                    config_.data.seed, ")");
+  }
+  absl::StrAppend(&dataset, "; shuffled with seed ", config_.seed);
+  if (!split_.held_out.empty()) {
+    absl::StrAppend(&dataset, "; ", split_.held_out.size(), " held out for evaluation (fraction ",
+                    config_.eval_fraction, ", split seed ", config_.seed, "), trained on ",
+                    split_.train.size());
+  }
+  lineage_.set_dataset(dataset);
+  auto& info = *lineage_.mutable_producer_info();
+  info["world_size"] = std::to_string(group_.world_size);
+  info["backend"] = group_.backend;
+  info["device"] = device_.str();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  info["hostname"] = host;
+  info["trainer_build"] =
+      absl::StrCat("ckpt trainer, LibTorch ", TORCH_VERSION, at::hasCUDA() ? " (CUDA)" : " (CPU)",
+#ifdef NDEBUG
+                   ", optimized"
+#else
+                   ", debug"
+#endif
+      );
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::Evaluate() {
+  if (split_.held_out.empty()) return absl::OkStatus();
+  // This rank's share: held-out examples rank, rank + world_size, ...
+  std::vector<int64_t> share;
+  for (size_t i = group_.rank; i < split_.held_out.size(); i += group_.world_size) {
+    share.push_back(split_.held_out[i]);
+  }
+  ASSIGN_OR_RETURN(
+      at::Tensor totals, CatchTorchErrors([&] {
+        // Rank 0's buffers (BatchNorm statistics), as the next forward would use.
+        data_parallel_->PrepareForward();
+        // Nothing below should draw random numbers; restoring the generator makes
+        // sure evaluation cannot shift the training's stream.
+        at::Generator generator = at::detail::getDefaultCPUGenerator();
+        at::Tensor rng_state;
+        {
+          std::lock_guard<std::mutex> lock(generator.mutex());
+          rng_state = generator.get_state();
+        }
+        double loss_sum = 0, correct = 0;
+        {
+          at::NoGradGuard no_grad;
+          model_->eval();
+          for (size_t begin = 0; begin < share.size(); begin += config_.batch_size) {
+            const size_t end =
+                std::min(share.size(), begin + static_cast<size_t>(config_.batch_size));
+            Batch batch =
+                data_->Get(std::vector<int64_t>(share.begin() + begin, share.begin() + end));
+            const at::Tensor targets = batch.targets.to(device_);
+            const at::Tensor logits = model_->forward(batch.inputs.to(device_));
+            loss_sum += at::nll_loss(at::log_softmax(logits, 1), targets, {}, at::Reduction::Sum)
+                            .item<double>();
+            correct += logits.argmax(1).eq(targets).sum().item<double>();
+          }
+          model_->train();
+        }
+        {
+          std::lock_guard<std::mutex> lock(generator.mutex());
+          generator.set_state(rng_state);
+        }
+        at::Tensor sums =
+            at::tensor({loss_sum, correct, static_cast<double>(share.size())}, at::kDouble);
+        std::vector<at::Tensor> tensors = {sums};
+        group_.group->allreduce(tensors)->wait();
+        return sums;
+      }));
+  const double examples = totals[2].item<double>();
+  EvalMetrics metrics;
+  metrics.global_step = loop_.global_step;
+  metrics.examples = static_cast<int64_t>(examples);
+  metrics.loss = totals[0].item<double>() / examples;
+  metrics.accuracy = totals[1].item<double>() / examples;
+  eval_ = metrics;
+  summary_.last_eval = metrics;
+  return absl::OkStatus();
+}
+
 absl::Status RankRun::SetUpDataParallel() {
   ddp::DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = config_.bucket_cap_bytes;
@@ -303,9 +431,9 @@ absl::Status RankRun::SetUpDataParallel() {
                    }));
   ASSIGN_OR_RETURN(
       sampler_, CatchTorchErrors([&] {
-        auto sampler = std::make_unique<ddp::DistributedSampler>(data_->size(), group_.rank,
-                                                                 group_.world_size, config_.shuffle,
-                                                                 config_.seed, config_.drop_last);
+        auto sampler = std::make_unique<ddp::DistributedSampler>(
+            static_cast<int64_t>(split_.train.size()), group_.rank, group_.world_size,
+            config_.shuffle, config_.seed, config_.drop_last);
         sampler->set_epoch(loop_.epoch);
         sampler->set_position(std::min(loop_.sampler_position, sampler->num_samples()));
         return sampler;
@@ -314,7 +442,7 @@ absl::Status RankRun::SetUpDataParallel() {
   const int64_t steps_per_epoch =
       (sampler_->num_samples() + samples_per_step - 1) / samples_per_step;
   if (steps_per_epoch == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("the data set (", data_->size(),
+    return absl::InvalidArgumentError(absl::StrCat("the training data (", split_.train.size(),
                                                    " examples) gives no batches to ",
                                                    group_.world_size, " ranks with drop_last"));
   }
@@ -329,9 +457,15 @@ absl::Status RankRun::SetUpDataParallel() {
   control_.SetStatus(status_);
   if (leader_) {
     std::cerr << absl::StrFormat(
-        "trainer: %s, %d rank(s) over %s, %s; %s\n"
+        "trainer: %s, %d rank(s) over %s, %s; %s%s\n"
+        "trainer: run %s%s\n"
         "trainer: %s from step %d to %d (%d steps/epoch, batch %d x %d per rank), store %s\n",
         summary_.model_name, group_.world_size, group_.backend, device_.str(), data_->Describe(),
+        split_.held_out.empty()
+            ? std::string()
+            : absl::StrCat("; ", split_.held_out.size(), " held out for evaluation"),
+        summary_.run_id,
+        lineage_.code_revision().empty() ? std::string() : ", code " + lineage_.code_revision(),
         summary_.resumed_from ? "resuming " + FormatVersionRef(*summary_.resumed_from)
                               : std::string("starting fresh"),
         loop_.global_step, loop_.target_step, steps_per_epoch, config_.batch_size,
@@ -347,7 +481,10 @@ absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>
     double loss_sum = 0;
     const double scale = 1.0 / static_cast<double>(micro_batches.size());
     for (size_t i = 0; i < micro_batches.size(); ++i) {
-      Batch batch = data_->Get(micro_batches[i]);
+      std::vector<int64_t> examples;
+      examples.reserve(micro_batches[i].size());
+      for (int64_t index : micro_batches[i]) examples.push_back(split_.train[index]);
+      Batch batch = data_->Get(examples);
       std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
       if (i + 1 < micro_batches.size()) no_sync.emplace(data_parallel_->NoSync());
       data_parallel_->PrepareForward();
@@ -412,16 +549,24 @@ absl::Status RankRun::TrainLoop() {
     if (steps_done % std::max<int64_t>(config_.log_every, 1) == 0 || last_step) {
       summary_.loss_curve.emplace_back(loop_.global_step, last_loss_);
     }
+    // Every rank knows whether a checkpoint is due (all inputs are agreed), so all can evaluate.
+    const bool periodic =
+        config_.checkpoint_every > 0 && loop_.global_step % config_.checkpoint_every == 0;
+    const bool final = last_step || (consensus.stop && !skip_final_checkpoint_);
+    const bool checkpoint_due = periodic || (epoch_end && config_.checkpoint_at_epoch_end) ||
+                                consensus.checkpoint_now || final;
+    if (checkpoint_due) RETURN_IF_ERROR(Evaluate());
     if (leader_) {
-      RETURN_IF_ERROR(AfterStep(consensus, epoch_end, last_step, steps_done, elapsed));
+      RETURN_IF_ERROR(AfterStep(consensus, checkpoint_due, final, last_step, steps_done, elapsed));
     }
+    if (checkpoint_due) last_checkpoint_step_ = loop_.global_step;
   }
   if (config_.progress_line && leader_) std::cerr << "\n";
   return absl::OkStatus();
 }
 
-absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool epoch_end, bool last_step,
-                                int64_t steps_done, absl::Duration elapsed) {
+absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool checkpoint_due, bool final,
+                                bool last_step, int64_t steps_done, absl::Duration elapsed) {
   const double seconds_per_step = absl::ToDoubleSeconds(elapsed) / steps_done;
   const absl::Duration eta =
       absl::Seconds(seconds_per_step * (loop_.target_step - loop_.global_step));
@@ -443,13 +588,7 @@ absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool epoch_end, 
   }
   control_.SetStatus(status_);
 
-  const bool periodic =
-      config_.checkpoint_every > 0 && loop_.global_step % config_.checkpoint_every == 0;
-  const bool final = last_step || (consensus.stop && !skip_final_checkpoint_);
-  if (!periodic && !(epoch_end && config_.checkpoint_at_epoch_end) && !consensus.checkpoint_now &&
-      !final) {
-    return absl::OkStatus();
-  }
+  if (!checkpoint_due) return absl::OkStatus();
   status_.set_state(v1::TrainerStatus::STATE_CHECKPOINTING);
   control_.SetStatus(status_);
   // A requested or final checkpoint is waited for; the others upload in the background.
@@ -459,7 +598,6 @@ absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool epoch_end, 
     return absl::Status(taken.code(), absl::StrCat("checkpoint at step ", loop_.global_step,
                                                    " failed: ", taken.message()));
   }
-  last_checkpoint_step_ = loop_.global_step;
   if (consensus.checkpoint_now || final) {
     control_.CheckpointFinished(summary_.versions_written.back());
   }
@@ -499,6 +637,7 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   state.accumulation_steps = config_.accumulation_steps;
   state.model = config_.model;
   state.data = config_.data.source;
+  state.eval_fraction = config_.eval_fraction;
   ASSIGN_OR_RETURN(state.rng_cpu, CatchTorchErrors([&] {
                      at::Generator generator = at::detail::getDefaultCPUGenerator();
                      std::lock_guard<std::mutex> lock(generator.mutex());
@@ -511,6 +650,11 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   (*metadata.mutable_metrics())["loss"] = last_loss_;
   (*metadata.mutable_metrics())["samples_per_second"] = samples_per_second_;
   (*metadata.mutable_metrics())["learning_rate"] = CurrentLearningRate(*optimizer_);
+  if (eval_) {
+    (*metadata.mutable_metrics())["val_loss"] = eval_->loss;
+    (*metadata.mutable_metrics())["val_acc"] = eval_->accuracy;
+  }
+  *metadata.mutable_lineage() = lineage_;
   metadata.set_world_size(group_.world_size);
   metadata.set_backend(group_.backend);
   metadata.set_source_format("trainer");
@@ -522,7 +666,10 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   (*metadata.mutable_labels())["python_twin"] = summary_.python_twin;
   metadata.set_description(absl::StrCat(config_.model.kind, " step ", loop_.global_step, " epoch ",
                                         loop_.epoch, " loss ", last_loss_));
-  RETURN_IF_ERROR(checkpointer_->Submit(contents, CommitOptions()));
+  CommitOptions options;
+  options.attribution.reason = absl::StrCat("checkpoint at epoch ", loop_.epoch, " step ",
+                                            loop_.global_step, " of run ", summary_.run_id);
+  RETURN_IF_ERROR(checkpointer_->Submit(contents, std::move(options)));
   RecordCommitted();
   if (wait) {
     RETURN_IF_ERROR(checkpointer_->Wait().status());
@@ -533,10 +680,11 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
 
 absl::Status RankRun::Finish() {
   std::optional<v1::VersionRef> final_version;
+  // e.g. a zero-step leg; known on every rank, which all evaluate for it.
+  const bool final_due = last_checkpoint_step_ != loop_.global_step && !skip_final_checkpoint_;
+  if (final_due) RETURN_IF_ERROR(Evaluate());
   if (leader_) {
-    if (last_checkpoint_step_ != loop_.global_step && !skip_final_checkpoint_) {
-      RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));  // e.g. a zero-step leg.
-    }
+    if (final_due) RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));
     ASSIGN_OR_RETURN(std::optional<CommitResult> last, checkpointer_->Wait());
     RecordCommitted();
     if (!skip_final_checkpoint_ && last) final_version = last->version;
@@ -573,6 +721,7 @@ std::string FormatSummary(const TrainingSummary& summary) {
       "\n== %s: %s at step %d of %d (epoch %d), %d rank(s) over %s\n", summary.model_name,
       summary.stopped_early ? "stopped" : "finished", summary.final_step, summary.target_step,
       summary.final_epoch, summary.world_size, summary.backend);
+  absl::StrAppend(&out, "   run ", summary.run_id, "\n");
   if (summary.resumed_from) {
     absl::StrAppend(&out, "   resumed from ", FormatVersionRef(*summary.resumed_from), " (step ",
                     summary.start_step, ")\n");
@@ -591,6 +740,12 @@ std::string FormatSummary(const TrainingSummary& summary) {
                             summary.loss_curve[i].second);
     }
     absl::StrAppend(&out, "\n");
+  }
+  if (summary.last_eval) {
+    absl::StrAppendFormat(&out,
+                          "   held out (%d examples) at step %d: val_loss %.4f  val_acc %.4f\n",
+                          summary.last_eval->examples, summary.last_eval->global_step,
+                          summary.last_eval->loss, summary.last_eval->accuracy);
   }
   std::vector<std::string> versions;
   for (const v1::VersionRef& ref : summary.versions_written) {

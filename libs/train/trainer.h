@@ -10,8 +10,27 @@
 //   scheduler   PyTorch's scheduler.state_dict() layout (libs/train/lr_scheduler.h);
 //   extra       {"trainer": {...}}: where the data continues, the run's goal and set-up
 //               (libs/train/trainer_state.h);
-//   metadata    epoch, global step, loss, samples/s, world size, backend; labels model_kind,
-//               data, python_twin (the constructor of the model's PyTorch twin).
+//   metadata    epoch, global step, metrics (loss, learning_rate, samples_per_second; val_loss
+//               and val_acc when evaluating), world size, backend; labels model_kind, data,
+//               python_twin (the constructor of the model's PyTorch twin); lineage (below).
+//
+// Lineage (v1::Lineage). Every version a run commits carries the run's id (config.run_id, or one
+// made by rank 0 when the run starts: a resumed or restarted run is a new run), the code
+// revision and data the run was given, and producer_info (world_size, backend, device, hostname,
+// trainer_build). A run that resumed names the version it resumed from as the parent of EVERY
+// version it commits, relation "resumed_from"; a fresh run's versions have no parent. So walking
+// parents from any version takes one hop per run, back through each resume point to the fresh
+// run, and does not break when retention deletes a run's intermediate versions (only a deleted
+// resume point ends the walk). A run's own versions are those with its run_id.
+//
+// Evaluation. With eval_fraction > 0 a seeded part of the data (SplitHeldOut in dataset.h, seed
+// `seed`) is held out: the sampler deals only the rest, so the held-out examples are never
+// trained on. Whenever a checkpoint is due, every rank evaluates its share of the held-out part
+// (eval mode, no gradients, rank 0's buffers), the sums are all-reduced, and the version records
+// val_loss (mean cross-entropy) and val_acc (top-1 accuracy: every model here is a classifier).
+// Evaluation draws no random numbers (the global generator is restored around it, too) and
+// changes no training state, so an interrupted and resumed run still ends bit-identical to an
+// uninterrupted one.
 //
 // Only rank 0 writes checkpoints (the ranks' states are identical: DDP keeps them so). Rank 0
 // resolves "latest" and broadcasts the version, so every rank resumes from the same one.
@@ -68,6 +87,13 @@ struct TrainerConfig {
   int64_t log_every = 20;      // steps between plain log lines (when not on a terminal).
   bool progress_line = false;  // one updating line on stderr (rank 0, on a terminal).
 
+  // ---- Evaluation (see above). The fraction of the data held out, in [0, 1); 0: none.
+  double eval_fraction = 0;
+
+  // ---- Lineage (see above).
+  std::string run_id;         // "": made by rank 0 (NewRunId in libs/train/lineage.h).
+  std::string code_revision;  // e.g. the git commit (GitCodeRevision); "": not recorded.
+
   // How the summary names the store (a directory, or HOST:PORT of a store service), for the
   // `ckpt` commands it prints; the store itself is given to RunTrainingRank.
   std::string store_location;
@@ -77,8 +103,17 @@ struct TrainerConfig {
   int local_rank = 0;
 };
 
+// Metrics of one evaluation on the held-out part.
+struct EvalMetrics {
+  int64_t global_step = 0;
+  int64_t examples = 0;  // held-out examples evaluated (all ranks).
+  double loss = 0;       // val_loss
+  double accuracy = 0;   // val_acc
+};
+
 struct TrainingSummary {
   std::string model_name;
+  std::string run_id;
   int64_t start_step = 0;  // global step the run resumed from (0: fresh).
   int64_t final_step = 0;
   int64_t target_step = 0;
@@ -90,7 +125,8 @@ struct TrainingSummary {
   absl::Duration wall_time;
   absl::Duration checkpoint_stall;  // what the loop spent in checkpoint snapshots and waits.
   std::vector<v1::VersionRef> versions_written;
-  bool stopped_early = false;  // a stop request ended the run before target_step.
+  std::optional<EvalMetrics> last_eval;  // none without eval_fraction.
+  bool stopped_early = false;            // a stop request ended the run before target_step.
   int world_size = 1;
   std::string backend;
   std::string store_location;  // the directory or address.

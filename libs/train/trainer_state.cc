@@ -10,6 +10,13 @@ int64_t IntField(const Value& dict, const char* key, int64_t fallback) {
   return value != nullptr && value->is_int() ? value->int_value() : fallback;
 }
 
+double FloatField(const Value& dict, const char* key, double fallback) {
+  const Value* value = dict.Find(key);
+  if (value == nullptr) return fallback;
+  if (value->is_float()) return value->float_value();
+  return value->is_int() ? static_cast<double>(value->int_value()) : fallback;
+}
+
 std::string StringField(const Value& dict, const char* key) {
   const Value* value = dict.Find(key);
   return value != nullptr && value->is_string() ? value->string_value() : std::string();
@@ -33,6 +40,7 @@ Value EncodeTrainerState(const TrainerState& state) {
                              {"layers", Value::Int(state.model.layers)},
                              {"heads", Value::Int(state.model.heads)}})},
       {"data", Value::String(state.data)},
+      {"eval_fraction", Value::Float(state.eval_fraction)},
   });
   if (state.rng_cpu.defined()) trainer.Set("rng_cpu", Value::Tensor(state.rng_cpu));
   return Value::Dict({{kTrainerStateKey, std::move(trainer)}});
@@ -62,6 +70,7 @@ absl::StatusOr<TrainerState> DecodeTrainerState(const Value& extra, absl::string
     state.model.heads = IntField(*model, "heads", state.model.heads);
   }
   state.data = StringField(*trainer, "data");
+  state.eval_fraction = FloatField(*trainer, "eval_fraction", 0);
   if (const Value* rng = trainer->Find("rng_cpu"); rng != nullptr && rng->is_tensor()) {
     state.rng_cpu = rng->tensor();
   }

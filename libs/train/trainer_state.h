@@ -42,18 +42,22 @@ struct TrainerState {
   int64_t accumulation_steps = 1;
   ModelSpec model;
   std::string data;
+  // The fraction of `data` held out for evaluation (libs/train/dataset.h, SplitHeldOut with
+  // `seed`): the sampler's positions count the training part only. 0: none.
+  double eval_fraction = 0;
   // The CPU generator's state (at::Generator::get_state); undefined when not recorded.
   at::Tensor rng_cpu;
 };
 
 // {"trainer": {epoch, sampler_position, global_step, target_step, world_size, backend, seed,
-// batch_size, accumulation_steps, model: {kind, hidden, layers, heads}, data, rng_cpu}}.
+// batch_size, accumulation_steps, model: {kind, hidden, layers, heads}, data, eval_fraction,
+// rng_cpu}}.
 Value EncodeTrainerState(const TrainerState& state);
 
 // The state EncodeTrainerState wrote into `extra`. FAILED_PRECONDITION naming `version` when
 // `extra` holds no trainer dict (the version was not written by the trainer). Fields missing
 // from older versions take their defaults (target_step: global_step; world_size: 0, meaning
-// unknown).
+// unknown; eval_fraction: 0).
 absl::StatusOr<TrainerState> DecodeTrainerState(const Value& extra, absl::string_view version);
 
 }  // namespace ckpt::train

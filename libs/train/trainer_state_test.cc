@@ -26,6 +26,7 @@ TEST(TrainerStateTest, EveryFieldSurvivesEncodeAndDecode) {
   state.model.layers = 3;
   state.model.heads = 2;
   state.data = "pt:/data/tokens.pt";
+  state.eval_fraction = 0.125;
   state.rng_cpu = at::arange(10, at::kByte);
   const Value extra = EncodeTrainerState(state);
   ASSERT_NE(extra.Find(kTrainerStateKey), nullptr);
@@ -44,6 +45,7 @@ TEST(TrainerStateTest, EveryFieldSurvivesEncodeAndDecode) {
   EXPECT_EQ(decoded.model.layers, 3);
   EXPECT_EQ(decoded.model.heads, 2);
   EXPECT_EQ(decoded.data, "pt:/data/tokens.pt");
+  EXPECT_EQ(decoded.eval_fraction, 0.125);
   EXPECT_TRUE(at::equal(decoded.rng_cpu, state.rng_cpu));
 }
 
@@ -53,6 +55,7 @@ TEST(TrainerStateTest, OlderVersionsWithoutTheGoalOrWorldSizeGetDefaults) {
   ASSERT_OK_AND_ASSIGN(TrainerState decoded, DecodeTrainerState(extra, "m@1"));
   EXPECT_EQ(decoded.target_step, 40);
   EXPECT_EQ(decoded.world_size, 0);  // unknown.
+  EXPECT_EQ(decoded.eval_fraction, 0);
   EXPECT_FALSE(decoded.rng_cpu.defined());
 }
 

@@ -83,6 +83,10 @@ TEST_F(TrainerTest, BadSettingsAreNamedBeforeAnythingRuns) {
   EXPECT_THAT(RunTrainingRank(config, group_, *store_, nullptr).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "batch_size must be positive"));
   config = SmallRun(1);
+  config.eval_fraction = 1;
+  EXPECT_THAT(RunTrainingRank(config, group_, *store_, nullptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "eval_fraction must be in [0, 1)"));
+  config = SmallRun(1);
   config.device = "tpu";
   EXPECT_THAT(RunTrainingRank(config, group_, *store_, nullptr).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "device must be cpu or cuda"));

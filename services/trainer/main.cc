@@ -37,6 +37,7 @@
 #include "libs/rpc/server_security.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/train/lineage.h"
 #include "libs/train/rank_supervisor.h"
 #include "libs/train/trainer.h"
 #include "libs/train/trainer_control.h"
@@ -92,13 +93,27 @@ ABSL_FLAG(int64_t, accumulation_steps, 1,
 ABSL_FLAG(int64_t, steps, 300,
           "Optimizer steps to train. A run resumed before reaching its goal finishes that goal; "
           "one resumed after it trains this many more. Default 300.");
-ABSL_FLAG(uint64_t, seed, 1234, "Seed of initialisation and shuffling.");
+ABSL_FLAG(uint64_t, seed, 1234, "Seed of initialisation, shuffling and the held-out split.");
+// ---- Evaluation.
+ABSL_FLAG(double, eval_fraction, 0,
+          "Fraction of the data held out (a split seeded by --seed), never trained on; at every "
+          "checkpoint the model is evaluated on it and the version records the metrics val_loss "
+          "and val_acc. In [0, 1). Default 0: no held-out part, no evaluation.");
 // ---- Checkpoints.
 ABSL_FLAG(std::string, model_name, "",
           "The store's name for this model. Default: <model>-<data kind>, e.g. mlp-synthetic.");
 ABSL_FLAG(int64_t, checkpoint_every, 100,
           "Checkpoint every N steps (also at each epoch end and at the end). 0: only those.");
 ABSL_FLAG(bool, resume, true, "Continue from the model's latest version if there is one.");
+// ---- Lineage (recorded in every version this run commits).
+ABSL_FLAG(std::string, run_id, "",
+          "This run's id in the versions' lineage. Default: a new one per run, "
+          "<model_name>-<UTC start time>-<random hex>; a resumed or restarted run is a new run. "
+          "Given, it names every run this command starts, restarts included.");
+ABSL_FLAG(std::string, code_revision, "",
+          "The training code's revision for the versions' lineage. Default: under `bazel run`, "
+          "the git commit of the workspace (BUILD_WORKSPACE_DIRECTORY), with +dirty when it has "
+          "changes or untracked files; none when that is not a git checkout or git is missing.");
 ABSL_FLAG(std::string, store_dir, "ckpt-data",
           "Embedded store directory (relative to where the command was run). Default "
           "./ckpt-data.");
@@ -164,6 +179,9 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   config.data.model_kind = config.model.kind;
   config.data.synthetic_examples = absl::GetFlag(FLAGS_synthetic_examples);
   config.data.seed = absl::GetFlag(FLAGS_seed);
+  config.eval_fraction = absl::GetFlag(FLAGS_eval_fraction);
+  config.run_id = absl::GetFlag(FLAGS_run_id);
+  config.code_revision = absl::GetFlag(FLAGS_code_revision);
   config.optimizer.kind = absl::GetFlag(FLAGS_optimizer);
   config.optimizer.lr = absl::GetFlag(FLAGS_lr);
   config.optimizer.momentum = absl::GetFlag(FLAGS_momentum);
@@ -200,6 +218,9 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
         "--batch_size, --accumulation_steps, --threads_per_rank and --bucket_cap_mb must be "
         "positive; --steps and "
         "--checkpoint_every must not be negative");
+  }
+  if (!(config.eval_fraction >= 0 && config.eval_fraction < 1)) {
+    return absl::InvalidArgumentError("--eval_fraction must be in [0, 1)");
   }
   return config;
 }
@@ -241,6 +262,11 @@ int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
   rendezvous.backend = absl::GetFlag(FLAGS_backend);
   store_options.master_addr = rendezvous.master_addr;
   config.local_rank = local_rank;
+  // Only rank 0 commits, so only it asks git (BUILD_WORKSPACE_DIRECTORY is set by `bazel run`).
+  if (const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+      rendezvous.rank == 0 && config.code_revision.empty() && workspace != nullptr) {
+    config.code_revision = train::GitCodeRevision(workspace);
+  }
   config.progress_line = rendezvous.rank == 0 && isatty(STDERR_FILENO);
 
   train::TrainerControl control;
@@ -349,13 +375,15 @@ int main(int argc, char** argv) {
       "pt:FILE]\n"
       "          [--steps=300] [--checkpoint_every=100] [--store_dir=ckpt-data | "
       "--store=HOST:PORT]\n"
-      "          [--max_restarts=0] [--control_listen=HOST:PORT]\n"
+      "          [--max_restarts=0] [--control_listen=HOST:PORT] [--eval_fraction=0.1]\n"
       "Started without RANK/WORLD_SIZE in the environment it launches --nproc_per_node ranks of\n"
       "itself (like torchrun); with them (torchrun's environment) it is one rank. Rank 0 writes a\n"
       "checkpoint every --checkpoint_every steps, at each epoch end and at the end (the upload "
       "runs\n"
       "in the background); running again resumes from the model's latest version. SIGINT/SIGTERM\n"
-      "stop gracefully (checkpoint, exit 0); a second one kills the ranks.");
+      "stop gracefully (checkpoint, exit 0); a second one kills the ranks. Every version records\n"
+      "its lineage (run id, the version the run resumed from, code revision, data) and, with\n"
+      "--eval_fraction, the held-out metrics val_loss and val_acc.");
   ckpt::SetHelpFlagsFile("services/trainer/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
