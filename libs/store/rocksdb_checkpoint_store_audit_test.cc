@@ -12,6 +12,7 @@
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/rocksdb_schema.h"
+#include "libs/store/testing/legacy_store.h"
 #include "rocksdb/db.h"
 
 namespace ckpt {
@@ -177,23 +178,8 @@ TEST_F(RocksDbAuditTest, RecordsAndSequenceNumbersSurviveReopening) {
 TEST_F(RocksDbAuditTest, StoreFromBeforeTheAuditLogOpensWithAnEmptyOne) {
   store_.reset();
   const std::string path = options_.db_path + "_old";
-  {
-    // The column families a store had before `audit` existed.
-    rocksdb::DBOptions db_options = MakeDbOptions(/*create_if_missing=*/true);
-    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
-    for (int i = 0; i < static_cast<int>(ColumnFamily::kAudit); ++i) {
-      const ColumnFamily cf = static_cast<ColumnFamily>(i);
-      descriptors.emplace_back(std::string(ColumnFamilyName(cf)), MakeColumnFamilyOptions(cf));
-    }
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(db_options, path, descriptors, &handles, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[0], std::string(kSchemaVersionKey),
-                        std::string(kSchemaVersion))
-                    .ok());
-    for (rocksdb::ColumnFamilyHandle* handle : handles) db->DestroyColumnFamilyHandle(handle);
-  }
+  // The column families a store had before `audit` existed.
+  ASSERT_OK(testing::CreateLegacyStore(path, ColumnFamily::kPackedChunks));
   options_.db_path = path;
   options_.create_if_missing = false;
   Reopen();
