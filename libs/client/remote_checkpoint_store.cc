@@ -39,12 +39,12 @@ std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.
 
 // ---------------------------------------------------------------------------------------------
 
-// The store's methods that only read: gRPC retries these on UNAVAILABLE (the channel's service
-// config); every other call may have changed the store and is sent once.
+// The store's methods that only read: ClientChannel::CallUnary retries these on UNAVAILABLE;
+// every other call may have changed the store and is sent once.
 const std::vector<std::string>& ReadOnlyMethods() {
   static const auto* methods = new std::vector<std::string>{
       "FindMissingChunks", "ListModels", "ListVersions", "GetManifest", "Verify",
-      "GetStats",          "ListAudit"};
+      "GetStats",          "ListAudit",  "ListHistory"};
   return *methods;
 }
 
@@ -53,15 +53,12 @@ class RemoteCheckpointStore::Connection {
   explicit Connection(std::shared_ptr<ClientChannel> channel)
       : channel_(std::move(channel)),
         stub_(v1::CheckpointStore::NewStub(channel_->channel())),
-        stream_stub_(v1::CheckpointStore::NewStub(channel_->stream_channel())),
         download_method_(kDownloadMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
-                         channel_->stream_channel()) {}
+                         channel_->channel()) {}
 
   const RemoteStoreOptions& options() const { return channel_->options(); }
   const ClientChannel& channel() const { return *channel_; }
   Stub& stub() const { return *stub_; }
-  // For Upload: a stub on the stream channel (ClientChannel::stream_channel).
-  Stub& stream_stub() const { return *stream_stub_; }
 
   // Download, read as raw messages (TensorDataResponseReader reads them without copying the
   // bytes). gRPC's generated stubs make their readers with this same internal factory; there is
@@ -70,7 +67,7 @@ class RemoteCheckpointStore::Connection {
       grpc::ClientContext* context, const v1::DownloadRequest& request) const {
     return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-            channel_->stream_channel().get(), download_method_, context, request));
+            channel_->channel().get(), download_method_, context, request));
   }
 
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const {
@@ -81,27 +78,22 @@ class RemoteCheckpointStore::Connection {
   }
   absl::Status FromCall(const grpc::Status& status) const { return channel_->FromCall(status); }
 
-  // One unary call of the method called `name`, with a deadline of `timeout` from now. gRPC
-  // retries the read-only ones (ReadOnlyMethods); the others are sent once, after the channel is
-  // connected.
+  // One unary call of the method called `name`, all attempts within `timeout` from now
+  // (ClientChannel::CallUnary): the read-only ones (ReadOnlyMethods) are retried on
+  // UNAVAILABLE; the others are sent once, after the channel is connected.
   template <typename Request, typename Response>
   absl::Status Call(absl::string_view name,
                     grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
                     const Request& request, Response* response, absl::Duration timeout) const {
-    const absl::Time deadline = absl::Now() + timeout;
-    const std::vector<std::string>& read_only = ReadOnlyMethods();
-    if (std::find(read_only.begin(), read_only.end(), name) == read_only.end()) {
-      RETURN_IF_ERROR(WaitUntilConnected(deadline));
-    }
-    std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
-    response->Clear();
-    return FromCall((stub_.get()->*method)(context.get(), request, response));
+    return channel_->CallUnary(name, timeout, [&](grpc::ClientContext* context) {
+      response->Clear();
+      return (stub_.get()->*method)(context, request, response);
+    });
   }
 
  private:
   const std::shared_ptr<ClientChannel> channel_;
   const std::unique_ptr<Stub> stub_;
-  const std::unique_ptr<Stub> stream_stub_;
   const grpc::internal::RpcMethod download_method_;
 };
 
@@ -196,7 +188,7 @@ class RemoteUploadSession final : public UploadSession {
   absl::Status SendHeader(absl::string_view model, v1::Manifest header,
                           const CommitOptions& options) {
     context_ = connection_->NewContext(absl::Now() + connection_->options().stream_deadline);
-    writer_ = connection_->stream_stub().Upload(context_.get(), &response_);
+    writer_ = connection_->stub().Upload(context_.get(), &response_);
     stream_open_ = true;
     v1::UploadHeader* upload = request_.mutable_header();
     upload->set_model(std::string(model));
@@ -538,8 +530,7 @@ RemoteCheckpointStore::RemoteCheckpointStore(std::shared_ptr<Connection> connect
                                              std::shared_ptr<ClientChannel> channel)
     : connection_(std::move(connection)),
       channel_(std::move(channel)),
-      stub_(v1::CheckpointStore::NewStub(channel_->channel())),
-      stream_stub_(v1::CheckpointStore::NewStub(channel_->stream_channel())) {}
+      stub_(v1::CheckpointStore::NewStub(channel_->channel())) {}
 
 RemoteCheckpointStore::~RemoteCheckpointStore() = default;
 

@@ -168,11 +168,10 @@ class RemoteCheckpointStore final : public CheckpointStore {
   RemoteCheckpointStore(std::shared_ptr<Connection> connection,
                         std::shared_ptr<ClientChannel> channel);
   std::shared_ptr<Connection> connection_;
-  // For the registry calls (remote_checkpoint_store_registry.cc): the channel Connection wraps,
-  // a stub for unary calls and one on the stream channel for Watch.
+  // For the registry calls (remote_checkpoint_store_registry.cc): the channel Connection wraps
+  // and a stub on it (shared with the watches it starts).
   std::shared_ptr<ClientChannel> channel_;
   std::shared_ptr<v1::CheckpointStore::Stub> stub_;
-  std::shared_ptr<v1::CheckpointStore::Stub> stream_stub_;
 };
 
 }  // namespace ckpt

@@ -35,16 +35,17 @@ using Stub = v1::CheckpointStore::Stub;
 // who stops calling Next soon stops the server through flow control.
 constexpr size_t kWatchBuffer = 16;
 
-// A call that changes the store: sent once, after the channel is connected (a retry could
-// apply the change twice).
+// One unary call of `method`, named `name`, within the client's deadline: sent once after the
+// channel is connected, or retried on UNAVAILABLE when `name` only reads (ReadOnlyMethods in
+// remote_checkpoint_store.cc): ClientChannel::CallUnary decides.
 template <typename Request, typename Response>
-absl::Status SendOnce(const ClientChannel& channel, Stub& stub,
-                      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
-                      const Request& request, Response* response) {
-  const absl::Time deadline = absl::Now() + channel.options().deadline;
-  RETURN_IF_ERROR(channel.WaitUntilConnected(deadline));
-  std::unique_ptr<grpc::ClientContext> context = channel.NewContext(deadline);
-  return channel.FromCall((stub.*method)(context.get(), request, response));
+absl::Status Call(const ClientChannel& channel, Stub& stub, absl::string_view name,
+                  grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                  const Request& request, Response* response) {
+  return channel.CallUnary(name, channel.options().deadline, [&](grpc::ClientContext* context) {
+    response->Clear();
+    return (stub.*method)(context, request, response);
+  });
 }
 
 // Names as a local store checks them, so a bad request fails from Watch itself.
@@ -192,7 +193,7 @@ absl::StatusOr<v1::ModelInfo> RemoteCheckpointStore::CreateModel(
   *request.mutable_details() = details;
   request.set_reason(attribution.reason);
   v1::ModelInfo response;
-  RETURN_IF_ERROR(SendOnce(*channel_, *stub_, &Stub::CreateModel, request, &response));
+  RETURN_IF_ERROR(Call(*channel_, *stub_, "CreateModel", &Stub::CreateModel, request, &response));
   return response;
 }
 
@@ -204,7 +205,7 @@ absl::StatusOr<v1::ModelInfo> RemoteCheckpointStore::UpdateModel(
   *request.mutable_change() = change;
   request.set_reason(attribution.reason);
   v1::ModelInfo response;
-  RETURN_IF_ERROR(SendOnce(*channel_, *stub_, &Stub::UpdateModel, request, &response));
+  RETURN_IF_ERROR(Call(*channel_, *stub_, "UpdateModel", &Stub::UpdateModel, request, &response));
   return response;
 }
 
@@ -215,7 +216,7 @@ absl::Status RemoteCheckpointStore::RenameModel(absl::string_view model, absl::s
   request.set_new_name(std::string(new_name));
   request.set_reason(attribution.reason);
   v1::RenameModelResponse response;
-  return SendOnce(*channel_, *stub_, &Stub::RenameModel, request, &response);
+  return Call(*channel_, *stub_, "RenameModel", &Stub::RenameModel, request, &response);
 }
 
 absl::StatusOr<v1::DeleteModelResponse> RemoteCheckpointStore::DeleteModel(
@@ -225,7 +226,7 @@ absl::StatusOr<v1::DeleteModelResponse> RemoteCheckpointStore::DeleteModel(
   request.set_force(force);
   request.set_reason(attribution.reason);
   v1::DeleteModelResponse response;
-  RETURN_IF_ERROR(SendOnce(*channel_, *stub_, &Stub::DeleteModel, request, &response));
+  RETURN_IF_ERROR(Call(*channel_, *stub_, "DeleteModel", &Stub::DeleteModel, request, &response));
   return response;
 }
 
@@ -238,7 +239,8 @@ absl::StatusOr<v1::VersionAnnotations> RemoteCheckpointStore::AnnotateVersion(
   *request.mutable_change() = change;
   request.set_reason(attribution.reason);
   v1::VersionAnnotations response;
-  RETURN_IF_ERROR(SendOnce(*channel_, *stub_, &Stub::AnnotateVersion, request, &response));
+  RETURN_IF_ERROR(
+      Call(*channel_, *stub_, "AnnotateVersion", &Stub::AnnotateVersion, request, &response));
   return response;
 }
 
@@ -261,12 +263,7 @@ absl::StatusOr<std::vector<v1::RegistryEvent>> RemoteCheckpointStore::ListHistor
         query.limit > 0 ? query.limit - static_cast<int64_t>(events.size()) : int64_t{kMaxPageSize};
     request.set_page_size(static_cast<int32_t>(std::min<int64_t>(wanted, kMaxPageSize)));
     v1::ListHistoryResponse response;
-    // Only reads: a page is asked for again when the server was unavailable.
-    RETURN_IF_ERROR(channel_->RestartOnUnavailable(
-        channel_->options().deadline, [&](std::unique_ptr<grpc::ClientContext> context) {
-          response.Clear();
-          return channel_->FromCall(stub_->ListHistory(context.get(), request, &response));
-        }));
+    RETURN_IF_ERROR(Call(*channel_, *stub_, "ListHistory", &Stub::ListHistory, request, &response));
     for (v1::RegistryEvent& event : *response.mutable_events()) events.push_back(std::move(event));
     if (response.next_after_sequence() == 0) break;
     if (response.next_after_sequence() <= request.after_sequence()) {
@@ -289,7 +286,7 @@ absl::StatusOr<RegistryState> RemoteCheckpointStore::GetRegistryState(
   RETURN_IF_ERROR(channel_->RestartOnUnavailable(
       channel_->options().deadline, [&](std::unique_ptr<grpc::ClientContext> context) {
         std::unique_ptr<grpc::ClientReader<v1::WatchResponse>> reader =
-            stream_stub_->Watch(context.get(), request);
+            stub_->Watch(context.get(), request);
         const bool read = reader->Read(&response);
         // The state is all this needs; the rest of the stream is not wanted.
         if (read) context->TryCancel();
@@ -326,7 +323,7 @@ absl::StatusOr<bool> RemoteCheckpointStore::WaitForHistory(int64_t after_sequenc
   request.set_resume_token(after_sequence);
   std::unique_ptr<grpc::ClientContext> context = channel_->NewContext(deadline);
   std::unique_ptr<grpc::ClientReader<v1::WatchResponse>> reader =
-      stream_stub_->Watch(context.get(), request);
+      stub_->Watch(context.get(), request);
   bool found = false;
   v1::WatchResponse response;
   while (reader->Read(&response)) {
@@ -349,7 +346,7 @@ absl::StatusOr<bool> RemoteCheckpointStore::WaitForHistory(int64_t after_sequenc
 absl::StatusOr<std::unique_ptr<RegistryWatch>> RemoteCheckpointStore::Watch(
     const v1::WatchRequest& request) {
   RETURN_IF_ERROR(ValidateWatchRequest(request));
-  return std::unique_ptr<RegistryWatch>(new RemoteWatch(channel_, stream_stub_, request));
+  return std::unique_ptr<RegistryWatch>(new RemoteWatch(channel_, stub_, request));
 }
 
 }  // namespace ckpt

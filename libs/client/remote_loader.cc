@@ -62,9 +62,7 @@ absl::StatusOr<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(
 RemoteLoader::RemoteLoader(std::shared_ptr<ClientChannel> channel)
     : channel_(std::move(channel)),
       stub_(v1::Loader::NewStub(channel_->channel())),
-      stream_stub_(v1::Loader::NewStub(channel_->stream_channel())),
-      load_method_(kLoadMethod, grpc::internal::RpcMethod::SERVER_STREAMING,
-                   channel_->stream_channel()) {}
+      load_method_(kLoadMethod, grpc::internal::RpcMethod::SERVER_STREAMING, channel_->channel()) {}
 
 absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
                                                const LoadTarget& target) const {
@@ -85,7 +83,7 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
         // gRPC's slices into their tensor (libs/rpc/tensor_data_message).
         std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> stream(
             grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-                channel_->stream_channel().get(), load_method_, &context, request));
+                channel_->channel().get(), load_method_, &context, request));
         grpc::ByteBuffer response;
         TensorDataResponseReader decoder;
         // Receives the stream; an early return cancels the call (TryCancel) before Finish.
@@ -204,9 +202,11 @@ absl::StatusOr<PreflightReport> RemoteLoader::Preflight(const v1::VersionRef& re
   *request.mutable_target() = LoadTargetToProto(target);
   ExpectedTensorsToProto(expected, *request.mutable_expected());
   v1::PreflightResponse response;
-  std::unique_ptr<grpc::ClientContext> context =
-      channel_->NewContext(absl::Now() + channel_->options().deadline);
-  RETURN_IF_ERROR(channel_->FromCall(stub_->Preflight(context.get(), request, &response)));
+  RETURN_IF_ERROR(channel_->CallUnary("Preflight", channel_->options().deadline,
+                                      [&](grpc::ClientContext* context) {
+                                        response.Clear();
+                                        return stub_->Preflight(context, request, &response);
+                                      }));
   return PreflightReportFromProto(response);
 }
 
@@ -227,7 +227,7 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
         result = ExportResult();
         ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
         std::unique_ptr<grpc::ClientReader<v1::ExportResponse>> stream =
-            stream_stub_->Export(&context, request);
+            stub_->Export(&context, request);
         v1::ExportResponse response;
         uint64_t total = 0;
         bool first = true;

@@ -90,8 +90,7 @@ class RemoteLoader final : public Loader {
   explicit RemoteLoader(std::shared_ptr<ClientChannel> channel);
 
   const std::shared_ptr<ClientChannel> channel_;
-  const std::unique_ptr<v1::Loader::Stub> stub_;         // Preflight (unary).
-  const std::unique_ptr<v1::Loader::Stub> stream_stub_;  // Export (ClientChannel::stream_channel).
+  const std::unique_ptr<v1::Loader::Stub> stub_;  // Preflight and Export.
   // Load, read as raw messages (libs/rpc/tensor_data_message), for the bytes' sake.
   const grpc::internal::RpcMethod load_method_;
 };

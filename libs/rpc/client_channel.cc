@@ -4,8 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -17,16 +15,8 @@
 namespace ckpt {
 namespace {
 
-// gRPC makes at most this many attempts of one call, whatever the service config asks
-// (gRFC A6: maxAttempts above 5 is treated as 5).
-constexpr int kGrpcMaxAttempts = 5;
 // The longest wait between retries, and between reconnection attempts.
 constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
-
-std::string JsonSeconds(absl::Duration duration) {
-  // gRPC rejects a zero initialBackoff; a millisecond is the shortest wait worth writing.
-  return absl::StrFormat("%.3fs", std::max(absl::ToDoubleSeconds(duration), 0.001));
-}
 
 absl::Status ValidateOptions(const ClientOptions& options) {
   if (options.address.empty()) {
@@ -76,22 +66,6 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const Clie
 
 }  // namespace
 
-std::string RetryServiceConfig(const ClientOptions& options, const ServiceSpec& service) {
-  const int attempts = std::min(options.max_retries + 1, kGrpcMaxAttempts);
-  if (attempts < 2 || service.retried_methods.empty()) return "{}";
-  std::vector<std::string> names;
-  for (const std::string& method : service.retried_methods) {
-    names.push_back(
-        absl::StrFormat(R"({"service":"%s","method":"%s"})", service.full_name, method));
-  }
-  return absl::StrFormat(
-      R"({"methodConfig":[{"name":[%s],"waitForReady":false,"retryPolicy":{"maxAttempts":%d,)"
-      R"("initialBackoff":"%s","maxBackoff":"%s","backoffMultiplier":2,)"
-      R"("retryableStatusCodes":["UNAVAILABLE"]}}]})",
-      absl::StrJoin(names, ","), attempts, JsonSeconds(options.initial_backoff),
-      JsonSeconds(kMaxBackoff));
-}
-
 absl::StatusOr<std::shared_ptr<ClientChannel>> ClientChannel::Open(const ClientOptions& options,
                                                                    const ServiceSpec& service) {
   RETURN_IF_ERROR(ValidateOptions(options));
@@ -107,29 +81,19 @@ absl::StatusOr<std::shared_ptr<ClientChannel>> ClientChannel::Open(const ClientO
   if (!options.tls.server_name.empty()) {
     arguments.SetSslTargetNameOverride(options.tls.server_name);
   }
-  // Streams get a channel without the retry service config: with one, a 256 MiB Download
-  // streamed at 0.9-1.5 GiB/s instead of 1.6-1.8 GiB/s (BENCHMARKS.md, paired R4 runs).
-  grpc::ChannelArguments stream_arguments = arguments;
-  // Its own connection, not one shared with the unary channel through gRPC's global pool.
-  stream_arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  std::shared_ptr<grpc::Channel> stream_channel =
-      grpc::CreateCustomChannel(options.address, credentials, stream_arguments);
-  arguments.SetServiceConfigJSON(RetryServiceConfig(options, service));
-  std::shared_ptr<grpc::Channel> unary_channel =
-      grpc::CreateCustomChannel(options.address, credentials, arguments);
-  std::shared_ptr<ClientChannel> channel(
-      new ClientChannel(options, service, std::move(unary_channel), std::move(stream_channel)));
+  // No service config and no retries by gRPC: with them on, gRPC runs every call through its
+  // retry machinery, and a 256 MiB Download streamed 10-45% slower (BENCHMARKS.md, paired R4
+  // runs). Read-only calls and streams are retried by RestartOnUnavailable instead.
+  arguments.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  std::shared_ptr<ClientChannel> channel(new ClientChannel(
+      options, service, grpc::CreateCustomChannel(options.address, credentials, arguments)));
   RETURN_IF_ERROR(channel->WaitUntilConnected(absl::Now() + options.connect_timeout));
   return channel;
 }
 
 ClientChannel::ClientChannel(ClientOptions options, ServiceSpec service,
-                             std::shared_ptr<grpc::Channel> channel,
-                             std::shared_ptr<grpc::Channel> stream_channel)
-    : options_(std::move(options)),
-      service_(std::move(service)),
-      channel_(std::move(channel)),
-      stream_channel_(std::move(stream_channel)) {}
+                             std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)), service_(std::move(service)), channel_(std::move(channel)) {}
 
 std::string ClientChannel::ServerName() const {
   return absl::StrCat(service_.noun, " at ", options_.address);
@@ -146,12 +110,10 @@ std::unique_ptr<grpc::ClientContext> ClientChannel::NewContext(absl::Time deadli
 
 absl::Status ClientChannel::WaitUntilConnected(absl::Time deadline) const {
   const absl::Time limit = std::min(deadline, absl::Now() + options_.connect_timeout);
-  bool connected = true;
-  for (const std::shared_ptr<grpc::Channel>& channel : {channel_, stream_channel_}) {
-    if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) continue;
-    connected = connected && channel->WaitForConnected(absl::ToChronoTime(limit));
+  if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY ||
+      channel_->WaitForConnected(absl::ToChronoTime(limit))) {
+    return absl::OkStatus();
   }
-  if (connected) return absl::OkStatus();
   std::string why = absl::StrCat("cannot connect to the ", ServerName(), " within ",
                                  absl::FormatDuration(options_.connect_timeout));
   if (!options_.tls.ca_file.empty()) {
@@ -187,8 +149,24 @@ absl::Status ClientChannel::RestartOnUnavailable(
       return status;
     }
     absl::SleepFor(backoff);
-    backoff *= 2;
+    backoff = std::min(backoff * 2, kMaxBackoff);
   }
+}
+
+absl::Status ClientChannel::CallUnary(
+    absl::string_view method, absl::Duration timeout,
+    const std::function<grpc::Status(grpc::ClientContext* context)>& call) const {
+  const std::vector<std::string>& retried = service_.retried_methods;
+  if (std::find(retried.begin(), retried.end(), method) != retried.end()) {
+    return RestartOnUnavailable(timeout, [&](std::unique_ptr<grpc::ClientContext> context) {
+      return FromCall(call(context.get()));
+    });
+  }
+  // Sent once: it may change the server, so it waits for the connection rather than failing
+  // fast on a channel that is still connecting.
+  const absl::Time deadline = absl::Now() + timeout;
+  RETURN_IF_ERROR(WaitUntilConnected(deadline));
+  return FromCall(call(NewContext(deadline).get()));
 }
 
 }  // namespace ckpt

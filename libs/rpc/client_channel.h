@@ -5,15 +5,22 @@
 // one shape, channel credentials (plaintext or TLS / mutual TLS), the bearer token, deadlines,
 // and retries.
 //
-// Retries come in two kinds, each written once here:
-//  - Unary calls that only read are retried by gRPC itself, from the channel's service config
-//    (a `retryPolicy` on UNAVAILABLE for the methods the client names; see gRFC A6). They stay
-//    fail-fast (`waitForReady: false`): a server that is down gives UNAVAILABLE naming its
+// Retries are ours, written once here (RestartOnUnavailable), for unary calls and streams alike:
+//  - Unary calls that only read (the methods the ServiceSpec names in retried_methods) are
+//    retried on UNAVAILABLE by CallUnary, up to max_retries times with backoff. They stay
+//    fail-fast (no wait_for_ready): a server that is down gives UNAVAILABLE naming it and its
 //    address once the retries are spent, not DEADLINE_EXCEEDED a minute later. Calls that change
 //    the server are sent once, after WaitUntilConnected.
 //  - Streams whose partial result the client throws away (a Load, an Export, a Download before
-//    its manifest) are restarted from the beginning by RestartOnUnavailable: gRPC cannot retry a
-//    stream once a response has arrived. A restart waits for the channel to reconnect first.
+//    its manifest) are restarted from the beginning the same way: gRPC cannot retry a stream
+//    once a response has arrived.
+// A restart waits for the channel to reconnect first.
+//
+// Why not gRPC's own retries (a `retryPolicy` in a service config, gRFC A6): with one, gRPC runs
+// every call on the channel through its retry machinery, streams included, and that cost a
+// 256 MiB Download 10-45% of its throughput (BENCHMARKS.md, paired R4 runs); a second channel
+// for streams only won part of it back. So the channel has no service config and gRPC's retries
+// are switched off (GRPC_ARG_ENABLE_RETRIES = 0): one channel carries every call.
 //
 // Example:
 //   ClientOptions options;
@@ -23,8 +30,12 @@
 //                    ClientChannel::Open(options, {"ckpt.v1.CheckpointStore", "checkpoint store",
 //                                                  {"GetManifest", "ListVersions"}}));
 //   auto stub = v1::CheckpointStore::NewStub(channel->channel());
-//   std::unique_ptr<grpc::ClientContext> context = channel->NewContext(absl::Now() +
-//   options.deadline);
+//   v1::Manifest manifest;
+//   RETURN_IF_ERROR(channel->CallUnary("GetManifest", options.deadline,
+//                                      [&](grpc::ClientContext* context) {
+//                                        manifest.Clear();
+//                                        return stub->GetManifest(context, request, &manifest);
+//                                      }));
 
 #include <functional>
 #include <memory>
@@ -68,11 +79,9 @@ struct ClientOptions {
   // upload session or reader) and long maintenance calls, restarts included. Default 1 hour.
   absl::Duration stream_deadline = absl::Hours(1);
   // Retries of a read-only call or a restartable stream that failed with UNAVAILABLE (0: none).
-  // gRPC makes at most 5 attempts of a unary call, so unary calls retry at most 4 times.
   // Default 3.
   int max_retries = 3;
-  // Wait before the first retry; doubles for each further one (gRPC jitters its waits).
-  // Default 100 ms.
+  // Wait before the first retry; doubles for each further one, up to 5 s. Default 100 ms.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   // How long Open, and each call that changes the server, waits for the channel to connect.
   // Default 10 s.
@@ -88,13 +97,10 @@ struct ServiceSpec {
   std::string full_name;
   // How messages name the server: "checkpoint store" -> "checkpoint store at HOST:PORT: ...".
   std::string noun;
-  // Unary methods safe to send again (they only read): gRPC retries these on UNAVAILABLE.
+  // Unary methods safe to send again (they only read), e.g. "GetManifest": CallUnary retries
+  // these on UNAVAILABLE and sends every other method once.
   std::vector<std::string> retried_methods;
 };
-
-// The gRPC service config for `service` under `options`: retryPolicy for its retried methods.
-// Exposed for tests.
-std::string RetryServiceConfig(const ClientOptions& options, const ServiceSpec& service);
 
 class ClientChannel {
  public:
@@ -105,19 +111,15 @@ class ClientChannel {
                                                              const ServiceSpec& service);
 
   const ClientOptions& options() const { return options_; }
-  // For unary calls: carries the retry service config.
+  // For every call, unary and streaming. No service config; gRPC's retries are off.
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
-  // For streams (Upload, Download, Load, Export): the same server without the retry service
-  // config, which costs streams throughput (gRPC then runs every call through its retry
-  // machinery); streams restart through RestartOnUnavailable instead.
-  const std::shared_ptr<grpc::Channel>& stream_channel() const { return stream_channel_; }
   // "checkpoint store at HOST:PORT".
   std::string ServerName() const;
 
   // A context for one call that must end by `deadline`, carrying the bearer token.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
 
-  // OK once both channels are connected; UNAVAILABLE naming the server when they are not within
+  // OK once the channel is connected; UNAVAILABLE naming the server when it is not within
   // connect_timeout (or by `deadline`, if sooner). Nothing has been sent when this fails.
   absl::Status WaitUntilConnected(absl::Time deadline) const;
 
@@ -136,14 +138,21 @@ class ClientChannel {
       const std::function<absl::Status(std::unique_ptr<grpc::ClientContext> context)>& attempt)
       const;
 
+  // One unary call of the service's method `method` (e.g. "GetManifest"), all attempts within
+  // `timeout` from now: `call` makes it with the context it is given and returns its status
+  // (and must discard what an earlier attempt received). A method in retried_methods goes
+  // through RestartOnUnavailable; any other is sent once, after WaitUntilConnected. The result
+  // is FromCall's.
+  absl::Status CallUnary(
+      absl::string_view method, absl::Duration timeout,
+      const std::function<grpc::Status(grpc::ClientContext* context)>& call) const;
+
  private:
-  ClientChannel(ClientOptions options, ServiceSpec service, std::shared_ptr<grpc::Channel> channel,
-                std::shared_ptr<grpc::Channel> stream_channel);
+  ClientChannel(ClientOptions options, ServiceSpec service, std::shared_ptr<grpc::Channel> channel);
 
   const ClientOptions options_;
   const ServiceSpec service_;
   const std::shared_ptr<grpc::Channel> channel_;
-  const std::shared_ptr<grpc::Channel> stream_channel_;
 };
 
 }  // namespace ckpt

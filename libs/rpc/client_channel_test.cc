@@ -13,7 +13,6 @@ namespace ckpt {
 namespace {
 
 using ::ckpt::testing::StatusIs;
-using ::testing::HasSubstr;
 
 // A Trainer service whose calls fail with UNAVAILABLE the first `failures` times: GetStatus
 // stands for a read-only call the client retries, Stop for one that changes the server.
@@ -59,22 +58,24 @@ class ClientChannelTest : public ::testing::Test {
   }
   absl::Status GetStatus(const ClientChannel& channel) const {
     auto stub = v1::Trainer::NewStub(channel.channel());
-    auto context = channel.NewContext(absl::Now() + absl::Seconds(10));
     v1::TrainerStatus status;
-    return channel.FromCall(stub->GetStatus(context.get(), v1::GetStatusRequest(), &status));
+    return channel.CallUnary("GetStatus", absl::Seconds(10), [&](grpc::ClientContext* context) {
+      return stub->GetStatus(context, v1::GetStatusRequest(), &status);
+    });
   }
   absl::Status Stop(const ClientChannel& channel) const {
     auto stub = v1::Trainer::NewStub(channel.channel());
-    auto context = channel.NewContext(absl::Now() + absl::Seconds(10));
     v1::StopResponse response;
-    return channel.FromCall(stub->Stop(context.get(), v1::StopRequest(), &response));
+    return channel.CallUnary("Stop", absl::Seconds(10), [&](grpc::ClientContext* context) {
+      return stub->Stop(context, v1::StopRequest(), &response);
+    });
   }
 
   std::unique_ptr<FlakyTrainer> service_;
   std::unique_ptr<GrpcServer> server_;
 };
 
-TEST_F(ClientChannelTest, GrpcRetriesTheNamedReadOnlyMethodsOnUnavailable) {
+TEST_F(ClientChannelTest, CallUnaryRetriesTheNamedReadOnlyMethodsOnUnavailable) {
   Serve(/*failures=*/2);
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<ClientChannel> channel,
                        ClientChannel::Open(Options(), TrainerSpec()));
@@ -140,6 +141,20 @@ TEST_F(ClientChannelTest, AServerThatIsDownIsUnavailableNamingIt) {
                        "cannot connect to the trainer at " + options.address));
 }
 
+TEST_F(ClientChannelTest, AReadOnlyCallToAServerThatWentDownIsUnavailableNamingIt) {
+  Serve(/*failures=*/0);
+  ClientOptions options = Options();
+  options.connect_timeout = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<ClientChannel> channel,
+                       ClientChannel::Open(options, TrainerSpec()));
+  server_->Shutdown(absl::ZeroDuration());
+  // Fail-fast: the retries are spent long before the call's 10 s deadline.
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(GetStatus(*channel),
+              StatusIs(absl::StatusCode::kUnavailable, "trainer at " + options.address));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
 TEST(ClientChannelOptionsTest, BadOptionsAreInvalidArgumentsNamingTheField) {
   ClientOptions options;
   EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
@@ -162,20 +177,6 @@ TEST(ClientChannelOptionsTest, BadOptionsAreInvalidArgumentsNamingTheField) {
   options.tls.ca_file = "/no/such/ca.pem";
   EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
               StatusIs(absl::StatusCode::kNotFound, "tls.ca_file=/no/such/ca.pem"));
-}
-
-TEST(RetryServiceConfigTest, NamesEachRetriedMethodAndCapsAttemptsAtGrpcsLimit) {
-  ClientOptions options;
-  options.max_retries = 10;
-  const std::string config =
-      RetryServiceConfig(options, {"ckpt.v1.Loader", "loader", {"Preflight", "Other"}});
-  EXPECT_THAT(config, HasSubstr(R"({"service":"ckpt.v1.Loader","method":"Preflight"})"));
-  EXPECT_THAT(config, HasSubstr(R"({"service":"ckpt.v1.Loader","method":"Other"})"));
-  EXPECT_THAT(config, HasSubstr(R"("maxAttempts":5)"));
-  EXPECT_THAT(config, HasSubstr(R"("initialBackoff":"0.100s")"));
-  EXPECT_THAT(config, HasSubstr(R"("waitForReady":false)"));
-  options.max_retries = 0;
-  EXPECT_EQ(RetryServiceConfig(options, {"ckpt.v1.Loader", "loader", {"Preflight"}}), "{}");
 }
 
 }  // namespace
