@@ -84,6 +84,15 @@ ABSL_FLAG(absl::Duration, abandoned_upload_grace, absl::Hours(1),
 ABSL_FLAG(int, worker_threads, 8,
           "Threads that run store work (RocksDB reads and writes, hashing, fsync) off gRPC's "
           "threads; calls beyond this many wait in a queue. Default 8.");
+ABSL_FLAG(int, max_watches, 1000,
+          "Watch streams (serving fleets following an alias) served at once, each holding a "
+          "thread; more are refused with RESOURCE_EXHAUSTED. Default 1000.");
+ABSL_FLAG(absl::Duration, watch_write_timeout, absl::Seconds(30),
+          "A watcher that has not taken a message for this long (it stopped reading) is cut "
+          "off; it may resume from its last resume token. Default 30s.");
+ABSL_FLAG(int64_t, watch_max_lag, 10000,
+          "A watcher held up by flow control and more than this many history events behind "
+          "ends with RESOURCE_EXHAUSTED naming its resume token. Default 10000.");
 
 namespace ckpt {
 namespace {
@@ -126,6 +135,18 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   if (config.service.worker_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--worker_threads must be at least 1, got ", config.service.worker_threads));
+  }
+  config.service.max_watches = absl::GetFlag(FLAGS_max_watches);
+  config.service.watch_write_timeout = absl::GetFlag(FLAGS_watch_write_timeout);
+  config.service.watch_max_lag = absl::GetFlag(FLAGS_watch_max_lag);
+  if (config.service.max_watches < 1 ||
+      config.service.watch_write_timeout <= absl::ZeroDuration() ||
+      config.service.watch_max_lag < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_watches must be >= 1 (got ", config.service.max_watches,
+                     "), --watch_write_timeout > 0 (got ",
+                     absl::FormatDuration(config.service.watch_write_timeout),
+                     ") and --watch_max_lag >= 1 (got ", config.service.watch_max_lag, ")"));
   }
   ServerSecurityFlags security_flags;
   security_flags.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
