@@ -2,8 +2,8 @@
 TLS (a CA and server / client certificates made here with openssl), with versions put in by the
 real `ckpt import` from torch.save files made here.
 
-The registry cases (annotate, history, watch) need the store's AnnotateVersion / ListHistory /
-Watch; against a server that answers UNIMPLEMENTED they are skipped, saying so.
+The registry cases (annotate, history, watch) run against the store's AnnotateVersion /
+ListHistory / Watch.
 """
 import collections
 import json
@@ -352,20 +352,12 @@ class TlsTest(unittest.TestCase):
                 client.load_state_dict(MODEL)
 
 
-def registry_or_skip(test, call):
-    """Runs call(); skips the test when the server has no registry RPCs yet (UNIMPLEMENTED)."""
-    try:
-        return call()
-    except ckpt_client.Unimplemented as error:
-        test.skipTest(f"the checkpoint_store does not implement the registry RPCs yet: {error}")
-
-
 class RegistryTest(unittest.TestCase):
     def test_annotate_and_history(self):
         with plain_client() as client:
-            annotations = registry_or_skip(self, lambda: client.annotate(
+            annotations = client.annotate(
                 f"{MODEL}@production", metrics={"val_acc": 0.93}, tags={"eval": "imagenet-v2"},
-                description="first eval", reason="nightly eval"))
+                description="first eval", reason="nightly eval")
             self.assertAlmostEqual(annotations.metrics["val_acc"], 0.93)
             self.assertEqual(annotations.tags["eval"], "imagenet-v2")
             self.assertEqual(annotations.description, "first eval")
@@ -386,7 +378,6 @@ class RegistryTest(unittest.TestCase):
 
     def test_watch_sees_alias_moves_across_a_store_restart(self):
         with plain_client() as client:
-            registry_or_skip(self, lambda: client.history(MODEL))
             kinds = client.messages.registry_pb2.RegistryEvent
             updates = queue.Queue()
 
@@ -399,8 +390,6 @@ class RegistryTest(unittest.TestCase):
 
             threading.Thread(target=follow, daemon=True).start()
             first = updates.get(timeout=20)
-            if isinstance(first, ckpt_client.Unimplemented):
-                self.skipTest(f"the checkpoint_store does not implement Watch yet: {first}")
             self.assertIsNotNone(first.state, first)
             (info,) = first.state.models
             self.assertEqual((info.name, info.latest_version, info.aliases["production"]),
