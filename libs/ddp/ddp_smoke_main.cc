@@ -17,7 +17,6 @@
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/core/grad_mode.h"
-#include "ATen/detail/CUDAHooksInterface.h"
 #include "libs/ddp/distributed_data_parallel.h"
 #include "libs/ddp/local_launcher.h"
 #include "libs/ddp/process_group.h"
@@ -43,21 +42,18 @@ struct Mlp : torch::nn::Module {
 };
 
 int RunRank(const std::string& backend, const std::string& device_name) {
-  int local_rank = 0;
   std::optional<ckpt::ddp::RendezvousOptions> options =
-      ckpt::ddp::RendezvousOptionsFromEnvironment(&local_rank);
+      ckpt::ddp::RendezvousOptionsFromEnvironment();
   TORCH_CHECK(options.has_value(), "worker started without RANK/WORLD_SIZE");
   options->backend = backend;
   options->timeout = std::chrono::seconds(60);
-  at::Device device(at::kCPU);
-  if (device_name == "cuda") {
-    const int gpus = at::detail::getCUDAHooks().getNumGPUs();
-    TORCH_CHECK(gpus > 0, "device cuda requested but no CUDA device is visible");
-    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
-  } else {
-    TORCH_CHECK(device_name == "cpu", "unknown device \"", device_name, "\"; expected cpu or cuda");
-  }
+  TORCH_CHECK(device_name == "cpu" || device_name == "cuda", "unknown device \"", device_name,
+              "\"; expected cpu or cuda");
+  options->device_type = device_name == "cuda" ? at::kCUDA : at::kCPU;
+  // With cuda, rank r computes on cuda:<local rank r>, which InitProcessGroup makes current.
   const ckpt::ddp::ProcessGroupHandle pg = ckpt::ddp::InitProcessGroup(*options);
+  const ckpt::ddp::Communicator& comm = pg.comm;
+  const at::Device device = comm.device();
   const int rank = pg.rank;
 
   at::manual_seed(42 + rank);  // rank 0's init must win
@@ -65,9 +61,9 @@ int RunRank(const std::string& backend, const std::string& device_name) {
   model->to(device);
   ckpt::ddp::DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = 64 * 1024;  // several buckets even for this small model
-  ckpt::ddp::DistributedDataParallel ddp(model, pg.group, ddp_options);
+  ckpt::ddp::DistributedDataParallel ddp(model, comm, ddp_options);
   if (rank == 0) {
-    std::cout << "ddp smoke: backend " << backend << ", device " << device << ", world "
+    std::cout << "ddp smoke: backend " << backend << ", device " << device << " (rank 0), world "
               << pg.world_size << ", " << ddp.num_buckets() << " buckets" << std::endl;
   }
   for (int step = 0; step < kSteps; ++step) {
@@ -88,7 +84,7 @@ int RunRank(const std::string& backend, const std::string& device_name) {
         p.mutable_grad().zero_();
       }
     }
-    const double mean_loss = ckpt::ddp::AllReduceMean(*pg.group, loss.item<double>());
+    const double mean_loss = comm.AllReduceMean(loss.item<double>());
     if (rank == 0) std::cout << "step " << step << " loss " << mean_loss << std::endl;
   }
 
@@ -96,13 +92,11 @@ int RunRank(const std::string& backend, const std::string& device_name) {
   std::vector<at::Tensor> pieces;
   for (const at::Tensor& p : model->parameters()) pieces.push_back(p.detach().reshape({-1}));
   const at::Tensor mine = at::cat(pieces);
-  std::vector<at::Tensor> root = {mine.clone()};
-  c10d::BroadcastOptions broadcast_options;
-  broadcast_options.rootRank = 0;
-  pg.group->broadcast(root, broadcast_options)->wait();
-  const bool same = at::equal(mine, root[0]);
-  const double agreeing = ckpt::ddp::AllReduceMean(*pg.group, same ? 1.0 : 0.0);
-  ckpt::ddp::Barrier(*pg.group);
+  at::Tensor root = comm.Place(mine.clone());
+  comm.Broadcast(root, /*root=*/0);
+  const bool same = at::equal(mine, root);
+  const double agreeing = comm.AllReduceMean(same ? 1.0 : 0.0);
+  comm.Barrier();
   if (agreeing != 1.0) {
     std::cerr << "rank " << rank << ": parameters " << (same ? "match" : "DIFFER from")
               << " rank 0's; fraction of ranks agreeing " << agreeing << std::endl;

@@ -11,7 +11,6 @@
 #include "ATen/ScalarOps.h"
 #include "ATen/core/grad_mode.h"
 #include "c10/util/Exception.h"
-#include "torch/csrc/distributed/c10d/Types.hpp"
 
 namespace ckpt::ddp {
 namespace {
@@ -40,11 +39,10 @@ void DistributedDataParallel::NoSyncGuard::Release() {
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10::intrusive_ptr<c10d::ProcessGroup> group,
-                                                 DataParallelOptions options)
-    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+                                                 Communicator comm, DataParallelOptions options)
+    : module_(std::move(module)), comm_(std::move(comm)), options_(options) {
   TORCH_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
-  TORCH_CHECK(group_, "DistributedDataParallel: process group is null");
+  TORCH_CHECK(comm_.valid(), "DistributedDataParallel: the communicator has no process group");
   TORCH_CHECK(options_.bucket_cap_bytes > 0,
               "DistributedDataParallel: bucket_cap_bytes must be positive, got ",
               options_.bucket_cap_bytes);
@@ -109,9 +107,15 @@ void DistributedDataParallel::BuildBuckets() {
   slot_ready_.clear();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
-    const at::Tensor& first =
-        parameters_[static_cast<size_t>(bucket.slots.front().parameter_index)];
-    bucket.flat = at::zeros({numels[b]}, first.options().requires_grad(false));
+    const int64_t first_index = bucket.slots.front().parameter_index;
+    const at::Tensor& first = parameters_[static_cast<size_t>(first_index)];
+    // Placed, so the all-reduce takes it; on the parameters' device, so the hooks fill it without
+    // a copy. A parameter elsewhere would make every gradient cross devices: refuse it here.
+    bucket.flat = comm_.Place(at::zeros({numels[b]}, first.options().requires_grad(false)));
+    TORCH_CHECK(bucket.flat.device() == first.device(), "DistributedDataParallel: parameter ",
+                first_index, " is on ", first.device(),
+                " but the process group's collectives run on ", comm_.device(),
+                "; move the module there first (module->to(device))");
     bucket.pending = static_cast<int64_t>(bucket.slots.size());
     slot_ready_.emplace_back(bucket.slots.size(), false);
   }
@@ -174,10 +178,7 @@ void DistributedDataParallel::LaunchReadyBucketsLocked() {
   while (next_to_launch_ < static_cast<int64_t>(buckets_.size()) &&
          buckets_[static_cast<size_t>(next_to_launch_)].pending == 0) {
     Bucket& bucket = buckets_[static_cast<size_t>(next_to_launch_)];
-    std::vector<at::Tensor> tensors = {bucket.flat};
-    c10d::AllreduceOptions allreduce_options;
-    allreduce_options.reduceOp = c10d::ReduceOp::SUM;
-    bucket.work = group_->allreduce(tensors, allreduce_options);
+    bucket.work = comm_.AllReduceSumAsync(bucket.flat);
     bytes_all_reduced_ += static_cast<int64_t>(bucket.flat.nbytes());
     ++next_to_launch_;
   }
@@ -213,7 +214,7 @@ void DistributedDataParallel::FinishGradientSync() {
   // A wrapped number, as a Scalar argument would be: it never changes the result's dtype (a 0-dim
   // tensor would, for 0-dim gradients).
   const at::Tensor world_size =
-      at::native::wrapped_scalar_tensor(c10::Scalar(static_cast<int64_t>(group_->getSize())));
+      at::native::wrapped_scalar_tensor(c10::Scalar(static_cast<int64_t>(comm_.size())));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     for (const Slot& slot : bucket.slots) {
@@ -248,7 +249,7 @@ void DistributedDataParallel::PrepareForward() {
 }
 
 void DistributedDataParallel::BroadcastTensors(const std::vector<at::Tensor>& tensors) {
-  if (group_->getSize() == 1) return;  // rank 0's values are already everyone's
+  if (comm_.size() == 1) return;  // rank 0's values are already everyone's
   at::NoGradGuard no_grad;
   const int64_t chunk_bytes = std::max(options_.bucket_cap_bytes, kMinBroadcastChunkBytes);
   // Group by (dtype, device) in first-seen order, which every rank computes identically.
@@ -264,8 +265,6 @@ void DistributedDataParallel::BroadcastTensors(const std::vector<at::Tensor>& te
       it->push_back(tensor);
     }
   }
-  c10d::BroadcastOptions broadcast_options;
-  broadcast_options.rootRank = 0;
   for (const std::vector<at::Tensor>& kind : groups) {
     size_t begin = 0;
     while (begin < kind.size()) {
@@ -278,12 +277,12 @@ void DistributedDataParallel::BroadcastTensors(const std::vector<at::Tensor>& te
         pieces.push_back(kind[end].reshape({-1}));
         ++end;
       }
-      std::vector<at::Tensor> flat = {at::cat(pieces)};
-      group_->broadcast(flat, broadcast_options)->wait();
+      at::Tensor flat = comm_.Place(at::cat(pieces));
+      comm_.Broadcast(flat, /*root=*/0);
       int64_t offset = 0;
       for (size_t i = begin; i < end; ++i) {
         at::Tensor target = kind[i];
-        target.copy_(flat[0].narrow(0, offset, target.numel()).view(target.sizes()));
+        target.copy_(flat.narrow(0, offset, target.numel()).view(target.sizes()));
         offset += target.numel();
       }
       begin = end;

@@ -15,6 +15,10 @@
 // and NCCL match collectives by order). FinishGradientSync completes the rest and writes
 // sum / world_size into every parameter's .grad.
 //
+// Every tensor it hands to a collective (buckets, coalesced broadcasts) is allocated or placed by
+// the Communicator, on the group's device; the module's parameters must already be there
+// (module->to(comm.device()) for NCCL), which the constructor checks.
+//
 // Ownership: shares the module and the group. The hooks point at this object, so it is neither
 // copyable nor movable and must outlive any backward pass over the module.
 // Thread-safety: hooks run on autograd threads and are serialized by an internal mutex; the
@@ -22,7 +26,7 @@
 // Errors are thrown as c10::Error.
 //
 // Example:
-//   DistributedDataParallel ddp(model, pg.group);
+//   DistributedDataParallel ddp(model, pg.comm);
 //   for (...) {
 //     optimizer.zero_grad();
 //     ddp.PrepareForward();
@@ -39,7 +43,8 @@
 
 #include "ATen/ATen.h"
 #include "c10/util/intrusive_ptr.h"
-#include "torch/csrc/distributed/c10d/ProcessGroup.hpp"
+#include "libs/ddp/communicator.h"
+#include "torch/csrc/distributed/c10d/Work.hpp"
 #include "torch/nn/module.h"
 
 namespace ckpt::ddp {
@@ -57,8 +62,8 @@ class DistributedDataParallel {
  public:
   // Registers gradient hooks on every parameter that requires grad and broadcasts parameters and
   // buffers from rank 0 so all ranks start equal (a collective: every rank constructs together).
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          c10::intrusive_ptr<c10d::ProcessGroup> group,
+  // Throws if a parameter is not on the collective device.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Communicator comm,
                           DataParallelOptions options = {});
   ~DistributedDataParallel();  // removes the hooks
 
@@ -142,7 +147,7 @@ class DistributedDataParallel {
   void BroadcastTensors(const std::vector<at::Tensor>& tensors);
 
   std::shared_ptr<torch::nn::Module> module_;
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  Communicator comm_;
   DataParallelOptions options_;
   std::vector<at::Tensor> parameters_;  // module_->parameters() at construction
   std::vector<Location> locations_;     // per parameter

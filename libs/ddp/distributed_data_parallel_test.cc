@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "libs/ddp/local_launcher.h"
 #include "libs/ddp/process_group.h"
+#include "libs/ddp/testing/device_checking_process_group.h"
 #include "torch/nn/module.h"
 #include "torch/nn/modules/batchnorm.h"
 #include "torch/nn/modules/linear.h"
@@ -115,6 +116,14 @@ std::string File(const std::string& dir, const std::string& name, int rank, int 
          (step >= 0 ? "_step" + std::to_string(step) : std::string()) + ".bin";
 }
 
+// Every test runs its group as if rank r's collectives were on cuda:r, so a tensor handed to a
+// collective without going through the Communicator fails here as it would under NCCL
+// (libs/ddp/testing/device_checking_process_group.h). Models stay on the CPU.
+ProcessGroupHandle OnDeclaredDevice(ProcessGroupHandle pg) {
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(pg.rank));
+  return testing::WithDeclaredDevice(std::move(pg), device);
+}
+
 // ---- Worker side: one rank, in a child process started by RunLocalRanks. ----
 
 void TrainWorker(const ProcessGroupHandle& pg, const std::string& dir) {
@@ -122,7 +131,7 @@ void TrainWorker(const ProcessGroupHandle& pg, const std::string& dir) {
   std::shared_ptr<Mlp> model = MakeMlp(1234 + rank);
   DataParallelOptions options;
   options.bucket_cap_bytes = 1024;
-  DistributedDataParallel ddp(model, pg.group, options);
+  DistributedDataParallel ddp(model, pg.comm, options);
   const std::vector<std::vector<int64_t>> expected_buckets = {{5, 4, 3}, {2}, {1, 0}};
   TORCH_CHECK(ddp.bucket_parameter_indices() == expected_buckets, "unexpected buckets, ",
               ddp.num_buckets(), " of them");
@@ -134,7 +143,7 @@ void TrainWorker(const ProcessGroupHandle& pg, const std::string& dir) {
                                    targets.narrow(0, rank * kRankBatch, kRankBatch));
     loss.backward();
     ddp.FinishGradientSync();
-    const double global_loss = AllReduceMean(*pg.group, loss.item<double>());
+    const double global_loss = pg.comm.AllReduceMean(loss.item<double>());
     SgdStep(*model);
     WriteTensor(File(dir, "params", rank, step), Flat(model->parameters()));
     WriteTensor(File(dir, "loss", rank, step), at::full({1}, global_loss, at::kDouble));
@@ -149,7 +158,7 @@ void NoSyncWorker(const ProcessGroupHandle& pg, const std::string& dir) {
   std::shared_ptr<Mlp> model = MakeMlp(77 + rank);
   DataParallelOptions options;
   options.bucket_cap_bytes = 1024;
-  DistributedDataParallel ddp(model, pg.group, options);
+  DistributedDataParallel ddp(model, pg.comm, options);
   // Rank r's micro-batches are rows [2r * B, (2r + 1) * B) and [(2r + 1) * B, (2r + 2) * B).
   auto [inputs, targets] = GlobalBatch(100, 4 * kRankBatch);
   auto micro_loss = [&](int micro) {
@@ -178,7 +187,7 @@ void BuffersWorker(const ProcessGroupHandle& pg, const std::string& dir) {
   const int rank = pg.rank;
   at::manual_seed(5);
   auto model = std::make_shared<BatchNormNet>();
-  DistributedDataParallel ddp(model, pg.group);
+  DistributedDataParallel ddp(model, pg.comm);
   // Rank-specific data moves each rank's running statistics differently.
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(500 + rank);
   at::Tensor inputs = at::randn({8, 4}, generator, at::TensorOptions()) * (rank + 1) + rank;
@@ -198,7 +207,7 @@ int RunWorker(const std::string& scenario) {
     std::optional<RendezvousOptions> options = RendezvousOptionsFromEnvironment();
     TORCH_CHECK(options.has_value(), "worker started without RANK/WORLD_SIZE");
     options->timeout = std::chrono::seconds(20);
-    const ProcessGroupHandle pg = InitProcessGroup(*options);
+    const ProcessGroupHandle pg = OnDeclaredDevice(InitProcessGroup(*options));
     if (scenario == "train") {
       TrainWorker(pg, dir);
     } else if (scenario == "nosync") {
@@ -208,7 +217,7 @@ int RunWorker(const std::string& scenario) {
     } else {
       TORCH_CHECK(false, "unknown scenario ", scenario);
     }
-    Barrier(*pg.group);  // nobody tears down Gloo while a peer still needs it
+    pg.comm.Barrier();  // nobody tears down Gloo while a peer still needs it
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "worker " << scenario << " failed: " << e.what() << "\n";
@@ -304,13 +313,13 @@ TEST(DistributedDataParallelTest, PrepareForwardGivesEveryRankRankZerosBuffers) 
 TEST(DistributedDataParallelTest, SingleRankGradientsEqualPlainBackward) {
   RendezvousOptions options;
   options.master_port = 0;
-  const ProcessGroupHandle pg = InitProcessGroup(options);
+  const ProcessGroupHandle pg = OnDeclaredDevice(InitProcessGroup(options));
   std::shared_ptr<Mlp> model = MakeMlp(9);
   std::shared_ptr<Mlp> plain = MakeMlp(9);
   auto [inputs, targets] = GlobalBatch(7, kRankBatch);
   at::mse_loss(plain->forward(inputs), targets).backward();
   {
-    DistributedDataParallel ddp(model, pg.group);
+    DistributedDataParallel ddp(model, pg.comm);
     EXPECT_EQ(ddp.num_buckets(), 1);
     EXPECT_THAT(ddp.bucket_parameter_indices(), ElementsAre(ElementsAre(5, 4, 3, 2, 1, 0)));
     at::mse_loss(model->forward(inputs), targets).backward();
@@ -327,7 +336,7 @@ TEST(DistributedDataParallelTest, SingleRankGradientsEqualPlainBackward) {
 TEST(DistributedDataParallelTest, EarlierBucketsLaunchWhileBackwardIsStillRunning) {
   RendezvousOptions options;
   options.master_port = 0;
-  const ProcessGroupHandle pg = InitProcessGroup(options);
+  const ProcessGroupHandle pg = OnDeclaredDevice(InitProcessGroup(options));
   std::shared_ptr<Mlp> model = MakeMlp(4);
   DistributedDataParallel* ddp_pointer = nullptr;
   int64_t launched_when_fc1_grad_arrived = -1;
@@ -341,7 +350,7 @@ TEST(DistributedDataParallelTest, EarlierBucketsLaunchWhileBackwardIsStillRunnin
   }
   DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = 1024;
-  DistributedDataParallel ddp(model, pg.group, ddp_options);
+  DistributedDataParallel ddp(model, pg.comm, ddp_options);
   ddp_pointer = &ddp;
   auto [inputs, targets] = GlobalBatch(3, kRankBatch);
   at::mse_loss(model->forward(inputs), targets).backward();
@@ -354,11 +363,11 @@ TEST(DistributedDataParallelTest, EarlierBucketsLaunchWhileBackwardIsStillRunnin
 TEST(DistributedDataParallelTest, ParametersWithoutGradientGetZerosAndUndefinedGradsAreDefined) {
   RendezvousOptions options;
   options.master_port = 0;
-  const ProcessGroupHandle pg = InitProcessGroup(options);
+  const ProcessGroupHandle pg = OnDeclaredDevice(InitProcessGroup(options));
   std::shared_ptr<Mlp> model = MakeMlp(3);
   DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = 1024;
-  DistributedDataParallel ddp(model, pg.group, ddp_options);
+  DistributedDataParallel ddp(model, pg.comm, ddp_options);
   // Only fc3 takes part; fc1 and fc2 get no gradient in this backward.
   at::Tensor hidden = at::randn({3, 16});
   at::mse_loss(model->fc3->forward(hidden), at::zeros({3, 4})).backward();
@@ -383,9 +392,9 @@ struct ScalarNet : torch::nn::Module {
 TEST(DistributedDataParallelTest, ZeroDimParametersKeepTheirGradientDtype) {
   RendezvousOptions options;
   options.master_port = 0;
-  const ProcessGroupHandle pg = InitProcessGroup(options);
+  const ProcessGroupHandle pg = OnDeclaredDevice(InitProcessGroup(options));
   auto model = std::make_shared<ScalarNet>();
-  DistributedDataParallel ddp(model, pg.group, DataParallelOptions());
+  DistributedDataParallel ddp(model, pg.comm, DataParallelOptions());
   for (int step = 0; step < 2; ++step) {  // the second step finds .grad defined.
     (model->scale * at::full({3}, 1.5f)).sum().backward();
     ddp.FinishGradientSync();

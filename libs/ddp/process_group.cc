@@ -3,14 +3,14 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "c10/core/impl/VirtualGuardImpl.h"
 #include "c10/util/Exception.h"
 #include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
@@ -51,7 +51,7 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_
 // tools/gpu_check.sh builds this path against a pip PyTorch.)
 c10::intrusive_ptr<c10d::ProcessGroup> WrapBackend(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, const std::string& name,
-    std::chrono::milliseconds timeout, c10::DeviceType device_type,
+    std::chrono::milliseconds timeout, const std::vector<c10::DeviceType>& device_types,
     c10d::ProcessGroup::BackendType backend_type,
     const c10::intrusive_ptr<c10d::Backend>& backend) {
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 6
@@ -61,7 +61,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> WrapBackend(
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
   group->setDefaultBackend(backend_type);
 #endif
-  group->setBackend(device_type, backend_type, backend);
+  for (const c10::DeviceType device_type : device_types) {
+    group->setBackend(device_type, backend_type, backend);
+  }
   return group;
 }
 #endif
@@ -73,8 +75,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> MakeGloo(const c10::intrusive_ptr<c10d::S
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.world_size,
                                                           gloo_options);
 #if TORCH_VERSION_MAJOR >= 2
-  return WrapBackend(store, options.rank, options.world_size, "gloo", options.timeout,
-                     c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  // Gloo also moves CUDA tensors (through host memory) when the rank computes on a GPU.
+  std::vector<c10::DeviceType> device_types = {c10::DeviceType::CPU};
+  if (options.device_type == c10::DeviceType::CUDA) device_types.push_back(c10::DeviceType::CUDA);
+  return WrapBackend(store, options.rank, options.world_size, "gloo", options.timeout, device_types,
+                     c10d::ProcessGroup::BackendType::GLOO, gloo);
 #else
   return gloo;
 #endif
@@ -89,7 +94,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> MakeNccl(const c10::intrusive_ptr<c10d::S
                                                           nccl_options);
 #if TORCH_VERSION_MAJOR >= 2
   return WrapBackend(store, options.rank, options.world_size, "nccl", options.timeout,
-                     c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+                     {c10::DeviceType::CUDA}, c10d::ProcessGroup::BackendType::NCCL, nccl);
 #else
   return nccl;
 #endif
@@ -114,10 +119,21 @@ int ParseIntVariable(const char* name, const char* text, int min_value, int max_
   return static_cast<int>(value);
 }
 
-at::TensorOptions CollectiveTensorOptions(const c10d::ProcessGroup& group) {
-  // NCCL only moves CUDA tensors; a device without an index means the current CUDA device.
-  if (group.getBackendName() == "nccl") return at::TensorOptions().device(at::kCUDA);
-  return at::TensorOptions().device(at::kCPU);
+// Makes cuda:<local rank> this process's current device before the group exists, as torchrun-
+// launched PyTorch does with torch.cuda.set_device(local_rank): NCCL's communicators, streams and
+// any tensor created without a device index then land on the rank's own GPU, not on GPU 0.
+void UseRankCudaDevice(const RendezvousOptions& options, const c10::Device& device) {
+  TORCH_CHECK(at::hasCUDA(),
+              "device cuda requested, but this LibTorch has no CUDA (or no GPU is visible); "
+              "build against a CUDA LibTorch (--config=cuda, README \"CUDA builds\") or use "
+              "device cpu with backend gloo");
+  c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
+  const int gpus = cuda.deviceCount();
+  TORCH_CHECK(device.index() < gpus, "rank ", options.rank, " (local rank ", device.index(),
+              ") needs its own GPU cuda:", static_cast<int>(device.index()), ", but only ", gpus,
+              " CUDA device(s) are visible; start at most ", gpus,
+              " ranks per node (NCCL cannot share one GPU between ranks)");
+  cuda.setDevice(device);
 }
 
 }  // namespace
@@ -138,10 +154,20 @@ ProcessGroupHandle InitProcessGroup(const RendezvousOptions& options) {
   TORCH_CHECK(!options.master_addr.empty(), "master_addr is empty");
   TORCH_CHECK(options.timeout.count() > 0, "timeout must be positive, got ",
               options.timeout.count(), " ms");
+  TORCH_CHECK(
+      options.device_type == c10::DeviceType::CPU || options.device_type == c10::DeviceType::CUDA,
+      "device must be cpu or cuda, got ", options.device_type);
+  TORCH_CHECK(options.backend != "nccl" || options.device_type == c10::DeviceType::CUDA,
+              "backend \"nccl\" moves only CUDA tensors; set the device to cuda (or use gloo)");
+  TORCH_CHECK(options.local_rank >= -1, "local_rank must be >= 0 (or -1: the rank), got ",
+              options.local_rank);
 #ifndef CKPT_DDP_HAVE_NCCL
   // Fail before the rendezvous, so a misconfigured job does not first wait for its peers.
   if (options.backend == "nccl") MakeNccl(c10::intrusive_ptr<c10d::Store>(), options);
 #endif
+
+  const c10::Device device = RankDevice(options);
+  if (device.is_cuda()) UseRankCudaDevice(options, device);
 
   ProcessGroupHandle handle;
   handle.rank = options.rank;
@@ -163,8 +189,9 @@ ProcessGroupHandle InitProcessGroup(const RendezvousOptions& options) {
                 " ms): could not join the TCPStore: ", e.what());
   }
   try {
-    handle.group = options.backend == "gloo" ? MakeGloo(handle.store, options)
-                                             : MakeNccl(handle.store, options);
+    handle.comm = Communicator(options.backend == "gloo" ? MakeGloo(handle.store, options)
+                                                         : MakeNccl(handle.store, options),
+                               device);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "creating the ", options.backend, " process group failed for ", where,
                 " (timeout ", options.timeout.count(), " ms): ", e.what());
@@ -172,7 +199,13 @@ ProcessGroupHandle InitProcessGroup(const RendezvousOptions& options) {
   return handle;
 }
 
-std::optional<RendezvousOptions> RendezvousOptionsFromEnvironment(int* local_rank) {
+c10::Device RankDevice(const RendezvousOptions& options) {
+  if (options.device_type == c10::DeviceType::CPU) return c10::Device(c10::DeviceType::CPU);
+  const int index = options.local_rank >= 0 ? options.local_rank : options.rank;
+  return c10::Device(options.device_type, static_cast<c10::DeviceIndex>(index));
+}
+
+std::optional<RendezvousOptions> RendezvousOptionsFromEnvironment() {
   const char* rank_text = std::getenv("RANK");
   const char* world_text = std::getenv("WORLD_SIZE");
   if (rank_text == nullptr || world_text == nullptr) return std::nullopt;
@@ -189,46 +222,11 @@ std::optional<RendezvousOptions> RendezvousOptionsFromEnvironment(int* local_ran
   if (const char* port = std::getenv("MASTER_PORT"); port != nullptr) {
     options.master_port = ParseIntVariable("MASTER_PORT", port, 0, 65535);
   }
-  if (local_rank != nullptr) {
-    const char* local_text = std::getenv("LOCAL_RANK");
-    *local_rank = local_text == nullptr ? options.rank
-                                        : ParseIntVariable("LOCAL_RANK", local_text, 0,
-                                                           std::numeric_limits<int>::max());
-  }
+  const char* local_text = std::getenv("LOCAL_RANK");
+  options.local_rank = local_text == nullptr ? options.rank
+                                             : ParseIntVariable("LOCAL_RANK", local_text, 0,
+                                                                std::numeric_limits<int>::max());
   return options;
 }
-
-std::string BroadcastString(c10d::ProcessGroup& group, const std::string& value_on_root, int root) {
-  TORCH_CHECK(root >= 0 && root < group.getSize(), "BroadcastString root must be in [0, ",
-              group.getSize(), "), got ", root);
-  const at::TensorOptions device = CollectiveTensorOptions(group);
-  c10d::BroadcastOptions options;
-  options.rootRank = root;
-  // Two broadcasts: the length first, so every rank can size its receive buffer.
-  const bool is_root = group.getRank() == root;
-  std::vector<at::Tensor> length = {
-      at::full({1}, is_root ? static_cast<int64_t>(value_on_root.size()) : int64_t{0},
-               device.dtype(at::kLong))};
-  group.broadcast(length, options)->wait();
-  const int64_t size = length[0].cpu().item<int64_t>();
-  if (size == 0) return std::string();
-  at::Tensor bytes = at::empty({size}, at::TensorOptions().dtype(at::kByte));
-  if (is_root) std::memcpy(bytes.data_ptr(), value_on_root.data(), value_on_root.size());
-  std::vector<at::Tensor> payload = {bytes.to(device.device())};
-  group.broadcast(payload, options)->wait();
-  const at::Tensor received = payload[0].cpu().contiguous();
-  return std::string(static_cast<const char*>(received.data_ptr()), static_cast<size_t>(size));
-}
-
-double AllReduceMean(c10d::ProcessGroup& group, double value) {
-  std::vector<at::Tensor> tensors = {
-      at::full({1}, value, CollectiveTensorOptions(group).dtype(at::kDouble))};
-  c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::SUM;
-  group.allreduce(tensors, options)->wait();
-  return tensors[0].cpu().item<double>() / group.getSize();
-}
-
-void Barrier(c10d::ProcessGroup& group) { group.barrier()->wait(); }
 
 }  // namespace ckpt::ddp

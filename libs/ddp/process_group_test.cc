@@ -28,30 +28,30 @@ int RunWorker() {
     options->timeout = std::chrono::seconds(20);
     ProcessGroupHandle pg = InitProcessGroup(*options);
     const int rank = pg.rank;
-    TORCH_CHECK(pg.world_size == 2 && pg.backend == "gloo" && pg.group->getSize() == 2 &&
-                    pg.group->getRank() == rank,
+    TORCH_CHECK(pg.world_size == 2 && pg.backend == "gloo" && pg.comm.size() == 2 &&
+                    pg.comm.rank() == rank && pg.comm.device() == c10::Device(c10::kCPU),
                 "unexpected handle: rank ", pg.rank, " world ", pg.world_size);
 
     const std::string from_root0 =
-        BroadcastString(*pg.group, rank == 0 ? "hello from rank 0" : "ignored on rank 1");
+        pg.comm.BroadcastString(rank == 0 ? "hello from rank 0" : "ignored on rank 1");
     TORCH_CHECK(from_root0 == "hello from rank 0", "rank ", rank, " got \"", from_root0, "\"");
     // A payload with every byte value, larger than one Gloo chunk, from root 1.
     std::string binary;
     for (int i = 0; i < 300000; ++i) binary.push_back(static_cast<char>(i * 7 % 256));
-    const std::string from_root1 = BroadcastString(*pg.group, rank == 1 ? binary : "", 1);
+    const std::string from_root1 = pg.comm.BroadcastString(rank == 1 ? binary : "", 1);
     TORCH_CHECK(from_root1 == binary, "rank ", rank, " got a different ", from_root1.size(),
                 "-byte payload from root 1");
-    const std::string empty = BroadcastString(*pg.group, "", 0);
+    const std::string empty = pg.comm.BroadcastString("", 0);
     TORCH_CHECK(empty.empty(), "rank ", rank, " got \"", empty, "\" for an empty broadcast");
 
-    const double mean = AllReduceMean(*pg.group, rank == 0 ? 1.25 : 4.0);
+    const double mean = pg.comm.AllReduceMean(rank == 0 ? 1.25 : 4.0);
     TORCH_CHECK(mean == 2.625, "rank ", rank, " got mean ", mean, ", expected 2.625");
     // float64 end to end: 1 + 2^-40 would round away in float32.
     const double tiny =
-        AllReduceMean(*pg.group, 1.0 + (rank == 0 ? 0.0 : 2.0 * 9.094947017729282e-13));
+        pg.comm.AllReduceMean(1.0 + (rank == 0 ? 0.0 : 2.0 * 9.094947017729282e-13));
     TORCH_CHECK(tiny == 1.0 + 9.094947017729282e-13, "rank ", rank,
                 " lost float64 precision: ", tiny);
-    Barrier(*pg.group);
+    pg.comm.Barrier();
     std::cerr << "rank " << rank << ": collectives OK\n";
     return 0;
   } catch (const std::exception& e) {
@@ -72,9 +72,9 @@ TEST(ProcessGroupTest, SingleRankWorksOnAnOsChosenPort) {
   options.master_port = 0;
   ProcessGroupHandle pg = InitProcessGroup(options);
   EXPECT_EQ(pg.world_size, 1);
-  EXPECT_EQ(BroadcastString(*pg.group, "alone"), "alone");
-  EXPECT_EQ(AllReduceMean(*pg.group, 3.5), 3.5);
-  Barrier(*pg.group);
+  EXPECT_EQ(pg.comm.BroadcastString("alone"), "alone");
+  EXPECT_EQ(pg.comm.AllReduceMean(3.5), 3.5);
+  pg.comm.Barrier();
 }
 
 std::string ErrorOf(const RendezvousOptions& options) {
@@ -90,7 +90,38 @@ TEST(ProcessGroupTest, NcclInABuildWithoutNcclIsAClearError) {
   RendezvousOptions options;
   options.master_port = 0;
   options.backend = "nccl";
+  options.device_type = c10::DeviceType::CUDA;
   EXPECT_THAT(ErrorOf(options), HasSubstr("this build has no NCCL; rebuild with --config=cuda"));
+}
+
+TEST(ProcessGroupTest, NcclNeedsTheCudaDevice) {
+  RendezvousOptions options;
+  options.master_port = 0;
+  options.backend = "nccl";
+  EXPECT_THAT(ErrorOf(options), HasSubstr("backend \"nccl\" moves only CUDA tensors"));
+}
+
+TEST(ProcessGroupTest, CudaDeviceWithoutCudaIsAClearErrorBeforeTheRendezvous) {
+  RendezvousOptions options;
+  options.master_port = PickFreeLoopbackPort();  // nobody listens: a rendezvous would time out
+  options.rank = 1;
+  options.world_size = 2;
+  options.device_type = c10::DeviceType::CUDA;
+  options.timeout = std::chrono::seconds(30);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(ErrorOf(options), HasSubstr("device cuda requested, but this LibTorch has no CUDA"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(ProcessGroupTest, RankDeviceIsCudaLocalRank) {
+  RendezvousOptions options;
+  options.rank = 5;
+  options.world_size = 8;
+  EXPECT_EQ(RankDevice(options), c10::Device(c10::kCPU));
+  options.device_type = c10::DeviceType::CUDA;
+  EXPECT_EQ(RankDevice(options), c10::Device(c10::kCUDA, 5));  // no LOCAL_RANK: the rank
+  options.local_rank = 1;
+  EXPECT_EQ(RankDevice(options), c10::Device(c10::kCUDA, 1));
 }
 
 TEST(ProcessGroupTest, UnreachableMasterFailsWithinTheTimeout) {
@@ -147,26 +178,24 @@ TEST_F(EnvironmentTest, ReadsTheTorchrunVariables) {
   ::setenv("LOCAL_RANK", "1", 1);
   ::setenv("MASTER_ADDR", "10.1.2.3", 1);
   ::setenv("MASTER_PORT", "23456", 1);
-  int local_rank = -1;
-  const std::optional<RendezvousOptions> options = RendezvousOptionsFromEnvironment(&local_rank);
+  const std::optional<RendezvousOptions> options = RendezvousOptionsFromEnvironment();
   ASSERT_TRUE(options.has_value());
   EXPECT_EQ(options->rank, 3);
   EXPECT_EQ(options->world_size, 8);
   EXPECT_EQ(options->master_addr, "10.1.2.3");
   EXPECT_EQ(options->master_port, 23456);
   EXPECT_EQ(options->backend, "gloo");
-  EXPECT_EQ(local_rank, 1);
+  EXPECT_EQ(options->local_rank, 1);
 }
 
 TEST_F(EnvironmentTest, DefaultsMasterAndLocalRank) {
   ::setenv("RANK", "1", 1);
   ::setenv("WORLD_SIZE", "2", 1);
-  int local_rank = -1;
-  const std::optional<RendezvousOptions> options = RendezvousOptionsFromEnvironment(&local_rank);
+  const std::optional<RendezvousOptions> options = RendezvousOptionsFromEnvironment();
   ASSERT_TRUE(options.has_value());
   EXPECT_EQ(options->master_addr, "127.0.0.1");
   EXPECT_EQ(options->master_port, 29500);
-  EXPECT_EQ(local_rank, 1);
+  EXPECT_EQ(options->local_rank, 1);
 }
 
 TEST_F(EnvironmentTest, IsNulloptWithoutRankOrWorldSize) {

@@ -80,19 +80,16 @@ struct StepConsensus {
   bool checkpoint_now = false;
 };
 
-StepConsensus AgreeOnStep(c10d::ProcessGroup& group, double loss,
+StepConsensus AgreeOnStep(const ddp::Communicator& comm, double loss,
                           const TrainerControl::Requests& requests) {
-  at::Tensor values =
-      at::tensor({loss, requests.stop ? 1.0 : 0.0, requests.skip_checkpoint ? 1.0 : 0.0,
-                  requests.checkpoint ? 1.0 : 0.0},
-                 at::kDouble);
-  std::vector<at::Tensor> tensors = {values};
-  group.allreduce(tensors)->wait();
+  const std::vector<double> sums =
+      comm.AllReduceSum({loss, requests.stop ? 1.0 : 0.0, requests.skip_checkpoint ? 1.0 : 0.0,
+                         requests.checkpoint ? 1.0 : 0.0});
   StepConsensus consensus;
-  consensus.mean_loss = values[0].item<double>() / group.getSize();
-  consensus.stop = values[1].item<double>() > 0;
-  consensus.skip_checkpoint = values[2].item<double>() > 0;
-  consensus.checkpoint_now = values[3].item<double>() > 0;
+  consensus.mean_loss = sums[0] / comm.size();
+  consensus.stop = sums[1] > 0;
+  consensus.skip_checkpoint = sums[2] > 0;
+  consensus.checkpoint_now = sums[3] > 0;
   return consensus;
 }
 
@@ -237,9 +234,8 @@ absl::Status RankRun::Resume() {
     }
   }
   if (group_.world_size > 1) {
-    ASSIGN_OR_RETURN(resume_version, CatchTorchErrors([&] {
-                       return ddp::BroadcastString(*group_.group, resume_version);
-                     }));
+    ASSIGN_OR_RETURN(resume_version,
+                     CatchTorchErrors([&] { return group_.comm.BroadcastString(resume_version); }));
   }
   if (resume_version.empty()) return absl::OkStatus();
   int64_t version = 0;
@@ -323,8 +319,7 @@ absl::Status RankRun::SetUpLineage() {
   std::string run_id = config_.run_id;
   if (run_id.empty() && leader_) run_id = NewRunId(summary_.model_name, absl::Now());
   if (config_.run_id.empty() && group_.world_size > 1) {
-    ASSIGN_OR_RETURN(run_id,
-                     CatchTorchErrors([&] { return ddp::BroadcastString(*group_.group, run_id); }));
+    ASSIGN_OR_RETURN(run_id, CatchTorchErrors([&] { return group_.comm.BroadcastString(run_id); }));
   }
   summary_.run_id = run_id;
   lineage_.set_run_id(run_id);
@@ -373,7 +368,7 @@ absl::Status RankRun::Evaluate() {
     share.push_back(split_.held_out[i]);
   }
   ASSIGN_OR_RETURN(
-      at::Tensor totals, CatchTorchErrors([&] {
+      const std::vector<double> totals, CatchTorchErrors([&] {
         // Rank 0's buffers (BatchNorm statistics), as the next forward would use.
         data_parallel_->PrepareForward();
         // Nothing below should draw random numbers; restoring the generator makes
@@ -405,18 +400,14 @@ absl::Status RankRun::Evaluate() {
           std::lock_guard<std::mutex> lock(generator.mutex());
           generator.set_state(rng_state);
         }
-        at::Tensor sums =
-            at::tensor({loss_sum, correct, static_cast<double>(share.size())}, at::kDouble);
-        std::vector<at::Tensor> tensors = {sums};
-        group_.group->allreduce(tensors)->wait();
-        return sums;
+        return group_.comm.AllReduceSum({loss_sum, correct, static_cast<double>(share.size())});
       }));
-  const double examples = totals[2].item<double>();
+  const double examples = totals[2];
   EvalMetrics metrics;
   metrics.global_step = loop_.global_step;
   metrics.examples = static_cast<int64_t>(examples);
-  metrics.loss = totals[0].item<double>() / examples;
-  metrics.accuracy = totals[1].item<double>() / examples;
+  metrics.loss = totals[0] / examples;
+  metrics.accuracy = totals[1] / examples;
   eval_ = metrics;
   summary_.last_eval = metrics;
   return absl::OkStatus();
@@ -426,7 +417,7 @@ absl::Status RankRun::SetUpDataParallel() {
   ddp::DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = config_.bucket_cap_bytes;
   ASSIGN_OR_RETURN(data_parallel_, CatchTorchErrors([&] {
-                     return std::make_unique<ddp::DistributedDataParallel>(model_, group_.group,
+                     return std::make_unique<ddp::DistributedDataParallel>(model_, group_.comm,
                                                                            ddp_options);
                    }));
   ASSIGN_OR_RETURN(
@@ -535,7 +526,7 @@ absl::Status RankRun::TrainLoop() {
     }
 
     ASSIGN_OR_RETURN(StepConsensus consensus, CatchTorchErrors([&] {
-                       return AgreeOnStep(*group_.group, step_loss, control_.pending());
+                       return AgreeOnStep(group_.comm, step_loss, control_.pending());
                      }));
     last_loss_ = consensus.mean_loss;
     stop = consensus.stop;
@@ -691,7 +682,7 @@ absl::Status RankRun::Finish() {
     summary_.checkpoint_stall = checkpointer_->stats().total_stall;
   }
   // Nobody leaves before rank 0's store has committed: the other ranks may still be reading it.
-  RETURN_IF_ERROR(CatchTorchErrors([&] { ddp::Barrier(*group_.group); }));
+  RETURN_IF_ERROR(CatchTorchErrors([&] { group_.comm.Barrier(); }));
   status_.set_state(v1::TrainerStatus::STATE_FINISHED);
   control_.SetStatus(status_);
   control_.Finished(final_version);
@@ -710,7 +701,7 @@ absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
                                                 const ddp::ProcessGroupHandle& group,
                                                 CheckpointStore& store, TrainerControl* control) {
   RETURN_IF_ERROR(ValidateConfig(config));
-  if (group.group == nullptr) return absl::InvalidArgumentError("no process group");
+  if (!group.comm.valid()) return absl::InvalidArgumentError("no process group");
   TrainerControl local_control;
   RankRun run(config, group, store, control != nullptr ? *control : local_control);
   return run.Run();

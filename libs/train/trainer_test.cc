@@ -1,16 +1,26 @@
 // RunTrainingRank as a library: one Gloo rank trains against a store it is given (a real RocksDB
 // store in TEST_TMPDIR), checkpoints, and a second call resumes from what the first wrote. No
 // gRPC, no launcher: where the store runs is the binary's business (services/trainer).
+//
+// Every run here is on a process group that declares rank r's collectives to be on cuda:r while
+// the model stays on the CPU (libs/ddp/testing/device_checking_process_group.h): a collective
+// handed a tensor that did not go through the Communicator fails as it would under NCCL. One
+// rank in-process; two ranks as two processes (this binary) over Gloo.
 
 #include "libs/train/trainer.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/ddp/local_launcher.h"
 #include "libs/ddp/process_group.h"
+#include "libs/ddp/testing/device_checking_process_group.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
@@ -20,20 +30,34 @@ namespace ckpt::train {
 namespace {
 
 using ::ckpt::testing::StatusIs;
+using ::testing::ElementsAre;
+
+constexpr char kWorkerVariable[] = "CKPT_TRAINER_TEST_WORKER";
+
+ddp::ProcessGroupHandle OnDeclaredDevice(ddp::ProcessGroupHandle group) {
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(group.rank));
+  return ddp::testing::WithDeclaredDevice(std::move(group), device);
+}
+
+std::string StorePath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
 
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     StoreOptions options;
-    options.db_path = std::string(std::getenv("TEST_TMPDIR")) + "/" +
-                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    options.db_path = StorePath(::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
     ddp::RendezvousOptions rendezvous;
     rendezvous.master_port = 0;  // one rank: the OS picks the TCPStore's port.
-    group_ = ddp::InitProcessGroup(rendezvous);
+    group_ = OnDeclaredDevice(ddp::InitProcessGroup(rendezvous));
   }
 
-  static TrainerConfig SmallRun(int64_t steps) {
+  static TrainerConfig SmallRun(int64_t steps) { return SmallTrainerRun(steps); }
+
+ public:
+  static TrainerConfig SmallTrainerRun(int64_t steps) {
     TrainerConfig config;
     config.data.synthetic_examples = 64;
     config.batch_size = 16;
@@ -44,12 +68,56 @@ class TrainerTest : public ::testing::Test {
     config.scheduler.kind = "step";
     config.scheduler.step_size = 2;
     config.store_location = "in-process";
+    config.eval_fraction = 0.25;  // so the evaluation's collective runs too
     return config;
   }
 
   std::unique_ptr<RocksDbCheckpointStore> store_;
   ddp::ProcessGroupHandle group_;
 };
+
+// One rank of TwoRanksTrainEvaluateAndCheckpoint: each rank has a store of its own (only rank 0
+// commits; a fresh run reads nothing), held-out evaluation on, so every collective the trainer
+// issues runs: the resume and run-id broadcasts, DDP's parameter broadcast and buckets, the
+// per-step agreement, the evaluation sums and the final barrier.
+int RunWorker() {
+  try {
+    std::optional<ddp::RendezvousOptions> rendezvous = ddp::RendezvousOptionsFromEnvironment();
+    if (!rendezvous) throw std::runtime_error("worker started without RANK/WORLD_SIZE");
+    rendezvous->timeout = std::chrono::seconds(30);
+    const ddp::ProcessGroupHandle group = OnDeclaredDevice(ddp::InitProcessGroup(*rendezvous));
+    StoreOptions options;
+    options.db_path = StorePath("two_ranks_store" + std::to_string(group.rank));
+    absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+        RocksDbCheckpointStore::Open(options);
+    if (!store.ok()) throw std::runtime_error(store.status().ToString());
+    TrainerConfig config = TrainerTest::SmallTrainerRun(6);
+    absl::StatusOr<TrainingSummary> summary = RunTrainingRank(config, group, **store, nullptr);
+    if (!summary.ok()) throw std::runtime_error(summary.status().ToString());
+    if (summary->final_step != 6 || !summary->last_eval) {
+      throw std::runtime_error("rank " + std::to_string(group.rank) + " ended at step " +
+                               std::to_string(summary->final_step));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "trainer worker failed: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+TEST(TrainerTwoRankTest, TwoRanksTrainEvaluateAndCheckpoint) {
+  const std::vector<int> exits = ddp::RunLocalRanks(
+      {}, 2, ddp::PickFreeLoopbackPort(), {{kWorkerVariable, "1"}}, std::chrono::seconds(120));
+  ASSERT_THAT(exits, ElementsAre(0, 0)) << "see the workers' stderr above";
+  StoreOptions options;
+  options.db_path = StorePath("two_ranks_store0");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RocksDbCheckpointStore> store,
+                       RocksDbCheckpointStore::Open(options));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest latest, store->GetManifest(*ParseVersionRef("mlp-synthetic")));
+  EXPECT_EQ(latest.metadata().world_size(), 2);
+  EXPECT_EQ(latest.metadata().global_step(), 6);
+  EXPECT_TRUE(latest.metadata().metrics().contains("val_acc"));
+}
 
 TEST_F(TrainerTest, TrainsCheckpointsAndResumesFromTheStoreItIsGiven) {
   ASSERT_OK_AND_ASSIGN(TrainingSummary first,
@@ -106,3 +174,11 @@ TEST_F(TrainerTest, AVersionOfAnotherModelShapeIsRefusedWithTheWayOut) {
 
 }  // namespace
 }  // namespace ckpt::train
+
+// The test binary doubles as the worker: RunLocalRanks starts /proc/self/exe with
+// kWorkerVariable set, and those copies run one rank instead of the tests.
+int main(int argc, char** argv) {
+  if (std::getenv(ckpt::train::kWorkerVariable) != nullptr) return ckpt::train::RunWorker();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -60,7 +60,9 @@ ABSL_FLAG(int, max_restarts, 0,
 ABSL_FLAG(absl::Duration, rank_exit_timeout, absl::Seconds(10),
           "When a rank fails, the others get SIGTERM and are killed after this long. Default 10s.");
 // ---- Distribution.
-ABSL_FLAG(std::string, backend, "gloo", "Collective backend: gloo (CPU) or nccl (CUDA builds).");
+ABSL_FLAG(std::string, backend, "gloo",
+          "Collective backend: gloo (CPU; also moves CUDA tensors) or nccl (CUDA builds only; "
+          "needs --device=cuda).");
 ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda (rank r uses cuda:<local rank>).");
 ABSL_FLAG(int, threads_per_rank, 1,
           "Intra-op threads per rank. Default 1, which keeps runs bit-reproducible.");
@@ -211,6 +213,9 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   if (absl::GetFlag(FLAGS_backend) != "gloo" && absl::GetFlag(FLAGS_backend) != "nccl") {
     return absl::InvalidArgumentError("--backend must be gloo or nccl");
   }
+  if (absl::GetFlag(FLAGS_backend) == "nccl" && config.device != "cuda") {
+    return absl::InvalidArgumentError("--backend=nccl moves only CUDA tensors: add --device=cuda");
+  }
   if (config.batch_size <= 0 || config.accumulation_steps <= 0 || config.steps < 0 ||
       config.threads_per_rank <= 0 || absl::GetFlag(FLAGS_bucket_cap_mb) <= 0 ||
       config.checkpoint_every < 0) {
@@ -258,10 +263,12 @@ absl::StatusOr<train::TrainingSummary> RunWithStore(train::TrainerConfig config,
 
 // One rank, as started by the launcher (or torchrun).
 int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
-            ddp::RendezvousOptions rendezvous, int local_rank) {
+            ddp::RendezvousOptions rendezvous) {
   rendezvous.backend = absl::GetFlag(FLAGS_backend);
+  // The rank computes and communicates on one device: cuda:<LOCAL_RANK> with --device=cuda.
+  rendezvous.device_type = config.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   store_options.master_addr = rendezvous.master_addr;
-  config.local_rank = local_rank;
+  config.local_rank = rendezvous.local_rank;
   // Only rank 0 commits, so only it asks git (BUILD_WORKSPACE_DIRECTORY is set by `bazel run`).
   if (const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY");
       rendezvous.rank == 0 && config.code_revision.empty() && workspace != nullptr) {
@@ -402,14 +409,13 @@ int main(int argc, char** argv) {
       return ckpt::kExitBadFlags;
     }
   }
-  int local_rank = 0;
   std::optional<ckpt::ddp::RendezvousOptions> rendezvous;
   try {
-    rendezvous = ckpt::ddp::RendezvousOptionsFromEnvironment(&local_rank);
+    rendezvous = ckpt::ddp::RendezvousOptionsFromEnvironment();
   } catch (const std::exception& error) {
     std::cerr << "trainer: bad torchrun environment: " << error.what() << "\n";
     return ckpt::kExitBadFlags;
   }
   if (!rendezvous) return ckpt::Launch(argc, argv);
-  return ckpt::RunRank(*std::move(config), *std::move(store_options), *rendezvous, local_rank);
+  return ckpt::RunRank(*std::move(config), *std::move(store_options), *rendezvous);
 }

@@ -143,10 +143,9 @@ absl::StatusOr<std::unique_ptr<RankStores>> OpenRankStores(const RankStoreOption
     ASSIGN_OR_RETURN(shared_address, OpenEmbedded(options, group.world_size, *stores));
   }
   if (group.world_size > 1) {
-    ASSIGN_OR_RETURN(
-        shared_address,
-        CatchTorchErrors([&] { return ddp::BroadcastString(*group.group, shared_address); },
-                         absl::StatusCode::kUnavailable));
+    ASSIGN_OR_RETURN(shared_address,
+                     CatchTorchErrors([&] { return group.comm.BroadcastString(shared_address); },
+                                      absl::StatusCode::kUnavailable));
   }
   if (group.rank != 0) {
     const LentStore lent = LentStore::Decode(shared_address);

@@ -937,7 +937,7 @@ absl::Status RunR8Rank(const std::string& mode, const std::string& out, int step
       ddp::DataParallelOptions data_parallel_options;
       data_parallel_options.bucket_cap_bytes = bucket_cap_bytes;
       data_parallel =
-          std::make_unique<ddp::DistributedDataParallel>(model, pg->group, data_parallel_options);
+          std::make_unique<ddp::DistributedDataParallel>(model, pg->comm, data_parallel_options);
     } else {
       TORCH_CHECK(mode == "single", "--r8_rank must be 'ddp' or 'single', got '", mode, "'");
     }
@@ -946,7 +946,7 @@ absl::Status RunR8Rank(const std::string& mode, const std::string& out, int step
     Clock::time_point start;
     for (int step = 0; step < kR8WarmupSteps + steps; ++step) {
       if (step == kR8WarmupSteps) {
-        if (pg.has_value()) ddp::Barrier(*pg->group);
+        if (pg.has_value()) pg->comm.Barrier();
         start = Clock::now();
       }
       optimizer.zero_grad();
