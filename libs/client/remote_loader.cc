@@ -1,12 +1,15 @@
 #include "libs/client/remote_loader.h"
 
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "ATen/ATen.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "c10/core/impl/VirtualGuardImpl.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
 #include "libs/io/atomic_file.h"
@@ -21,19 +24,23 @@
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/side_stream_copies.h"
 #include "libs/tensor/value_proto.h"
 
 namespace ckpt {
 namespace {
 
-// A CPU tensor for `meta`'s dtype and shape, checked against its byte_length.
-absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::string_view where) {
+// A CPU tensor for `meta`'s dtype and shape, checked against its byte_length; in pinned memory
+// when it goes on to an accelerator.
+absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::string_view where,
+                                          bool pinned) {
   ASSIGN_OR_RETURN(const DType dtype, DTypeFromProto(meta.dtype()));
   ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(dtype));
   at::Tensor tensor;
   RETURN_IF_ERROR(CatchTorchErrors([&] {
-    tensor = at::empty(std::vector<int64_t>(meta.shape().begin(), meta.shape().end()),
-                       at::TensorOptions().dtype(scalar_type));
+    const std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
+    tensor = pinned ? EmptyPinned(shape, scalar_type)
+                    : at::empty(shape, at::TensorOptions().dtype(scalar_type));
   }));
   if (static_cast<int64_t>(tensor.nbytes()) != meta.byte_length()) {
     return absl::DataLossError(
@@ -42,9 +49,21 @@ absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::stri
   }
   // Filled from the network next: large (freshly mapped) memory is mapped in one call rather
   // than a page fault per 4 KiB during the copies (libs/io/prefault.h).
-  if (meta.byte_length() >= (int64_t{1} << 20))
+  if (!pinned && meta.byte_length() >= (int64_t{1} << 20)) {
     PrefaultForWrite(tensor.data_ptr(), tensor.nbytes());
+  }
   return tensor;
+}
+
+// The accelerator device tensors go to, with its index ("cuda" is the current CUDA device);
+// nullopt for the CPU.
+absl::StatusOr<std::optional<c10::Device>> AcceleratorOf(const DeviceSpec& spec) {
+  ASSIGN_OR_RETURN(c10::Device device, ResolveTorchDevice(spec));
+  if (device.is_cpu()) return std::optional<c10::Device>();
+  if (device.has_index()) return std::optional<c10::Device>(device);
+  return CatchTorchErrors([&] {
+    return std::optional<c10::Device>(c10::impl::VirtualGuardImpl(device.type()).getDevice());
+  });
 }
 
 }  // namespace
@@ -67,7 +86,7 @@ RemoteLoader::RemoteLoader(std::shared_ptr<ClientChannel> channel)
 absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
                                                const LoadTarget& target) const {
   // An unusable device fails here, before the server streams a byte.
-  RETURN_IF_ERROR(ResolveTorchDevice(target.device).status());
+  ASSIGN_OR_RETURN(const std::optional<c10::Device> accelerator, AcceleratorOf(target.device));
   v1::LoadRequest request;
   *request.mutable_ref() = ref;
   *request.mutable_target() = LoadTargetToProto(target);
@@ -105,13 +124,25 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
           std::vector<at::Tensor> cpu(count);
           std::vector<at::Tensor> placed(count);
           std::vector<int64_t> received_bytes(count, 0);
+          // For an accelerator: each tensor is received into pinned memory and copied on a side
+          // stream as soon as its last byte is in, overlapping with receiving the next ones.
+          std::unique_ptr<SideStreamCopies> staging;
+          if (accelerator) {
+            RETURN_IF_ERROR(CatchTorchErrors(
+                [&] { staging = std::make_unique<SideStreamCopies>(*accelerator); }));
+          }
           const auto place = [&](int i) -> absl::Status {
-            ASSIGN_OR_RETURN(placed[i], PlaceTensor(cpu[i], target.device, DTypePolicy::Keep()));
-            cpu[i] = at::Tensor();
+            if (staging) {
+              ASSIGN_OR_RETURN(placed[i],
+                               CatchTorchErrors([&] { return staging->CopyToDevice(cpu[i]); }));
+            } else {
+              ASSIGN_OR_RETURN(placed[i], PlaceTensor(cpu[i], target.device, DTypePolicy::Keep()));
+            }
+            cpu[i] = at::Tensor();  // PyTorch's pinned allocator keeps it until its copy is done.
             return absl::OkStatus();
           };
           for (int i = 0; i < count; ++i) {
-            ASSIGN_OR_RETURN(cpu[i], EmptyTensorFor(meta_at(i), where));
+            ASSIGN_OR_RETURN(cpu[i], EmptyTensorFor(meta_at(i), where, staging != nullptr));
           }
           v1::Manifest second_manifest;
           while (stream->Read(&response)) {
@@ -153,6 +184,9 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
             if (received_bytes[i] != meta_at(i).byte_length()) return absl::OkStatus();
             if (!placed[i].defined()) RETURN_IF_ERROR(place(i));  // tensors of zero bytes.
           }
+          // The caller's stream (the device's current one) may use the tensors from here on.
+          if (staging)
+            RETURN_IF_ERROR(CatchTorchErrors([&] { staging->OrderBeforeCurrentStream(); }));
           for (int i = 0; i < model_count; ++i) {
             RETURN_IF_ERROR(state.model.Insert(manifest.tensors(i).key(), std::move(placed[i]),
                                                manifest.tensors(i).original_device()));

@@ -5,7 +5,10 @@
 // Loader (libs/loader/loader_interface.h) whose work happens there. What other
 // teams link to get a stored version into their process in their own shape: the server selects,
 // renames and casts; this client receives the stream and places each tensor on the target
-// device as soon as its bytes are complete (so a GPU target holds at most one tensor on the CPU).
+// device as soon as its bytes are complete. For an accelerator target (cuda:N) each tensor is
+// received into pinned host memory and copied on a side stream (libs/tensor/side_stream_copies.h)
+// while the next ones arrive; Load returns with the device's current stream ordered after the
+// copies, so the caller's kernels see the tensors without a host-side synchronization.
 //
 // Calls carry deadlines: `deadline` for Preflight, `stream_deadline` for Load and Export. Every
 // call of the loader only reads, so a call that fails with UNAVAILABLE (server restarting,

@@ -2,6 +2,8 @@
 
 #include <iostream>
 #include <map>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "libs/io/prefault.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/tensor/side_stream_copies.h"
 
 namespace ckpt::train {
 namespace {
@@ -19,16 +22,22 @@ namespace {
 // most of the stall (tools/bench R7).
 class BufferPool {
  public:
-  void Add(at::Tensor tensor) { buffers_.emplace(Key(tensor), std::move(tensor)); }
+  void Add(at::Tensor tensor) {
+    std::string key = Key(tensor, tensor.is_pinned());
+    buffers_.emplace(std::move(key), std::move(tensor));
+  }
   struct Buffer {
     at::Tensor tensor;
     bool fresh;  // newly allocated: its pages are not mapped yet.
   };
-  // A contiguous CPU tensor shaped and typed like `like`: a spare one when there is one.
-  Buffer Take(const at::Tensor& like) {
-    auto it = buffers_.find(Key(like));
+  // A contiguous CPU tensor shaped and typed like `like`: a spare one when there is one. Pinned
+  // (page-locked) for copies from an accelerator, which can then run asynchronously.
+  Buffer Take(const at::Tensor& like, bool pinned) {
+    auto it = buffers_.find(Key(like, pinned));
     if (it == buffers_.end()) {
-      return {at::empty(like.sizes(), like.options().device(at::kCPU)), /*fresh=*/true};
+      return {pinned ? EmptyPinned(like.sizes(), like.scalar_type())
+                     : at::empty(like.sizes(), like.options().device(at::kCPU)),
+              /*fresh=*/!pinned};  // pinned memory is mapped when it is allocated.
     }
     at::Tensor buffer = std::move(it->second);
     buffers_.erase(it);
@@ -36,8 +45,8 @@ class BufferPool {
   }
 
  private:
-  static std::string Key(const at::Tensor& tensor) {
-    return c10::str(tensor.scalar_type(), tensor.sizes());
+  static std::string Key(const at::Tensor& tensor, bool pinned) {
+    return c10::str(tensor.scalar_type(), tensor.sizes(), pinned ? " pinned" : "");
   }
   std::multimap<std::string, at::Tensor> buffers_;
 };
@@ -46,11 +55,44 @@ class BufferPool {
 constexpr size_t kPrefaultMinBytes = size_t{1} << 20;
 
 // How a snapshot is taken: into the pool's buffers (fresh ones when it has none to spare), with
-// the plain copies collected and run together by ParallelCopy once every buffer is chosen.
+// the plain copies collected and run together by ParallelCopy once every buffer is chosen, and
+// accelerator tensors copied into pinned buffers on a side stream per device.
 struct SnapshotContext {
   BufferPool& pool;
   std::vector<CopyRange> plain_copies;
+  std::map<std::string, std::shared_ptr<SideStreamCopies>> device_copies;  // by device name
+
+  SideStreamCopies& CopiesFor(const c10::Device& device) {
+    std::shared_ptr<SideStreamCopies>& copies = device_copies[device.str()];
+    if (copies == nullptr) copies = std::make_shared<SideStreamCopies>(device);
+    return *copies;
+  }
 };
+
+// A snapshot whose accelerator copies may still be running: its host tensors may be read once
+// WaitForDeviceCopies() has returned.
+struct StagedSnapshot {
+  CheckpointContents contents;
+  std::vector<std::shared_ptr<SideStreamCopies>> device_copies;
+
+  absl::Status WaitForDeviceCopies() {
+    return CatchTorchErrors([&] {
+      for (const auto& copies : device_copies) copies->WaitOnHost();
+      device_copies.clear();
+    });
+  }
+};
+
+// The training stream stalls only to launch the copies: later kernels wait for them on the
+// device (they may overwrite what is being copied), the host does not.
+std::vector<std::shared_ptr<SideStreamCopies>> LaunchedDeviceCopies(SnapshotContext& context) {
+  std::vector<std::shared_ptr<SideStreamCopies>> launched;
+  for (auto& [device, copies] : context.device_copies) {
+    copies->OrderBeforeCurrentStream();
+    launched.push_back(copies);
+  }
+  return launched;
+}
 
 // Whether `source`'s bytes are exactly its values in memory order, so that a memcpy into a
 // contiguous tensor of the same shape and dtype copies it.
@@ -70,7 +112,13 @@ at::Tensor HostCopy(const at::Tensor& tensor, SnapshotContext& context) {
                                 /*copy=*/true);
     return copy.is_contiguous() ? copy : copy.contiguous();
   }
-  BufferPool::Buffer buffer = context.pool.Take(source);
+  if (!source.device().is_cpu() && source.device().has_index()) {
+    // An accelerator tensor (the trainer's cuda:<local rank>): asynchronously, into pinned memory.
+    BufferPool::Buffer buffer = context.pool.Take(source, /*pinned=*/true);
+    context.CopiesFor(source.device()).CopyToHost(source, buffer.tensor);
+    return buffer.tensor;
+  }
+  BufferPool::Buffer buffer = context.pool.Take(source, /*pinned=*/false);
   const bool prefault = buffer.fresh && buffer.tensor.nbytes() >= kPrefaultMinBytes;
   if (IsPlainCpuTensor(source) && buffer.tensor.is_contiguous() &&
       buffer.tensor.scalar_type() == source.scalar_type()) {
@@ -125,9 +173,9 @@ void CollectTensors(const Value& value, std::vector<at::Tensor>& out) {
   }
 }
 
-absl::StatusOr<CheckpointContents> Snapshot(const CheckpointContents& contents, BufferPool& pool) {
-  return CatchTorchErrors([&]() -> CheckpointContents {
-    SnapshotContext context{pool};
+absl::StatusOr<StagedSnapshot> Snapshot(const CheckpointContents& contents, BufferPool& pool) {
+  return CatchTorchErrors([&]() -> StagedSnapshot {
+    SnapshotContext context{pool, {}, {}};
     CheckpointContents copy;
     for (const StateDict::Entry& entry : contents.model) {
       copy.model.InsertOrAssign(
@@ -142,7 +190,7 @@ absl::StatusOr<CheckpointContents> Snapshot(const CheckpointContents& contents, 
     // The sources are `contents`' tensors, alive until this returns. The trainer waits for the
     // snapshot, so the copy may take every core.
     ParallelCopy(context.plain_copies, DefaultCopyThreads());
-    return copy;
+    return StagedSnapshot{std::move(copy), LaunchedDeviceCopies(context)};
   });
 }
 
@@ -161,16 +209,19 @@ std::vector<at::Tensor> TensorsOf(const CheckpointContents& contents) {
 absl::StatusOr<Value> SnapshotValueToHost(const Value& value) {
   return CatchTorchErrors([&] {
     BufferPool fresh_buffers;
-    SnapshotContext context{fresh_buffers};
+    SnapshotContext context{fresh_buffers, {}, {}};
     Value copy = SnapshotValue(value, context);
     ParallelCopy(context.plain_copies, DefaultCopyThreads());
+    for (const auto& copies : LaunchedDeviceCopies(context)) copies->WaitOnHost();
     return copy;
   });
 }
 
 absl::StatusOr<CheckpointContents> SnapshotToHost(const CheckpointContents& contents) {
   BufferPool fresh_buffers;
-  return Snapshot(contents, fresh_buffers);
+  ASSIGN_OR_RETURN(StagedSnapshot staged, Snapshot(contents, fresh_buffers));
+  RETURN_IF_ERROR(staged.WaitForDeviceCopies());
+  return std::move(staged.contents);
 }
 
 AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store, std::string model_name)
@@ -213,7 +264,7 @@ absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents, Commi
     for (at::Tensor& tensor : spare_buffers_) pool.Add(std::move(tensor));
     spare_buffers_.clear();
   }
-  ASSIGN_OR_RETURN(CheckpointContents snapshot, Snapshot(contents, pool));
+  ASSIGN_OR_RETURN(StagedSnapshot snapshot, Snapshot(contents, pool));
   const absl::Time end = absl::Now();
   {
     absl::MutexLock lock(&mu_);
@@ -227,10 +278,13 @@ absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents, Commi
   uploader_ =
       std::thread([this, snapshot = std::move(snapshot), options = std::move(options)]() mutable {
         const absl::Time upload_start = absl::Now();
+        // Accelerator tensors arrive in their pinned buffers while the training runs on.
+        absl::Status copied = snapshot.WaitForDeviceCopies();
         absl::StatusOr<CommitResult> committed =
-            store_->CommitCheckpoint(model_name_, snapshot, options);
-        std::vector<at::Tensor> spare = TensorsOf(snapshot);
-        snapshot = CheckpointContents();
+            copied.ok() ? store_->CommitCheckpoint(model_name_, snapshot.contents, options)
+                        : absl::StatusOr<CommitResult>(copied);
+        std::vector<at::Tensor> spare = TensorsOf(snapshot.contents);
+        snapshot = StagedSnapshot();
         absl::MutexLock lock(&mu_);
         spare_buffers_ = std::move(spare);  // kept for the next snapshot.
         in_flight_ = false;

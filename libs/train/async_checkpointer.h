@@ -9,8 +9,12 @@
 // and reused by the next snapshot of the same shapes: copying into memory already mapped avoids a
 // page fault per 4 KiB, which dominated the stall (tools/bench, R7). Contiguous CPU tensors are
 // copied on up to eight threads of the snapshot's own (libs/io/parallel_copy.h), whatever
-// LibTorch's intra-op thread count: the trainer waits for the copy anyway. Tensors on other
-// devices, strided, conjugate or negative views are copied by LibTorch's copy_.
+// LibTorch's intra-op thread count: the trainer waits for the copy anyway. Strided, conjugate or
+// negative views are copied by LibTorch's copy_. Tensors on an accelerator (cuda:N) are copied
+// into pinned host buffers on a side stream (libs/tensor/side_stream_copies.h): Submit returns
+// once the copies are launched and the device's stream is ordered after them, and the upload
+// thread waits for them before reading the bytes, so the training loop does not wait for the
+// device-to-host transfer.
 // A failed upload is not lost silently: its error is returned by the next Submit() or Wait().
 //
 // Thread-safety: Submit and Wait are called from one thread (the training loop); stats() from any.
