@@ -202,6 +202,13 @@ absl::Status RankRun::Build() {
           "against a CUDA LibTorch (README, \"CUDA\")");
     }
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(config_.local_rank));
+    if (group_.comm.device() != device_) {
+      // Checked here rather than by the first collective, which could hang under NCCL.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this rank trains on ", device_.str(), " but its process group communicates on ",
+          group_.comm.device().str(), "; join the group with device cuda and local rank ",
+          config_.local_rank, " (ddp::RendezvousOptions)"));
+    }
   }
   summary_.world_size = group_.world_size;
   summary_.backend = group_.backend;
