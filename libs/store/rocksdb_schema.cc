@@ -187,7 +187,8 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
 
 absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
                                                        bool create_if_missing) {
-  if (!create_if_missing && !FileExists(path + "/CURRENT")) {
+  const bool existed = FileExists(path + "/CURRENT");
+  if (!create_if_missing && !existed) {
     return absl::NotFoundError(
         absl::StrCat("no checkpoint store at '", path, "' (and create_if_missing is false)"));
   }
@@ -202,6 +203,15 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
   rocksdb::Status opened =
       rocksdb::DB::Open(MakeDbOptions(create_if_missing), path, descriptors, &store->handles_, &db);
   if (!opened.ok()) {
+    // CURRENT names the database's files: once it exists, a file RocksDB cannot find or parse is
+    // damage, not an absent store, and the user needs to hear what to do about it.
+    if (existed && (opened.IsCorruption() || opened.IsNotFound() || opened.IsPathNotFound())) {
+      return absl::DataLossError(absl::StrCat(
+          "the checkpoint store at '", path,
+          "' is damaged and could not be opened (RocksDB: ", opened.ToString(),
+          "). Nothing was changed. Restore the directory from a backup and run `ckpt verify` on "
+          "it; this build has no repair command, so keep the damaged copy for inspection"));
+    }
     return FromRocksDbStatus(opened, absl::StrCat("opening checkpoint store '", path, "'"));
   }
   store->db_.reset(db);

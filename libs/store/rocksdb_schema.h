@@ -110,7 +110,8 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf);
 class StoreDb {
  public:
   // Opens (or with `create_if_missing`, creates) the database at `path` with every column family
-  // of the schema. NOT_FOUND when `path` holds no database and !create_if_missing;
+  // of the schema. NOT_FOUND when `path` holds no database and !create_if_missing; DATA_LOSS
+  // (naming the damage and the remedy) when it holds one whose files are corrupt or missing;
   // FAILED_PRECONDITION when it holds a database of another schema version; other RocksDB
   // errors as FromRocksDbStatus maps them (a second process holding the lock: UNAVAILABLE).
   static absl::StatusOr<std::unique_ptr<StoreDb>> Open(const std::string& path,

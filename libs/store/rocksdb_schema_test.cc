@@ -1,6 +1,8 @@
 #include "libs/store/rocksdb_schema.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -110,6 +112,53 @@ TEST(RocksDbSchemaTest, UpgradesSchemaOneInPlace) {
   ASSERT_TRUE(
       db->db()->Get(rocksdb::ReadOptions(), db->cf(ColumnFamily::kChunks), "k", &value).ok());
   EXPECT_EQ(value, "v");
+}
+
+// The store at `name` with one record written, closed; returns its path and MANIFEST file name.
+std::string ClosedStore(const std::string& name, std::string* manifest) {
+  const std::string path = TestDir(name);
+  {
+    absl::StatusOr<std::unique_ptr<StoreDb>> db = StoreDb::Open(path, true);
+    EXPECT_TRUE(db.ok()) << db.status();
+    if (!db.ok()) return path;
+    EXPECT_TRUE(
+        (*db)->db()->Put(rocksdb::WriteOptions(), (*db)->cf(ColumnFamily::kModels), "m", "x").ok());
+  }
+  std::ifstream current(path + "/CURRENT");
+  std::getline(current, *manifest);
+  return path;
+}
+
+// A MANIFEST that CURRENT names but that is gone is damage, not an absent store: the message must
+// not send the user to import a checkpoint, and must say what to do.
+TEST(RocksDbSchemaTest, MissingManifestIsDataLossNotAnAbsentStore) {
+  std::string manifest;
+  const std::string path = ClosedStore("schema_no_manifest", &manifest);
+  ASSERT_FALSE(manifest.empty());
+  ASSERT_EQ(std::remove((path + "/" + manifest).c_str()), 0);
+  for (bool create : {false, true}) {
+    const absl::Status status = StoreDb::Open(path, create).status();
+    EXPECT_THAT(
+        status,
+        StatusIs(absl::StatusCode::kDataLoss,
+                 ::testing::AllOf(::testing::HasSubstr(path), ::testing::HasSubstr("damaged"),
+                                  ::testing::HasSubstr(manifest), ::testing::HasSubstr("backup"))));
+  }
+}
+
+TEST(RocksDbSchemaTest, CorruptManifestNamesTheDamageAndTheRemedy) {
+  std::string manifest;
+  const std::string path = ClosedStore("schema_bad_manifest", &manifest);
+  ASSERT_FALSE(manifest.empty());
+  {
+    std::ofstream out(path + "/" + manifest, std::ios::binary | std::ios::trunc);
+    out << std::string(600, '\x5a');
+  }
+  EXPECT_THAT(StoreDb::Open(path, false),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       ::testing::AllOf(::testing::HasSubstr(path), ::testing::HasSubstr("damaged"),
+                                        ::testing::HasSubstr("Corruption"),
+                                        ::testing::HasSubstr("backup"))));
 }
 
 TEST(RocksDbSchemaTest, SecondOpenOfOneStoreFails) {
