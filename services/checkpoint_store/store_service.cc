@@ -49,11 +49,11 @@ const v1::TensorMeta& TensorAt(const v1::Manifest& manifest, int index) {
 // Upload: header, data..., commit. Each received message is handled on the work queue; the next
 // read starts only after it was handled, so the session sees one caller at a time and gRPC's flow
 // control pushes back on a client that sends faster than the store stores.
-class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   UploadReactor(StoreService* service, grpc::CallbackServerContext* context,
-                v1::UploadResponse* response)
-      : service_(*service), context_(*context), response_(*response) {
+                grpc::ByteBuffer* response)
+      : service_(*service), context_(*context), response_buffer_(*response) {
     service_.StreamStarted();
     // The role now; the model's scope when the header names it.
     absl::StatusOr<Caller> caller = service_.Authorize(context_, "Upload", "");
@@ -62,7 +62,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
       return;
     }
     caller_ = *std::move(caller);
-    StartRead(&request_);
+    StartRead(&received_);
   }
 
   void OnReadDone(bool ok) override {
@@ -92,13 +92,15 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
       return;
     }
     bool accepted_header = false;
-    absl::Status status = Handle(accepted_header);
+    absl::Status status = Parse();
+    if (status.ok()) status = Handle(accepted_header);
     if (!status.ok()) {
       session_.reset();
       Finish(ToGrpcStatus(status));
       return;
     }
     if (committed_) {
+      response_buffer_ = SerializeToByteBuffer(response_);
       Finish(grpc::Status::OK);
       return;
     }
@@ -112,7 +114,22 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
       }
       StartSendInitialMetadata();
     }
-    StartRead(&request_);
+    StartRead(&received_);
+  }
+
+  // received_ into request_. gRPC would report a message it cannot parse as the end of the
+  // stream; parsed here, it is named as what it is.
+  absl::Status Parse() {
+    ++messages_;
+    const size_t size = received_.Length();
+    const bool parsed = ParseFromByteBuffer(received_, "UploadRequest", &request_).ok();
+    received_.Clear();  // request_ holds a copy; the slices need not wait for the next read.
+    if (parsed) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        messages_ == 1 ? "the first message" : absl::StrCat("message ", messages_),
+        " of the Upload stream (", size,
+        " bytes) could not be parsed as an UploadRequest: it is not one, or it is nested deeper "
+        "than protobuf's recursion limit (100 levels); nothing was stored"));
   }
 
   absl::Status Handle(bool& accepted_header) {
@@ -191,8 +208,11 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<v1::Upl
 
   StoreService& service_;
   grpc::CallbackServerContext& context_;
-  v1::UploadResponse& response_;
+  grpc::ByteBuffer& response_buffer_;  // gRPC's; the serialized response_ at the commit.
+  v1::UploadResponse response_;
   std::atomic<bool> cancelled_{false};
+  grpc::ByteBuffer received_;  // the message just read, not parsed yet.
+  int64_t messages_ = 0;       // read so far, for messages about them.
   v1::UploadRequest request_;
   std::unique_ptr<UploadSession> session_;
   std::set<std::string> aliases_;
@@ -266,9 +286,10 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
                                                      request_.max_message_bytes(),
                                                      "; use 0 for the default (1 MiB)"));
     }
-    piece_bytes_ = request_.max_message_bytes() == 0
-                       ? kMaxTensorDataBytes
-                       : std::min(request_.max_message_bytes(), kMaxTensorDataBytes);
+    piece_bytes_ =
+        request_.max_message_bytes() == 0
+            ? kMaxTensorDataBytes
+            : std::clamp(request_.max_message_bytes(), kMinDownloadPieceBytes, kMaxTensorDataBytes);
     ASSIGN_OR_RETURN(reader_, service_.store_.OpenVersion(request_.ref()));
     const v1::Manifest& manifest = reader_->manifest();
     const std::string where = FormatVersionRef(manifest.model(), manifest.version());
@@ -461,8 +482,8 @@ grpc::ServerUnaryReactor* StoreService::RunUnary(
   return reactor;
 }
 
-grpc::ServerReadReactor<v1::UploadRequest>* StoreService::Upload(
-    grpc::CallbackServerContext* context, v1::UploadResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* StoreService::Upload(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new UploadReactor(this, context, response);
 }
 

@@ -12,12 +12,16 @@
 //    validation warnings as "ckpt-upload-warning-bin" entries), so a client can report header
 //    errors before streaming any byte. A stream that ends or is cancelled without a commit
 //    destroys the session: nothing becomes visible and GarbageCollect reclaims its chunks.
+//    Upload is a raw method so that a message the server cannot parse (garbage, or nested deeper
+//    than protobuf's recursion limit) ends the call with INVALID_ARGUMENT naming that message,
+//    instead of looking like a stream that ended (gRPC reports a failed parse as the end).
 //  - Download (server stream): the version is opened once (OpenVersion, a consistent snapshot);
 //    the full Manifest goes first, then TensorData for the selected tensors in manifest order
 //    (tensor_index counts Manifest.tensors, then state_tensors). Tensors of zero bytes send no
-//    TensorData. One store chunk (4 MiB) is read at a time and sent in pieces of at most
-//    min(1 MiB, DownloadRequest.max_message_bytes); the next piece is written only after the
-//    previous write completed, so a slow reader holds the server at one chunk, not the checkpoint.
+//    TensorData. One store chunk (4 MiB) is read at a time and sent in pieces of
+//    DownloadRequest.max_message_bytes clamped to [64 KiB, 1 MiB] (0: 1 MiB); the next piece is
+//    written only after the previous write completed, so a slow reader holds the server at one
+//    chunk, not the checkpoint.
 //    A cancelled call stops reading chunks. Download is a raw method: each chunk is read into a
 //    pooled buffer and its messages are gRPC slices of that buffer (libs/rpc/tensor_data_message),
 //    byte for byte what DownloadResponse's serializer would write.
@@ -134,9 +138,10 @@ struct StoreServiceOptions {
   int64_t watch_max_lag = 10000;
 };
 
-// Download is a raw method (ByteBuffer in and out; see above).
-class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Download<
-                               v1::CheckpointStore::CallbackService> {
+// Upload and Download are raw methods (ByteBuffer in and out; see above).
+class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Upload<
+                               v1::CheckpointStore::WithRawCallbackMethod_Download<
+                                   v1::CheckpointStore::CallbackService>> {
  public:
   // `store` is not owned and must outlive the service. INVALID_ARGUMENT for worker_threads < 1.
   static absl::StatusOr<std::unique_ptr<StoreService>> Create(CheckpointStore* store,
@@ -146,8 +151,9 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Dow
   StoreService(const StoreService&) = delete;
   StoreService& operator=(const StoreService&) = delete;
 
-  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* context,
-                                                     v1::UploadResponse* response) override;
+  // Requests are serialized UploadRequests; `response` receives the serialized UploadResponse.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(grpc::CallbackServerContext* context,
+                                                    grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* FindMissingChunks(grpc::CallbackServerContext* context,
                                               const v1::FindMissingChunksRequest* request,
                                               v1::FindMissingChunksResponse* response) override;

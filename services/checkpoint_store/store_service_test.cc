@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "gtest/gtest.h"
@@ -151,6 +152,40 @@ class StoreServiceTest : public ::testing::Test {
     return FromGrpcStatus(writer->Finish());
   }
 
+  // Sends `messages` as they are (not necessarily UploadRequests) on one Upload stream, half-closes
+  // and returns the call's status: what a client with another protobuf, or none, would send.
+  absl::Status RawUpload(const std::vector<std::string>& messages) {
+    grpc::GenericStub stub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    grpc::CompletionQueue queue;
+    std::unique_ptr<grpc::ClientContext> context = Context();
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(
+        context.get(), absl::StrCat("/", v1::CheckpointStore::service_full_name(), "/Upload"),
+        &queue);
+    void* tag = nullptr;
+    bool ok = false;
+    auto wait = [&] { return queue.Next(&tag, &ok) && ok; };
+    call->StartCall(&queue);
+    EXPECT_TRUE(wait());
+    for (const std::string& message : messages) {
+      grpc::Slice slice(message);
+      call->Write(grpc::ByteBuffer(&slice, 1), &queue);
+      if (!wait()) break;
+    }
+    call->WritesDone(&queue);
+    wait();
+    grpc::ByteBuffer response;
+    call->Read(&response, &queue);
+    wait();
+    grpc::Status status;
+    call->Finish(&status, &queue);
+    wait();
+    queue.Shutdown();
+    while (queue.Next(&tag, &ok)) {
+    }
+    return FromGrpcStatus(status);
+  }
+
   // Reads a whole Download: the manifest and every TensorData.
   absl::Status Download(const v1::DownloadRequest& request, v1::Manifest* manifest,
                         std::vector<v1::TensorData>* data) {
@@ -200,6 +235,61 @@ TEST_F(StoreServiceTest, UploadMustBeginWithAHeader) {
   EXPECT_THAT(Upload({}), StatusIs(absl::StatusCode::kInvalidArgument, "before its UploadHeader"));
   ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, local_->ListModels());
   EXPECT_THAT(models, ::testing::IsEmpty());
+}
+
+// A first message the server cannot parse is not an empty stream: the client must hear that its
+// message was refused, and why, not that it sent no header.
+TEST_F(StoreServiceTest, UnparsableMessagesAreReportedAsSuchNotAsAMissingHeader) {
+  StartServer();
+  // Deeper than protobuf's recursion limit (100): each Value adds a Value and a ValueList.
+  v1::Manifest deep = OneTensorHeader(1);
+  v1::Value* value = deep.mutable_extra_state();
+  for (int i = 0; i < 200; ++i) value = value->mutable_list_value()->add_items();
+  value->set_int_value(1);
+  EXPECT_THAT(Upload({HeaderRequest("m", deep)}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("could not be parsed"),
+                                        HasSubstr("first message"), HasSubstr("nested"))));
+  EXPECT_THAT(RawUpload({std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01garbage", 18)}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("could not be parsed"), HasSubstr("18 bytes"))));
+  // The same after the header: the stream is refused and nothing is stored.
+  EXPECT_THAT(RawUpload({HeaderRequest("m", OneTensorHeader(4)).SerializeAsString(), "\x0a\xff"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("message 2")));
+  // An empty stream is still reported as one.
+  EXPECT_THAT(RawUpload({}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "before its UploadHeader"));
+  EXPECT_TRUE(NoUploadInProgress());
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, local_->ListModels());
+  EXPECT_THAT(models, ::testing::IsEmpty());
+}
+
+// FindMissingChunks takes what the server's message limit allows (16 MiB by default), not gRPC's
+// 4 MiB default. The response can be as large as the request (every address missing), so a client
+// must accept messages that large; one with gRPC's default receive limit fails on the response.
+TEST_F(StoreServiceTest, FindMissingChunksTakesUpToTheServersSixteenMiB) {
+  StartServer();
+  auto request_of = [](int64_t bytes) {
+    v1::FindMissingChunksRequest request;
+    for (int64_t i = 0; i < bytes / 34; ++i) {  // 32 bytes and a 2-byte field header each.
+      std::string sha256(32, '\0');
+      std::memcpy(&sha256[0], &i, sizeof(i));
+      request.add_sha256(std::move(sha256));
+    }
+    return request;
+  };
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(64 << 20);
+  std::unique_ptr<v1::CheckpointStore::Stub> stub = NewStub(arguments);
+  const v1::FindMissingChunksRequest fifteen = request_of(15 * kMiB);
+  v1::FindMissingChunksResponse missing;
+  ASSERT_OK(FromGrpcStatus(stub->FindMissingChunks(Context().get(), fifteen, &missing)));
+  EXPECT_EQ(missing.missing_sha256_size(), fifteen.sha256_size());
+  EXPECT_THAT(
+      FromGrpcStatus(stub->FindMissingChunks(Context().get(), request_of(17 * kMiB), &missing)),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("16777216")));
+  EXPECT_THAT(FromGrpcStatus(stub_->FindMissingChunks(Context().get(), fifteen, &missing)),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("4194304")));
 }
 
 TEST_F(StoreServiceTest, TensorDataOverOneMiBIsRejectedAndNothingIsStored) {
@@ -336,6 +426,22 @@ TEST_F(DownloadTest, SendsTheManifestThenEveryTensorInManifestOrderInBoundedPiec
   ASSERT_OK(Download(request, &manifest, &data));
   ExpectTensors(data, {0, 1, 3}, kMiB);
   EXPECT_EQ(data.size(), 5u + 1u + 1u);  // 4.7 MiB in 1 MiB pieces, then two small tensors.
+}
+
+// A tiny max_message_bytes would make a version millions of messages: it is raised to 64 KiB.
+TEST_F(DownloadTest, TinyMaxMessageBytesIsRaisedToSixtyFourKiB) {
+  v1::DownloadRequest request;
+  *request.mutable_ref() = Ref("m");
+  v1::Manifest manifest;
+  std::vector<v1::TensorData> data;
+  for (int tiny : {1, 1000, 64 * 1024}) {
+    request.set_max_message_bytes(tiny);
+    data.clear();
+    ASSERT_OK(Download(request, &manifest, &data));
+    ExpectTensors(data, {0, 1, 3}, 64 * 1024);
+    // a.weight's 4.7 MiB in 75 pieces of 64 KiB, then a.bias and b.weight whole.
+    EXPECT_EQ(data.size(), 75u + 1u + 1u) << "max_message_bytes " << tiny;
+  }
 }
 
 TEST_F(DownloadTest, SendsOnlyTheSelectedKeysAndPrefixes) {
