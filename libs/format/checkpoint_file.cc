@@ -1,5 +1,7 @@
 #include "libs/format/checkpoint_file.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -15,6 +17,43 @@
 
 namespace ckpt {
 namespace {
+
+// This host's physical memory in bytes; 0 when the system does not say.
+uint64_t PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
+}
+
+// The reader keeps a view as the file describes it (storage, size, stride), so reading costs
+// only the stored bytes; convert and import then materialize every element. Refuses, before
+// that, a tensor that would take more than `max_tensor_bytes` and more than it stores.
+absl::Status CheckClaimedSizes(const std::string& path, const Value& root,
+                               int64_t max_tensor_bytes) {
+  if (max_tensor_bytes < 0) return absl::OkStatus();
+  const uint64_t budget =
+      max_tensor_bytes > 0 ? static_cast<uint64_t>(max_tensor_bytes) : PhysicalMemoryBytes();
+  if (budget == 0) return absl::OkStatus();
+  absl::Status status;
+  root.ForEachTensor([&](const std::string& key, const at::Tensor& tensor) {
+    if (!status.ok()) return;
+    // The reader checked that size and stride stay inside the storage, so numel * element size
+    // fits in 64 bits (a view of n elements spans at most 2^63 of them).
+    const uint64_t claimed =
+        static_cast<uint64_t>(tensor.numel()) * static_cast<uint64_t>(tensor.element_size());
+    const uint64_t stored = tensor.storage().nbytes();
+    if (claimed <= stored || claimed <= budget) return;
+    status = absl::ResourceExhaustedError(absl::StrCat(
+        path, ": tensor '", key, "' of shape [", absl::StrJoin(tensor.sizes(), ", "),
+        "] and stride [", absl::StrJoin(tensor.strides(), ", "), "] views ", stored,
+        " stored bytes but would take ", claimed,
+        " bytes once materialized, more than the memory budget of ", budget, " bytes",
+        max_tensor_bytes > 0 ? "" : " (this host's physical memory)",
+        "; refused before allocating it. Raise the budget (ckpt --max-tensor-bytes, "
+        "ReadCheckpointOptions.max_tensor_bytes) only if the machine has that memory"));
+  });
+  return status;
+}
 
 // The root's entry at `path` ("a/b"), or NOT_FOUND listing what exists where the walk stopped.
 absl::StatusOr<const Value*> FindByPath(const Value& root, absl::string_view path) {
@@ -97,6 +136,8 @@ absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
     ASSIGN_OR_RETURN(TorchFile torch, ReadTorchSource(*source));
     file.root = std::move(torch.root);
     file.warnings = std::move(torch.warnings);
+    // safetensors has no strides: each of its tensors is exactly the bytes the file stores.
+    RETURN_IF_ERROR(CheckClaimedSizes(path, file.root, options.max_tensor_bytes));
   }
 
   if (options.model_key.empty()) {

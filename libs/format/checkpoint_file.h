@@ -34,6 +34,13 @@ struct ReadCheckpointOptions {
   // Where the model state dict is, as dict keys joined by '/' ("model", "ckpt/state_dict").
   // Empty: found automatically (ExtractCheckpointBundle).
   std::string model_key;
+  // The most bytes one tensor may take once materialized (made contiguous, as convert and import
+  // do) when that is more than the bytes the file stores for it: a broadcast (stride-0) or other
+  // overlapping view claims memory the file does not hold, and one of a few hundred bytes can
+  // claim terabytes. Such a tensor is refused with RESOURCE_EXHAUSTED before anything allocates
+  // it. 0: this host's physical memory; negative: no limit (for callers that never materialize,
+  // like inspect). Tensors no larger than their stored bytes are never refused.
+  int64_t max_tensor_bytes = 0;
 };
 
 struct CheckpointFile {
@@ -47,7 +54,8 @@ struct CheckpointFile {
 };
 
 // Errors as the format's reader returns them, plus NOT_FOUND when `options.model_key` names
-// nothing (listing the keys that exist) and INVALID_ARGUMENT when it names no state dict.
+// nothing (listing the keys that exist), INVALID_ARGUMENT when it names no state dict, and
+// RESOURCE_EXHAUSTED naming a tensor over `options.max_tensor_bytes`.
 absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
                                                   const ReadCheckpointOptions& options = {});
 

@@ -34,6 +34,29 @@ class ConvertTest : public ::testing::Test {
   static void SetUpTestSuite() { RunFixtures("make " + Dir()); }
 };
 
+// A broadcast view claims far more memory than the file holds; it is refused before anything
+// materializes it, naming the tensor, its claimed size and the budget. Within the budget it reads.
+TEST_F(ConvertTest, RefusesATensorWhoseClaimedShapeExceedsTheMemoryBudget) {
+  const std::string in = Dir() + "/expanded.pt";
+  const auto refused = StatusIs(
+      absl::StatusCode::kResourceExhausted,
+      ::testing::AllOf(HasSubstr("expanded.pt"), HasSubstr("'w'"), HasSubstr("[1000000000000]"),
+                       HasSubstr("4000000000000 bytes"), HasSubstr("max_tensor_bytes")));
+  EXPECT_THAT(ReadCheckpointFile(in), refused);  // the default: this host's physical memory.
+  EXPECT_THAT(ConvertCheckpoint(in, Dir() + "/expanded.safetensors", {}), refused);
+  EXPECT_EQ(std::fopen((Dir() + "/expanded.safetensors").c_str(), "rb"), nullptr);
+
+  ReadCheckpointOptions small;
+  small.max_tensor_bytes = 1 << 20;
+  EXPECT_THAT(ReadCheckpointFile(Dir() + "/expanded_small.pt", small),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("4000000 bytes")));
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/expanded_small.pt"));
+  const at::Tensor* w = file.bundle.model.Find("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->numel(), 1000000);
+  EXPECT_EQ(w->contiguous().sum().item<float>(), 1e6f);
+}
+
 TEST_F(ConvertTest, ReadsADdpCheckpointSavedOnCuda1OnThisCpuMachine) {
   ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/ddp_cuda1.pt"));
   EXPECT_EQ(file.format, CheckpointFormat::kTorchZip);

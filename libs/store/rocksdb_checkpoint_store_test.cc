@@ -135,6 +135,65 @@ TEST_F(RocksDbCheckpointStoreTest, AbandonedUploadWithinGracePeriodIsKept) {
   EXPECT_EQ(collected.chunks_freed(), 0);
 }
 
+// A failed import leaves a pack file behind: one whose commit was refused (every byte written)
+// and one that stopped mid-tensor (a partial pack). GC keeps both while the abandoned-upload grace
+// runs (a client that reconnects may reuse them), also after the importing process is gone, and
+// removes them, files and all, once the grace has passed; committed versions stay whole.
+TEST_F(RocksDbCheckpointStoreTest, PacksOfFailedImportsAreReclaimedOnceTheGraceHasPassed) {
+  options_.abandoned_upload_grace = absl::Hours(1);
+  Reopen();
+  const CheckpointContents kept = WeightsOnly({{"w", Seeded({kMiB / 4}, 1)}});
+  MustCommit("m", kept);
+  std::vector<std::string> committed_packs;
+
+  {
+    // Every byte written, then the commit refused: another writer committed m@2 meanwhile.
+    CommitOptions expect_one;
+    expect_one.expected_latest_version = 1;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                         store_->BeginUpload("m", OneTensorHeader("w", 8 * kMiB), expect_one));
+    MustCommit("m", kept);
+    // m@2 deduplicated into m@1's chunk; GC removes the pack it wrote first. The failed uploads
+    // create theirs with their first chunk, below.
+    ASSERT_OK(store_->GarbageCollect(false).status());
+    committed_packs = PackFiles(path_);
+    ASSERT_OK(session->AddTensorData(0, 0, TensorBytes(Seeded({2 * kMiB}, 2))));
+    EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  }
+  {
+    const std::string bytes = TensorBytes(Seeded({3 * kMiB}, 3));  // 12 MiB, 5 MiB of it sent.
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                         store_->BeginUpload("m", OneTensorHeader("w", 12 * kMiB), {}));
+    ASSERT_OK(session->AddTensorData(0, 0, absl::string_view(bytes).substr(0, 5 * kMiB)));
+  }                                          // the import failed here
+  const absl::Time failed_at = absl::Now();  // both uploads began before this.
+  const std::vector<std::string> with_failed = PackFiles(path_);
+  ASSERT_EQ(with_failed.size(), committed_packs.size() + 2);
+
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store_->GarbageCollect(false));
+  EXPECT_EQ(collected.abandoned_uploads_reclaimed(), 0);
+  EXPECT_EQ(PackFiles(path_), with_failed);
+  Reopen();  // the importing process is gone; another one opens the store
+  ASSERT_OK_AND_ASSIGN(collected, store_->GarbageCollect(false));
+  EXPECT_EQ(collected.abandoned_uploads_reclaimed(), 0);
+  EXPECT_EQ(PackFiles(path_), with_failed);
+
+  // The same store once the grace has passed (a short grace, so the test need not wait an hour).
+  options_.abandoned_upload_grace = absl::Seconds(1);
+  Reopen();
+  absl::SleepFor(failed_at + absl::Seconds(1) + absl::Milliseconds(50) - absl::Now());
+  ASSERT_OK_AND_ASSIGN(collected, store_->GarbageCollect(false));
+  EXPECT_EQ(collected.abandoned_uploads_reclaimed(), 2);
+  EXPECT_EQ(collected.bytes_freed(), 8 * kMiB + 4 * kMiB);  // the whole chunks each one stored.
+  EXPECT_EQ(PackFiles(path_), committed_packs);
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
+  for (int64_t version : {1, 2}) {
+    ASSERT_OK_AND_ASSIGN(at::Tensor w, store_->ReadTensor("m", version, "w"));
+    ExpectSameTensor(w, *kept.model.Find("w"), absl::StrCat("m@", version, " w"));
+  }
+}
+
 TEST_F(RocksDbCheckpointStoreTest, GcNeverFreesChunksOfALiveUpload) {
   // A chunk whose last version was deleted (refcount 0) that a live upload relies on, and a chunk
   // the live upload stored itself.

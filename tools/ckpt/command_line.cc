@@ -170,6 +170,7 @@ std::string CommandHelp(absl::string_view program, const CommandSpec& command,
                         const std::vector<OptionSpec>& global_options) {
   std::string help = absl::StrCat("Usage: ", program, " ", command.name, " ", command.arguments,
                                   " [OPTIONS]\n\n", command.summary, "\n");
+  if (!command.details.empty()) absl::StrAppend(&help, "\n", command.details);
   if (!command.options.empty()) {
     absl::StrAppend(&help, "\nOptions:\n");
     for (const OptionSpec& option : command.options) absl::StrAppend(&help, OptionLine(option));

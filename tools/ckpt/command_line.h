@@ -33,6 +33,9 @@ struct CommandSpec {
   int min_arguments = 0;
   int max_arguments = 0;  // -1: any number.
   std::vector<OptionSpec> options;
+  // Lines that `COMMAND --help` prints after the summary (what the summary cannot say in one
+  // line: when the command does less than it seems to); empty for most commands.
+  std::string details;
 };
 
 class ParsedCommandLine {

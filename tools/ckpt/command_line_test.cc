@@ -11,6 +11,7 @@ using ::ckpt::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 const std::vector<OptionSpec> kGlobals = {
     {"store_dir", "DIR", "embedded store directory", "./ckpt-data"},
@@ -90,6 +91,15 @@ TEST(HelpTest, ListsCommandsOptionsAndDefaults) {
   const std::string command = CommandHelp("ckpt", kCommands[0], kGlobals);
   EXPECT_THAT(command, HasSubstr("Usage: ckpt convert IN OUT [OPTIONS]"));
   EXPECT_THAT(command, HasSubstr("--strip-prefix auto|none|PREFIX"));
+}
+
+TEST(HelpTest, DetailsFollowTheSummaryInTheCommandsHelpOnly) {
+  const std::vector<CommandSpec> commands = {
+      {"gc", "", "Free garbage.", 0, 0, {}, "Abandoned uploads wait out a grace first.\n"}};
+  EXPECT_THAT(CommandHelp("ckpt", commands[0], {}),
+              HasSubstr("Free garbage.\n\nAbandoned uploads wait out a grace first.\n"));
+  EXPECT_THAT(ProgramHelp("ckpt", "Checkpoint tool.", commands, {}),
+              Not(HasSubstr("Abandoned uploads")));
 }
 
 TEST(GetIntTest, ParsesOrExplains) {

@@ -99,7 +99,11 @@ const std::vector<cli::CommandSpec>& Commands() {
         {"strip-prefix", "auto|none|PREFIX",
          "auto strips wrapper prefixes (module., _orig_mod., FSDP, checkpointing)", "auto"},
         {"add-prefix", "PREFIX", "prefix added to every key after stripping, e.g. module.", ""},
-        {"key", "PATH", "where the model state dict is, e.g. model", "auto"}}},
+        {"key", "PATH", "where the model state dict is, e.g. model", "auto"},
+        {"max-tensor-bytes", "BYTES",
+         "refuse a tensor that would take more than this once materialized but stores less (a "
+         "broadcast view claiming memory the file does not hold); 0: this host's physical memory",
+         "0"}}},
       {"import", "FILE",
        "Store FILE (torch .pt zip or legacy, whole pickled model, bundle, safetensors) as a new "
        "version of --model.",
@@ -108,6 +112,11 @@ const std::vector<cli::CommandSpec>& Commands() {
              {"alias", "A[,B]", "aliases to point at the new version", ""},
              {"strip-prefix", "auto|none|PREFIX", "wrapper prefixes to strip (recorded)", "auto"},
              {"key", "PATH", "where the model state dict is in FILE", "auto"},
+             {"max-tensor-bytes", "BYTES",
+              "refuse a tensor that would take more than this once materialized but stores less (a "
+              "broadcast view claiming memory the file does not hold); 0: this host's physical "
+              "memory",
+              "0"},
              {"description", "TEXT", "free text stored with the version", ""}},
             ImportRecordOptions())},
       {"ls", "[MODEL]",
@@ -147,7 +156,14 @@ const std::vector<cli::CommandSpec>& Commands() {
        "Free chunks no version references, and abandoned uploads.",
        0,
        0,
-       {{"dry-run", "", "report what would be freed, change nothing", ""}}},
+       {{"dry-run", "", "report what would be freed, change nothing", ""}},
+       "An upload that ended without a commit (a failed or killed import, a client that\n"
+       "went away) leaves its chunks and its partial pack file in the store. gc leaves them\n"
+       "until the abandoned-upload grace has passed since the upload began, so a client that\n"
+       "reconnects can reuse them; the first gc after that reclaims them, pack file and all.\n"
+       "The grace is the store's: 1 hour for a --store_dir store; with --store=HOST:PORT, the\n"
+       "service's --abandoned_upload_grace (default 1h). Uploads in progress are never\n"
+       "collected.\n"},
       {"verify",
        "[MODEL[@REF]]",
        "Re-hash every chunk of a version, a model or the whole store; exit 1 on problems.",
@@ -246,6 +262,17 @@ std::string TimeText(int64_t unix_micros) {
                           absl::LocalTimeZone());
 }
 
+// --max-tensor-bytes of convert / import: 0 (the default) leaves the reader's default.
+absl::StatusOr<int64_t> MaxTensorBytes(const cli::ParsedCommandLine& line) {
+  if (!line.Has("max-tensor-bytes")) return 0;
+  ASSIGN_OR_RETURN(const int64_t bytes, line.GetInt("max-tensor-bytes"));
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-tensor-bytes must be >= 0 (0: this host's physical memory), got ", bytes));
+  }
+  return bytes;
+}
+
 // ---- Store commands.
 
 absl::Status RunImport(const cli::ParsedCommandLine& line) {
@@ -256,6 +283,7 @@ absl::Status RunImport(const cli::ParsedCommandLine& line) {
   ImportOptions options;
   options.strip_prefix = line.Get("strip-prefix");
   options.model_key = line.Has("key") ? line.Get("key") : "";
+  ASSIGN_OR_RETURN(options.max_tensor_bytes, MaxTensorBytes(line));
   options.description = line.Get("description");
   if (line.Has("alias")) {
     options.aliases = absl::StrSplit(line.Get("alias"), ',', absl::SkipEmpty());
@@ -638,6 +666,7 @@ void PrintLeftOut(const std::vector<std::string>& left_out) {
 absl::Status RunInspect(const cli::ParsedCommandLine& line) {
   ReadCheckpointOptions options;
   options.model_key = ModelKey(line);
+  options.max_tensor_bytes = -1;  // inspect reports shapes; it never materializes a tensor.
   absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(line.arguments()[0], options);
   if (!file.ok()) return file.status();
   const nlohmann::ordered_json report = InspectCheckpoint(*file);
@@ -652,6 +681,7 @@ absl::Status RunConvert(const cli::ParsedCommandLine& line) {
   options.add_prefix = line.Get("add-prefix");
   options.model_key = ModelKey(line);
   options.model_only = line.Has("model-only");
+  ASSIGN_OR_RETURN(options.max_tensor_bytes, MaxTensorBytes(line));
   const std::string& in = line.arguments()[0];
   const std::string& out = line.arguments()[1];
   absl::StatusOr<ConvertReport> report = ConvertCheckpoint(in, out, options);

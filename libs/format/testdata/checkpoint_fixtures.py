@@ -101,6 +101,10 @@ def make(d):
     sched.step()
     torch.save({"epoch": 3, "model": wrapped_state, "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "best_acc": 0.5}, f"{d}/bundle.pt")
+    # A few hundred bytes that claim 4 TB: one float broadcast to 10**12 elements (stride 0),
+    # and a modest broadcast (4 MB) that fits any budget.
+    torch.save({"w": torch.zeros(1).expand(10**12), "b": torch.ones(2)}, f"{d}/expanded.pt")
+    torch.save({"w": torch.ones(1).expand(10**6)}, f"{d}/expanded_small.pt")
 
 
 def check(state, d):
