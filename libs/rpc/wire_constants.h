@@ -9,9 +9,9 @@ namespace ckpt {
 // ---- ckpt.v1.CheckpointStore.
 // Bytes of tensor data one TensorData message may carry, in either direction (1 MiB).
 inline constexpr int kMaxTensorDataBytes = 1 << 20;
-// The smallest piece a Download sends (64 KiB): a smaller DownloadRequest.max_message_bytes is
-// raised to it, since tiny pieces turn one version into millions of messages.
-inline constexpr int kMinDownloadPieceBytes = 64 << 10;
+// The smallest piece a Download, Load or Export sends (64 KiB): a smaller max_message_bytes in the
+// request is raised to it, since tiny pieces turn one version into millions of messages.
+inline constexpr int kMinStreamedPieceBytes = 64 << 10;
 // Page sizes of ListModels / ListVersions when the request says 0, and the most one page holds.
 inline constexpr int kDefaultPageSize = 100;
 inline constexpr int kMaxPageSize = 1000;

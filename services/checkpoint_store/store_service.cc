@@ -289,7 +289,7 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
     piece_bytes_ =
         request_.max_message_bytes() == 0
             ? kMaxTensorDataBytes
-            : std::clamp(request_.max_message_bytes(), kMinDownloadPieceBytes, kMaxTensorDataBytes);
+            : std::clamp(request_.max_message_bytes(), kMinStreamedPieceBytes, kMaxTensorDataBytes);
     ASSIGN_OR_RETURN(reader_, service_.store_.OpenVersion(request_.ref()));
     const v1::Manifest& manifest = reader_->manifest();
     const std::string where = FormatVersionRef(manifest.model(), manifest.version());

@@ -1,5 +1,6 @@
 #include "services/loader/loader_service.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -34,7 +35,8 @@ absl::StatusOr<size_t> PieceBytes(int32_t requested) {
         absl::StrCat("max_message_bytes must not be negative, got ", requested));
   }
   if (requested == 0 || requested > kMaxLoaderPieceBytes) return kMaxLoaderPieceBytes;
-  return static_cast<size_t>(requested);
+  // Tiny pieces would turn one version into millions of messages (and miss any deadline).
+  return static_cast<size_t>(std::max(requested, kMinStreamedPieceBytes));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "services/loader/loader_service.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,16 +24,17 @@
 #include "libs/format/checkpoint_file.h"
 #include "libs/loader/export.h"
 #include "libs/loader/loader.h"
+#include "libs/rpc/access_policy.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
+#include "libs/testing/child_process.h"
 #include "libs/testing/python_runner.h"
 #include "libs/testing/test_certificates.h"
-#include "libs/testing/child_process.h"
-#include "libs/rpc/access_policy.h"
+#include "proto/ckpt/v1/loader.grpc.pb.h"
 #include "torch/csrc/autograd/grad_mode.h"
 #include "torch/nn/modules/activation.h"
 #include "torch/nn/modules/batchnorm.h"
@@ -263,8 +265,9 @@ TEST_F(LoaderServiceTest, PythonGrpcClientOverMutualTlsListsServicesAndLoadsAVer
   ASSERT_OK_AND_ASSIGN(service_, LoaderService::Create(store_.get(), options));
   GrpcServerOptions server_options;
   server_options.tls = {certs.server.cert, certs.server.key, certs.ca};
-  ASSERT_OK_AND_ASSIGN(server_, GrpcServer::Start(server_options, {{service_.get(),
-                                                                    v1::Loader::service_full_name()}}));
+  ASSERT_OK_AND_ASSIGN(
+      server_,
+      GrpcServer::Start(server_options, {{service_.get(), v1::Loader::service_full_name()}}));
   EXPECT_THAT(::ckpt::testing::RunPythonOrAddFailure(
                   "services/loader/testdata/python_mtls_client.py",
                   absl::StrCat(server_->address(), " ", certs.ca, " ", certs.client.cert, " ",
@@ -295,6 +298,34 @@ TEST_F(LoaderServiceTest, ErrorsNameWhatIsWrong) {
 
 // A stream's slot is free by the time its client has the status: one stream after another never
 // meets RESOURCE_EXHAUSTED, even with room for one.
+// The messages of a Load stream with `max_message_bytes`, read with the generated stub.
+absl::StatusOr<int> CountLoadMessages(const std::string& address, const v1::VersionRef& ref,
+                                      int max_message_bytes) {
+  std::unique_ptr<v1::Loader::Stub> stub =
+      v1::Loader::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::LoadRequest request;
+  *request.mutable_ref() = ref;
+  request.set_max_message_bytes(max_message_bytes);
+  std::unique_ptr<grpc::ClientReader<v1::LoadResponse>> reader = stub->Load(&context, request);
+  v1::LoadResponse response;
+  int messages = 0;
+  while (reader->Read(&response)) ++messages;
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return absl::InternalError(status.error_message());
+  return messages;
+}
+
+TEST_F(LoaderServiceTest, TinyMaxMessageBytesIsRaisedToSixtyFourKiB) {
+  StartLoader();
+  ASSERT_OK_AND_ASSIGN(const int at_minimum, CountLoadMessages(server_->address(), ref_, 64 << 10));
+  for (int tiny : {1, 1000}) {
+    ASSERT_OK_AND_ASSIGN(const int messages, CountLoadMessages(server_->address(), ref_, tiny));
+    EXPECT_EQ(messages, at_minimum) << "max_message_bytes " << tiny;
+  }
+}
+
 TEST_F(LoaderServiceTest, BackToBackStreamsFitOneSlot) {
   LoaderServiceOptions options;
   options.max_concurrent_streams = 1;
