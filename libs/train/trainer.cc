@@ -191,6 +191,7 @@ class RankRun {
   bool skip_final_checkpoint_ = false;
   double last_loss_ = 0;
   double samples_per_second_ = 0;
+  absl::Duration upload_waits_;  // with synchronous_checkpoints: the loop waiting for uploads.
 };
 
 absl::Status RankRun::Build() {
@@ -590,7 +591,8 @@ absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool checkpoint_
   status_.set_state(v1::TrainerStatus::STATE_CHECKPOINTING);
   control_.SetStatus(status_);
   // A requested or final checkpoint is waited for; the others upload in the background.
-  absl::Status taken = TakeCheckpoint(/*wait=*/consensus.checkpoint_now || final);
+  absl::Status taken = TakeCheckpoint(
+      /*wait=*/consensus.checkpoint_now || final || config_.synchronous_checkpoints);
   if (!taken.ok()) {
     control_.CheckpointFinished(taken);
     return absl::Status(taken.code(), absl::StrCat("checkpoint at step ", loop_.global_step,
@@ -670,7 +672,9 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   RETURN_IF_ERROR(checkpointer_->Submit(contents, std::move(options)));
   RecordCommitted();
   if (wait) {
+    const absl::Time wait_start = absl::Now();
     RETURN_IF_ERROR(checkpointer_->Wait().status());
+    if (config_.synchronous_checkpoints) upload_waits_ += absl::Now() - wait_start;
     RecordCommitted();
   }
   return absl::OkStatus();
@@ -686,7 +690,7 @@ absl::Status RankRun::Finish() {
     ASSIGN_OR_RETURN(std::optional<CommitResult> last, checkpointer_->Wait());
     RecordCommitted();
     if (!skip_final_checkpoint_ && last) final_version = last->version;
-    summary_.checkpoint_stall = checkpointer_->stats().total_stall;
+    summary_.checkpoint_stall = checkpointer_->stats().total_stall + upload_waits_;
   }
   // Nobody leaves before rank 0's store has committed: the other ranks may still be reading it.
   RETURN_IF_ERROR(CatchTorchErrors([&] { group_.comm.Barrier(); }));

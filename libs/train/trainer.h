@@ -77,6 +77,9 @@ struct TrainerConfig {
   int64_t steps = 300;             // optimizer steps in this leg (see target_step above).
   int64_t checkpoint_every = 100;  // steps; 0: only at epoch end and at the end.
   bool checkpoint_at_epoch_end = true;
+  // Every checkpoint waits for its upload before training goes on (as torch.save in the loop
+  // would), and the wait counts as stall: for measuring what asynchronous saving saves.
+  bool synchronous_checkpoints = false;
   double clip_grad_norm = 1.0;  // 0: off.
   uint64_t seed = 1234;
   bool shuffle = true;
@@ -123,7 +126,8 @@ struct TrainingSummary {
   std::vector<std::pair<int64_t, double>> loss_curve;
   double samples_per_second = 0;  // all ranks, this leg.
   absl::Duration wall_time;
-  absl::Duration checkpoint_stall;  // what the loop spent in checkpoint snapshots and waits.
+  // What the loop spent in checkpoint snapshots; with synchronous_checkpoints, plus every upload.
+  absl::Duration checkpoint_stall;
   std::vector<v1::VersionRef> versions_written;
   std::optional<EvalMetrics> last_eval;  // none without eval_fraction.
   bool stopped_early = false;            // a stop request ended the run before target_step.
