@@ -8,18 +8,24 @@
 // with yours.
 
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "libs/client/remote_loader.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
+#include "libs/tensor/dtype.h"
+#include "libs/tensor/state_dict.h"
 #include "torch/csrc/autograd/grad_mode.h"
 #include "torch/nn/modules/activation.h"
 #include "torch/nn/modules/batchnorm.h"
@@ -82,6 +88,18 @@ absl::Status Run() {
 
   // 4. Load: the service selects, renames and casts; the client puts each tensor on the device.
   ASSIGN_OR_RETURN(ckpt::LoadedState state, loader->Load(ref, target));
+  // Where the tensors arrived, before anything copies them (tools/gpu_check.sh reads this line):
+  // "arrived: 8 float32 on cuda:1, 1 int64 on cuda:1".
+  std::map<std::string, int> arrived;
+  for (const ckpt::StateDict::Entry& entry : state.model) {
+    const absl::StatusOr<ckpt::DType> dtype = ckpt::FromScalarType(entry.tensor.scalar_type());
+    ++arrived[absl::StrCat(dtype.ok() ? std::string(ckpt::DTypeName(*dtype))
+                                      : std::string(c10::toString(entry.tensor.scalar_type())),
+                           " on ", entry.tensor.device().str())];
+  }
+  std::vector<std::string> arrivals;
+  for (const auto& [what, count] : arrived) arrivals.push_back(absl::StrCat(count, " ", what));
+  std::cout << "arrived: " << absl::StrJoin(arrivals, ", ") << "\n";
 
   // 5. Copy into the module (what load_state_dict does), without recording autograd history.
   torch::NoGradGuard no_grad;
