@@ -18,6 +18,8 @@ packages=(
   openssl
   # libFuzzer and the sanitizers for the parser fuzz targets.
   clang libclang-rt-14-dev
+  # The CMake build that tools/gpu_check.sh uses on machines without Bazel (CI runs its CPU mode).
+  cmake ninja-build
 )
 
 missing=()
