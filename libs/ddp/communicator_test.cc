@@ -13,6 +13,7 @@
 #include "libs/ddp/local_launcher.h"
 #include "libs/ddp/process_group.h"
 #include "libs/ddp/testing/device_checking_process_group.h"
+#include "libs/testing/torch_error.h"
 
 namespace ckpt::ddp {
 namespace {
@@ -22,15 +23,7 @@ using ::testing::HasSubstr;
 
 constexpr char kWorkerVariable[] = "CKPT_DDP_COMMUNICATOR_TEST_WORKER";
 
-template <typename Function>
-std::string ErrorOf(Function&& function) {
-  try {
-    function();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
+using ::ckpt::testing::TorchErrorOf;
 
 ProcessGroupHandle SingleRank() {
   RendezvousOptions options;
@@ -62,16 +55,16 @@ void CheckCollectivesUnderDeclaredDevice(const ProcessGroupHandle& real) {
 
   // Today's AgreeOnStep: a tensor made on the CPU and handed to the group directly.
   std::vector<at::Tensor> raw = {at::tensor({1.0, 0.0}, at::kDouble)};
-  const std::string direct = ErrorOf([&] { comm.group().allreduce(raw)->wait(); });
+  const std::string direct = TorchErrorOf([&] { comm.group().allreduce(raw)->wait(); });
   TORCH_CHECK(direct.find("was not placed on the group's device cuda:" + std::to_string(rank)) !=
                   std::string::npos,
               "a raw allreduce was not refused: ", direct);
   std::vector<at::Tensor> raw_broadcast = {at::zeros({4}, at::kLong)};
-  TORCH_CHECK(ErrorOf([&] { comm.group().broadcast(raw_broadcast)->wait(); }) != "(no error)",
+  TORCH_CHECK(TorchErrorOf([&] { comm.group().broadcast(raw_broadcast)->wait(); }) != "(no error)",
               "a raw broadcast was not refused");
   // Through the communicator, an unplaced tensor is refused before it reaches the group.
   at::Tensor unplaced = at::ones({2});
-  const std::string through = ErrorOf([&] { comm.AllReduceSumAsync(unplaced); });
+  const std::string through = TorchErrorOf([&] { comm.AllReduceSumAsync(unplaced); });
   TORCH_CHECK(through.find("is not on the collective device cuda:" + std::to_string(rank)) !=
                   std::string::npos,
               "an unplaced all-reduce was not refused: ", through);
@@ -94,7 +87,7 @@ int RunWorker() {
 }
 
 TEST(CommunicatorTest, DeclaredDeviceCollectivesOnOneRank) {
-  EXPECT_EQ(ErrorOf([] { CheckCollectivesUnderDeclaredDevice(SingleRank()); }), "(no error)");
+  EXPECT_EQ(TorchErrorOf([] { CheckCollectivesUnderDeclaredDevice(SingleRank()); }), "(no error)");
 }
 
 TEST(CommunicatorTest, DeclaredDeviceCollectivesOnTwoRanks) {
@@ -134,19 +127,19 @@ TEST(CommunicatorTest, RealPlacementComparesDevices) {
   const Communicator on_gpu(pg.comm.group_ptr(), c10::Device(c10::kCUDA, 1));
   at::Tensor cpu = at::ones({2});
   EXPECT_FALSE(on_gpu.IsPlaced(cpu));
-  EXPECT_THAT(ErrorOf([&] { on_gpu.AllReduceSumAsync(cpu); }),
+  EXPECT_THAT(TorchErrorOf([&] { on_gpu.AllReduceSumAsync(cpu); }),
               HasSubstr("a Float tensor of shape [2] on cpu is not on the collective device "
                         "cuda:1"));
-  EXPECT_THAT(ErrorOf([&] { on_gpu.Broadcast(cpu, 0); }),
+  EXPECT_THAT(TorchErrorOf([&] { on_gpu.Broadcast(cpu, 0); }),
               HasSubstr("is not on the collective device cuda:1"));
 }
 
 TEST(CommunicatorTest, RejectsBadArguments) {
   const ProcessGroupHandle pg = SingleRank();
   at::Tensor tensor = at::ones({1});
-  EXPECT_THAT(ErrorOf([&] { pg.comm.Broadcast(tensor, 1); }),
+  EXPECT_THAT(TorchErrorOf([&] { pg.comm.Broadcast(tensor, 1); }),
               HasSubstr("broadcast root must be in [0, 1), got 1"));
-  EXPECT_THAT(ErrorOf([&] { pg.comm.BroadcastString("x", -1); }),
+  EXPECT_THAT(TorchErrorOf([&] { pg.comm.BroadcastString("x", -1); }),
               HasSubstr("BroadcastString root must be in [0, 1), got -1"));
   EXPECT_TRUE(pg.comm.AllReduceSum({}).empty());
   EXPECT_FALSE(Communicator().valid());

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/ddp/local_launcher.h"
+#include "libs/testing/torch_error.h"
 
 namespace ckpt::ddp {
 namespace {
@@ -78,12 +79,7 @@ TEST(ProcessGroupTest, SingleRankWorksOnAnOsChosenPort) {
 }
 
 std::string ErrorOf(const RendezvousOptions& options) {
-  try {
-    InitProcessGroup(options);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
+  return ::ckpt::testing::TorchErrorOf([&] { InitProcessGroup(options); });
 }
 
 TEST(ProcessGroupTest, NcclInABuildWithoutNcclIsAClearError) {

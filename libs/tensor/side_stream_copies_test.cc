@@ -8,31 +8,25 @@
 #include "ATen/ATen.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/testing/torch_error.h"
 
 namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
 
-template <typename Function>
-std::string ErrorOf(Function&& function) {
-  try {
-    function();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
+using ::ckpt::testing::TorchErrorOf;
 
 TEST(SideStreamCopiesTest, RefusesTheCpuAndDevicesWithoutAnIndex) {
-  EXPECT_THAT(ErrorOf([] { SideStreamCopies copies(c10::Device("cpu")); }),
+  EXPECT_THAT(TorchErrorOf([] { SideStreamCopies copies(c10::Device("cpu")); }),
               HasSubstr("need an accelerator device with an index (e.g. cuda:0), got cpu"));
-  EXPECT_THAT(ErrorOf([] { SideStreamCopies copies(c10::Device("cuda")); }), HasSubstr("got cuda"));
+  EXPECT_THAT(TorchErrorOf([] { SideStreamCopies copies(c10::Device("cuda")); }),
+              HasSubstr("got cuda"));
 }
 
 TEST(SideStreamCopiesTest, ACpuOnlyLibTorchSaysItHasNoCuda) {
   if (at::hasCUDA()) GTEST_SKIP() << "this LibTorch has CUDA; tools/gpu_check.sh covers it";
-  EXPECT_THAT(ErrorOf([] { SideStreamCopies copies(c10::Device("cuda:0")); }),
+  EXPECT_THAT(TorchErrorOf([] { SideStreamCopies copies(c10::Device("cuda:0")); }),
               HasSubstr("not linked with support for cuda devices"));
 }
 
