@@ -244,6 +244,13 @@ build() {
   say ""
 }
 
+# needs_full_build NAME WHAT: true when every binary built; otherwise NAME gets a NOT RUN line.
+needs_full_build() {
+  [[ "$full_build" == 1 ]] && return 0
+  result "$1" NOT_RUN "the $2 did not build (see Build)"
+  return 1
+}
+
 # ---- (a) DDP smoke ----------------------------------------------------------------------------
 
 smoke() {
@@ -303,10 +310,7 @@ run_trainer() {
 
 check_trainer() {
   say "## (b) The trainer (launcher + ranks, embedded store, checkpoints)"
-  if [[ "$full_build" != 1 ]]; then
-    result "(b) trainer" NOT_RUN "the trainer did not build (see Build)"
-    return
-  fi
+  needs_full_build "(b) trainer" trainer || return 0
   local common=(--steps=60 --checkpoint_every=20 --batch_size=32)
   if [[ "$gpus" -gt 0 ]]; then
     run_trainer "(b) trainer nccl cuda 1 rank" "$work/trainer-nccl-1.log" "${common[@]}" \
@@ -480,10 +484,7 @@ resume_check() {
 
 check_resume() {
   say "## (c) A rank SIGKILLed and restarted (--max_restarts=1): exact resume"
-  if [[ "$full_build" != 1 ]]; then
-    result "(c) kill and resume" NOT_RUN "the trainer did not build (see Build)"
-    return
-  fi
+  needs_full_build "(c) kill and resume" trainer || return 0
   if [[ "$gpus" -gt 1 ]]; then
     CUBLAS_WORKSPACE_CONFIG=:4096:8 resume_check "(c) kill + resume, nccl cuda 2 ranks" nccl cuda 2 1 4000
   elif [[ "$gpus" == 1 ]]; then
@@ -536,10 +537,7 @@ stall_check() {
 
 check_stall() {
   say "## (d) Checkpoint stall: asynchronous uploads against --sync_checkpoints"
-  if [[ "$full_build" != 1 ]]; then
-    result "(d) checkpoint stall" NOT_RUN "the trainer did not build (see Build)"
-    return
-  fi
+  needs_full_build "(d) checkpoint stall" trainer || return 0
   if [[ "$gpus" -gt 0 ]]; then
     stall_check "(d) stall, nccl cuda 1 rank" nccl cuda
   else
@@ -613,10 +611,7 @@ PY
 
 check_load() {
   say "## (e) Load through the loader service onto a device (tools/examples/load_from_loader)"
-  if [[ "$full_build" != 1 ]]; then
-    result "(e) load" NOT_RUN "the loader did not build (see Build)"
-    return
-  fi
+  needs_full_build "(e) load" loader || return 0
   if [[ "$gpus" -gt 1 ]]; then
     load_check cuda:1
   elif [[ "$gpus" == 1 ]]; then

@@ -12,6 +12,14 @@ inline constexpr int kMaxTensorDataBytes = 1 << 20;
 // The smallest piece a Download, Load or Export sends (64 KiB): a smaller max_message_bytes in the
 // request is raised to it, since tiny pieces turn one version into millions of messages.
 inline constexpr int kMinStreamedPieceBytes = 64 << 10;
+
+// The bytes of tensor data per message for a request's max_message_bytes (not negative; each
+// service names a negative one in its own error): 0 means `maximum`, any other value is clamped
+// into [kMinStreamedPieceBytes, maximum].
+constexpr int StreamedPieceBytes(int requested, int maximum) {
+  if (requested == 0 || requested > maximum) return maximum;
+  return requested < kMinStreamedPieceBytes ? kMinStreamedPieceBytes : requested;
+}
 // Page sizes of ListModels / ListVersions when the request says 0, and the most one page holds.
 inline constexpr int kDefaultPageSize = 100;
 inline constexpr int kMaxPageSize = 1000;

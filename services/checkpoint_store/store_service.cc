@@ -286,10 +286,7 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
                                                      request_.max_message_bytes(),
                                                      "; use 0 for the default (1 MiB)"));
     }
-    piece_bytes_ =
-        request_.max_message_bytes() == 0
-            ? kMaxTensorDataBytes
-            : std::clamp(request_.max_message_bytes(), kMinStreamedPieceBytes, kMaxTensorDataBytes);
+    piece_bytes_ = StreamedPieceBytes(request_.max_message_bytes(), kMaxTensorDataBytes);
     ASSIGN_OR_RETURN(reader_, service_.store_.OpenVersion(request_.ref()));
     const v1::Manifest& manifest = reader_->manifest();
     const std::string where = FormatVersionRef(manifest.model(), manifest.version());

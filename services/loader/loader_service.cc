@@ -28,15 +28,14 @@
 namespace ckpt {
 namespace {
 
-// The piece size a request asks for: 0 is the default (1 MiB), larger is capped at 1 MiB.
+// The piece size a request asks for (libs/rpc/wire_constants.h: 0 is 1 MiB, others are clamped
+// into [64 KiB, 1 MiB]).
 absl::StatusOr<size_t> PieceBytes(int32_t requested) {
   if (requested < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_message_bytes must not be negative, got ", requested));
   }
-  if (requested == 0 || requested > kMaxLoaderPieceBytes) return kMaxLoaderPieceBytes;
-  // Tiny pieces would turn one version into millions of messages (and miss any deadline).
-  return static_cast<size_t>(std::max(requested, kMinStreamedPieceBytes));
+  return static_cast<size_t>(StreamedPieceBytes(requested, kMaxLoaderPieceBytes));
 }
 
 }  // namespace
