@@ -15,6 +15,8 @@
 #
 # Usage: tools/gpu_check.sh [--cpu-only] [--report PATH] [--build-dir DIR] [--jobs N]
 #   PYTHON=/path/to/python3   the interpreter whose torch to build against (default python3)
+#   --deps TARBALL            Debian's gRPC, protobuf, Abseil, RocksDB, ... packed by
+#                             tools/cmake/deps_bundle.sh, for a machine without the -dev packages
 #   --cpu-only                skip every CUDA run even when GPUs are there
 #   --ddp-only                build only ddp_smoke_main (LibTorch only) and run only (a)
 #   --build-dir DIR           build (or rebuild incrementally) in DIR and keep it
@@ -31,8 +33,9 @@ report=""
 build_dir=""
 jobs="$(nproc)"
 only="abcde"
+deps_tarball=""
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -42,6 +45,7 @@ while [[ $# -gt 0 ]]; do
     --build-dir) build_dir="$2"; shift ;;
     --jobs) jobs="$2"; shift ;;
     --only) only="$2"; shift ;;
+    --deps) deps_tarball="$(realpath "$2")"; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -186,6 +190,7 @@ cmake_build() {
   rm -f "$dir/build.log" "$dir/ckpt_problems.txt"
   local cmake_args=()
   read -r -a cmake_args <<<"${CKPT_CMAKE_ARGS:-}"
+  [[ -n "$deps_prefix" ]] && cmake_args+=(-DCKPT_DEPS_PREFIX="$deps_prefix")
   timed timeout 300 cmake -S "$repo/tools/cmake" -B "$dir" "${generator[@]}" \
     -DCKPT_PYTHON="$(command -v "$python")" "${cmake_args[@]}" "$@" >"$dir/configure.log" 2>&1
   configure_seconds="$last_seconds"
@@ -195,10 +200,21 @@ cmake_build() {
   [[ "$last_status" == 0 ]]
 }
 
+deps_prefix=""  # where --deps was unpacked
+
 build() {
   say "## Build (CMake, -j$jobs, $(command -v ninja >/dev/null 2>&1 && echo ninja || echo make))"
   configure_seconds=0
   build_seconds=0
+  if [[ -n "$deps_tarball" ]]; then
+    deps_prefix="$work/deps"
+    mkdir -p "$deps_prefix"
+    if ! tar -C "$deps_prefix" -xzf "$deps_tarball"; then
+      result "build" FAIL "could not unpack --deps $deps_tarball"
+      return
+    fi
+    say "- dependencies: $deps_tarball (tools/cmake/deps_bundle.sh), unpacked in $deps_prefix"
+  fi
   if [[ "$ddp_only" == 1 ]]; then
     if cmake_build "$build_dir" -DCKPT_DDP_ONLY=ON; then
       bin="$build_dir/bin"
