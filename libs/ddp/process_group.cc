@@ -12,10 +12,17 @@
 #include "ATen/Context.h"
 #include "c10/core/impl/VirtualGuardImpl.h"
 #include "c10/util/Exception.h"
-#include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 #include "torch/csrc/distributed/c10d/Types.hpp"
 #include "torch/version.h"
+
+// USE_C10D_GLOO (Bazel always; CMake when Gloo's headers compile against this LibTorch: a pip
+// wheel ships none, and Debian's older ones may not fit its ProcessGroupGloo.hpp) declares
+// ProcessGroupGloo. Without it this build has NCCL only, and asking for gloo says so.
+#ifdef USE_C10D_GLOO
+#define CKPT_DDP_HAVE_GLOO 1
+#include "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp"
+#endif
 
 // A CUDA build of LibTorch defines USE_C10D_NCCL when c10d was built with NCCL; our Bazel CUDA
 // config defines CKPT_WITH_NCCL. Either one means ProcessGroupNCCL is there to link against.
@@ -31,6 +38,7 @@ bool IsLoopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+#ifdef CKPT_DDP_HAVE_GLOO
 // Where Gloo listens for its peers. GLOO_SOCKET_IFNAME wins (as in PyTorch); a loopback master
 // means a single-host job, so loopback works even on machines whose hostname does not resolve;
 // otherwise the address the hostname resolves to, as torch.distributed does by default.
@@ -44,6 +52,7 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+#endif  // CKPT_DDP_HAVE_GLOO
 
 #if TORCH_VERSION_MAJOR >= 2
 // From PyTorch 2.0, Gloo and NCCL are c10d::Backends and a c10d::ProcessGroup dispatches to the
@@ -70,6 +79,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> WrapBackend(
 
 c10::intrusive_ptr<c10d::ProcessGroup> MakeGloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                 const RendezvousOptions& options) {
+#ifndef CKPT_DDP_HAVE_GLOO
+  TORCH_CHECK(false,
+              "this build has no Gloo backend: the LibTorch it was built against came without "
+              "Gloo headers that compile (tools/cmake reports it at configure time); use backend "
+              "\"nccl\" with CUDA, or rebuild where libgloo-dev fits this LibTorch");
+#else
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices.push_back(GlooDevice(options.master_addr));
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.world_size,
@@ -83,6 +98,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> MakeGloo(const c10::intrusive_ptr<c10d::S
 #else
   return gloo;
 #endif
+#endif  // CKPT_DDP_HAVE_GLOO
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> MakeNccl(const c10::intrusive_ptr<c10d::Store>& store,
