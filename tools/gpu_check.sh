@@ -195,7 +195,10 @@ cmake_build() {
     -DCKPT_PYTHON="$(command -v "$python")" "${cmake_args[@]}" "$@" >"$dir/configure.log" 2>&1
   configure_seconds="$last_seconds"
   [[ "$last_status" == 0 ]] || return 1
-  timed timeout 1800 cmake --build "$dir" -j "$jobs" >"$dir/build.log" 2>&1
+  # Keep going past a failing file, so one report lists every compile error.
+  local keep_going=(-k)
+  grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$dir/CMakeCache.txt" && keep_going=(-k 0)
+  timed timeout 1800 cmake --build "$dir" -j "$jobs" -- "${keep_going[@]}" >"$dir/build.log" 2>&1
   build_seconds="$last_seconds"
   [[ "$last_status" == 0 ]]
 }

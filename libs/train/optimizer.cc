@@ -1,7 +1,10 @@
 #include "libs/train/optimizer.h"
 
 #include <cmath>
+#include <sstream>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -52,10 +55,25 @@ absl::StatusOr<Kind> KindOf(const Optimizer& optimizer) {
       "optimizer state dicts are implemented for torch::optim SGD, Adam and AdamW only");
 }
 
-// The key LibTorch's optimizers use for a parameter's state (see adam.cpp / sgd.cpp).
-std::string StateKey(const at::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
+// The key LibTorch's optimizers use for a parameter's state (see adam.cpp / sgd.cpp): the
+// TensorImpl's address, printed as a string (c10::guts::to_string) up to LibTorch 1.13 and the
+// pointer itself from 2.0. The map's own key type says which.
+using StateKeyType =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+// A template so that only the branch for this LibTorch's key type is compiled.
+template <typename Key>
+Key StateKeyOf(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream address;  // exactly what c10::guts::to_string did
+    address << param.unsafeGetTensorImpl();
+    return address.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
 }
+
+StateKeyType StateKey(const at::Tensor& param) { return StateKeyOf<StateKeyType>(param); }
 
 std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -235,7 +253,7 @@ absl::Status CheckUnsupportedFlags(const Value& group, const std::string& where)
 
 // Everything LoadOptimizerStateDict will install, built before the optimizer is touched.
 struct StagedParam {
-  std::string key;
+  StateKeyType key;
   std::unique_ptr<OptimizerParamState> state;  // nullptr: the parameter has no state.
 };
 
