@@ -14,6 +14,8 @@ packages=(
   # A Python gRPC client of the loader in tests (stubs generated with protoc and
   # /usr/bin/grpc_python_plugin from protobuf-compiler-grpc).
   python3-grpcio python3-protobuf
+  # XXH3-64, for the Python client's check of every Export piece (ExportResponse.xxh3_64).
+  python3-xxhash
   # The openssl command line: tests make their TLS certificates with it.
   openssl
   # libFuzzer and the sanitizers for the parser fuzz targets.

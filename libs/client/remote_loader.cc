@@ -8,6 +8,7 @@
 #include "ATen/ATen.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "c10/core/impl/VirtualGuardImpl.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -15,6 +16,7 @@
 #include "libs/io/atomic_file.h"
 #include "libs/io/prefault.h"
 #include "libs/loader/loader_proto.h"
+#include "libs/loader/stream_digest.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
@@ -90,6 +92,7 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
   v1::LoadRequest request;
   *request.mutable_ref() = ref;
   *request.mutable_target() = LoadTargetToProto(target);
+  request.set_send_digests(true);  // for the tensors the server casts.
   const std::string where = FormatVersionRef(ref);
   LoadedState state;
   RETURN_IF_ERROR(channel_->RestartOnUnavailable(
@@ -105,6 +108,7 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
                 channel_->channel().get(), load_method_, &context, request));
         grpc::ByteBuffer response;
         TensorDataResponseReader decoder;
+        std::optional<std::string> unverified;  // a tensor no checksum came for.
         // Receives the stream; an early return cancels the call (TryCancel) before Finish.
         absl::Status received = [&]() -> absl::Status {
           if (!stream->Read(&response)) return absl::OkStatus();  // Finish has the error.
@@ -144,6 +148,23 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
           for (int i = 0; i < count; ++i) {
             ASSIGN_OR_RETURN(cpu[i], EmptyTensorFor(meta_at(i), where, staging != nullptr));
           }
+          // Every byte is checked before its tensor is placed: against the store's chunk digests
+          // when it travels as stored, else against the TensorDigest that follows its bytes.
+          const std::string version = FormatVersionRef(manifest.model(), manifest.version());
+          std::vector<std::optional<ReceivedTensorCheck>> checks(count);
+          std::vector<bool> complete(count, false);
+          std::vector<bool> verified(count, false);
+          for (int i = 0; i < count; ++i) {
+            ASSIGN_OR_RETURN(checks[i], ReceivedTensorCheck::Create(meta_at(i), version));
+          }
+          // After tensor i's last byte: places it when its chunks verified it.
+          const auto on_complete = [&](int i) -> absl::Status {
+            complete[i] = true;
+            ASSIGN_OR_RETURN(const bool by_chunks, checks[i]->Complete());
+            if (!by_chunks) return absl::OkStatus();  // its TensorDigest comes next.
+            verified[i] = true;
+            return place(i);
+          };
           v1::Manifest second_manifest;
           while (stream->Read(&response)) {
             absl::StatusOr<ResponsePart> part =
@@ -152,11 +173,31 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
               return absl::DataLossError(absl::StrCat(
                   "the Load stream of ", where, " sent a bad message: ", part.status().message()));
             }
+            if (*part == ResponsePart::kNeither) {
+              // A TensorDigest (the reader knows manifests and data only): small, parsed whole.
+              v1::LoadResponse other;
+              RETURN_IF_ERROR(ParseFromByteBuffer(response, "LoadResponse", &other));
+              if (!other.has_digest()) {
+                return absl::DataLossError(
+                    absl::StrCat("the Load stream of ", where,
+                                 " sent a message with no part this client knows"));
+              }
+              const int i = other.digest().tensor_index();
+              if (i < 0 || i >= count || verified[i]) {
+                return absl::DataLossError(absl::StrCat("the Load stream of ", where,
+                                                        " sent an unexpected TensorDigest for "
+                                                        "tensor index ",
+                                                        i, " of ", count));
+              }
+              if (!complete[i] && meta_at(i).byte_length() == 0) RETURN_IF_ERROR(on_complete(i));
+              RETURN_IF_ERROR(checks[i]->CheckDigest(other.digest()));
+              verified[i] = true;
+              RETURN_IF_ERROR(place(i));
+              continue;
+            }
             if (*part != ResponsePart::kData) {
-              return absl::DataLossError(absl::StrCat(
-                  "the Load stream of ", where, " sent ",
-                  *part == ResponsePart::kManifest ? "a second manifest"
-                                                   : "a message with neither manifest nor data"));
+              return absl::DataLossError(
+                  absl::StrCat("the Load stream of ", where, " sent a second manifest"));
             }
             const TensorDataView& data = decoder.data();
             const int i = data.tensor_index;
@@ -173,16 +214,23 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
             }
             char* destination = static_cast<char*>(cpu[i].data_ptr()) + data.offset;
             for (absl::string_view piece : data.pieces) {
+              RETURN_IF_ERROR(checks[i]->Add(piece));
               std::memcpy(destination, piece.data(), piece.size());
               destination += piece.size();
             }
             received_bytes[i] += data.size;
-            if (received_bytes[i] == meta.byte_length()) RETURN_IF_ERROR(place(i));
+            if (received_bytes[i] == meta.byte_length()) RETURN_IF_ERROR(on_complete(i));
           }
           for (int i = 0; i < count; ++i) {
             // An incomplete stream: Finish says why (a server error, the deadline), else DATA_LOSS.
             if (received_bytes[i] != meta_at(i).byte_length()) return absl::OkStatus();
-            if (!placed[i].defined()) RETURN_IF_ERROR(place(i));  // tensors of zero bytes.
+            if (!complete[i]) RETURN_IF_ERROR(on_complete(i));  // tensors of zero bytes.
+            if (!verified[i]) {
+              // Finish may say why (the stream broke before the digest); else the server is one
+              // that sends no checksums, and its bytes are not taken unchecked.
+              unverified = meta_at(i).key();
+              return absl::OkStatus();
+            }
           }
           // The caller's stream (the device's current one) may use the tensors from here on.
           if (staging)
@@ -218,6 +266,12 @@ absl::StatusOr<LoadedState> RemoteLoader::Load(const v1::VersionRef& ref,
           return received;
         }
         RETURN_IF_ERROR(channel_->FromCall(stream->Finish()));
+        if (unverified.has_value()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "tensor '", *unverified, "' of ", where,
+              " arrived with neither chunk refs nor a TensorDigest to check it by: the loader "
+              "server predates checksums to the consumer; upgrade it"));
+        }
         if (state.manifest.model().empty() ||
             state.model.size() != static_cast<size_t>(state.manifest.tensors_size())) {
           return absl::DataLossError(
@@ -273,6 +327,30 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
             result.left_out.assign(response.left_out().begin(), response.left_out().end());
             result.warnings.assign(response.warnings().begin(), response.warnings().end());
             first = false;
+          }
+          // Each piece is checked against the XXH3-64 the loader took as it sent it.
+          const int64_t at = static_cast<int64_t>(out.bytes_written());
+          const int64_t end = at + static_cast<int64_t>(response.data().size());
+          if (!response.has_xxh3_64()) {
+            received = absl::FailedPreconditionError(absl::StrCat(
+                "the Export stream of ", where, " sent bytes ", at, "..", end,
+                " of the file without a checksum: the loader server predates checksums to the "
+                "consumer; upgrade it"));
+            break;
+          }
+          if (response.offset() != at) {
+            received = absl::DataLossError(absl::StrCat("the Export stream of ", where,
+                                                        " sent bytes at offset ", response.offset(),
+                                                        " after ", at, " bytes"));
+            break;
+          }
+          if (const uint64_t digest = Xxh3Of(response.data()); digest != response.xxh3_64()) {
+            received = absl::DataLossError(absl::StrFormat(
+                "the Export stream of %s: file bytes %d..%d arrived with XXH3-64 %016x, the "
+                "loader sent %016x: damaged between the loader and this client; %s was not "
+                "written",
+                where, at, end, digest, response.xxh3_64(), path));
+            break;
           }
           received = out.Append(response.data());
           if (received.ok() && out.bytes_written() > total) {

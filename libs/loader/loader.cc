@@ -357,8 +357,7 @@ absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
   adapted.clear_tensors();
   for (const PlannedTensor& tensor : planned) {
     v1::TensorMeta& meta = *adapted.add_tensors();
-    meta = *tensor.meta;
-    meta.clear_chunks();
+    meta = *tensor.meta;  // chunk refs kept: the consumer checks uncast bytes against them.
     meta.set_key(tensor.key);
     const DType cast = target.dtype.Apply(static_cast<DType>(tensor.meta->dtype()));
     if (static_cast<int>(cast) != tensor.meta->dtype()) {
@@ -367,7 +366,9 @@ absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
                        ByteLengthOf(cast, std::vector<int64_t>(tensor.meta->shape().begin(),
                                                                tensor.meta->shape().end())));
       meta.set_byte_length(bytes);
-      meta.clear_content_hash();  // the hash was of the stored bytes.
+      // Both named the stored bytes; the stream follows the cast bytes with a TensorDigest.
+      meta.clear_content_hash();
+      meta.clear_chunks();
     }
   }
   if (!target.include_optimizer) {
@@ -376,11 +377,8 @@ absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
   }
   if (!target.include_scheduler) adapted.clear_scheduler_state();
   adapted.clear_extra_state();  // a loader serves model, optimizer and scheduler state.
-  if (!target.include_optimizer && !target.include_scheduler) {
-    adapted.clear_state_tensors();
-  } else {
-    for (v1::TensorMeta& meta : *adapted.mutable_state_tensors()) meta.clear_chunks();
-  }
+  // State tensors go out as stored, chunk refs and all.
+  if (!target.include_optimizer && !target.include_scheduler) adapted.clear_state_tensors();
   return adapted;
 }
 

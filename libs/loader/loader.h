@@ -164,9 +164,11 @@ struct PreflightReport {
 
 // The manifest a stream of `planned` (from PlanLoad of `stored` with `target`) starts with: what
 // the consumer receives, as it receives it -- tensors renamed and, where `target` casts, with the
-// cast dtype and byte length and no content hash (that was of the stored bytes); chunk refs
-// cleared; optimizer / scheduler state only when asked for; no extra state. INVALID_ARGUMENT for
-// a shape whose cast byte length overflows.
+// cast dtype and byte length and neither content hash nor chunk refs (both named the stored
+// bytes); tensors sent as stored keep their chunk refs, which the consumer checks their bytes
+// against (proto/ckpt/v1/loader.proto LoadResponse); optimizer / scheduler state (as stored)
+// only when asked for; no extra state. INVALID_ARGUMENT for a shape whose cast byte length
+// overflows.
 absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
                                              const std::vector<PlannedTensor>& planned,
                                              const LoadTarget& target);

@@ -17,6 +17,7 @@
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/loader/loader_proto.h"
+#include "libs/loader/stream_digest.h"
 #include "libs/rpc/access_policy.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
@@ -208,23 +209,28 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   v1::LoadResponse response;
   ASSIGN_OR_RETURN(*response.mutable_manifest(), AdaptedManifest(manifest, planned, target));
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+  const auto& tamper = options_.tamper_for_testing;
+  const int64_t stream = streams_started_.fetch_add(1);
   // Sends `bytes` in pieces: straight from their memory when `owner` keeps it alive (a cached
   // chunk, which stays valid after an eviction while gRPC holds it; a cast tensor), else each
-  // piece copied once into a pooled buffer.
+  // piece copied once into a pooled buffer. `digest`, when given, takes in every byte sent.
   const auto send = [&](int index, int64_t offset, absl::string_view bytes,
-                        const std::shared_ptr<const void>& owner) -> absl::Status {
+                        const std::shared_ptr<const void>& owner,
+                        Xxh3Stream* digest) -> absl::Status {
     while (!bytes.empty()) {
       if (context.IsCancelled()) {
         return absl::CancelledError(absl::StrCat("the Load of ", where, " was cancelled"));
       }
       const size_t n = std::min(bytes.size(), piece_bytes);
+      if (digest != nullptr) digest->Update(bytes.substr(0, n));
       grpc::ByteBuffer piece;
-      if (owner != nullptr) {
+      if (owner != nullptr && !tamper) {
         piece = TensorDataResponse(index, offset, bytes.substr(0, n), owner);
       } else {
         std::shared_ptr<char> copy = payload_pool_->Take();
         const absl::string_view copied(copy.get(), n);  // before `copy` is moved from.
         std::memcpy(copy.get(), bytes.data(), n);
+        if (tamper) tamper({stream, false, index, offset}, absl::MakeSpan(copy.get(), n));
         piece = TensorDataResponse(index, offset, copied, std::move(copy));
       }
       if (!write(std::move(piece))) {
@@ -239,7 +245,7 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   const auto send_chunk = [&send](size_t index) {
     return [&send, index](int64_t offset, absl::string_view bytes,
                           const std::shared_ptr<const void>& owner) {
-      return send(static_cast<int>(index), offset, bytes, owner);
+      return send(static_cast<int>(index), offset, bytes, owner, /*digest=*/nullptr);
     };
   };
   if (!write(SerializeToByteBuffer(response))) {
@@ -259,7 +265,20 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
     // The cast tensor is this stream's own: its memory goes out as it is, kept alive by the
     // messages that point into it.
     const absl::string_view bytes(static_cast<const char*>(cast.data_ptr()), cast.nbytes());
-    RETURN_IF_ERROR(send(static_cast<int>(i), 0, bytes, std::make_shared<at::Tensor>(cast)));
+    // No stored digest names these bytes: they are hashed as they go and the digest follows.
+    Xxh3Stream digest;
+    RETURN_IF_ERROR(send(static_cast<int>(i), 0, bytes, std::make_shared<at::Tensor>(cast),
+                         request.send_digests() ? &digest : nullptr));
+    if (request.send_digests()) {
+      v1::LoadResponse digest_response;
+      v1::TensorDigest& sent_digest = *digest_response.mutable_digest();
+      sent_digest.set_tensor_index(static_cast<int>(i));
+      sent_digest.set_byte_length(static_cast<int64_t>(bytes.size()));
+      sent_digest.set_xxh3_64(digest.Digest());
+      if (!write(SerializeToByteBuffer(digest_response))) {
+        return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
+      }
+    }
   }
   const v1::Manifest& sent = response.manifest();
   for (int j = 0; j < sent.state_tensors_size(); ++j) {
@@ -289,6 +308,8 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
   ASSIGN_OR_RETURN(const std::unique_ptr<VersionReader> reader, loader_.OpenVersion(request.ref()));
   const v1::Manifest& manifest = reader->manifest();
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+  const int64_t stream = streams_started_.fetch_add(1);
+  int64_t offset = 0;
   bool first = true;
   return ExportToSink(*reader, options, options_.scratch_dir, piece_bytes,
                       [&](const ExportResult& prepared, uint64_t total_bytes,
@@ -299,6 +320,14 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
                         }
                         v1::ExportResponse piece;
                         piece.set_data(bytes.data(), bytes.size());
+                        piece.set_offset(offset);
+                        piece.set_xxh3_64(Xxh3Of(bytes));
+                        if (options_.tamper_for_testing) {
+                          std::string& data = *piece.mutable_data();
+                          options_.tamper_for_testing({stream, true, 0, offset},
+                                                      absl::MakeSpan(data.data(), data.size()));
+                        }
+                        offset += static_cast<int64_t>(bytes.size());
                         if (first) {
                           piece.set_total_bytes(static_cast<int64_t>(total_bytes));
                           piece.set_file_name(

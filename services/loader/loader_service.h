@@ -7,18 +7,22 @@
 //
 //  - Load (server stream): the version is opened once and planned with PlanLoad (subset, key
 //    policy); the adapted Manifest goes first (selected model tensors in manifest order under the
-//    consumer's keys, dtypes after the cast, no chunk refs; optimizer / scheduler trees and
-//    state_tensors only when asked for), then TensorData: model tensors as tensor_index 0..n-1,
-//    cast on the server, then state tensors as n + j, as stored. Pieces are at most
-//    min(1 MiB, LoadRequest.max_message_bytes). Device placement is the client's (the service
-//    never holds GPU memory): LoadTarget.device is only validated.
+//    consumer's keys, dtypes after the cast, chunk refs of uncast ones; optimizer / scheduler
+//    trees and state_tensors only when asked for), then TensorData: model tensors as tensor_index
+//    0..n-1, cast on the server, then state tensors as n + j, as stored. Pieces are at most min(1
+//    MiB, LoadRequest.max_message_bytes). Device placement is the client's (the service never holds
+//    GPU memory): LoadTarget.device is only validated. Checksums to the consumer: tensors sent as
+//    stored keep their chunk refs in the manifest (the store's per-chunk XXH3-64 and SHA-256); a
+//    cast tensor is hashed (XXH3-64) as it is sent and, when the request asks for send_digests,
+//    followed by a TensorDigest (libs/loader/stream_digest.h).
 //  - Preflight (unary): the manifest only, compared with the consumer's expected keys and shapes,
 //    restricted to the target's subset; dtype differences reported (LocalLoader::Preflight; the
 //    service only converts messages).
 //  - Export (server stream): a torch .pt (weights_only-safe) or safetensors file of the adapted
 //    model tensors, or the whole training bundle when the target asks for optimizer or scheduler
 //    state (libs/loader/export.h), in pieces; the first carries total_bytes, a file name, the
-//    version and what the file leaves out.
+//    version and what the file leaves out; each its offset in the file and the XXH3-64 of its
+//    bytes.
 //
 // Every tensor read goes through the ChunkCache of the service's LocalLoader, shared by all
 // calls, so concurrent readers of one version cost one store read per chunk and one cached copy
@@ -48,6 +52,7 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
 //                    GrpcServer::Start({}, {{service.get(), v1::Loader::service_full_name()}}));
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,6 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
@@ -85,6 +91,18 @@ struct LoaderServiceOptions {
   // Where torch exports are staged before streaming (their zip directory comes last). Default:
   // $TMPDIR, else /tmp.
   std::string scratch_dir;
+
+  // Tests only: damage in transit. Called with every outgoing piece of tensor or file bytes
+  // after its checksum was taken (the store's chunk digests, or the loader's XXH3-64 of what it
+  // sends) and before it is written; it may change the bytes. When set, every piece is sent from
+  // a copy, so cached chunks stay intact.
+  struct OutgoingPiece {
+    int64_t stream = 0;        // the service's Load and Export streams, counted from 0.
+    bool export_file = false;  // an Export piece (offset in the file), else a Load one.
+    int tensor_index = 0;      // Load: as TensorData.tensor_index.
+    int64_t offset = 0;        // Load: in the tensor; Export: in the file.
+  };
+  std::function<void(const OutgoingPiece&, absl::Span<char>)> tamper_for_testing;
 };
 
 class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Loader::Service> {
@@ -131,6 +149,7 @@ class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Lo
   const std::shared_ptr<PayloadPool> payload_pool_;
   absl::Mutex mu_;
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> streams_started_{0};  // for OutgoingPiece::stream.
 };
 
 }  // namespace ckpt

@@ -4,6 +4,7 @@
 
 #include "services/loader/loader_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -239,6 +240,49 @@ TEST_F(LoaderServiceTest, ExportedSafetensorsParsesIndependently) {
   EXPECT_THAT(
       ::ckpt::testing::RunPythonOrAddFailure(kFixtures, "verify_safetensors " + path + " " + Dir()),
       HasSubstr("OK"));
+}
+
+// `ckpt export --loader` (RemoteLoader::Export underneath) against a loader that flips one bit of
+// one file byte after it took the piece's XXH3-64: each flip fails the command with DATA_LOSS
+// naming the version and the damaged bytes' offset, and leaves no file; an intact stream works.
+TEST_F(LoaderServiceTest, CkptExportThroughTheLoaderCatchesEveryFlippedByte) {
+  std::atomic<int64_t> flip_at{-1};
+  std::atomic<int> flipped{0};
+  LoaderServiceOptions options;
+  options.tamper_for_testing = [&](const LoaderServiceOptions::OutgoingPiece& piece,
+                                   absl::Span<char> bytes) {
+    const int64_t at = flip_at.load();
+    if (!piece.export_file || at < piece.offset ||
+        at >= piece.offset + static_cast<int64_t>(bytes.size())) {
+      return;
+    }
+    bytes[at - piece.offset] ^= static_cast<char>(1 << (at % 8));
+    ++flipped;
+  };
+  StartLoader(options);
+  const std::string path = Dir() + "/flipped_by_cli.safetensors";
+  const std::string command =
+      absl::StrCat("tools/ckpt/ckpt export mlp@1 ", path, " --loader=", server_->address());
+  const ::ckpt::testing::ShellResult clean = ::ckpt::testing::RunShell(command);
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const int64_t size = static_cast<int64_t>(std::filesystem::file_size(path));
+  ASSERT_TRUE(std::filesystem::remove(path));
+  // The header's first byte, bytes spread through the file, its last byte.
+  std::vector<int64_t> offsets;
+  for (int i = 0; i < 10; ++i) offsets.push_back((size - 1) * i / 9);
+  for (const int64_t offset : offsets) {
+    flip_at = offset;
+    const int before = flipped.load();
+    const ::ckpt::testing::ShellResult damaged = ::ckpt::testing::RunShell(command);
+    EXPECT_EQ(flipped.load(), before + 1);
+    EXPECT_NE(damaged.exit_code, 0) << "byte " << offset;
+    EXPECT_THAT(damaged.output, HasSubstr("DATA_LOSS")) << "byte " << offset;
+    EXPECT_THAT(damaged.output, HasSubstr("the Export stream of mlp@1: file bytes ")) << offset;
+    EXPECT_FALSE(std::filesystem::exists(path)) << "byte " << offset;
+  }
+  flip_at = -1;
+  EXPECT_EQ(::ckpt::testing::RunShell(command).exit_code, 0);
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(path)), size);
 }
 
 TEST_F(LoaderServiceTest, PythonGrpcClientLoadsAVersion) {

@@ -2,18 +2,21 @@
 
 What the protocol carries to check against (proto/ckpt/v1/types.proto):
 
-* ``TensorMeta.chunks``: the store's Download manifest lists each tensor's chunks, each with the
-  SHA-256 of its bytes and its length. Chunks are consecutive pieces of the tensor; each one is
+* ``TensorMeta.chunks``: the store's Download manifest, and the loader's Load manifest for every
+  tensor it sends as stored, list each tensor's chunks, each with the SHA-256 of its bytes and its
+  length, as the store computed them. Chunks are consecutive pieces of the tensor; each one is
   hashed as its bytes arrive and compared when it is complete, so a bad byte is reported with the
   tensor and the chunk that hold it.
-* ``TensorMeta.content_hash``: the loader's Load manifest has no chunk list (its tensors may be
-  re-keyed or subset), but an uncast tensor keeps its content hash: SHA-256 over its chunks'
-  SHA-256s each followed by the chunk length as 8 little-endian bytes, with chunks cut every
-  4 MiB from offset 0 (libs/store/chunk_hasher.h). The client cuts the received bytes the same way.
-  Stores written before that scheme hold SHA-256 of the bytes themselves, which is accepted too.
+* ``TensorMeta.content_hash``: loaders built before they kept chunk lists send only an uncast
+  tensor's content hash: SHA-256 over its chunks' SHA-256s each followed by the chunk length as
+  8 little-endian bytes, with chunks cut every 4 MiB from offset 0 (libs/store/chunk_hasher.h).
+  The client cuts the received bytes the same way. Stores written before that scheme hold SHA-256
+  of the bytes themselves, which is accepted too.
 
-A tensor with neither (the loader clears the hash of a tensor it casts) cannot be verified;
-``verify=True`` refuses it, which is why Client asks the loader for stored dtypes and casts itself.
+A tensor with neither (one the loader casts) is checked only by the XXH3-64 TensorDigest the
+loader sends after it on request; this client never asks the loader to cast (it asks for stored
+dtypes and casts itself), so ``verify=True`` refuses a tensor with neither. A failed check raises
+IntegrityError, a DataLoss.
 """
 import hashlib
 import sys

@@ -10,7 +10,8 @@ import torch
 
 from . import _stubs
 from ._tensors import StreamAssembler, to_tensor, torch_dtypes
-from .errors import InvalidArgument, ProtocolError, from_rpc_error
+from .errors import (FailedPrecondition, IntegrityError, InvalidArgument, ProtocolError,
+                     from_rpc_error)
 
 # Large enough for a 1 MiB TensorData piece and a manifest of many tensors (the servers' own
 # default limit is 16 MiB).
@@ -21,6 +22,36 @@ WatchUpdate.__doc__ = """One message of a watch: exactly one of ``state`` (a ckp
 the watched models as they are, sent first on a fresh watch) and ``event`` (a
 ckpt.v1.RegistryEvent) is set. ``resume_token`` continues after it (``Client.watch(...,
 resume_token=...)``)."""
+
+
+def _xxh3_64():
+    """xxhash.xxh3_64_intdigest; FailedPrecondition when the module is missing, so that a
+    verifying call fails rather than skip its check."""
+    try:
+        import xxhash
+    except ImportError as error:
+        raise FailedPrecondition(
+            "checking an Export needs the xxhash module (Debian: apt-get install python3-xxhash; "
+            "pip: xxhash); pass verify=False to accept the file unchecked") from error
+    return xxhash.xxh3_64_intdigest
+
+
+def _check_piece(ref, response, at, xxh3_64):
+    """One ExportResponse piece against its offset and XXH3-64 (proto/ckpt/v1/loader.proto)."""
+    end = at + len(response.data)
+    if not response.HasField("xxh3_64"):
+        raise FailedPrecondition(
+            f"Export of {ref}: bytes {at}..{end} of the file came without a checksum (a loader "
+            "older than this client); pass verify=False to accept the file unchecked")
+    if response.offset != at:
+        raise ProtocolError(f"Export of {ref}: bytes at offset {response.offset} arrived after "
+                            f"{at} bytes")
+    digest = xxh3_64(response.data)
+    if digest != response.xxh3_64:
+        raise IntegrityError(
+            f"Export of {ref}: file bytes {at}..{end} arrived with XXH3-64 {digest:016x}, the "
+            f"loader sent {response.xxh3_64:016x}: damaged between the loader and this client; "
+            "nothing was written", offset=at)
 
 
 def parse_ref(text):
@@ -251,7 +282,7 @@ class Client:
         return key in keys or any(key.startswith(prefix) for prefix in prefixes)
 
     def export(self, ref, path, format="pt", dtype=None, keys=None, prefixes=None,
-               include_optimizer=False, include_scheduler=False, timeout=None):
+               include_optimizer=False, include_scheduler=False, verify=True, timeout=None):
         """Writes a version as a file through the loader's Export: ``format="pt"`` (torch.save
         zip that torch.load(weights_only=True) reads) or ``"safetensors"``. With
         include_optimizer / include_scheduler (pt only) the file is the whole training bundle as
@@ -259,9 +290,15 @@ class Client:
         on the server. The file appears whole or not at all: bytes go to a temporary file beside
         ``path``, which is renamed into place once the size the server announced has arrived.
 
+        With verify (the default) each piece is checked against the XXH3-64 the loader took as it
+        sent it; a mismatch raises IntegrityError (a DataLoss) naming the piece's offset, and
+        nothing is written. The check needs the ``xxhash`` module (Debian: python3-xxhash); without
+        it export raises FailedPrecondition rather than skip the check.
+
         Returns a dict: version ("MODEL@N"), file_name (the server's suggestion), bytes,
         left_out (what the file cannot hold, with why) and warnings.
         """
+        xxh3_64 = _xxh3_64() if verify else None
         pb = self._pb.loader_pb2
         formats = {"pt": pb.EXPORT_FORMAT_TORCH, "torch": pb.EXPORT_FORMAT_TORCH,
                    "safetensors": pb.EXPORT_FORMAT_SAFETENSORS}
@@ -288,6 +325,8 @@ class Client:
                                 "total_bytes": response.total_bytes,
                                 "left_out": list(response.left_out),
                                 "warnings": list(response.warnings)}
+                    if xxh3_64 is not None:
+                        _check_piece(ref, response, out.tell(), xxh3_64)
                     out.write(response.data)
                 size = out.tell()
                 out.flush()

@@ -76,17 +76,20 @@ class ServerError(CkptError):
     """Any other status code (INTERNAL, UNKNOWN, ABORTED, OUT_OF_RANGE, ...)."""
 
 
-class IntegrityError(CkptError):
-    """Bytes received do not match the checksum the server's manifest gives for them.
+class IntegrityError(DataLoss):
+    """Bytes received do not match the checksum the server sent for them: damaged between the
+    server and this client. A DataLoss (code DATA_LOSS), found here rather than by the server.
 
     ``tensor`` is the tensor's key and ``chunk`` the chunk's index within it (None when the
-    protocol named only the tensor's content hash).
+    protocol named only the tensor's content hash); for an Export, ``offset`` is where the
+    damaged piece starts in the file.
     """
 
-    def __init__(self, message, tensor=None, chunk=None):
+    def __init__(self, message, tensor=None, chunk=None, offset=None):
         super().__init__(message)
         self.tensor = tensor
         self.chunk = chunk
+        self.offset = offset
 
 
 class ProtocolError(CkptError):
