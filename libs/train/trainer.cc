@@ -318,6 +318,15 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
       generator.set_state(state.rng_cpu);
     }));
   }
+  if (state.rng_device.defined() && device_.type() != at::kCPU) {
+    // A run that moved between the CPU and a GPU keeps only the CPU stream: a CUDA generator's
+    // state means nothing to the CPU one (and the sizes differ).
+    RETURN_IF_ERROR(CatchTorchErrors([&] {
+      at::Generator generator = at::globalContext().defaultGenerator(device_);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state.rng_device);
+    }));
+  }
   summary_.resumed_from = ref;
   summary_.start_step = loop_.global_step;
   return absl::OkStatus();
@@ -643,6 +652,13 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
                      std::lock_guard<std::mutex> lock(generator.mutex());
                      return generator.get_state();
                    }));
+  if (device_.type() != at::kCPU) {
+    ASSIGN_OR_RETURN(state.rng_device, CatchTorchErrors([&] {
+                       at::Generator generator = at::globalContext().defaultGenerator(device_);
+                       std::lock_guard<std::mutex> lock(generator.mutex());
+                       return generator.get_state();
+                     }));
+  }
   contents.extra = EncodeTrainerState(state);
   v1::VersionMetadata& metadata = contents.metadata;
   metadata.set_epoch(loop_.epoch);

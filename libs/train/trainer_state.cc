@@ -43,6 +43,7 @@ Value EncodeTrainerState(const TrainerState& state) {
       {"eval_fraction", Value::Float(state.eval_fraction)},
   });
   if (state.rng_cpu.defined()) trainer.Set("rng_cpu", Value::Tensor(state.rng_cpu));
+  if (state.rng_device.defined()) trainer.Set("rng_device", Value::Tensor(state.rng_device));
   return Value::Dict({{kTrainerStateKey, std::move(trainer)}});
 }
 
@@ -73,6 +74,9 @@ absl::StatusOr<TrainerState> DecodeTrainerState(const Value& extra, absl::string
   state.eval_fraction = FloatField(*trainer, "eval_fraction", 0);
   if (const Value* rng = trainer->Find("rng_cpu"); rng != nullptr && rng->is_tensor()) {
     state.rng_cpu = rng->tensor();
+  }
+  if (const Value* rng = trainer->Find("rng_device"); rng != nullptr && rng->is_tensor()) {
+    state.rng_device = rng->tensor();
   }
   return state;
 }

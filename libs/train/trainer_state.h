@@ -47,11 +47,15 @@ struct TrainerState {
   double eval_fraction = 0;
   // The CPU generator's state (at::Generator::get_state); undefined when not recorded.
   at::Tensor rng_cpu;
+  // The default generator's state of the rank's accelerator (torch.cuda.get_rng_state() of its
+  // cuda:<local rank>), as rank 0 recorded it; undefined for a run on the CPU. Dropout and other
+  // random kernels on a GPU draw from it, not from the CPU generator.
+  at::Tensor rng_device;
 };
 
 // {"trainer": {epoch, sampler_position, global_step, target_step, world_size, backend, seed,
 // batch_size, accumulation_steps, model: {kind, hidden, layers, heads}, data, eval_fraction,
-// rng_cpu}}.
+// rng_cpu, rng_device}}.
 Value EncodeTrainerState(const TrainerState& state);
 
 // The state EncodeTrainerState wrote into `extra`. FAILED_PRECONDITION naming `version` when

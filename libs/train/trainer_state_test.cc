@@ -28,6 +28,7 @@ TEST(TrainerStateTest, EveryFieldSurvivesEncodeAndDecode) {
   state.data = "pt:/data/tokens.pt";
   state.eval_fraction = 0.125;
   state.rng_cpu = at::arange(10, at::kByte);
+  state.rng_device = at::arange(16, at::kByte);  // a CUDA generator's: seed and offset.
   const Value extra = EncodeTrainerState(state);
   ASSERT_NE(extra.Find(kTrainerStateKey), nullptr);
   ASSERT_OK_AND_ASSIGN(TrainerState decoded, DecodeTrainerState(extra, "m@1"));
@@ -47,6 +48,7 @@ TEST(TrainerStateTest, EveryFieldSurvivesEncodeAndDecode) {
   EXPECT_EQ(decoded.data, "pt:/data/tokens.pt");
   EXPECT_EQ(decoded.eval_fraction, 0.125);
   EXPECT_TRUE(at::equal(decoded.rng_cpu, state.rng_cpu));
+  EXPECT_TRUE(at::equal(decoded.rng_device, state.rng_device));
 }
 
 TEST(TrainerStateTest, OlderVersionsWithoutTheGoalOrWorldSizeGetDefaults) {
@@ -57,6 +59,7 @@ TEST(TrainerStateTest, OlderVersionsWithoutTheGoalOrWorldSizeGetDefaults) {
   EXPECT_EQ(decoded.world_size, 0);  // unknown.
   EXPECT_EQ(decoded.eval_fraction, 0);
   EXPECT_FALSE(decoded.rng_cpu.defined());
+  EXPECT_FALSE(decoded.rng_device.defined());  // a CPU run, or written before it was recorded.
 }
 
 TEST(TrainerStateTest, AVersionTheTrainerDidNotWriteIsAPreconditionError) {
