@@ -100,6 +100,9 @@ std::string FormatClock(absl::Duration duration) {
 
 absl::Status ValidateConfig(const TrainerConfig& config) {
   if (config.batch_size <= 0) return absl::InvalidArgumentError("batch_size must be positive");
+  if (config.max_consecutive_failed_checkpoints <= 0) {
+    return absl::InvalidArgumentError("max_failed_checkpoints must be positive");
+  }
   if (config.accumulation_steps <= 0) {
     return absl::InvalidArgumentError("accumulation_steps must be positive");
   }
@@ -158,7 +161,11 @@ class RankRun {
                          bool last_step, int64_t steps_done, absl::Duration elapsed);
   // All ranks, before a checkpoint: the held-out metrics (a no-op without a held-out part).
   absl::Status Evaluate();
+  // Fatal errors only: a failed checkpoint that training may go past is recorded instead
+  // (failed_checkpoint_step_, CheckpointFailed).
   absl::Status TakeCheckpoint(bool wait);
+  // Counts and reports a failed checkpoint; the error once too many failed in a row.
+  absl::Status CheckpointFailed(const absl::Status& error);
   void RecordCommitted();
   absl::Status Finish();
 
@@ -188,6 +195,9 @@ class RankRun {
   absl::Time start_;
   int64_t first_step_ = 0;
   int64_t last_checkpoint_step_ = -1;
+  int64_t failed_checkpoint_step_ = -1;  // the step whose own checkpoint failed last.
+  absl::Status last_checkpoint_error_;
+  int consecutive_failed_checkpoints_ = 0;
   bool skip_final_checkpoint_ = false;
   double last_loss_ = 0;
   double samples_per_second_ = 0;
@@ -602,12 +612,18 @@ absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool checkpoint_
   // A requested or final checkpoint is waited for; the others upload in the background.
   absl::Status taken = TakeCheckpoint(
       /*wait=*/consensus.checkpoint_now || final || config_.synchronous_checkpoints);
+  if (taken.ok() && failed_checkpoint_step_ == loop_.global_step &&
+      (consensus.checkpoint_now || final)) {
+    // Trained past in the middle of a run, but not when a client waits for this very version or
+    // when it is the run's result.
+    taken = last_checkpoint_error_;
+  }
   if (!taken.ok()) {
     control_.CheckpointFinished(taken);
     return absl::Status(taken.code(), absl::StrCat("checkpoint at step ", loop_.global_step,
                                                    " failed: ", taken.message()));
   }
-  if (consensus.checkpoint_now || final) {
+  if ((consensus.checkpoint_now || final) && !summary_.versions_written.empty()) {
     control_.CheckpointFinished(summary_.versions_written.back());
   }
   status_.set_state(v1::TrainerStatus::STATE_TRAINING);
@@ -624,7 +640,25 @@ void RankRun::RecordCommitted() {
   if (summary_.versions_written.empty() ||
       summary_.versions_written.back().version() != last->version.version()) {
     summary_.versions_written.push_back(last->version);
+    consecutive_failed_checkpoints_ = 0;
   }
+}
+
+absl::Status RankRun::CheckpointFailed(const absl::Status& error) {
+  ++summary_.failed_checkpoints;
+  ++consecutive_failed_checkpoints_;
+  summary_.last_checkpoint_error = error.ToString();
+  last_checkpoint_error_ = error;
+  if (consecutive_failed_checkpoints_ >= config_.max_consecutive_failed_checkpoints) {
+    return absl::Status(error.code(),
+                        absl::StrCat(consecutive_failed_checkpoints_,
+                                     " checkpoints in a row failed, the last: ", error.message(),
+                                     "; stopping rather than training on with nothing saved "
+                                     "(max_failed_checkpoints)"));
+  }
+  std::cerr << "trainer: a checkpoint failed (" << consecutive_failed_checkpoints_
+            << " in a row; training goes on, the next one retries): " << error << "\n";
+  return absl::OkStatus();
 }
 
 absl::Status RankRun::TakeCheckpoint(bool wait) {
@@ -685,13 +719,27 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   CommitOptions options;
   options.attribution.reason = absl::StrCat("checkpoint at epoch ", loop_.epoch, " step ",
                                             loop_.global_step, " of run ", summary_.run_id);
-  RETURN_IF_ERROR(checkpointer_->Submit(contents, std::move(options)));
+  // The previous upload first (Submit would wait for it as well, and the stall counts it just
+  // the same): its failure is that checkpoint's, reported before this one is taken.
+  const absl::Time join_start = absl::Now();
+  const absl::Status previous = checkpointer_->Wait().status();
+  upload_waits_ += absl::Now() - join_start;
   RecordCommitted();
+  if (!previous.ok()) RETURN_IF_ERROR(CheckpointFailed(previous));
+  if (absl::Status submitted = checkpointer_->Submit(contents, std::move(options));
+      !submitted.ok()) {
+    failed_checkpoint_step_ = loop_.global_step;
+    return CheckpointFailed(submitted);
+  }
   if (wait) {
     const absl::Time wait_start = absl::Now();
-    RETURN_IF_ERROR(checkpointer_->Wait().status());
+    const absl::Status uploaded = checkpointer_->Wait().status();
     if (config_.synchronous_checkpoints) upload_waits_ += absl::Now() - wait_start;
     RecordCommitted();
+    if (!uploaded.ok()) {
+      failed_checkpoint_step_ = loop_.global_step;
+      return CheckpointFailed(uploaded);
+    }
   }
   return absl::OkStatus();
 }
@@ -702,7 +750,14 @@ absl::Status RankRun::Finish() {
   const bool final_due = last_checkpoint_step_ != loop_.global_step && !skip_final_checkpoint_;
   if (final_due) RETURN_IF_ERROR(Evaluate());
   if (leader_) {
-    if (final_due) RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));
+    if (final_due) {
+      RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));
+      if (failed_checkpoint_step_ == loop_.global_step) {
+        return absl::Status(last_checkpoint_error_.code(),
+                            absl::StrCat("the final checkpoint at step ", loop_.global_step,
+                                         " failed: ", last_checkpoint_error_.message()));
+      }
+    }
     ASSIGN_OR_RETURN(std::optional<CommitResult> last, checkpointer_->Wait());
     RecordCommitted();
     if (!skip_final_checkpoint_ && last) final_version = last->version;
@@ -772,6 +827,10 @@ std::string FormatSummary(const TrainingSummary& summary) {
   absl::StrAppend(&out,
                   "   versions written: ", versions.empty() ? "none" : absl::StrJoin(versions, " "),
                   "\n");
+  if (summary.failed_checkpoints > 0) {
+    absl::StrAppend(&out, "   failed checkpoints (trained past): ", summary.failed_checkpoints,
+                    "; the last: ", summary.last_checkpoint_error, "\n");
+  }
   absl::StrAppend(&out, "   PyTorch twin: ", summary.python_twin,
                   " (libs/train/python/twins.py)\n");
   if (!summary.versions_written.empty()) {

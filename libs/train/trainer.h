@@ -80,6 +80,11 @@ struct TrainerConfig {
   // Every checkpoint waits for its upload before training goes on (as torch.save in the loop
   // would), and the wait counts as stall: for measuring what asynchronous saving saves.
   bool synchronous_checkpoints = false;
+  // A checkpoint that fails (a full disk, a store that is restarting) is reported and training
+  // goes on, as long as fewer than this many fail in a row; then the run stops with the error
+  // rather than train on with nothing saved. The final checkpoint, and one a client asked for,
+  // must succeed.
+  int max_consecutive_failed_checkpoints = 3;
   double clip_grad_norm = 1.0;  // 0: off.
   uint64_t seed = 1234;
   bool shuffle = true;
@@ -129,6 +134,8 @@ struct TrainingSummary {
   // What the loop spent in checkpoint snapshots; with synchronous_checkpoints, plus every upload.
   absl::Duration checkpoint_stall;
   std::vector<v1::VersionRef> versions_written;
+  int64_t failed_checkpoints = 0;        // reported and trained past (max_consecutive_failed_...).
+  std::string last_checkpoint_error;     // the last one's error, when failed_checkpoints > 0.
   std::optional<EvalMetrics> last_eval;  // none without eval_fraction.
   bool stopped_early = false;            // a stop request ended the run before target_step.
   int world_size = 1;
@@ -141,7 +148,8 @@ struct TrainingSummary {
 // `store`. `control` (rank 0; may be null) receives status and is asked for requests at every
 // step boundary. Errors: INVALID_ARGUMENT for a bad setting (naming it), collectives failing
 // (a dead peer), the store, the data, a checkpoint of another model shape
-// (FAILED_PRECONDITION, saying how to start fresh), a failed checkpoint upload.
+// (FAILED_PRECONDITION, saying how to start fresh), a failed final or requested checkpoint, or
+// max_consecutive_failed_checkpoints failed checkpoints in a row.
 absl::StatusOr<TrainingSummary> RunTrainingRank(const TrainerConfig& config,
                                                 const ddp::ProcessGroupHandle& group,
                                                 CheckpointStore& store, TrainerControl* control);

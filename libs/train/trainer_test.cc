@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -23,6 +24,7 @@
 #include "libs/ddp/testing/device_checking_process_group.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/testing/instrumented_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/trainer_state.h"
 
@@ -31,6 +33,7 @@ namespace {
 
 using ::ckpt::testing::StatusIs;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 constexpr char kWorkerVariable[] = "CKPT_TRAINER_TEST_WORKER";
 
@@ -143,6 +146,63 @@ TEST_F(TrainerTest, TrainsCheckpointsAndResumesFromTheStoreItIsGiven) {
   EXPECT_EQ(second.resumed_from->version(), latest.manifest.version());
   EXPECT_EQ(second.start_step, 6);
   EXPECT_EQ(second.final_step, 10);
+}
+
+// Makes `store` refuse the commits `failing` names (1 = the run's first), as a full disk would.
+void FailCommits(InstrumentedStore& store, std::function<bool(int)> failing) {
+  store.set_commit_fault([commits = 0, failing](absl::string_view) mutable {
+    return failing(++commits) ? absl::ResourceExhaustedError("no space left on device (test)")
+                              : absl::OkStatus();
+  });
+}
+
+TEST_F(TrainerTest, AFailedCheckpointIsReportedAndTrainingGoesOn) {
+  // Checkpoints at steps 3, 6 and 9 (the final one); the one at step 6 hits a full disk.
+  InstrumentedStore store(store_.get());
+  FailCommits(store, [](int commit) { return commit == 2; });
+  TrainerConfig config = SmallRun(9);
+  config.synchronous_checkpoints = true;  // so the failure is seen at its own step.
+  ASSERT_OK_AND_ASSIGN(TrainingSummary summary, RunTrainingRank(config, group_, store, nullptr));
+  EXPECT_EQ(summary.final_step, 9);
+  EXPECT_EQ(summary.failed_checkpoints, 1);
+  EXPECT_THAT(summary.last_checkpoint_error, HasSubstr("no space left on device"));
+  ASSERT_EQ(summary.versions_written.size(), 2u);
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint latest,
+                       store_->LoadCheckpoint(*ParseVersionRef("mlp-synthetic")));
+  ASSERT_OK_AND_ASSIGN(TrainerState state, DecodeTrainerState(latest.contents.extra, "latest"));
+  EXPECT_EQ(state.global_step, 9);
+  EXPECT_THAT(FormatSummary(summary), HasSubstr("failed checkpoints (trained past): 1"));
+}
+
+TEST_F(TrainerTest, AFailedBackgroundUploadIsReportedAtTheNextCheckpoint) {
+  InstrumentedStore store(store_.get());
+  FailCommits(store, [](int commit) { return commit == 1; });
+  ASSERT_OK_AND_ASSIGN(TrainingSummary summary,
+                       RunTrainingRank(SmallRun(9), group_, store, nullptr));
+  EXPECT_EQ(summary.final_step, 9);
+  EXPECT_EQ(summary.failed_checkpoints, 1);
+  EXPECT_EQ(summary.versions_written.size(), 2u);
+}
+
+TEST_F(TrainerTest, TooManyFailedCheckpointsInARowStopTheRun) {
+  InstrumentedStore store(store_.get());
+  FailCommits(store, [](int) { return true; });
+  TrainerConfig config = SmallRun(30);
+  config.checkpoint_every = 1;
+  config.synchronous_checkpoints = true;
+  config.max_consecutive_failed_checkpoints = 2;
+  EXPECT_THAT(RunTrainingRank(config, group_, store, nullptr).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("2 checkpoints in a row failed, the last: no space left")));
+}
+
+TEST_F(TrainerTest, AFailedFinalCheckpointFailsTheRun) {
+  // Steps 3 and 6 commit; the final one at step 7 does not: the run's result would be lost.
+  InstrumentedStore store(store_.get());
+  FailCommits(store, [](int commit) { return commit == 3; });
+  EXPECT_THAT(RunTrainingRank(SmallRun(7), group_, store, nullptr).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("checkpoint at step 7 failed: no space left on device")));
 }
 
 TEST_F(TrainerTest, BadSettingsAreNamedBeforeAnythingRuns) {

@@ -110,6 +110,10 @@ ABSL_FLAG(bool, sync_checkpoints, false,
           "Wait for every checkpoint's upload before training on (as torch.save in the loop "
           "would), counting the wait as checkpoint stall. Default false: the step pays only for "
           "the host copy and the upload runs in the background. For measuring the difference.");
+ABSL_FLAG(int32_t, max_failed_checkpoints, 3,
+          "A checkpoint that fails (a full disk, the store restarting) is reported and training "
+          "goes on; this many failing in a row stop the run with the error. The final "
+          "checkpoint must always succeed.");
 ABSL_FLAG(bool, resume, true, "Continue from the model's latest version if there is one.");
 // ---- Lineage (recorded in every version this run commits).
 ABSL_FLAG(std::string, run_id, "",
@@ -207,6 +211,7 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   config.seed = absl::GetFlag(FLAGS_seed);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.synchronous_checkpoints = absl::GetFlag(FLAGS_sync_checkpoints);
+  config.max_consecutive_failed_checkpoints = absl::GetFlag(FLAGS_max_failed_checkpoints);
   config.resume = absl::GetFlag(FLAGS_resume);
   config.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);
   config.bucket_cap_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_bucket_cap_mb)) << 20;

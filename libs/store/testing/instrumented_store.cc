@@ -43,6 +43,7 @@ class InstrumentedStore::Session final : public UploadSession {
 
   absl::StatusOr<CommitResult> Commit() override {
     store_.Called("Commit");
+    if (store_.commit_fault_) RETURN_IF_ERROR(store_.commit_fault_("Commit"));
     return base_->Commit();
   }
 

@@ -40,6 +40,9 @@ class InstrumentedStore final : public CheckpointStore {
   // the wrapped store: a full disk or a broken store as the audit log alone sees it.
   using Fault = std::function<absl::Status(absl::string_view method)>;
   void set_audit_fault(Fault fault) { audit_fault_ = std::move(fault); }
+  // UploadSession::Commit returns the error `fault` gives for "Commit" instead of committing (the
+  // session is then abandoned, as after a failed commit): a full disk as a writer sees it.
+  void set_commit_fault(Fault fault) { commit_fault_ = std::move(fault); }
   // Chunk reads made through readers from OpenVersion (one per ReadTensorChunks call).
   int64_t reader_chunk_reads() const { return reader_chunk_reads_.load(); }
   // Bytes given to AddTensorData of sessions from BeginUpload (accepted or not).
@@ -100,6 +103,7 @@ class InstrumentedStore final : public CheckpointStore {
   CheckpointStore& base_;
   Hook hook_;
   Fault audit_fault_;
+  Fault commit_fault_;
   mutable std::atomic<int64_t> reader_chunk_reads_{0};
   std::atomic<int64_t> uploaded_bytes_{0};
 };
