@@ -7,11 +7,30 @@
   through the target: a bounded smoke run in every `bazel test //...`.
 
 The target's source defines `extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t)`.
+
+Seeds come from `seed_script` (run by /usr/bin/python3 with the seed directory) or from
+`seed_generator`, a cc_binary run as `GENERATOR DIR SEED_ARGS...`; `seed_args` may use
+$(location) of labels in `seed_data`.
 """
 
 load("//tools/build_defs:cc.bzl", "CKPT_DEFAULT_COPTS")
 
-def ckpt_fuzz_target(name, srcs, deps, seed_script, mutations_per_seed = 200):
+def ckpt_fuzz_target(
+        name,
+        srcs,
+        deps,
+        seed_script = None,
+        seed_generator = None,
+        seed_args = [],
+        seed_data = [],
+        mutations_per_seed = 200):
+    if seed_generator:
+        seed_flags = ["--seed_generator=$(location %s)" % seed_generator]
+        seed_flags += ["--seed_arg=%s" % arg for arg in seed_args]
+        seed_files = [seed_generator] + seed_data
+    else:
+        seed_flags = ["--seed_script=$(location %s)" % seed_script]
+        seed_files = [seed_script]
     native.cc_binary(
         name = name,
         srcs = srcs,
@@ -31,10 +50,7 @@ def ckpt_fuzz_target(name, srcs, deps, seed_script, mutations_per_seed = 200):
         size = "small",
         srcs = srcs,
         copts = CKPT_DEFAULT_COPTS,
-        args = [
-            "--seed_script=$(location %s)" % seed_script,
-            "--mutations_per_seed=%d" % mutations_per_seed,
-        ],
-        data = [seed_script],
+        args = seed_flags + ["--mutations_per_seed=%d" % mutations_per_seed],
+        data = seed_files,
         deps = deps + ["//libs/format/fuzz:fuzz_driver"],
     )

@@ -3,9 +3,12 @@
 // the ordinary build; a crash, sanitizer report or hang fails it like any test.
 //
 //   NAME_regression --seed_script=make_seeds.py [--mutations_per_seed=200] [FILE...]
+//   NAME_regression --seed_generator=BINARY [--seed_arg=ARG...] [--mutations_per_seed=200]
 //
 // With --seed_script, runs `/usr/bin/python3 SCRIPT DIR` (real PyTorch writes the seeds into
-// DIR, under $TEST_TMPDIR) and replays every file in DIR; FILEs are replayed as they are.
+// DIR, under $TEST_TMPDIR) and replays every file in DIR; FILEs are replayed as they are. With
+// --seed_generator, runs `BINARY DIR ARG...` instead (seeds that only our own C++ can write, such
+// as the store's manifests of real PyTorch files).
 
 #include <dirent.h>
 
@@ -71,23 +74,31 @@ int Mutate(const std::string& seed, int count, uint32_t rng_seed) {
 
 int main(int argc, char** argv) {
   std::string seed_script;
+  std::string seed_generator;
+  std::string seed_args;
   int mutations = 200;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--seed_script=", 0) == 0) {
       seed_script = arg.substr(14);
+    } else if (arg.rfind("--seed_generator=", 0) == 0) {
+      seed_generator = arg.substr(17);
+    } else if (arg.rfind("--seed_arg=", 0) == 0) {
+      seed_args += " '" + arg.substr(11) + "'";
     } else if (arg.rfind("--mutations_per_seed=", 0) == 0) {
       mutations = std::atoi(arg.c_str() + 21);
     } else {
       files.push_back(arg);
     }
   }
-  if (!seed_script.empty()) {
+  if (!seed_script.empty() || !seed_generator.empty()) {
     const char* tmp = std::getenv("TEST_TMPDIR");
     const std::string dir = std::string(tmp ? tmp : "/tmp") + "/fuzz_seeds";
     const std::string command =
-        "mkdir -p '" + dir + "' && /usr/bin/python3 '" + seed_script + "' '" + dir + "'";
+        "mkdir -p '" + dir + "' && " +
+        (seed_generator.empty() ? "/usr/bin/python3 '" + seed_script + "' '" + dir + "'"
+                                : "'" + seed_generator + "' '" + dir + "'" + seed_args);
     if (std::system(command.c_str()) != 0) {
       std::cerr << "seed generation failed: " << command << "\n";
       return 1;
@@ -100,7 +111,7 @@ int main(int argc, char** argv) {
     if (handle) closedir(handle);
   }
   if (files.empty()) {
-    std::cerr << "no seed files: pass FILEs or --seed_script\n";
+    std::cerr << "no seed files: pass FILEs, --seed_script or --seed_generator\n";
     return 1;
   }
   int runs = 0;
