@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,16 @@ constexpr size_t kMaxCachedDescriptors = 256;
 constexpr absl::string_view kPackSuffix = ".pack";
 // PackWriter starts writeback of every this many appended bytes.
 constexpr int64_t kWritebackStepBytes = int64_t{8} << 20;
+
+// Pack appends leave this much of the filesystem free: 1/32 of its size, 2..256 MiB. Deleting
+// versions and garbage collection are RocksDB writes (WAL, MANIFEST, OPTIONS, audit records), so
+// a store whose packs took the last byte could not free space through its own commands
+// (`ckpt rm` failed with RESOURCE_EXHAUSTED from the WAL); the failing import is refused here
+// instead, cleanly, before RocksDB ever meets ENOSPC.
+int64_t ReserveBytes(const struct statvfs& fs) {
+  const int64_t total = static_cast<int64_t>(fs.f_blocks) * static_cast<int64_t>(fs.f_frsize);
+  return std::clamp<int64_t>(total / 32, int64_t{2} << 20, int64_t{256} << 20);
+}
 
 std::string ParentOf(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -212,6 +223,20 @@ absl::StatusOr<int64_t> PackWriter::Append(absl::string_view bytes, int64_t alig
   if (!failed_.ok()) return failed_;
   int64_t offset = size_;
   if (alignment > 1 && offset % alignment != 0) offset += alignment - offset % alignment;
+  struct statvfs fs;
+  if (::fstatvfs(fd_.get(), &fs) == 0) {
+    const int64_t free_bytes =
+        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    const int64_t reserve = ReserveBytes(fs);
+    if (free_bytes - static_cast<int64_t>(bytes.size()) < reserve) {
+      failed_ = absl::ResourceExhaustedError(absl::StrCat(
+          "appending ", bytes.size(), " bytes to pack file ", path_, ": the filesystem has ",
+          free_bytes, " bytes free and the store keeps ", reserve,
+          " free for deleting versions and garbage collection; free space (`ckpt rm`, then "
+          "`ckpt gc`) or move the store to a larger disk"));
+      return failed_;
+    }
+  }
   // Padding is a hole: pwrite past the end leaves zeros without writing them.
   size_t done = 0;
   while (done < bytes.size()) {

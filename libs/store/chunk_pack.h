@@ -134,7 +134,8 @@ class PackWriter {
 
   // Appends `bytes` at the next multiple of `alignment` (a power of two; the gap is a hole that
   // reads as zeros) and returns their offset: tensors start aligned, so readers can map them in
-  // place. RESOURCE_EXHAUSTED when the filesystem is full; the pack is then unusable.
+  // place. RESOURCE_EXHAUSTED when the filesystem is full, or would keep less than the reserve
+  // that deletes and garbage collection need (1/32 of it, 2..256 MiB); the pack is then unusable.
   absl::StatusOr<int64_t> Append(absl::string_view bytes, int64_t alignment);
 
   // Makes every byte appended so far durable (fdatasync; the first call also syncs the

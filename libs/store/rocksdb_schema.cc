@@ -1,10 +1,15 @@
 #include "libs/store/rocksdb_schema.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "libs/status/rocksdb_status.h"
 #include "rocksdb/convenience.h"
@@ -35,9 +40,57 @@ void UseBloomFilter(rocksdb::ColumnFamilyOptions& options) {
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
 }
 
+// RocksDB's messages (warnings and errors: info_log_level) go to this process's stderr rather than
+// to DB/LOG. The LOG file sits on the store's disk, and when that disk fills, RocksDB 7.8's file
+// logger keeps writing through a writer that has failed: its next message (e.g. the disk-space
+// poller saying the error cleared) aborts the process on writable_file_writer.h's
+// `sync_without_flush_called_` assertion, which Debian's build keeps. A full disk must be a
+// RESOURCE_EXHAUSTED status, never an abort.
+class StderrLogger final : public rocksdb::Logger {
+ public:
+  explicit StderrLogger(rocksdb::InfoLogLevel level) : rocksdb::Logger(level) {}
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char line[1024];
+    const int n = std::vsnprintf(line, sizeof(line), format, ap);
+    if (n < 0) return;
+    // One fprintf per message: stdio locks the stream, so concurrent messages do not interleave.
+    std::fprintf(stderr, "rocksdb: %s\n", line);
+  }
+};
+
 bool FileExists(const std::string& path) {
   struct stat info;
   return ::stat(path.c_str(), &info) == 0;
+}
+
+// A file of a RocksDB database in `path` (a MANIFEST, an SST or a WAL), "" when there is none.
+// Without CURRENT such files are a damaged database: creating a new one over them would purge
+// them as obsolete.
+std::string DatabaseFileIn(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return "";
+  std::string found;
+  while (const dirent* entry = ::readdir(dir)) {
+    const absl::string_view name = entry->d_name;
+    if (absl::StartsWith(name, "MANIFEST-") || absl::EndsWith(name, ".sst") ||
+        absl::EndsWith(name, ".log")) {
+      found = std::string(name);
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+absl::Status DamagedStoreError(const std::string& path, absl::string_view finding) {
+  return absl::DataLossError(absl::StrCat(
+      "the checkpoint store at '", path, "' is damaged and could not be opened (", finding,
+      "). Nothing was changed. Run `ckpt repair --store_dir=", path,
+      "`: it copies the damaged files to a backup first, rebuilds the database from what is "
+      "intact and reports which versions survived. Or restore the directory from a backup and "
+      "run `ckpt verify` on it"));
 }
 
 }  // namespace
@@ -112,6 +165,11 @@ rocksdb::DBOptions MakeDbOptions(bool create_if_missing) {
   options.create_missing_column_families = true;
   // Refuse to open, rather than silently drop, a database whose files fail their checksums.
   options.paranoid_checks = true;
+  // Every commit is a synced write, so a record that fails its checksum before the log's end is
+  // damage, not a torn last write: refuse to open (`ckpt repair` salvages the records around it)
+  // instead of RocksDB's default point-in-time recovery, which silently drops every later
+  // acknowledged commit. An incomplete last record (a crash mid-write) is still tolerated.
+  options.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
   // One flush and one compaction at a time: the machines have 2 cores, and chunk writes and
   // SHA-256 hashing need them too.
   options.max_background_jobs = 2;
@@ -127,6 +185,7 @@ rocksdb::DBOptions MakeDbOptions(bool create_if_missing) {
   options.keep_log_file_num = 4;
   options.max_manifest_file_size = 64 * kMiB;
   options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  options.info_log = std::make_shared<StderrLogger>(options.info_log_level);
   return options;
 }
 
@@ -188,6 +247,11 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
 absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
                                                        bool create_if_missing) {
   const bool existed = FileExists(path + "/CURRENT");
+  if (!existed) {
+    if (const std::string orphan = DatabaseFileIn(path); !orphan.empty()) {
+      return DamagedStoreError(path, absl::StrCat("CURRENT is missing, but ", orphan, " is there"));
+    }
+  }
   if (!create_if_missing && !existed) {
     return absl::NotFoundError(
         absl::StrCat("no checkpoint store at '", path, "' (and create_if_missing is false)"));
@@ -197,6 +261,9 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
     const ColumnFamily cf = static_cast<ColumnFamily>(i);
     descriptors.emplace_back(std::string(ColumnFamilyName(cf)), MakeColumnFamilyOptions(cf));
   }
+  // RocksDB creates the directory itself, but first logs an error for listing it (StderrLogger
+  // would print it on every new store).
+  if (create_if_missing) ::mkdir(path.c_str(), 0755);
   std::unique_ptr<StoreDb> store(new StoreDb());
   store->path_ = path;
   rocksdb::DB* db = nullptr;
@@ -206,11 +273,7 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
     // CURRENT names the database's files: once it exists, a file RocksDB cannot find or parse is
     // damage, not an absent store, and the user needs to hear what to do about it.
     if (existed && (opened.IsCorruption() || opened.IsNotFound() || opened.IsPathNotFound())) {
-      return absl::DataLossError(absl::StrCat(
-          "the checkpoint store at '", path,
-          "' is damaged and could not be opened (RocksDB: ", opened.ToString(),
-          "). Nothing was changed. Restore the directory from a backup and run `ckpt verify` on "
-          "it; this build has no repair command, so keep the damaged copy for inspection"));
+      return DamagedStoreError(path, absl::StrCat("RocksDB: ", opened.ToString()));
     }
     return FromRocksDbStatus(opened, absl::StrCat("opening checkpoint store '", path, "'"));
   }

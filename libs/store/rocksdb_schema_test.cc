@@ -161,6 +161,58 @@ TEST(RocksDbSchemaTest, CorruptManifestNamesTheDamageAndTheRemedy) {
                                         ::testing::HasSubstr("backup"))));
 }
 
+// Without CURRENT the database's other files are still there: opening must not create a new
+// database over them (RocksDB would then purge the SSTs as obsolete), and must name the repair.
+TEST(RocksDbSchemaTest, MissingCurrentIsDataLossAndNothingIsCreatedOverTheFiles) {
+  std::string manifest;
+  const std::string path = ClosedStore("schema_no_current", &manifest);
+  ASSERT_EQ(std::remove((path + "/CURRENT").c_str()), 0);
+  for (bool create : {false, true}) {
+    EXPECT_THAT(StoreDb::Open(path, create),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         ::testing::AllOf(::testing::HasSubstr("CURRENT is missing"),
+                                          ::testing::HasSubstr("ckpt repair --store_dir=" + path),
+                                          ::testing::HasSubstr("backup"))));
+    EXPECT_FALSE(std::ifstream(path + "/CURRENT").good()) << "a database was created over it";
+    EXPECT_TRUE(std::ifstream(path + "/" + manifest).good());
+  }
+}
+
+// Commits are synced, so a WAL record that fails its checksum before the end of the log is
+// damage. RocksDB's default (point-in-time recovery) would open and silently drop every record
+// from there on: acknowledged commits lost with nothing said.
+TEST(RocksDbSchemaTest, WalRecordCorruptBeforeTheEndRefusesToOpen) {
+  const std::string path = TestDir("schema_bad_wal");
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, true));
+    rocksdb::WriteOptions sync;
+    sync.sync = true;
+    for (const char* key : {"a", "b", "c"}) {
+      ASSERT_TRUE(db->db()->Put(sync, db->cf(ColumnFamily::kModels), key, "record").ok());
+    }
+  }
+  std::string wal;
+  for (int number = 1; number < 100 && wal.empty(); ++number) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "/%06d.log", number);
+    std::ifstream in(path + name, std::ios::binary);
+    if (in.good() && in.seekg(0, std::ios::end).tellg() > 100) wal = path + name;
+  }
+  ASSERT_FALSE(wal.empty()) << "no WAL with the records in " << path;
+  {
+    // The first record (the schema version) spans bytes [0, 7 + its payload); 10 is in it.
+    std::fstream file(wal, std::ios::binary | std::ios::in | std::ios::out);
+    file.seekg(10);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x40);
+    file.seekp(10);
+    file.write(&byte, 1);
+  }
+  EXPECT_THAT(StoreDb::Open(path, false),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("ckpt repair")));
+}
+
 TEST(RocksDbSchemaTest, SecondOpenOfOneStoreFails) {
   const std::string path = TestDir("schema_locked");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreDb> db, StoreDb::Open(path, true));

@@ -34,6 +34,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/repair.h"
 #include "libs/store/version_diff.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
@@ -170,6 +171,20 @@ const std::vector<cli::CommandSpec>& Commands() {
        0,
        1,
        {}},
+      {"repair",
+       "",
+       "Bring back a --store_dir store that no longer opens (damaged CURRENT, MANIFEST, SST or "
+       "WAL files): back up its files, rebuild it with RocksDB's repair, drop versions that do "
+       "not verify, and list the versions kept and dropped; exit 1 if problems remain.",
+       0,
+       0,
+       {{"backup-dir", "DIR", "where the damaged files are copied first (must not exist)",
+         "STORE_DIR.before-repair-TIME"}},
+       "Stop every process that has the store open first (a checkpoint_store service: repair\n"
+       "its --store_dir). The pack files are not changed. A version is kept only when every\n"
+       "chunk re-hashes to its manifest; a version whose manifest or chunks are damaged is\n"
+       "deleted (it stays in the backup). Records that named lost versions (aliases, counts,\n"
+       "refcounts) are made to agree; version numbers are never reused.\n"},
       {"diff",
        "MODEL@A MODEL@B",
        "Model tensors added, removed and changed between two versions.",
@@ -545,6 +560,37 @@ absl::Status RunVerify(const cli::ParsedCommandLine& line) {
   return absl::OkStatus();
 }
 
+absl::Status RunRepair(const cli::ParsedCommandLine& line) {
+  if (line.Has("store")) {
+    return absl::InvalidArgumentError(
+        "repair works on the store's directory: stop the service and run `ckpt repair "
+        "--store_dir=DIR` with its --store_dir");
+  }
+  RepairOptions options;
+  options.db_path = line.Get("store_dir");
+  if (line.Has("backup-dir")) options.backup_dir = line.Get("backup-dir");
+  ASSIGN_OR_RETURN(RepairReport report, RepairStore(options));
+  std::cout << "backed up " << report.backed_up.size() << " database files to " << report.backup_dir
+            << "\n";
+  for (const std::string& note : report.notes) std::cout << "note: " << note << "\n";
+  for (const RepairedVersion& version : report.intact) std::cout << "kept " << version.ref << "\n";
+  for (const RepairedVersion& version : report.dropped) {
+    std::cout << "dropped " << version.ref << ": " << version.reason << "\n";
+  }
+  std::cout << "repaired " << options.db_path << ": " << report.intact.size() << " versions kept, "
+            << report.dropped.size() << " dropped, " << report.versions_unrecovered
+            << " not recoverable; verified " << report.verify.chunks_checked() << " chunks, "
+            << report.verify.problems_size() << " problems\n";
+  for (const v1::VerifyProblem& problem : report.verify.problems()) {
+    std::cout << "  " << problem.message() << "\n";
+  }
+  if (report.verify.problems_size() > 0) {
+    return absl::DataLossError(
+        absl::StrCat(report.verify.problems_size(), " problems remain after the repair"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunDiff(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
   ASSIGN_OR_RETURN(v1::VersionRef a, ParseVersionRef(line.arguments()[0]));
@@ -819,6 +865,7 @@ int Main(int argc, char** argv) {
       {"retain", RunRetain},
       {"gc", RunGc},
       {"verify", RunVerify},
+      {"repair", RunRepair},
       {"diff", RunDiff},
       {"stats", RunStats},
       {"export", RunExport},
