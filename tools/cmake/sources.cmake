@@ -186,6 +186,7 @@ set(CKPT_CLI_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/local_loader.cc
+    libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
     libs/rpc/bearer_auth.cc
@@ -202,6 +203,7 @@ set(CKPT_CLI_SOURCES
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
+    libs/store/repair.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
@@ -293,6 +295,7 @@ set(CKPT_LOADER_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/local_loader.cc
+    libs/loader/stream_digest.cc
     libs/rpc/access_policy.cc
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
@@ -404,6 +407,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/loader/load_target.cc
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
+    libs/loader/stream_digest.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
     libs/status/grpc_status.cc
@@ -541,6 +545,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/local_loader.cc
+    libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
     libs/rpc/access_policy.cc
@@ -563,6 +568,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
+    libs/store/repair.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
@@ -594,6 +600,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     services/checkpoint_store/store_service_registry.cc
     services/loader/loader_service.cc
     services/loader/main.cc
+    services/loader/tampering_loader_main.cc
     services/trainer/main.cc
     services/trainer/rank_stores.cc
     services/trainer/trainer_service.cc
