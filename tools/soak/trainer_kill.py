@@ -1,0 +1,262 @@
+"""trainer_kill: SIGKILL one trainer rank at random moments; the run restarts its ranks
+(--max_restarts), resumes from its latest checkpoint and must end bit-exact with an uninterrupted
+run of the same configuration.
+
+One uninterrupted reference run (gloo, CPU, 2 ranks, a small MLP on the synthetic task,
+checkpoints every 25 steps) is trained once. Then runs of the same configuration with
+--max_restarts=K are each killed K times (--kills_per_run, default 5): wait until the current
+incarnation of the ranks is training (a progress line after the last restart), wait a random
+0.2-2 s more, SIGKILL a random rank. The launcher must notice, restart all ranks, and they resume
+from the latest version. At the end the run's latest version (model + optimizer + scheduler,
+exported with `ckpt export --bundle`) is compared tensor by tensor, bitwise, with the reference's.
+
+trials = kills made; detected = restarts the launcher reported for them; silent = runs that ended
+with a final state differing from the reference (counted once per run); crashes = runs that did
+not exit 0 (or a rank that died of a signal nobody sent, reported by the launcher); lost = runs
+that ended without a final version at the last step.
+"""
+
+import os
+import re
+import shutil
+import time
+
+import soak_lib
+
+DESCRIPTION = "SIGKILL a trainer rank at random moments; the resumed run must be bit-exact"
+FULL_TRIALS = 200
+SHORT_TRIALS = 5
+
+MODEL = "mlp-synthetic"
+ROW = "SIGKILL a rank (gloo, CPU, 2 ranks)"
+RUN_TIMEOUT = 600.0
+
+COMPARE = r"""
+import pickle, sys, torch
+
+def load(path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        return torch.load(path, map_location="cpu")
+
+def tensors(value, path, out):
+    if isinstance(value, torch.Tensor):
+        out[path] = value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            tensors(item, "%s/%s" % (path, key), out)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            tensors(item, "%s/%d" % (path, i), out)
+    return out
+
+a = tensors(load(sys.argv[1]), "", {})
+b = tensors(load(sys.argv[2]), "", {})
+if sorted(a) != sorted(b):
+    print("differ keys", len(a), len(b), sorted(set(a) ^ set(b))[:3])
+    sys.exit(0)
+for key in sorted(a):
+    x, y = a[key], b[key]
+    # Bitwise: compare the bytes, so -0.0 vs 0.0 or differing NaN payloads count.
+    if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(
+            x.contiguous().reshape(-1).view(torch.uint8),
+            y.contiguous().reshape(-1).view(torch.uint8)):
+        print("differ", key)
+        sys.exit(0)
+print("equal", len(a))
+"""
+
+
+def add_args(parser):
+    parser.add_argument("--kills_per_run", type=int, default=5,
+                        help="kills (and --max_restarts) per killed run (default 5)")
+    parser.add_argument("--train_steps", type=int, default=2000,
+                        help="optimizer steps of each run (default 2000)")
+
+
+def config_flags(args, store_dir):
+    return ["--backend=gloo", "--device=cpu", "--nproc_per_node=2", f"--steps={args.train_steps}",
+            "--checkpoint_every=25", "--log_every=10", "--hidden=64",
+            f"--store_dir={store_dir}"]
+
+
+def children(pid):
+    """Pids whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces; fields after its closing parenthesis.
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def rank_pids(launcher):
+    """{rank: pid} of the launcher's rank processes."""
+    ranks = {}
+    for pid in children(launcher):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"RANK="):
+                ranks[int(item[5:])] = pid
+    return ranks
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def export(lib, store_dir, out):
+    result = lib.ckpt(["export", f"{MODEL}@latest", out, "--bundle"], store_dir=store_dir,
+                      timeout=300)
+    return result
+
+
+class Campaign:
+    def __init__(self, args, lib):
+        self.args = args
+        self.lib = lib
+        self.table = soak_lib.Table("trainer_kill", extra_columns=["runs", "exact runs"])
+        self.row = self.table.row(ROW)
+        self.runs = 0
+        self.exact = 0
+
+    def reference(self):
+        store = os.path.join(self.lib.work_dir, "reference")
+        result = self.lib.run([self.lib.binary("services/trainer/trainer"),
+                               *config_flags(self.args, store)], timeout=RUN_TIMEOUT)
+        self.row.saw_rss(result.max_rss_mib)
+        if not result.ok:
+            raise RuntimeError(f"the uninterrupted reference run failed: {result.describe()}")
+        out = os.path.join(self.lib.work_dir, "reference.pt")
+        exported = export(self.lib, store, out)
+        if not exported.ok:
+            raise RuntimeError(f"exporting the reference failed: {exported.describe()}")
+        self.reference_seconds = result.seconds
+        return out
+
+    def killed_run(self, index, kills, reference):
+        lib, rng, row = self.lib, self.lib.rng, self.row
+        store = os.path.join(lib.work_dir, f"run{index}")
+        launcher = lib.spawn([lib.binary("services/trainer/trainer"),
+                              *config_flags(self.args, store), f"--max_restarts={kills}"],
+                             name=f"trainer-run{index}")
+        log = launcher.log_path
+        made = 0
+        try:
+            while made < kills:
+                # Wait for this incarnation to train: a progress line after the last restart.
+                deadline = time.monotonic() + 180
+                training = False
+                while time.monotonic() < deadline and launcher.poll() is None:
+                    text = read(log)
+                    restarts = text.count("restarting all ranks")
+                    tail = text.split("restarting all ranks")[-1]
+                    if restarts == made and re.search(r"step \d+/", tail):
+                        training = True
+                        break
+                    time.sleep(0.05)  # polling another process's log.
+                if not training:
+                    break
+                time.sleep(rng.uniform(0.2, 2.0))
+                ranks = rank_pids(launcher.pid)
+                if launcher.poll() is not None or not ranks:
+                    break
+                rank = rng.choice(sorted(ranks))
+                try:
+                    os.kill(ranks[rank], 9)
+                except ProcessLookupError:
+                    continue  # it ended on its own just now; draw again.
+                made += 1
+                row.trials += 1
+            status = launcher.wait(RUN_TIMEOUT)
+            if status is None:
+                launcher.kill_group()
+                status = launcher.returncode
+        finally:
+            if launcher.returncode is None:
+                launcher.kill_group()
+        row.saw_rss(launcher.max_rss_mib)
+        text = read(log)
+        restarts = text.count("restarting all ranks")
+        row.detected += min(restarts, made)
+        self.runs += 1
+        if made < kills:
+            self.table.note(f"run {index}: the run ended after {made} of {kills} kills "
+                            f"(it finished training first)")
+        if status != 0:
+            row.fail("crashes", f"run {index}: the launcher exited {status} after {made} kills:"
+                                f" {text[-600:]}")
+            return
+        if restarts != made:
+            row.fail("crashes", f"run {index}: {made} kills but {restarts} restarts")
+        final = re.search(rf"finished at step (\d+) of {self.args.train_steps}", text)
+        if not final or int(final.group(1)) != self.args.train_steps:
+            row.fail("lost", f"run {index}: did not finish at step {self.args.train_steps}")
+            return
+        out = os.path.join(lib.work_dir, f"run{index}.pt")
+        exported = export(lib, store, out)
+        row.saw_rss(exported.max_rss_mib)
+        if not exported.ok:
+            row.fail("lost", f"run {index}: export failed: {exported.describe()}")
+            return
+        verdict = lib.run([lib.python, "-c", COMPARE, reference, out], timeout=300)
+        if not verdict.ok or not verdict.stdout.startswith(("equal", "differ")):
+            raise RuntimeError(f"comparing run {index} failed: {verdict.describe()}")
+        if verdict.stdout.startswith("equal"):
+            self.exact += 1
+        else:
+            row.fail("silent", f"run {index} ({made} kills) is not bit-identical to the "
+                               f"uninterrupted run: {verdict.stdout.strip()}")
+        # Keep the scratch small: the stores of finished runs are not needed again.
+        os.unlink(out)
+        shutil.rmtree(store, ignore_errors=True)
+
+    def run(self):
+        args = self.args
+        if args.kills_per_run < 1:
+            raise ValueError("--kills_per_run must be at least 1")
+        reference = self.reference()
+        index = 0
+        while self.row.trials < args.trials:
+            if self.lib.out_of_time():
+                self.table.stop_early(f"--max_minutes={args.max_minutes} reached after "
+                                      f"{self.row.trials} of {args.trials} kills")
+                break
+            index += 1
+            before = self.row.trials
+            self.killed_run(index, min(args.kills_per_run, args.trials - self.row.trials),
+                            reference)
+            if self.row.trials == before:
+                raise RuntimeError(f"run {index} could not be killed even once; "
+                                   f"make --train_steps larger")
+            print(f"trainer_kill: {self.row.trials} kills in {index} runs, {self.exact} exact, "
+                  f"{self.lib.elapsed_seconds():.0f} s", flush=True)
+        self.row.extra["runs"] = self.runs
+        self.row.extra["exact runs"] = self.exact
+        self.table.note(
+            f"Config: {' '.join(config_flags(args, 'DIR'))}; {args.kills_per_run} kills (and "
+            f"--max_restarts) per run; the uninterrupted reference took "
+            f"{self.reference_seconds:.0f} s. 'exact runs': runs whose final model + optimizer"
+            f" + scheduler state is bit-identical to the reference's.")
+        return self.table
+
+
+def run(args, lib):
+    return Campaign(args, lib).run()
