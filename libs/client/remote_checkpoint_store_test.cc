@@ -39,6 +39,7 @@ using ::ckpt::testing::StatusIs;
 using ::google::protobuf::util::MessageDifferencer;
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -276,7 +277,10 @@ TEST_F(RemoteCheckpointStoreTest, RequiresTheConfiguredBearerTokenButHealthStays
   ASSERT_TRUE(CheckHealth(&health).ok());
   EXPECT_EQ(health.status(), HealthCheckResponse::SERVING);
 
-  for (const std::string token : {"", "wrong-token", "s3cret-tokenX", "s3cret-toke"}) {
+  // "s3cret-tokeX" and "S3cret-token" are as long as the right token: a comparison of lengths
+  // or of a prefix would let them in.
+  for (const std::string token :
+       {"", "wrong-token", "s3cret-tokenX", "s3cret-toke", "s3cret-tokeX", "S3cret-token"}) {
     std::unique_ptr<RemoteCheckpointStore> remote = MustConnect(token);
     ASSERT_NE(remote, nullptr);
     EXPECT_THAT(remote->GetStats(), StatusIs(absl::StatusCode::kUnauthenticated)) << token;
@@ -513,6 +517,86 @@ TEST_F(RemoteCheckpointStoreTest, TheServerAuditsEveryChangeAndListAuditReadsItB
   EXPECT_THAT(impostor.SetAlias("m", "best", 2), StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_OK_AND_ASSIGN(records, remote->ListAudit({}));
   EXPECT_EQ(records.size(), 7u);
+}
+
+// The client's own arrival check: a server that sends bytes other than those its manifest hashes
+// (damage after the server's check: a bad NIC, memory, a proxy) must not get them past
+// RemoteCheckpointStore. StoreServiceOptions::tamper_for_testing flips one bit of one chunk, on
+// whichever read path carries it: in-order and out-of-order tensors (read into their buffer),
+// chunk callbacks, and LoadCheckpoint.
+TEST_F(RemoteCheckpointStoreTest, EveryChunkDamagedInTransitIsDataLossOnTheClient) {
+  constexpr int kNone = -1;
+  std::atomic<int> target_tensor{kNone};  // which chunk to damage: tensor index...
+  std::atomic<int64_t> target_offset{0};  // ...and offset in it.
+  std::atomic<int> tampered{0};
+  StoreServiceOptions options;
+  options.worker_threads = 4;
+  options.tamper_for_testing = [&](int tensor_index, int64_t offset, absl::Span<char> chunk) {
+    if (tensor_index != target_tensor.load() || offset != target_offset.load()) return;
+    chunk[chunk.size() / 2] ^= 0x10;
+    tampered.fetch_add(1);
+  };
+  ASSERT_OK_AND_ASSIGN(service_, StoreService::Create(instrumented_.get(), options));
+  ASSERT_OK_AND_ASSIGN(
+      server_, GrpcServer::Start({}, {{service_.get(), v1::CheckpointStore::service_full_name()}}));
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const CheckpointContents original = FullCheckpoint(5);
+  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, remote->GetManifest(Ref("m@1")));
+
+  // Every chunk of the two-chunk tensor 0, a small model tensor, and a state tensor.
+  struct Target {
+    int tensor_index;
+    int64_t offset;
+  };
+  const int state_index = manifest.tensors_size();
+  const std::vector<Target> targets = {{0, 0}, {0, 4 * kMiB}, {1, 0}, {state_index, 0}};
+  for (const Target& target : targets) {
+    const v1::TensorMeta& meta = target.tensor_index < manifest.tensors_size()
+                                     ? manifest.tensors(target.tensor_index)
+                                     : manifest.state_tensors(0);
+    SCOPED_TRACE(absl::StrCat("tensor '", meta.key(), "' bytes ", target.offset));
+    ASSERT_GT(meta.byte_length(), target.offset);
+    const auto wrong_checksum =
+        StatusIs(absl::StatusCode::kDataLoss,
+                 AllOf(HasSubstr(absl::StrCat("of tensor '", meta.key(), "' of m@1 (bytes ",
+                                              target.offset, "..")),
+                       HasSubstr("arrived with a wrong xxh3 checksum")));
+    target_offset.store(target.offset);
+    target_tensor.store(target.tensor_index);
+    const int before = tampered.load();
+
+    // Read in order on the version's stream (the reader skips to it)...
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, remote->OpenVersion(Ref("m@1")));
+    EXPECT_THAT(reader->ReadTensor(meta), wrong_checksum);
+    // ...again, out of order (a Download of its own)...
+    EXPECT_THAT(reader->ReadTensor(meta), wrong_checksum);
+    // ...chunk by chunk: the sound chunks before the damaged one arrive, the damaged one not...
+    ASSERT_OK_AND_ASSIGN(reader, remote->OpenVersion(Ref("m@1")));
+    int64_t delivered = 0;
+    EXPECT_THAT(reader->ReadTensorChunks(meta,
+                                         [&](int64_t offset, absl::string_view bytes) {
+                                           EXPECT_EQ(offset, delivered);
+                                           delivered += static_cast<int64_t>(bytes.size());
+                                           return absl::OkStatus();
+                                         }),
+                wrong_checksum);
+    EXPECT_EQ(delivered, target.offset);
+    // ...into a caller's buffer...
+    ASSERT_OK_AND_ASSIGN(reader, remote->OpenVersion(Ref("m@1")));
+    std::string buffer(meta.byte_length(), '\0');
+    EXPECT_THAT(reader->ReadTensorInto(meta, buffer.data()), wrong_checksum);
+    // ...and as part of a whole checkpoint.
+    EXPECT_THAT(remote->LoadCheckpoint(Ref("m@1")), wrong_checksum);
+    // The damage was really sent on each of those reads (the server's checks passed).
+    EXPECT_GE(tampered.load() - before, 5);
+  }
+
+  // Undamaged, the same reads give the checkpoint back whole.
+  target_tensor.store(kNone);
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@1")));
+  ExpectSameCheckpoint(loaded.contents, original);
 }
 
 TEST(RemoteStoreOptionsTest, BadOptionsAreInvalidArguments) {

@@ -456,6 +456,101 @@ TEST_F(RocksDbCheckpointStoreTest, TensorsSharingAChunkLoadIntoSeparateMemory) {
   EXPECT_TRUE(at::equal(loaded_a, at::zeros_like(a)));
 }
 
+// Corruption on the copy paths: tensors under 1 MiB and every tensor with map_tensors_on_load
+// off are read by copying (ReadTensorInto), not mapped, and must check each chunk's xxh3 there.
+TEST_F(RocksDbCheckpointStoreTest, CorruptChunkIsDataLossOnTheCopyPathsToo) {
+  const at::Tensor small = Seeded({64 * 1024}, 1);     // 256 KiB: never mapped
+  const at::Tensor large = Seeded({3 * kMiB / 2}, 2);  // chunks of 4 + 2 MiB: mapped when allowed
+  MustCommit("m", WeightsOnly({{"small", small}, {"large", large}, {"ok", Seeded({100}, 3)}}));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(Ref("m@1")));
+  ASSERT_EQ(manifest.tensors(0).key(), "small");
+  ASSERT_EQ(manifest.tensors(1).key(), "large");
+  const std::string bad_small = manifest.tensors(0).chunks(0).sha256();
+  const std::string bad_large = manifest.tensors(1).chunks(1).sha256();
+  store_.reset();
+  CorruptChunkValue(path_, bad_small);
+  CorruptChunkValue(path_, bad_large);
+
+  for (const bool map : {true, false}) {
+    SCOPED_TRACE(map ? "map_tensors_on_load" : "copy only");
+    options_.map_tensors_on_load = map;
+    Reopen();
+    EXPECT_THAT(store_->ReadTensor("m", 1, "small"),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr(HexEncode(bad_small)), HasSubstr("'small'"),
+                               HasSubstr("m@1"), HasSubstr("xxh3"))));
+    EXPECT_THAT(
+        store_->ReadTensor("m", 1, "large"),
+        StatusIs(absl::StatusCode::kDataLoss,
+                 AllOf(HasSubstr(HexEncode(bad_large)), HasSubstr("'large'"), HasSubstr("xxh3"))));
+    EXPECT_THAT(store_->LoadCheckpoint(Ref("m")), StatusIs(absl::StatusCode::kDataLoss));
+    // ReadTensorInto itself, as the store service's Download calls it, on each chunk alone too.
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@1")));
+    for (int index : {0, 1}) {
+      const v1::TensorMeta& meta = reader->manifest().tensors(index);
+      std::string buffer(meta.byte_length(), '\0');
+      EXPECT_THAT(reader->ReadTensorInto(meta, buffer.data()),
+                  StatusIs(absl::StatusCode::kDataLoss, HasSubstr("xxh3")))
+          << meta.key();
+      for (const v1::ChunkRef& chunk : meta.chunks()) {
+        v1::TensorMeta one_chunk;
+        one_chunk.set_key(meta.key());
+        one_chunk.set_byte_length(chunk.length());
+        *one_chunk.add_chunks() = chunk;
+        const bool corrupt = chunk.sha256() == bad_small || chunk.sha256() == bad_large;
+        const absl::Status read = reader->ReadTensorInto(one_chunk, buffer.data());
+        if (corrupt) {
+          EXPECT_THAT(read,
+                      StatusIs(absl::StatusCode::kDataLoss, HasSubstr(HexEncode(chunk.sha256()))));
+        } else {
+          EXPECT_OK(read);
+        }
+      }
+    }
+    // The sound tensor still reads.
+    ASSERT_OK_AND_ASSIGN(at::Tensor ok, store_->ReadTensor("m", 1, "ok"));
+    EXPECT_TRUE(at::equal(ok, Seeded({100}, 3)));
+  }
+}
+
+// Deduplicated twins share their chunks; each must be checked on its own read, whichever path
+// it takes (the first of two large twins read through one reader is mapped, the second copied,
+// since two tensors never share memory; small twins are both copied).
+TEST_F(RocksDbCheckpointStoreTest, CorruptChunkSharedByDeduplicatedTwinsIsDataLossForEach) {
+  const at::Tensor large = Seeded({kMiB}, 1);       // 4 MiB, one chunk
+  const at::Tensor small = Seeded({16 * 1024}, 2);  // 64 KiB, one chunk
+  MustCommit("m", WeightsOnly({{"a.large", large},
+                               {"b.large", large.clone()},
+                               {"a.small", small},
+                               {"b.small", small.clone()}}));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(Ref("m@1")));
+  ASSERT_EQ(manifest.tensors_size(), 4);
+  // Twins: one chunk each, stored once.
+  ASSERT_EQ(manifest.tensors(0).chunks(0).sha256(), manifest.tensors(1).chunks(0).sha256());
+  ASSERT_EQ(manifest.tensors(2).chunks(0).sha256(), manifest.tensors(3).chunks(0).sha256());
+  store_.reset();
+  CorruptChunkValue(path_, manifest.tensors(0).chunks(0).sha256());
+  CorruptChunkValue(path_, manifest.tensors(2).chunks(0).sha256());
+
+  for (const bool map : {true, false}) {
+    SCOPED_TRACE(map ? "map_tensors_on_load" : "copy only");
+    options_.map_tensors_on_load = map;
+    Reopen();
+    for (const std::vector<int>& order : {std::vector<int>{0, 1, 2, 3}, {1, 0, 3, 2}}) {
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@1")));
+      for (int index : order) {
+        const v1::TensorMeta& meta = reader->manifest().tensors(index);
+        EXPECT_THAT(
+            reader->ReadTensor(meta),
+            StatusIs(absl::StatusCode::kDataLoss,
+                     AllOf(HasSubstr(HexEncode(meta.chunks(0).sha256())),
+                           HasSubstr(absl::StrCat("'", meta.key(), "'")), HasSubstr("xxh3"))))
+            << meta.key();
+      }
+    }
+  }
+}
+
 TEST_F(RocksDbCheckpointStoreTest, SchemaOneInlineChunksStayReadable) {
   const at::Tensor w = Seeded({3 * kMiB / 2}, 1);  // chunks of 4 + 2 MiB
   MustCommit("m", WeightsOnly({{"w", w}}));

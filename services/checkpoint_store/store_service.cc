@@ -368,6 +368,10 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
                          " of tensor '", meta.key(), "': ", read.message()))));
         return;
       }
+      if (service_.options_.tamper_for_testing) {
+        service_.options_.tamper_for_testing(plan_[plan_position_], tensor_offset_,
+                                             absl::Span<char>(buffer_.get(), buffer_size_));
+      }
       ++chunk_index_;
       buffer_position_ = 0;
       buffer_offset_ = tensor_offset_;

@@ -94,6 +94,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -102,6 +103,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "grpcpp/support/server_callback.h"
 #include "libs/rpc/access_policy.h"
 #include "libs/rpc/tensor_data_message.h"
@@ -136,6 +138,13 @@ struct StoreServiceOptions {
   // A watch whose writes were held by flow control and that is more than this many history
   // events behind ends with RESOURCE_EXHAUSTED naming its resume token. Default 10000.
   int64_t watch_max_lag = 10000;
+
+  // Tests only (never set by main.cc): damage in transit, so that a client's own arrival check
+  // can be tested. Called with every chunk a Download is about to send, after the store read and
+  // verified it and before any of it is written (`tensor_index` as TensorData.tensor_index,
+  // `offset` in the tensor); it may change the bytes. The chunk is the stream's own buffer, so
+  // the store's data stays intact.
+  std::function<void(int tensor_index, int64_t offset, absl::Span<char> chunk)> tamper_for_testing;
 };
 
 // Upload and Download are raw methods (ByteBuffer in and out; see above).
