@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -36,6 +37,7 @@
 #include "libs/train/dataset.h"
 #include "libs/train/models.h"
 #include "libs/train/optimizer.h"
+#include "libs/train/trainer_state.h"
 #include "proto/ckpt/v1/trainer.grpc.pb.h"
 
 namespace ckpt {
@@ -205,6 +207,30 @@ void ExpectBitIdentical(const CheckpointContents& a, const CheckpointContents& b
   }
 }
 
+// Everything a resume restores beyond the tensors: the optimizer's whole tree (param_groups' lr,
+// betas, weight_decay, per-parameter "step"...), the scheduler's state (last_epoch, _step_count,
+// base_lrs...), and the trainer's epoch, sampler position, steps and CPU RNG.
+void ExpectSameTrainingState(const CheckpointContents& a, const CheckpointContents& b,
+                             const std::string& where) {
+  SCOPED_TRACE(where);
+  ExpectBitIdentical(a, b);
+  ASSERT_TRUE(a.optimizer && b.optimizer && a.scheduler && b.scheduler);
+  EXPECT_EQ(*a.optimizer, *b.optimizer) << a.optimizer->DebugString() << "\nvs\n"
+                                        << b.optimizer->DebugString();
+  EXPECT_EQ(*a.scheduler, *b.scheduler) << a.scheduler->DebugString() << "\nvs\n"
+                                        << b.scheduler->DebugString();
+  absl::StatusOr<train::TrainerState> state_a = train::DecodeTrainerState(a.extra, where);
+  absl::StatusOr<train::TrainerState> state_b = train::DecodeTrainerState(b.extra, where);
+  ASSERT_THAT(state_a.status(), IsOk());
+  ASSERT_THAT(state_b.status(), IsOk());
+  EXPECT_EQ(state_a->epoch, state_b->epoch);
+  EXPECT_EQ(state_a->sampler_position, state_b->sampler_position);
+  EXPECT_EQ(state_a->global_step, state_b->global_step);
+  EXPECT_EQ(state_a->target_step, state_b->target_step);
+  ASSERT_TRUE(state_a->rng_cpu.defined() && state_b->rng_cpu.defined());
+  EXPECT_TRUE(at::equal(state_a->rng_cpu, state_b->rng_cpu));
+}
+
 std::vector<std::string> SmallRun(const std::string& store_dir, int ranks, int64_t batch,
                                   int64_t steps) {
   return {"--store_dir=" + store_dir,
@@ -288,7 +314,12 @@ std::vector<std::string> LongRun(const std::string& store_dir) {
 
 TEST(TrainerTest, KilledRankIsRestartedAndTheRunEndsBitIdenticalToAnUninterruptedOne) {
   const std::string clean = TempPath("uninterrupted"), killed = TempPath("killed");
+  const absl::Time clean_start = absl::Now();
   ASSERT_EQ(RunTrainer(LongRun(clean), clean + ".log"), 0) << ReadFile(clean + ".log");
+  // The killed run trains the same steps plus those it repeats and a restart; three times the
+  // clean run's time (at least 120 s) keeps a slow machine from failing it.
+  const absl::Duration killed_budget =
+      std::max(absl::Seconds(120), 3 * (absl::Now() - clean_start));
 
   std::vector<std::string> flags = LongRun(killed);
   flags.push_back("--max_restarts=1");
@@ -297,18 +328,65 @@ TEST(TrainerTest, KilledRankIsRestartedAndTheRunEndsBitIdenticalToAnUninterrupte
   const pid_t rank1 = FindRank(process.pid, 1);
   ASSERT_GT(rank1, 0);
   ASSERT_EQ(kill(rank1, SIGKILL), 0);
-  ASSERT_EQ(WaitForExit(process, absl::Seconds(120)), 0) << ReadFile(process.log);
+  ASSERT_EQ(WaitForExit(process, killed_budget), 0) << ReadFile(process.log);
   const std::string log = ReadFile(process.log);
   EXPECT_THAT(log, HasSubstr("rank 1"));
   EXPECT_THAT(log, HasSubstr("signal 9"));
   EXPECT_THAT(log, HasSubstr("restarting all ranks"));
-  EXPECT_THAT(log, HasSubstr("resuming mlp-synthetic@"));
 
-  LoadedCheckpoint a = LoadLatest(clean, "mlp-synthetic");
-  LoadedCheckpoint b = LoadLatest(killed, "mlp-synthetic");
-  EXPECT_EQ(a.manifest.metadata().global_step(), 2500);
-  EXPECT_EQ(b.manifest.metadata().global_step(), 2500);
-  ExpectBitIdentical(a.contents, b.contents);
+  // Training is deterministic, so a restart that retrained from step 0 would end with the same
+  // tensors: the resumed step, the steps logged after the restart and every version's full state
+  // tell a resume from a retrain.
+  std::smatch resumed;
+  ASSERT_TRUE(std::regex_search(
+      log, resumed, std::regex(R"(resuming mlp-synthetic@(\d+) from step (\d+) to 2500)")))
+      << log;
+  const int64_t resumed_version = std::stoll(resumed[1]), resumed_step = std::stoll(resumed[2]);
+  // --checkpoint_every=100 and the kill came after step 400, so step 300 at least was committed.
+  EXPECT_GE(resumed_step, 300);
+  const size_t restart = log.find("restarting all ranks");
+  std::vector<std::pair<int64_t, double>> after_restart = LossLines(log.substr(restart));
+  ASSERT_FALSE(after_restart.empty()) << log;
+  // --log_every=20: the restarted ranks log from the step after the resumed one, not step 20.
+  EXPECT_GT(after_restart.front().first, resumed_step);
+  EXPECT_LE(after_restart.front().first, resumed_step + 20);
+  EXPECT_EQ(after_restart.back().first, 2500);
+
+  std::unique_ptr<RocksDbCheckpointStore> clean_store = OpenStore(clean);
+  std::unique_ptr<RocksDbCheckpointStore> killed_store = OpenStore(killed);
+  ASSERT_TRUE(clean_store && killed_store);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> clean_versions,
+                       clean_store->ListVersions("mlp-synthetic"));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> killed_versions,
+                       killed_store->ListVersions("mlp-synthetic"));
+  // The same versions at the same steps (every 100 and each epoch end) in both: a retrain would
+  // have written the steps before the kill twice.
+  ASSERT_GT(clean_versions.size(), 25u);
+  ASSERT_EQ(killed_versions.size(), clean_versions.size());
+  EXPECT_EQ(clean_versions.back().metadata().global_step(), 2500);
+  EXPECT_EQ(killed_versions.back().metadata().global_step(), 2500);
+  bool resumed_version_seen = false;
+  for (size_t i = 0; i < clean_versions.size(); ++i) {
+    const int64_t version = clean_versions[i].version();
+    ASSERT_EQ(killed_versions[i].version(), version);
+    EXPECT_EQ(killed_versions[i].metadata().global_step(),
+              clean_versions[i].metadata().global_step())
+        << "@" << version;
+    if (i > 0) {
+      EXPECT_GT(killed_versions[i].metadata().global_step(),
+                killed_versions[i - 1].metadata().global_step())
+          << "@" << version;
+    }
+    if (version == resumed_version) {
+      resumed_version_seen = true;
+      EXPECT_EQ(killed_versions[i].metadata().global_step(), resumed_step);
+    }
+    const v1::VersionRef ref = MakeVersionRef("mlp-synthetic", version);
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint a, clean_store->LoadCheckpoint(ref));
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint b, killed_store->LoadCheckpoint(ref));
+    ExpectSameTrainingState(a.contents, b.contents, FormatVersionRef(ref));
+  }
+  EXPECT_TRUE(resumed_version_seen) << resumed_version;
 }
 
 TEST(TrainerTest, KilledRankWithoutRestartsStopsEveryRankWithinTheTimeout) {

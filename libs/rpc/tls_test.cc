@@ -132,6 +132,8 @@ TEST_F(TlsTest, ServerTlsWithoutClientCertificatesAuthenticatesByToken) {
   Serve(policy.get(), /*mutual=*/false);
   ClientOptions options = Client(nullptr);
   EXPECT_THAT(WhoAmIAs(options), StatusIs(absl::StatusCode::kUnauthenticated));
+  options.auth_token = "s3creT";  // As long as the right token, but not it.
+  EXPECT_THAT(WhoAmIAs(options), StatusIs(absl::StatusCode::kUnauthenticated));
   options.auth_token = "s3cret";
   EXPECT_EQ(WhoAmIAs(options).value_or("error"), "token");
   // A client that does not trust the server's CA cannot connect.

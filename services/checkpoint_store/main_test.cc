@@ -83,6 +83,9 @@ TEST(CheckpointStoreMainTest, ServesUntilSigtermThenExitsZero) {
   v1::StoreStats stats;
   EXPECT_EQ(store->GetStats(Context().get(), {}, &stats).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+  // As long as the right token, but not it.
+  EXPECT_EQ(store->GetStats(Context("tok-124").get(), {}, &stats).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(store->GetStats(Context("tok-123").get(), {}, &stats).ok());
 
   // The database is the running server's: a second server on it fails and says why.

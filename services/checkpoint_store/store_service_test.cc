@@ -4,10 +4,15 @@
 
 #include "services/checkpoint_store/store_service.h"
 
+#include <dirent.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -37,6 +42,7 @@ namespace {
 using ::ckpt::testing::StatusIs;
 using ::grpc::health::v1::HealthCheckRequest;
 using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -596,9 +602,14 @@ TEST_F(StoreServiceTest, ListModelsAndListVersionsPageByName) {
 TEST_F(StoreServiceTest, EveryCallNeedsTheBearerTokenButHealthChecksDoNot) {
   StartServer(kToken);
   const std::string right = std::string("Bearer ") + kToken;
+  // Same-length wrong tokens (last byte, first byte changed) catch a comparison that looks at
+  // lengths or prefixes only.
+  std::string last_wrong = kToken, first_wrong = kToken;
+  last_wrong.back() ^= 1;
+  first_wrong.front() ^= 1;
   for (const std::string& authorization :
        {std::string(), std::string("Bearer wrong"), std::string("Basic ") + kToken,
-        std::string(kToken), right + "x"}) {
+        std::string(kToken), right + "x", "Bearer " + last_wrong, "Bearer " + first_wrong}) {
     SCOPED_TRACE(authorization);
     v1::StoreStats stats;
     EXPECT_EQ(stub_->GetStats(Context(authorization).get(), {}, &stats).error_code(),
@@ -823,6 +834,129 @@ TEST_F(StoreServiceTest, RegistryCallsKeepTheirReasonsAndListHistoryPagesBySeque
   versions.mutable_filter()->add_metrics()->set_name("val_acc");  // no bound
   EXPECT_EQ(stub_->ListVersions(Context().get(), versions, &selected).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Corruption on the serving path: Download reads every chunk it sends with
+// VersionReader::ReadTensorInto, straight from the RocksDB store (as main.cc serves it, no
+// wrapper), and a chunk whose stored bytes fail their xxh3 must end the call with DATA_LOSS
+// before any of its bytes go out, whichever chunk of whichever tensor it is.
+class CorruptDownloadTest : public StoreServiceTest {
+ protected:
+  void SetUp() override {
+    StoreServiceTest::SetUp();
+    at::manual_seed(11);
+    CheckpointContents contents;
+    ASSERT_OK(contents.model.Insert("w", at::randn({9 * kMiB / 4})));  // chunks of 4 + 4 + 1 MiB
+    ASSERT_OK(contents.model.Insert("small", at::randn({1000})));      // 4000 bytes
+    Value extra = Value::Dict();
+    extra.Set("rng", Value::Tensor(at::randn({300})));
+    contents.extra = extra;
+    ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
+    expected_ = {TensorBytes(contents.model.entry(0).tensor),
+                 TensorBytes(contents.model.entry(1).tensor),
+                 TensorBytes(extra.Find("rng")->tensor())};
+    StoreServiceOptions options;
+    options.worker_threads = 2;
+    ASSERT_OK_AND_ASSIGN(service_, StoreService::Create(local_.get(), options));
+    ASSERT_OK_AND_ASSIGN(
+        server_,
+        GrpcServer::Start({}, {{service_.get(), v1::CheckpointStore::service_full_name()}}));
+    stub_ = NewStub();
+  }
+
+  // Flips one bit in the middle of the stored copy of `chunk` (found by its bytes in the pack
+  // files; the test data is random, so they occur once) and returns where; FlipAt(that) undoes it.
+  std::pair<std::string, int64_t> FlipStoredChunk(const std::string& chunk) {
+    const std::string packs = std::string(std::getenv("TEST_TMPDIR")) + "/" +
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                              "/packs";
+    std::vector<std::pair<std::string, int64_t>> found;
+    DIR* directory = opendir(packs.c_str());
+    EXPECT_NE(directory, nullptr) << packs;
+    while (directory != nullptr) {
+      dirent* entry = readdir(directory);
+      if (entry == nullptr) break;
+      const std::string name = entry->d_name;
+      if (name.size() < 5 || name.substr(name.size() - 5) != ".pack") continue;
+      std::ifstream file(packs + "/" + name, std::ios::binary);
+      const std::string contents((std::istreambuf_iterator<char>(file)),
+                                 std::istreambuf_iterator<char>());
+      const size_t at = contents.find(chunk);
+      if (at != std::string::npos) {
+        found.emplace_back(packs + "/" + name, static_cast<int64_t>(at + chunk.size() / 2));
+      }
+    }
+    if (directory != nullptr) closedir(directory);
+    EXPECT_EQ(found.size(), 1u);
+    if (found.empty()) return {};
+    FlipAt(found[0]);
+    return found[0];
+  }
+
+  static void FlipAt(const std::pair<std::string, int64_t>& where) {
+    std::fstream file(where.first, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(where.second);
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(where.second);
+    file.put(static_cast<char>(byte ^ 0x40));
+    EXPECT_TRUE(file.good()) << where.first;
+  }
+
+  std::vector<std::string> expected_;  // bytes of w, small, extra/rng
+};
+
+TEST_F(CorruptDownloadTest, EveryCorruptChunkEndsTheDownloadWithDataLossBeforeItsBytes) {
+  ASSERT_OK_AND_ASSIGN(v1::Manifest stored, local_->GetManifest(Ref("m@1")));
+  ASSERT_EQ(stored.tensors_size(), 2);
+  ASSERT_EQ(stored.state_tensors_size(), 1);
+  ASSERT_EQ(stored.tensors(0).chunks_size(), 3);
+  int corrupted = 0;
+  for (int index = 0; index < 3; ++index) {
+    const v1::TensorMeta& meta =
+        index < 2 ? stored.tensors(index) : stored.state_tensors(index - 2);
+    int64_t offset = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      SCOPED_TRACE(absl::StrCat("tensor '", meta.key(), "' bytes ", offset));
+      const std::string bytes = expected_[index].substr(offset, chunk.length());
+      const std::pair<std::string, int64_t> flipped = FlipStoredChunk(bytes);
+      ASSERT_FALSE(flipped.first.empty());
+      v1::DownloadRequest request;
+      *request.mutable_ref() = Ref("m");
+      request.set_include_state(true);
+      request.add_keys(meta.key());
+      v1::Manifest manifest;
+      std::vector<v1::TensorData> data;
+      EXPECT_THAT(Download(request, &manifest, &data),
+                  StatusIs(absl::StatusCode::kDataLoss,
+                           AllOf(HasSubstr(absl::StrCat("reading bytes ", offset, "..",
+                                                        offset + chunk.length(), " of tensor '",
+                                                        meta.key(), "'")),
+                                 HasSubstr("xxh3"))));
+      // What did arrive is the sound chunks before the bad one, and none of the bad one.
+      std::string received;
+      for (const v1::TensorData& message : data) {
+        EXPECT_EQ(message.tensor_index(), index);
+        received += message.data();
+      }
+      EXPECT_TRUE(received == expected_[index].substr(0, offset))
+          << received.size() << " bytes arrived, " << offset << " were sound";
+      FlipAt(flipped);  // restored
+      ++corrupted;
+      offset += chunk.length();
+    }
+  }
+  EXPECT_EQ(corrupted, 5);
+  // Restored, the whole version downloads intact.
+  v1::DownloadRequest request;
+  *request.mutable_ref() = Ref("m");
+  request.set_include_state(true);
+  v1::Manifest manifest;
+  std::vector<v1::TensorData> data;
+  ASSERT_OK(Download(request, &manifest, &data));
+  std::vector<std::string> received(3);
+  for (const v1::TensorData& message : data) received.at(message.tensor_index()) += message.data();
+  EXPECT_TRUE(received == expected_);
 }
 
 TEST(StoreServiceCreateTest, RejectsMissingStoreAndZeroThreads) {

@@ -338,6 +338,14 @@ TEST_F(LoaderServiceTest, ErrorsNameWhatIsWrong) {
   StartLoader(options, "wrong");
   EXPECT_THAT(loader_->Load(ref_, LoadTarget()).status(),
               StatusIs(absl::StatusCode::kUnauthenticated, "not valid"));
+  // As long as the right token, but not it.
+  StopLoader();
+  StartLoader(options, "secreT");
+  EXPECT_THAT(loader_->Load(ref_, LoadTarget()).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, "not valid"));
+  StopLoader();
+  StartLoader(options, "secret");
+  EXPECT_THAT(loader_->Load(ref_, LoadTarget()).status(), ::ckpt::testing::IsOk());
 }
 
 // A stream's slot is free by the time its client has the status: one stream after another never

@@ -96,6 +96,9 @@ TEST(LoaderMainTest, ServesHealthAndAuthUntilSigtermThenLogsCacheStats) {
   v1::PreflightResponse response;
   EXPECT_EQ(loader->Preflight(Context().get(), request, &response).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+  // As long as the right token, but not it.
+  EXPECT_EQ(loader->Preflight(Context("tok-8").get(), request, &response).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   // Authenticated, the call reaches the store, which has no such model.
   EXPECT_EQ(loader->Preflight(Context("tok-9").get(), request, &response).error_code(),
             grpc::StatusCode::NOT_FOUND);
