@@ -4,6 +4,7 @@
 
 #include "libs/client/remote_loader.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -226,7 +227,11 @@ class RemoteLoaderIntegrityTest : public ::testing::Test {
     service_options.tamper_for_testing = [this](const LoaderServiceOptions::OutgoingPiece& piece,
                                                 absl::Span<char> bytes) {
       absl::MutexLock lock(&mu_);
-      if (!flip_.has_value() || flip_->export_file != piece.export_file ||
+      newest_stream_ = std::max(newest_stream_, piece.stream);
+      // Only streams started after FlipNext: the stream of the previous trial, which the client
+      // cancelled at its DATA_LOSS, may still be sending its next pieces.
+      if (!flip_.has_value() || piece.stream < flip_->stream ||
+          flip_->export_file != piece.export_file ||
           (!piece.export_file && flip_->tensor_index != piece.tensor_index) ||
           flip_->offset < piece.offset ||
           flip_->offset >= piece.offset + static_cast<int64_t>(bytes.size())) {
@@ -252,7 +257,7 @@ class RemoteLoaderIntegrityTest : public ::testing::Test {
   // The next stream flips one bit of byte `offset` of tensor `index` (or of the file).
   void FlipNext(int index, int64_t offset, bool export_file = false) {
     absl::MutexLock lock(&mu_);
-    flip_ = LoaderServiceOptions::OutgoingPiece{0, export_file, index, offset};
+    flip_ = LoaderServiceOptions::OutgoingPiece{newest_stream_ + 1, export_file, index, offset};
   }
   int64_t flipped() {
     absl::MutexLock lock(&mu_);
@@ -312,6 +317,7 @@ class RemoteLoaderIntegrityTest : public ::testing::Test {
   absl::Mutex mu_;
   std::optional<LoaderServiceOptions::OutgoingPiece> flip_ ABSL_GUARDED_BY(mu_);
   int64_t flipped_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t newest_stream_ ABSL_GUARDED_BY(mu_) = -1;  // the highest stream a piece came from.
 };
 
 TEST_F(RemoteLoaderIntegrityTest, EveryFlipOfBytesSentAsStoredIsCaught) {
