@@ -201,7 +201,9 @@ class RankRun {
   bool skip_final_checkpoint_ = false;
   double last_loss_ = 0;
   double samples_per_second_ = 0;
-  absl::Duration upload_waits_;  // with synchronous_checkpoints: the loop waiting for uploads.
+  // The loop waiting for uploads: for the previous one before each checkpoint (what Submit used to
+  // wait for itself), and with synchronous_checkpoints for every one.
+  absl::Duration upload_waits_;
 };
 
 absl::Status RankRun::Build() {
