@@ -485,8 +485,9 @@ TEST_F(DownloadTest, SendsOnlyTheSelectedKeysAndPrefixes) {
   EXPECT_THAT(Download(request, &manifest, &data), StatusIs(absl::StatusCode::kNotFound, "m@5"));
 }
 
-// Flow control: a client that stops reading holds the server at a chunk or two, it does not
-// make it read (and buffer) the rest of the checkpoint; reading on resumes it; a cancel stops it.
+// Flow control: a client that stops reading holds the server at a chunk or two (it reads one
+// ahead), it does not make it read (and buffer) the rest of the checkpoint; reading on resumes it;
+// a cancel stops it.
 TEST_F(StoreServiceTest, SlowReaderHoldsTheServerAtAFewChunks) {
   constexpr int kChunks = 10;
   CheckpointContents contents;
@@ -510,8 +511,23 @@ TEST_F(StoreServiceTest, SlowReaderHoldsTheServerAtAFewChunks) {
     v1::DownloadResponse response;
     ASSERT_TRUE(reader->Read(&response));
     ASSERT_TRUE(response.has_manifest());
-    ASSERT_TRUE(reader->Read(&response));
-    ASSERT_TRUE(response.has_data());
+    // Takes the first chunk, then stalls.
+    int64_t received = 0;
+    while (received < 4 * kMiB && reader->Read(&response)) {
+      ASSERT_TRUE(response.has_data());
+      received += response.data().data().size();
+    }
+    ASSERT_EQ(received, 4 * kMiB);
+    // The positive control first, so that the bound below cannot pass only because the server is
+    // slow or stuck: while the client is stalled, the server reads the next chunk ahead of it.
+    mu_.Lock();
+    const bool read_ahead =
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](int64_t* reads) { return *reads >= 2; }, &chunk_reads_),
+                             absl::Seconds(10));
+    const int64_t reads_before_bound = chunk_reads_;
+    mu_.Unlock();
+    ASSERT_TRUE(read_ahead) << reads_before_bound << " chunks read in 10 s for a stalled client";
     // Waits for the server to read more than 3 chunks; it must not while the client is stalled.
     constexpr int kMostReadAhead = 3;
     mu_.Lock();
@@ -534,7 +550,21 @@ TEST_F(StoreServiceTest, SlowReaderHoldsTheServerAtAFewChunks) {
       EXPECT_LE(chunk_reads_, kMostReadAhead + 1);
       break;
     }
-    int64_t received = response.data().data().size();
+    // The other half of the control: reading on resumes the server. The bytes of the chunks it
+    // has read arrive without another read; once the client has taken them, it must read on.
+    while (received < reads_while_stalled * 4 * kMiB && reader->Read(&response)) {
+      received += response.data().data().size();
+    }
+    ASSERT_EQ(received, reads_while_stalled * 4 * kMiB);
+    const auto read_on = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return chunk_reads_ > reads_while_stalled;
+    };
+    mu_.Lock();
+    const bool resumed = mu_.AwaitWithTimeout(absl::Condition(&read_on), absl::Seconds(10));
+    const int64_t reads_after_reading_on = chunk_reads_;
+    mu_.Unlock();
+    ASSERT_TRUE(resumed) << "still " << reads_after_reading_on << " chunks read 10 s after the "
+                         << "client took the " << reads_while_stalled << " it was sent";
     while (reader->Read(&response)) received += response.data().data().size();
     EXPECT_OK(FromGrpcStatus(reader->Finish()));
     EXPECT_EQ(received, kChunks * 4 * kMiB);
