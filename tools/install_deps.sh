@@ -9,6 +9,8 @@ packages=(
   # C++ libraries the code links against (libgloo-dev: headers that c10d's ProcessGroupGloo.hpp includes).
   libtorch-dev libgloo-dev librocksdb-dev libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev nlohmann-json3-dev
+  # HTTP(S) for the S3 client in libs/s3 (the OpenSSL flavour, like the rest of the TLS code).
+  libcurl4-openssl-dev
   # Real PyTorch as a peer in interop tests (/usr/bin/python3).
   python3-torch python3-numpy
   # A Python gRPC client of the loader in tests (stubs generated with protoc and
@@ -18,6 +20,9 @@ packages=(
   python3-xxhash
   # The openssl command line: tests make their TLS certificates with it.
   openssl
+  # A real S3 server for the S3 client's tests: Debian's Ceph (a monitor, one memstore OSD and
+  # radosgw, started per test by tools/ceph/single_node.sh on 127.0.0.1; ~70 s to install).
+  ceph-mon ceph-osd radosgw ceph-common uuid-runtime
   # libFuzzer and the sanitizers for the parser fuzz targets.
   clang libclang-rt-14-dev
   # The CMake build that tools/gpu_check.sh uses on machines without Bazel (CI runs its CPU mode).
