@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "libs/io/atomic_file.h"
+#include "libs/store/internal/failpoint.h"
 
 namespace ckpt {
 namespace {
@@ -85,6 +86,7 @@ absl::StatusOr<std::unique_ptr<PackWriter>> PackDirectory::NewPack(uint64_t pack
     }
     return ErrnoToStatus(errno, "creating pack file", path);
   }
+  CKPT_RECORD_FILE_CREATED(path);  // failpoint builds only: for simulated power failures.
   return std::make_unique<PackWriter>(path, dir_, pack_id, fd);
 }
 
@@ -195,6 +197,7 @@ absl::Status PackDirectory::Remove(uint64_t pack_id, uint64_t generation) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return ErrnoToStatus(errno, "removing pack file", path);
   }
+  CKPT_RECORD_FILE_REMOVED(path);
   absl::MutexLock lock(&mu_);
   removed_.emplace_back(pack_id, generation);
   // Evicted meanwhile? Keep this descriptor instead.
@@ -275,6 +278,7 @@ absl::Status PackWriter::Sync() {
     if (!synced.ok()) return synced;
     entry_synced_ = true;
   }
+  CKPT_RECORD_FILE_SYNCED(path_, size_);
   return absl::OkStatus();
 }
 

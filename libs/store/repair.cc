@@ -178,8 +178,15 @@ struct ModelState {
 // Makes the records agree with the manifests RocksDB recovered: unreadable manifests go, model
 // records are rebuilt from the manifests, aliases and annotations of absent versions go,
 // refcounts are recounted. One synced batch.
-absl::Status ReconcileRecords(const std::string& db_path, RepairReport& report) {
+absl::Status ReconcileRecords(const std::string& db_path, std::optional<uint64_t> marker,
+                              RepairReport& report) {
   ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db, StoreDb::Open(db_path, false));
+  if (marker.has_value() && *marker > db->last_acknowledged()) {
+    report.acknowledged_writes_lost = *marker - db->last_acknowledged();
+    report.notes.push_back(absl::StrCat(
+        "the write-ahead log lost acknowledged writes #", db->last_acknowledged() + 1, " to #",
+        *marker, ": the commits, deletions and alias changes among them are gone"));
+  }
   rocksdb::ReadOptions read;
   read.verify_checksums = true;
   rocksdb::WriteBatch batch;
@@ -384,6 +391,15 @@ absl::StatusOr<RepairReport> RepairStore(const RepairOptions& options) {
     const ColumnFamily cf = static_cast<ColumnFamily>(i);
     descriptors.emplace_back(std::string(ColumnFamilyName(cf)), MakeColumnFamilyOptions(cf));
   }
+  // The marker would refuse the repaired database (its number is beyond what the WAL kept); it
+  // is in the backup, and the first write after the repair starts a new one.
+  const std::optional<uint64_t> marker = ReadAcknowledgedMarker(options.db_path);
+  std::error_code removed;
+  fs::remove(fs::path(options.db_path) / std::string(kAcknowledgedMarkerFile), removed);
+  if (removed) {
+    return absl::InternalError(absl::StrCat("removing ", kAcknowledgedMarkerFile, " from '",
+                                            options.db_path, "': ", removed.message()));
+  }
   RETURN_IF_ERROR(SeedColumnFamilyTables(options.db_path, report));
   const rocksdb::Status repaired =
       rocksdb::RepairDB(options.db_path, MakeDbOptions(/*create_if_missing=*/false), descriptors);
@@ -392,7 +408,7 @@ absl::StatusOr<RepairReport> RepairStore(const RepairOptions& options) {
                                             "': ", repaired.ToString(),
                                             "; the damaged files are in ", report.backup_dir));
   }
-  RETURN_IF_ERROR(ReconcileRecords(options.db_path, report));
+  RETURN_IF_ERROR(ReconcileRecords(options.db_path, marker, report));
 
   StoreOptions store_options;
   store_options.db_path = options.db_path;

@@ -59,6 +59,12 @@ struct RepairReport {
   // Versions the model records counted before the repair but whose manifests RocksDB could not
   // recover, summed over models (0 when no record told).
   int64_t versions_unrecovered = 0;
+  // Acknowledged writes (commits, deletions, alias and registry changes, audit records) that
+  // the write-ahead log lost: the number in the store's marker (rocksdb_schema.h,
+  // StoreDb::WriteAcknowledged) minus the last one the repaired database holds. What they did is
+  // gone (a version they committed is not listed, a version they deleted may be back); 0 when
+  // nothing was lost or the store kept no marker.
+  uint64_t acknowledged_writes_lost = 0;
   // What else was changed to make the records agree (rebuilt model records, removed aliases,
   // recounted refcounts), one line each.
   std::vector<std::string> notes;

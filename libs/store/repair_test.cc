@@ -38,6 +38,7 @@ using ::ckpt::testing::MakeStateDict;
 using ::ckpt::testing::Ref;
 using ::ckpt::testing::Seeded;
 using ::ckpt::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -284,6 +285,69 @@ TEST_F(RepairTest, TruncatedSstLosesOnlyItsVersionAndTheRecordsAgreeAgain) {
   ASSERT_OK(store->GarbageCollect(false).status());
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store->Verify("", 0));
   EXPECT_THAT(verified.problems(), IsEmpty());
+}
+
+// Version 3's commit lived only in the live write-ahead log, which is then lost at a record
+// boundary (emptied) or deleted. RocksDB opens either without an error; the acknowledged-write
+// marker refuses it, and the repair keeps versions 1 and 2 and says how many writes were lost.
+TEST_F(RepairTest, WriteAheadLogThatLostAcknowledgedCommitsIsRefusedThenRepaired) {
+  for (const bool delete_log : {false, true}) {
+    SCOPED_TRACE(delete_log ? "deleted" : "emptied");
+    fs::remove_all(path_);
+    fs::remove_all(path_ + ".backup");
+    committed_.clear();
+    Commit(1, 2);
+    FlushAll(path_);
+    Commit(3, 3);
+    std::vector<fs::path> logs;
+    for (const fs::directory_entry& entry : fs::directory_iterator(path_)) {
+      if (entry.path().extension() == ".log" && fs::file_size(entry.path()) > 0) {
+        logs.push_back(entry.path());
+      }
+    }
+    ASSERT_EQ(logs.size(), 1u) << "version 3 should be in one live WAL";
+    if (delete_log) {
+      ASSERT_TRUE(fs::remove(logs[0]));
+    } else {
+      fs::resize_file(logs[0], 0);
+    }
+    StoreOptions options;
+    options.db_path = path_;
+    EXPECT_THAT(RocksDbCheckpointStore::Open(options),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr("write-ahead log"), HasSubstr("ckpt repair"))));
+
+    ASSERT_OK_AND_ASSIGN(RepairReport report, Repair());
+    EXPECT_THAT(Refs(report.intact), ElementsAre("m@1", "m@2"));
+    EXPECT_GE(report.acknowledged_writes_lost, 1u);
+    EXPECT_THAT(report.notes, ::testing::Contains(HasSubstr("lost acknowledged writes")));
+    EXPECT_THAT(report.backed_up, ::testing::Contains(std::string(kAcknowledgedMarkerFile)));
+    ExpectVersionsIntact({1, 2});
+    std::unique_ptr<RocksDbCheckpointStore> store = Open();
+    ASSERT_NE(store, nullptr);
+    CheckpointContents contents;
+    contents.model = MakeStateDict({{"w", Seeded({8}, 9)}});
+    ASSERT_OK(store->CommitCheckpoint("m", contents).status());
+  }
+}
+
+// The marker is not synced, so a power cut may tear it: an unreadable marker skips the check
+// (with a message), it never makes the store unopenable. A store without one (from before it)
+// opens as before.
+TEST_F(RepairTest, UnreadableOrMissingAcknowledgedMarkerIsNotDamage) {
+  Commit(1, 1);
+  const std::string marker = path_ + "/" + std::string(kAcknowledgedMarkerFile);
+  ASSERT_TRUE(fs::exists(marker));
+  {
+    std::ofstream torn(marker, std::ios::trunc);
+    torn << "ckpt-acknowledged 0000000000000000009";
+  }
+  ExpectVersionsIntact({1});
+  ASSERT_TRUE(fs::remove(marker));
+  ExpectVersionsIntact({1});
+  Commit(2, 2);  // writes a new marker
+  EXPECT_TRUE(fs::exists(marker));
+  ExpectVersionsIntact({1, 2});
 }
 
 // A chunk of version 2's own tensor is damaged in its pack file: version 2 must not survive the

@@ -91,8 +91,9 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
   if (options.abandoned_upload_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("StoreOptions.abandoned_upload_grace is negative");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<StoreDb> db,
-                   StoreDb::Open(options.db_path, options.create_if_missing));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<StoreDb> db,
+      StoreDb::Open(options.db_path, options.create_if_missing, options.rocksdb_file_system));
   // After the database: its lock keeps a second process from writing the same packs.
   ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs,
                    PackDirectory::Open(absl::StrCat(options.db_path, "/packs")));

@@ -35,6 +35,10 @@
 #include "absl/time/time.h"
 #include "libs/store/checkpoint_store.h"
 
+namespace rocksdb {
+class FileSystem;
+}  // namespace rocksdb
+
 namespace ckpt {
 
 struct StoreOptions {
@@ -57,6 +61,10 @@ struct StoreOptions {
   // Every chunk is still checked on load, and two tensors never share memory. Such a tensor is not
   // resizable, and holds its pack file (and its disk space) until it is freed. Default true.
   bool map_tensors_on_load = true;
+  // The RocksDB file system the database's files (WAL, MANIFEST, SST files) go through; pack
+  // files are plain POSIX files regardless. Null (the default): RocksDB's default file system.
+  // Tests pass one that records what was synced or injects faults.
+  std::shared_ptr<rocksdb::FileSystem> rocksdb_file_system;
 };
 
 // A seam for tools/bench only (libs/store/benchmark_seams.h, visible to tools/bench alone).

@@ -1,6 +1,7 @@
 // RocksDbCheckpointStore: retention, garbage collection, verification and statistics (the
 // maintenance half; see internal/rocksdb_store_core.h for how the store's files divide).
 
+#include "libs/store/internal/failpoint.h"
 #include "libs/store/internal/rocksdb_store_core.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 
@@ -178,6 +179,7 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
     // returns that space (rocksdb_schema.cc). Pack space comes back below.
     RETURN_IF_ERROR(core_->WriteDurably(batch, "collecting garbage"));
   }
+  CKPT_FAILPOINT("gc.after_batch");  // chunks forgotten, their pack files still there.
   absl::flat_hash_set<uint64_t> writing;
   for (const auto& [id, upload] : uploads) {
     uint64_t number = 0;
@@ -192,6 +194,7 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
     if (absl::SimpleHexAtoi(id, &number)) writing.insert(number);
   }
   RETURN_IF_ERROR(core_->ReclaimPacks(writing));
+  CKPT_FAILPOINT("gc.after_pack_removal");
   return response;
 }
 

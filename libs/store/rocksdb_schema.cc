@@ -1,20 +1,27 @@
 #include "libs/store/rocksdb_schema.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "libs/status/rocksdb_status.h"
 #include "rocksdb/convenience.h"
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/table.h"
+#include "xxhash.h"
 
 namespace ckpt {
 namespace {
@@ -93,7 +100,47 @@ absl::Status DamagedStoreError(const std::string& path, absl::string_view findin
       "run `ckpt verify` on it"));
 }
 
+// The marker's one line: "ckpt-acknowledged <20 digits> <xxh3-64 of those digits, 16 hex>\n",
+// always the same length, so each update overwrites the whole file in one pwrite.
+constexpr absl::string_view kMarkerTag = "ckpt-acknowledged ";
+
+std::string FormatMarker(uint64_t number) {
+  const std::string digits = absl::StrFormat("%020u", number);
+  return absl::StrCat(kMarkerTag, digits, " ",
+                      absl::StrFormat("%016x", XXH3_64bits(digits.data(), digits.size())), "\n");
+}
+
+std::string MarkerPath(const std::string& db_path) {
+  return absl::StrCat(db_path, "/", kAcknowledgedMarkerFile);
+}
+
 }  // namespace
+
+std::optional<uint64_t> ReadAcknowledgedMarker(const std::string& db_path) {
+  const std::string path = MarkerPath(db_path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) {
+      std::fprintf(stderr, "ckpt store: ignoring %s: %s\n", path.c_str(), std::strerror(errno));
+    }
+    return std::nullopt;
+  }
+  char buffer[128];
+  const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+  ::close(fd);
+  const absl::string_view text(buffer, n > 0 ? static_cast<size_t>(n) : 0);
+  uint64_t number = 0;
+  if (text.size() == FormatMarker(0).size() && absl::StartsWith(text, kMarkerTag) &&
+      absl::SimpleAtoi(text.substr(kMarkerTag.size(), 20), &number) &&
+      text == FormatMarker(number)) {
+    return number;
+  }
+  std::fprintf(stderr,
+               "ckpt store: ignoring %s: it is not a marker this build wrote (%zd bytes); the "
+               "check for lost acknowledged writes is skipped this time\n",
+               path.c_str(), n);
+  return std::nullopt;
+}
 
 absl::string_view ColumnFamilyName(ColumnFamily cf) {
   return kColumnFamilyNames[static_cast<int>(cf)];
@@ -244,8 +291,9 @@ rocksdb::ColumnFamilyOptions MakeColumnFamilyOptions(ColumnFamily cf) {
   return options;
 }
 
-absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
-                                                       bool create_if_missing) {
+absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(
+    const std::string& path, bool create_if_missing,
+    std::shared_ptr<rocksdb::FileSystem> file_system) {
   const bool existed = FileExists(path + "/CURRENT");
   if (!existed) {
     if (const std::string orphan = DatabaseFileIn(path); !orphan.empty()) {
@@ -266,9 +314,13 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
   if (create_if_missing) ::mkdir(path.c_str(), 0755);
   std::unique_ptr<StoreDb> store(new StoreDb());
   store->path_ = path;
+  rocksdb::DBOptions db_options = MakeDbOptions(create_if_missing);
+  if (file_system != nullptr) {
+    store->env_ = rocksdb::NewCompositeEnv(file_system);
+    db_options.env = store->env_.get();
+  }
   rocksdb::DB* db = nullptr;
-  rocksdb::Status opened =
-      rocksdb::DB::Open(MakeDbOptions(create_if_missing), path, descriptors, &store->handles_, &db);
+  rocksdb::Status opened = rocksdb::DB::Open(db_options, path, descriptors, &store->handles_, &db);
   if (!opened.ok()) {
     // CURRENT names the database's files: once it exists, a file RocksDB cannot find or parse is
     // damage, not an absent store, and the user needs to hear what to do about it.
@@ -304,10 +356,64 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(const std::string& path,
         "checkpoint store '", path, "' has schema version ", schema_version,
         "; this build reads versions ", kSchemaVersionInlineChunks, " and ", kSchemaVersion));
   }
+  // A WAL that lost acknowledged writes (their batches set acknowledged_write to at least the
+  // marker's number) opens without an error in RocksDB; refuse it here, before anything writes.
+  std::string acknowledged_bytes;
+  read = db->Get(rocksdb::ReadOptions(), meta, std::string(kAcknowledgedWriteKey),
+                 &acknowledged_bytes);
+  if (read.ok()) {
+    absl::StatusOr<uint64_t> number = DecodeBigEndian64(acknowledged_bytes);
+    if (!number.ok()) {
+      return DamagedStoreError(path, absl::StrCat("its acknowledged_write record is ",
+                                                  acknowledged_bytes.size(), " bytes, not 8"));
+    }
+    store->last_acknowledged_ = *number;
+  } else if (!read.IsNotFound()) {
+    return FromRocksDbStatus(read, "reading the number of the last acknowledged write");
+  }
+  if (const std::optional<uint64_t> marker = ReadAcknowledgedMarker(path);
+      marker.has_value() && *marker > store->last_acknowledged_) {
+    return DamagedStoreError(
+        path, absl::StrCat("the store acknowledged write #", *marker,
+                           ", but its database holds "
+                           "writes up to #",
+                           store->last_acknowledged_,
+                           " only: its write-ahead log (the *.log file) lost acknowledged "
+                           "commits, truncated or deleted"));
+  }
   return store;
 }
 
+absl::Status StoreDb::WriteAcknowledged(rocksdb::WriteBatch& batch, absl::string_view what) {
+  absl::MutexLock lock(&acknowledged_mu_);
+  const uint64_t number = last_acknowledged_ + 1;
+  batch.Put(cf(ColumnFamily::kDefault), std::string(kAcknowledgedWriteKey),
+            EncodeBigEndian64(number));
+  rocksdb::WriteOptions write;
+  write.sync = true;
+  const rocksdb::Status written = db_->Write(write, &batch);
+  // A failed synced write may still have reached the log: never hand its number out again.
+  last_acknowledged_ = number;
+  if (!written.ok()) return FromRocksDbStatus(written, what);
+  const std::string marker = FormatMarker(number);
+  if (marker_fd_ < 0) {
+    marker_fd_ = ::open(MarkerPath(path_).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  }
+  if (marker_fd_ < 0 || ::pwrite(marker_fd_, marker.data(), marker.size(), 0) !=
+                            static_cast<ssize_t>(marker.size())) {
+    std::fprintf(stderr,
+                 "ckpt store: %s is durable, but updating %s failed (%s): a later loss of the "
+                 "write-ahead log may go undetected\n",
+                 std::string(what).c_str(), MarkerPath(path_).c_str(), std::strerror(errno));
+  }
+  return absl::OkStatus();
+}
+
 StoreDb::~StoreDb() {
+  {
+    absl::MutexLock lock(&acknowledged_mu_);
+    if (marker_fd_ >= 0) ::close(marker_fd_);
+  }
   if (db_ != nullptr) {
     for (rocksdb::ColumnFamilyHandle* handle : handles_) {
       db_->DestroyColumnFamilyHandle(handle);

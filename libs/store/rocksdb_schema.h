@@ -34,12 +34,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "rocksdb/options.h"
 
 namespace ckpt {
@@ -74,6 +78,12 @@ inline constexpr absl::string_view kSchemaVersionKey = "schema_version";
 // stay readable where they are.
 inline constexpr absl::string_view kSchemaVersion = "2";
 inline constexpr absl::string_view kSchemaVersionInlineChunks = "1";
+
+// The number of the last acknowledged write, kept in the default column family by every
+// acknowledged write's own batch (StoreDb::WriteAcknowledged). Absent in stores from before it.
+inline constexpr absl::string_view kAcknowledgedWriteKey = "acknowledged_write";
+// The file beside the database that remembers the same number outside RocksDB.
+inline constexpr absl::string_view kAcknowledgedMarkerFile = "CKPT-ACKNOWLEDGED";
 
 // Upload ids are 16 lowercase hex digits.
 inline constexpr size_t kUploadIdLength = 16;
@@ -114,8 +124,11 @@ class StoreDb {
   // (naming the damage and the remedy) when it holds one whose files are corrupt or missing;
   // FAILED_PRECONDITION when it holds a database of another schema version; other RocksDB
   // errors as FromRocksDbStatus maps them (a second process holding the lock: UNAVAILABLE).
-  static absl::StatusOr<std::unique_ptr<StoreDb>> Open(const std::string& path,
-                                                       bool create_if_missing);
+  // `file_system`: the RocksDB file system the database's own files go through (the pack files
+  // do not); null for the default one. Tests pass one that records or injects faults.
+  static absl::StatusOr<std::unique_ptr<StoreDb>> Open(
+      const std::string& path, bool create_if_missing,
+      std::shared_ptr<rocksdb::FileSystem> file_system = nullptr);
   ~StoreDb();
   StoreDb(const StoreDb&) = delete;
   StoreDb& operator=(const StoreDb&) = delete;
@@ -124,12 +137,39 @@ class StoreDb {
   rocksdb::ColumnFamilyHandle* cf(ColumnFamily cf) const { return handles_[static_cast<int>(cf)]; }
   const std::string& path() const { return path_; }
 
+  // Writes `batch` synced, as a write the store acknowledges, and numbers it: the batch also sets
+  // kAcknowledgedWriteKey to the next number, and once the write is durable the number goes to
+  // the marker file kAcknowledgedMarkerFile. Open compares the two, which is how a write-ahead
+  // log that lost acknowledged writes is told from one that lost only an unacknowledged torn
+  // tail: RocksDB cannot tell them apart (a live WAL truncated at a record boundary, or deleted,
+  // opens cleanly without its last commits), and the WAL is the only copy of recent commits.
+  // The marker is not synced: it only ever holds a number whose batch is already durable, so a
+  // power cut can leave it behind the database (a missed detection) but never ahead of it (a
+  // false alarm). Acknowledged writes are serialized here (they were, but for the audit log's).
+  // A failure to update the marker is reported on stderr and does not fail the write.
+  absl::Status WriteAcknowledged(rocksdb::WriteBatch& batch, absl::string_view what);
+  // The number of the last acknowledged write the database holds (0 when none).
+  uint64_t last_acknowledged() {
+    absl::MutexLock lock(&acknowledged_mu_);
+    return last_acknowledged_;
+  }
+
  private:
   StoreDb() = default;
   std::string path_;
+  // Built over a caller's file system; outlives db_ (declared before it).
+  std::unique_ptr<rocksdb::Env> env_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  absl::Mutex acknowledged_mu_;
+  uint64_t last_acknowledged_ ABSL_GUARDED_BY(acknowledged_mu_) = 0;
+  int marker_fd_ ABSL_GUARDED_BY(acknowledged_mu_) = -1;
 };
+
+// The number in the acknowledged-writes marker of the store at `db_path`; nullopt when there is
+// no marker (a store from before it) or it is unreadable (a power cut can tear it: it is not
+// synced), after saying so on stderr.
+std::optional<uint64_t> ReadAcknowledgedMarker(const std::string& db_path);
 
 }  // namespace ckpt
 

@@ -566,6 +566,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/checkpoint_store_registry.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_pack.cc
+    libs/store/internal/failpoint.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
     libs/store/repair.cc

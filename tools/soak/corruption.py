@@ -5,8 +5,10 @@ from torch.save bundles that /usr/bin/python3 writes (model weights, Adam optimi
 frozen tensor every version shares, so chunks are deduplicated), the last with alias "best". The
 first two imports end in SST files (RocksDB flushes the log when the next process opens the
 store), the last one stays in the WAL, so the template has every kind of file: pack files, SSTs,
-MANIFEST, CURRENT, WAL and OPTIONS (this schema keeps chunks in pack files, not RocksDB blob
-files, so there are none). Each version is exported once from the template; those exports are
+MANIFEST, CURRENT, WAL, OPTIONS and the store's acknowledged-write marker (CKPT-ACKNOWLEDGED; this
+schema keeps chunks in pack files, not RocksDB blob files, so there are none). A WAL that loses
+the last version's commit (truncated or deleted) must be refused by the marker check and repaired
+without that version; damage to the marker itself must cost nothing. Each version is exported once from the template; those exports are
 checked once, tensor by tensor and bit for bit, against the source files with torch, and are the
 reference every later read is compared with.
 
@@ -17,8 +19,8 @@ file, the operation (flip one byte, truncate, delete) and the offset -- and then
      reference. (Skipped when the store does not open: every read then fails the same way.)
   3. a store that does not open (the DATA_LOSS that names `ckpt repair`) is repaired with
      `ckpt repair`; every version it keeps must export byte-equal, `ckpt verify` must pass
-     afterwards, and a damaged CURRENT, MANIFEST or OPTIONS file (no version data in them) must
-     not cost a version.
+     afterwards, and a damaged CURRENT, MANIFEST, OPTIONS or marker file (no version data in
+     them) must not cost a version.
 A trial is
   - crashes: any ckpt process died of a signal or printed a sanitizer report;
   - silent: a read returned bytes other than the reference without an error;
@@ -42,9 +44,9 @@ SHORT_TRIALS = 200
 
 MODEL = "m"
 VERSIONS = 3
-KINDS = ("pack", "sst", "manifest", "current", "wal", "options")
+KINDS = ("pack", "sst", "manifest", "current", "wal", "options", "marker")
 # Files that hold no version data: damage to them must cost no version, also through a repair.
-METADATA_KINDS = ("manifest", "current", "options")
+METADATA_KINDS = ("manifest", "current", "options", "marker")
 OPERATIONS = ("flip", "truncate", "delete")
 
 _GENERATE = r'''
@@ -116,6 +118,8 @@ def _files_of_kind(store, kind):
         return [n for n in names if n.endswith(".log")]
     if kind == "options":
         return [n for n in names if n.startswith("OPTIONS-")]
+    if kind == "marker":
+        return [n for n in names if n == "CKPT-ACKNOWLEDGED"]
     raise ValueError(kind)
 
 
@@ -343,5 +347,6 @@ def run(args, lib):
                "byte-equal and verify passed), or a read failed with a clear error; harmless = "
                "verify passed and every version read back byte-equal to its source; versions "
                "dropped = versions the repair removed after damage to a file holding their data "
-               "(SST, WAL); a drop after damage to CURRENT, MANIFEST or OPTIONS counts as lost.")
+               "(SST, WAL); a drop after damage to CURRENT, MANIFEST, OPTIONS or the marker "
+               "counts as lost.")
     return table

@@ -89,18 +89,18 @@ class RocksDbCheckpointStore::Core {
     return read;
   }
 
+  // A synced write (sync, and StoreOptions::sync_commits) is an acknowledged one: numbered, so
+  // that a write-ahead log that later loses it is refused on open (StoreDb::WriteAcknowledged).
   absl::Status Write(rocksdb::WriteBatch& batch, absl::string_view what, bool sync) {
+    if (sync && options_.sync_commits) return store_db_->WriteAcknowledged(batch, what);
     rocksdb::WriteOptions write;
-    write.sync = sync && options_.sync_commits;
     return FromRocksDbStatus(db_->Write(write, &batch), what);
   }
 
   // Synced whatever sync_commits says: for batches after which files are removed (GC), whose loss
   // in a power failure would bring back locations naming deleted packs.
   absl::Status WriteDurably(rocksdb::WriteBatch& batch, absl::string_view what) {
-    rocksdb::WriteOptions write;
-    write.sync = true;
-    return FromRocksDbStatus(db_->Write(write, &batch), what);
+    return store_db_->WriteAcknowledged(batch, what);
   }
 
   // ---- Records.

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "libs/store/internal/failpoint.h"
+
 namespace ckpt {
 namespace {
 
@@ -131,10 +133,12 @@ class RocksDbUploadSession final : public UploadSession {
 
     // The pack's bytes become durable before the batch that names them (the WAL sync does not
     // cover files outside RocksDB). Outside the lock: other commits need not wait for this one.
+    CKPT_FAILPOINT("commit.before_pack_sync");  // chunks written, nothing synced.
     if (pack_ != nullptr) {
       absl::Status synced = pack_->Sync();
       if (!synced.ok()) return Fail(synced);
     }
+    CKPT_FAILPOINT("commit.after_pack_sync");
 
     RefDeltas deltas;
     AddManifestRefs(header_, +1, deltas);
@@ -216,6 +220,7 @@ class RocksDbUploadSession final : public UploadSession {
       RETURN_IF_ERROR(core_->Write(batch,
                                    absl::StrCat("committing ", FormatVersionRef(model, version)),
                                    /*sync=*/true));
+      CKPT_FAILPOINT("commit.after_batch");  // durable, not yet acknowledged.
       core_->PublishHistory(sequence);
       core_->EndUploadLocked(upload_id_, pinned_);
       upload_records_.Clear();
