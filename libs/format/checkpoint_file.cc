@@ -84,6 +84,41 @@ absl::StatusOr<const Value*> FindByPath(const Value& root, absl::string_view pat
   return current;
 }
 
+// `file` (its root read) with the bundle found in it.
+absl::StatusOr<CheckpointFile> WithBundle(CheckpointFile file,
+                                          const ReadCheckpointOptions& options) {
+  const std::string& path = file.path;
+  if (options.model_key.empty()) {
+    if (file.root.is_dict() && file.root.entries().empty()) {
+      // An empty state dict is a valid (if useless) checkpoint.
+      file.bundle.extra = Value::Dict();
+    } else {
+      absl::StatusOr<CheckpointBundle> bundle = ExtractCheckpointBundle(file.root);
+      if (!bundle.ok()) {
+        return absl::Status(bundle.status().code(),
+                            absl::StrCat(path, ": ", bundle.status().message()));
+      }
+      file.bundle = *std::move(bundle);
+    }
+  } else {
+    ASSIGN_OR_RETURN(const Value* model, FindByPath(file.root, options.model_key));
+    absl::StatusOr<StateDict> state_dict = IsModuleObject(*model)
+                                               ? StateDictFromModule(*model, &file.warnings)
+                                               : StateDictFromTensorDict(*model);
+    if (!state_dict.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": '", options.model_key,
+                       "' is not a model state dict: ", state_dict.status().message()));
+    }
+    file.bundle.model = *std::move(state_dict);
+    file.bundle.model_key_path = options.model_key;
+    file.bundle.extra = file.root;
+  }
+  file.warnings.insert(file.warnings.end(), file.bundle.warnings.begin(),
+                       file.bundle.warnings.end());
+  return file;
+}
+
 }  // namespace
 
 absl::string_view CheckpointFormatName(CheckpointFormat format) {
@@ -119,9 +154,25 @@ absl::StatusOr<CheckpointFormat> DetectCheckpointFormat(const ByteSource& source
 
 absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
                                                   const ReadCheckpointOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenFileSource(path));
   CheckpointFile file;
   file.path = path;
+  // Hugging Face's layout: a directory (sharded, or model.safetensors) or a shard index.
+  ASSIGN_OR_RETURN(const HuggingFaceLayout layout, LocateHuggingFaceLayout(path));
+  if (!layout.index.empty()) {
+    ASSIGN_OR_RETURN(ShardedSafetensors sharded, ReadShardedSafetensors(layout.index));
+    std::vector<Value::Entry> entries;
+    for (const StateDict::Entry& entry : sharded.tensors) {
+      entries.emplace_back(DictKey(entry.key), Value::Tensor(entry.tensor, entry.original_device));
+    }
+    file.format = CheckpointFormat::kSafetensors;
+    file.file_bytes = sharded.file_bytes;
+    file.root = Value::Dict(std::move(entries));
+    file.metadata = std::move(sharded.metadata);
+    file.warnings = std::move(sharded.warnings);
+    return WithBundle(std::move(file), options);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source,
+                   OpenFileSource(layout.file.empty() ? path : layout.file));
   file.file_bytes = source->size();
   ASSIGN_OR_RETURN(file.format, DetectCheckpointFormat(*source));
   if (file.format == CheckpointFormat::kSafetensors) {
@@ -139,36 +190,7 @@ absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
     // safetensors has no strides: each of its tensors is exactly the bytes the file stores.
     RETURN_IF_ERROR(CheckClaimedSizes(path, file.root, options.max_tensor_bytes));
   }
-
-  if (options.model_key.empty()) {
-    if (file.root.is_dict() && file.root.entries().empty()) {
-      // An empty state dict is a valid (if useless) checkpoint.
-      file.bundle.extra = Value::Dict();
-    } else {
-      absl::StatusOr<CheckpointBundle> bundle = ExtractCheckpointBundle(file.root);
-      if (!bundle.ok()) {
-        return absl::Status(bundle.status().code(),
-                            absl::StrCat(path, ": ", bundle.status().message()));
-      }
-      file.bundle = *std::move(bundle);
-    }
-  } else {
-    ASSIGN_OR_RETURN(const Value* model, FindByPath(file.root, options.model_key));
-    absl::StatusOr<StateDict> state_dict = IsModuleObject(*model)
-                                               ? StateDictFromModule(*model, &file.warnings)
-                                               : StateDictFromTensorDict(*model);
-    if (!state_dict.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": '", options.model_key,
-                       "' is not a model state dict: ", state_dict.status().message()));
-    }
-    file.bundle.model = *std::move(state_dict);
-    file.bundle.model_key_path = options.model_key;
-    file.bundle.extra = file.root;
-  }
-  file.warnings.insert(file.warnings.end(), file.bundle.warnings.begin(),
-                       file.bundle.warnings.end());
-  return file;
+  return WithBundle(std::move(file), options);
 }
 
 }  // namespace ckpt

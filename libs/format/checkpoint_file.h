@@ -53,6 +53,10 @@ struct CheckpointFile {
   std::vector<std::string> warnings;            // Reader and bundle warnings, in order.
 };
 
+// `path` may also be Hugging Face's layout: a directory holding model.safetensors.index.json
+// and its shards (or model.safetensors alone), or the index itself (a ".json" path); every shard
+// is read into one state dict (ReadShardedSafetensors, which names a missing shard, a tensor in
+// two shards, a weight_map naming a tensor its shard lacks).
 // Errors as the format's reader returns them, plus NOT_FOUND when `options.model_key` names
 // nothing (listing the keys that exist), INVALID_ARGUMENT when it names no state dict, and
 // RESOURCE_EXHAUSTED naming a tensor over `options.max_tensor_bytes`.

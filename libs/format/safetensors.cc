@@ -1,12 +1,18 @@
 #include "libs/format/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <set>
 #include <utility>
 
 #include "ATen/ATen.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "libs/io/atomic_file.h"
 #include "libs/status/status_macros.h"
@@ -298,6 +304,182 @@ absl::Status WriteSafetensorsFile(const std::string& path, const StateDict& tens
         out.Append(absl::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes())));
   }
   return out.Commit();
+}
+
+std::string SafetensorsShardName(int index, int count) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", index, count);
+}
+
+std::vector<std::vector<size_t>> PlanSafetensorsShards(const std::vector<uint64_t>& tensor_bytes,
+                                                       uint64_t max_shard_bytes) {
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
+  uint64_t current_bytes = 0;
+  for (size_t i = 0; i < tensor_bytes.size(); ++i) {
+    const uint64_t bytes = tensor_bytes[i];
+    if (max_shard_bytes > 0 && bytes > max_shard_bytes) {
+      shards.push_back({i});
+      continue;
+    }
+    if (max_shard_bytes > 0 && !current.empty() && current_bytes + bytes > max_shard_bytes) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(i);
+    current_bytes += bytes;
+  }
+  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  return shards;
+}
+
+std::string SafetensorsIndexJson(uint64_t total_size,
+                                 const std::map<std::string, std::string>& weight_map) {
+  Json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  return index.dump(2) + "\n";
+}
+
+namespace {
+
+// 0 when `path` does not exist; else S_IFDIR, S_IFREG, ...
+absl::StatusOr<mode_t> FileType(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) == 0) return info.st_mode & S_IFMT;
+  if (errno == ENOENT || errno == ENOTDIR) return 0;
+  return absl::UnavailableError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
+}
+
+std::string Directory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::StatusOr<HuggingFaceLayout> LocateHuggingFaceLayout(const std::string& path) {
+  HuggingFaceLayout layout;
+  ASSIGN_OR_RETURN(const mode_t type, FileType(path));
+  if (type == S_IFDIR) {
+    const std::string index = absl::StrCat(path, "/", kSafetensorsIndexName);
+    const std::string single = absl::StrCat(path, "/", kSafetensorsSingleName);
+    ASSIGN_OR_RETURN(const mode_t index_type, FileType(index));
+    if (index_type != 0) {
+      layout.index = index;
+      return layout;
+    }
+    ASSIGN_OR_RETURN(const mode_t single_type, FileType(single));
+    if (single_type != 0) {
+      layout.file = single;
+      return layout;
+    }
+    return absl::NotFoundError(absl::StrCat(path, " is a directory holding neither ",
+                                            kSafetensorsIndexName, " (sharded safetensors) nor ",
+                                            kSafetensorsSingleName));
+  }
+  if (absl::EndsWith(path, ".json")) layout.index = path;
+  return layout;
+}
+
+absl::StatusOr<ShardedSafetensors> ReadShardedSafetensors(const std::string& index_path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> index_source, OpenFileSource(index_path));
+  // An index lists every tensor once; far larger than the biggest real ones (a few MB).
+  if (index_source->size() > kSafetensorsMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", index_source->size(),
+                                                   " bytes is too large for a safetensors index"));
+  }
+  ASSIGN_OR_RETURN(std::string text, index_source->ReadString(0, index_source->size()));
+  const auto invalid = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_path, ": not a sharded safetensors index: ", what));
+  };
+  Json index;
+  try {
+    index = Json::parse(text);
+  } catch (const Json::exception& error) {
+    return invalid(absl::StrCat("the JSON does not parse: ", error.what()));
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return invalid("it has no \"weight_map\" object");
+  }
+  // Shard file name -> the keys the index puts there, in index order.
+  std::map<std::string, std::set<std::string>> keys_of_shard;
+  absl::flat_hash_map<std::string, std::string> shard_of_key;
+  for (const auto& [key, shard] : index["weight_map"].items()) {
+    if (!shard.is_string())
+      return invalid(absl::StrCat("the shard of '", key, "' is not a string"));
+    const std::string name = shard.get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      return invalid(absl::StrCat("the shard of '", key, "' is '", name,
+                                  "', not a file name beside the index"));
+    }
+    keys_of_shard[name].insert(key);
+    shard_of_key.emplace(key, name);
+  }
+  const std::string directory = Directory(index_path);
+
+  // Every header first: a broken set fails before any tensor is allocated.
+  ShardedSafetensors result;
+  result.file_bytes = index_source->size();
+  std::vector<std::unique_ptr<ByteSource>> sources;
+  std::map<std::string, std::string> holder;  // Tensor -> the shard holding it.
+  uint64_t tensor_bytes = 0;
+  for (const auto& [name, keys] : keys_of_shard) {
+    const std::string path = absl::StrCat(directory, "/", name);
+    absl::StatusOr<std::unique_ptr<ByteSource>> source = OpenFileSource(path);
+    if (!source.ok()) {
+      if (absl::IsNotFound(source.status())) {
+        return absl::NotFoundError(absl::StrCat(index_path, " maps ", keys.size(),
+                                                " tensor(s) (e.g. '", *keys.begin(),
+                                                "') to the shard ", path, ", which is missing"));
+      }
+      return source.status();
+    }
+    ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(**source));
+    std::set<std::string> found;
+    for (const SafetensorsTensorInfo& tensor : header.tensors) {
+      if (auto [it, fresh] = holder.emplace(tensor.name, name); !fresh) {
+        return invalid(absl::StrCat("tensor '", tensor.name, "' is in two shards, ", it->second,
+                                    " and ", name));
+      }
+      auto mapped = shard_of_key.find(tensor.name);
+      if (mapped == shard_of_key.end()) {
+        return invalid(absl::StrCat("shard ", name, " holds tensor '", tensor.name,
+                                    "', which the weight_map does not list"));
+      }
+      if (mapped->second != name) {
+        return invalid(absl::StrCat("shard ", name, " holds tensor '", tensor.name,
+                                    "', which the weight_map puts in ", mapped->second));
+      }
+      found.insert(tensor.name);
+      tensor_bytes += tensor.end - tensor.begin;
+    }
+    for (const std::string& key : keys) {
+      if (found.count(key) == 0) {
+        return invalid(
+            absl::StrCat("the weight_map puts tensor '", key, "' in ", name, ", which lacks it"));
+      }
+    }
+    for (const auto& [key, value] : header.metadata) result.metadata.emplace(key, value);
+    result.file_bytes += (*source)->size();
+    result.shard_paths.push_back(path);
+    sources.push_back(*std::move(source));
+  }
+  if (index.contains("metadata") && index["metadata"].is_object() &&
+      index["metadata"].contains("total_size")) {
+    uint64_t total_size = 0;
+    if (!AsUnsigned(index["metadata"]["total_size"], &total_size) || total_size != tensor_bytes) {
+      result.warnings.push_back(absl::StrCat(
+          index_path, ": metadata.total_size is ", index["metadata"]["total_size"].dump(),
+          " but the shards hold ", tensor_bytes, " bytes of tensors"));
+    }
+  }
+  for (const std::unique_ptr<ByteSource>& source : sources) {
+    ASSIGN_OR_RETURN(SafetensorsFile shard, ReadSafetensors(*source));
+    for (const StateDict::Entry& entry : shard.tensors) {
+      RETURN_IF_ERROR(result.tensors.Insert(entry.key, entry.tensor, entry.original_device));
+    }
+  }
+  return result;
 }
 
 }  // namespace ckpt

@@ -93,6 +93,58 @@ absl::StatusOr<SafetensorsLayout> PlanSafetensors(
 absl::Status WriteSafetensorsFile(const std::string& path, const StateDict& tensors,
                                   const std::map<std::string, std::string>& metadata);
 
+// ---- Hugging Face's sharded layout (what transformers' save_pretrained writes and
+// from_pretrained reads): a directory holding model-00001-of-0000N.safetensors ... and
+//   model.safetensors.index.json  {"metadata": {"total_size": N}, "weight_map": {key: shard}}
+// where total_size is the tensors' bytes (headers excluded); or, when everything fits in one
+// shard, model.safetensors alone.
+
+inline constexpr char kSafetensorsIndexName[] = "model.safetensors.index.json";
+inline constexpr char kSafetensorsSingleName[] = "model.safetensors";
+
+// "model-00002-of-00005.safetensors" for index 2 (from 1) of 5.
+std::string SafetensorsShardName(int index, int count);
+
+// Splits tensors of these byte sizes, in this order, into shards as huggingface_hub's
+// split_torch_state_dict_into_shards does: a shard takes tensors until the next would take it
+// over `max_shard_bytes`; a tensor larger than that gets a shard of its own, ahead of the shard
+// being filled (huggingface_hub's order). Returns each shard's tensor indices; `max_shard_bytes` 0
+// means one shard.
+std::vector<std::vector<size_t>> PlanSafetensorsShards(const std::vector<uint64_t>& tensor_bytes,
+                                                       uint64_t max_shard_bytes);
+
+// The index file's text (keys sorted, indent 2, trailing newline, as transformers writes it).
+// `weight_map`: tensor name -> shard file name.
+std::string SafetensorsIndexJson(uint64_t total_size,
+                                 const std::map<std::string, std::string>& weight_map);
+
+// What `path` names in that layout. `index` is set for an index file (a path ending in ".json")
+// or a directory holding model.safetensors.index.json; `file` for a directory holding only
+// model.safetensors; both empty for any other path (an ordinary checkpoint file). NOT_FOUND for a
+// directory holding neither.
+struct HuggingFaceLayout {
+  std::string index;
+  std::string file;
+};
+absl::StatusOr<HuggingFaceLayout> LocateHuggingFaceLayout(const std::string& path);
+
+// A sharded checkpoint read as one state dict.
+struct ShardedSafetensors {
+  std::vector<std::string> shard_paths;  // In file-name order.
+  uint64_t file_bytes = 0;               // All shards and the index.
+  StateDict tensors;                     // Shard by shard, each in data-offset order.
+  // Every shard's __metadata__; the first shard's value where shards differ.
+  std::map<std::string, std::string> metadata;
+  std::vector<std::string> warnings;  // e.g. a total_size that is not the tensors' bytes.
+};
+
+// Reads the index at `index_path` and every shard it names (beside it). Every shard's header is
+// checked against the index before any tensor is read: NOT_FOUND naming a missing shard;
+// INVALID_ARGUMENT for an index that is not {"weight_map": {key: file}} (a file name with a
+// '/' included), a key the index maps to a shard that lacks it, a key two shards hold, a tensor a
+// shard holds that the index maps elsewhere or not at all; errors of ReadSafetensors per shard.
+absl::StatusOr<ShardedSafetensors> ReadShardedSafetensors(const std::string& index_path);
+
 }  // namespace ckpt
 
 #endif  // CKPT_LIBS_FORMAT_SAFETENSORS_H_

@@ -212,5 +212,93 @@ TEST(PlanSafetensorsTest, OrdersAlignsAndRejectsWhatTheFormatCannotHold) {
               StatusIs(absl::StatusCode::kInvalidArgument, "__metadata__"));
 }
 
+// ---- Hugging Face's sharded layout, against sets the Python peer writes by the spec.
+
+std::set<std::string> DescribeTensors(const StateDict& tensors) {
+  std::set<std::string> lines;
+  for (const StateDict::Entry& entry : tensors) {
+    const at::Tensor bytes = entry.tensor.contiguous();
+    DType dtype = FromScalarType(bytes.scalar_type()).value();
+    lines.insert(absl::StrCat(entry.key, "|", GetDTypeInfo(dtype).safetensors_name, "|",
+                              absl::StrJoin(bytes.sizes(), ","), "|",
+                              absl::BytesToHexString(absl::string_view(
+                                  static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()))));
+  }
+  return lines;
+}
+
+class ShardedSafetensorsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ::ckpt::testing::RunPythonOrAddFailure("libs/format/testdata/sharded_safetensors.py",
+                                           "write " + Dir());
+  }
+  static std::string Dir() { return TmpDir() + "/sharded"; }
+  static std::string Index(const std::string& set) {
+    return absl::StrCat(Dir(), "/", set, "/", kSafetensorsIndexName);
+  }
+};
+
+TEST_F(ShardedSafetensorsTest, ReadsEveryShardAsOneStateDict) {
+  ASSERT_OK_AND_ASSIGN(HuggingFaceLayout layout, LocateHuggingFaceLayout(Dir() + "/good"));
+  EXPECT_EQ(layout.index, Index("good"));
+  ASSERT_OK_AND_ASSIGN(ShardedSafetensors sharded, ReadShardedSafetensors(layout.index));
+  EXPECT_EQ(DescribeTensors(sharded.tensors), Lines(ReadFile(Dir() + "/good.txt")));
+  EXPECT_EQ(sharded.tensors.size(), 7u);
+  ASSERT_EQ(sharded.shard_paths.size(), 3u);
+  EXPECT_EQ(sharded.shard_paths[0], Dir() + "/good/model-00001-of-00003.safetensors");
+  EXPECT_EQ(sharded.metadata.at("format"), "pt");
+  EXPECT_TRUE(sharded.warnings.empty()) << absl::StrJoin(sharded.warnings, "\n");
+  // The index file itself is also a way in.
+  ASSERT_OK_AND_ASSIGN(layout, LocateHuggingFaceLayout(Index("good")));
+  EXPECT_EQ(layout.index, Index("good"));
+}
+
+TEST_F(ShardedSafetensorsTest, BrokenSetsFailBeforeAnyTensorIsRead) {
+  EXPECT_THAT(
+      ReadShardedSafetensors(Index("missing")).status(),
+      StatusIs(absl::StatusCode::kNotFound, "to the shard " + Dir() +
+                                                "/missing/model-00002-of-00003.safetensors, "
+                                                "which is missing"));
+  EXPECT_THAT(ReadShardedSafetensors(Index("twice")).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "tensor 'layers.0.bias' is in two shards, model-00002-of-00003.safetensors "
+                       "and model-00003-of-00003.safetensors"));
+  EXPECT_THAT(ReadShardedSafetensors(Index("lacks")).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "the weight_map puts tensor 'extra.weight' in "
+                       "model-00001-of-00003.safetensors, which lacks it"));
+
+  const std::string escape = TmpDir() + "/escape.index.json";
+  std::ofstream(escape) << R"({"weight_map": {"w": "../model.safetensors"}})";
+  EXPECT_THAT(ReadShardedSafetensors(escape).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a file name beside the index"));
+  const std::string no_map = TmpDir() + "/no_map.index.json";
+  std::ofstream(no_map) << R"({"metadata": {}})";
+  EXPECT_THAT(ReadShardedSafetensors(no_map).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no \"weight_map\""));
+  EXPECT_THAT(LocateHuggingFaceLayout(TmpDir()).status(),
+              StatusIs(absl::StatusCode::kNotFound, "holding neither"));
+  ASSERT_OK_AND_ASSIGN(HuggingFaceLayout plain,
+                       LocateHuggingFaceLayout(Dir() + "/good/model-00001-of-00003.safetensors"));
+  EXPECT_TRUE(plain.index.empty() && plain.file.empty());
+}
+
+TEST(SafetensorsShardsTest, SplitsAsHuggingFaceHubAndNamesShardsAsTransformers) {
+  using Shards = std::vector<std::vector<size_t>>;
+  // 100 > 64: its own shard, ahead of the one being filled.
+  EXPECT_EQ(PlanSafetensorsShards({36, 100, 6, 20, 8, 2, 48}, 64),
+            (Shards{{1}, {0, 2, 3}, {4, 5, 6}}));
+  EXPECT_EQ(PlanSafetensorsShards({10, 10, 10}, 20), (Shards{{0, 1}, {2}}));
+  EXPECT_EQ(PlanSafetensorsShards({10, 10, 10}, 0), (Shards{{0, 1, 2}}));
+  EXPECT_EQ(PlanSafetensorsShards({}, 20), (Shards{{}}));
+  EXPECT_EQ(SafetensorsShardName(2, 15), "model-00002-of-00015.safetensors");
+  EXPECT_EQ(SafetensorsIndexJson(12, {{"b", "model-00002-of-00002.safetensors"},
+                                      {"a", "model-00001-of-00002.safetensors"}}),
+            "{\n  \"metadata\": {\n    \"total_size\": 12\n  },\n  \"weight_map\": {\n    \"a\": "
+            "\"model-00001-of-00002.safetensors\",\n    \"b\": "
+            "\"model-00002-of-00002.safetensors\"\n  }\n}\n");
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -7,6 +7,7 @@
 #include "ATen/ATen.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "libs/io/atomic_file.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -90,11 +91,15 @@ bool IsValidUtf8(absl::string_view text) {
 
 class TorchPickler {
  public:
-  TorchPickler(TorchWriteReport* report) : report_(report) {}
+  TorchPickler(TorchWriteReport* report, const DeferredTensors* deferred)
+      : report_(report), deferred_(deferred) {}
 
   struct Storage {
     std::string key;
-    at::Tensor whole;  // A byte view of the entire storage, on the CPU.
+    uint64_t nbytes = 0;
+    at::Tensor whole;  // A byte view of the entire storage, on the CPU; or, deferred:
+    const DeferredTensors::Fetch* fetch = nullptr;
+    at::Tensor placeholder;
   };
 
   absl::Status Pickle(const Value& root) {
@@ -278,6 +283,24 @@ class TorchPickler {
       }
       return &storages_[it->second.first];
     }
+    if (tensor.is_meta()) {
+      // A placeholder (or a view of one): its bytes come from the fetch, when the record is
+      // written.
+      const DeferredTensors::Entry* deferred =
+          deferred_ == nullptr ? nullptr : deferred_->Find(tensor);
+      if (deferred == nullptr) {
+        return absl::InvalidArgumentError(
+            "a tensor on the meta device (shape only, no bytes) is not a placeholder of the "
+            "DeferredTensors given to the writer, so nothing supplies its bytes");
+      }
+      storage_index_[impl] = {storages_.size(), dtype};
+      Storage& storage = storages_.emplace_back();
+      storage.key = std::to_string(storages_.size() - 1);
+      storage.nbytes = tensor.storage().nbytes();
+      storage.fetch = &deferred->fetch;
+      storage.placeholder = deferred->placeholder;
+      return &storage;
+    }
     ASSIGN_OR_RETURN(at::Tensor whole, CatchTorchErrors([&] {
                        at::Tensor bytes = at::empty({0}, tensor.options().dtype(at::kByte));
                        bytes.set_(tensor.storage(), 0,
@@ -285,8 +308,11 @@ class TorchPickler {
                        return bytes.cpu();
                      }));
     storage_index_[impl] = {storages_.size(), dtype};
-    storages_.push_back(Storage{std::to_string(storages_.size()), std::move(whole)});
-    return &storages_.back();
+    Storage& storage = storages_.emplace_back();
+    storage.key = std::to_string(storages_.size() - 1);
+    storage.nbytes = whole.nbytes();
+    storage.whole = std::move(whole);
+    return &storage;
   }
 
   absl::Status Tensor(const at::Tensor& tensor) {
@@ -314,7 +340,7 @@ class TorchPickler {
       Global("torch", info.storage_name);
       RETURN_IF_ERROR(String(storage->key));
       RETURN_IF_ERROR(String("cpu"));
-      Int(storage->whole.numel() / info.element_size);
+      Int(static_cast<int64_t>(storage->nbytes) / info.element_size);
       out_.push_back(op::kTuple);
       out_.push_back(op::kBinPersId);
     }
@@ -387,6 +413,7 @@ class TorchPickler {
   }
 
   TorchWriteReport* report_;
+  const DeferredTensors* deferred_;
   std::string out_;
   uint32_t next_memo_ = 0;
   absl::flat_hash_map<std::string, uint32_t> global_memo_;
@@ -405,34 +432,135 @@ Value StateDictToValue(const StateDict& state_dict) {
   return Value::OrderedDict(std::move(entries));
 }
 
-absl::StatusOr<TorchWriteReport> WriteTorchFile(const std::string& path, const Value& root,
-                                                const TorchWriteOptions& options) {
+absl::StatusOr<at::Tensor> DeferredTensors::Add(DType dtype, const std::vector<int64_t>& shape,
+                                                Fetch fetch) {
+  ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(dtype));
+  for (int64_t size : shape) {
+    if (size < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a deferred tensor's shape has a negative dimension: ", size));
+    }
+  }
+  ASSIGN_OR_RETURN(at::Tensor placeholder, CatchTorchErrors([&] {
+                     return at::empty(shape,
+                                      at::TensorOptions().dtype(scalar_type).device(at::kMeta));
+                   }));
+  entries_.emplace(placeholder.storage().unsafeGetStorageImpl(),
+                   Entry{placeholder, std::move(fetch)});
+  return placeholder;
+}
+
+const DeferredTensors::Entry* DeferredTensors::Find(const at::Tensor& tensor) const {
+  if (!tensor.defined() || !tensor.is_meta()) return nullptr;
+  auto it = entries_.find(tensor.storage().unsafeGetStorageImpl());
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<TorchFileWriter> TorchFileWriter::Plan(const Value& root,
+                                                      const DeferredTensors* deferred,
+                                                      const TorchWriteOptions& options) {
   if (options.archive_name.empty() || options.archive_name.find('/') != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("archive name '", options.archive_name, "' must be one path segment"));
   }
   TorchWriteReport report;
-  TorchPickler pickler(&report);
+  TorchPickler pickler(&report, deferred);
   RETURN_IF_ERROR(pickler.Pickle(root));
 
-  ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Create(path));
-  ZipWriter zip(&file, options.zip);
+  TorchFileWriter writer;
+  writer.options_ = options;
+  writer.warnings_ = std::move(report.warnings);
   const std::string prefix = options.archive_name + "/";
-  RETURN_IF_ERROR(zip.AddEntry(prefix + "data.pkl", pickler.bytes()));
-  RETURN_IF_ERROR(zip.AddEntry(prefix + "byteorder", "little"));
+  const auto small = [&](std::string name, std::string bytes) {
+    Record& record = writer.records_.emplace_back();
+    record.name = std::move(name);
+    record.size = bytes.size();
+    record.bytes = std::move(bytes);
+  };
+  // torch.save's order: the pickle, byteorder, the storages, version.
+  small(prefix + "data.pkl", pickler.bytes());
+  small(prefix + "byteorder", "little");
   for (const TorchPickler::Storage& storage : pickler.storages()) {
-    RETURN_IF_ERROR(
-        zip.AddEntry(prefix + "data/" + storage.key,
-                     absl::string_view(static_cast<const char*>(storage.whole.data_ptr()),
-                                       storage.whole.nbytes())));
-    report.storages += 1;
-    report.storage_bytes += storage.whole.nbytes();
+    Record& record = writer.records_.emplace_back();
+    record.name = prefix + "data/" + storage.key;
+    record.size = storage.nbytes;
+    record.storage = storage.whole;
+    if (storage.fetch != nullptr) record.fetch = *storage.fetch;
+    record.placeholder = storage.placeholder;
   }
-  RETURN_IF_ERROR(zip.AddEntry(prefix + "version", "3\n"));
+  small(prefix + "version", "3\n");
+  std::vector<std::pair<std::string, uint64_t>> sizes;
+  sizes.reserve(writer.records_.size());
+  for (const Record& record : writer.records_) sizes.emplace_back(record.name, record.size);
+  writer.file_bytes_ = ZipWriter::PlannedBytes(sizes, options.zip);
+  return writer;
+}
+
+absl::StatusOr<TorchWriteReport> TorchFileWriter::Write(const ZipSink& sink,
+                                                        const TorchWriteProgress& progress) {
+  if (written_) return absl::FailedPreconditionError("TorchFileWriter: the file was written");
+  written_ = true;
+  TorchWriteReport report;
+  report.warnings = warnings_;
+  ZipWriter zip(sink, options_.zip);
+  const auto as_bytes = [](const at::Tensor& tensor) {
+    return absl::string_view(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes());
+  };
+  for (Record& record : records_) {
+    if (record.fetch) {
+      ASSIGN_OR_RETURN(at::Tensor fetched, record.fetch());
+      const at::Tensor& expected = record.placeholder;
+      if (!fetched.defined() || fetched.scalar_type() != expected.scalar_type() ||
+          fetched.sizes() != expected.sizes()) {
+        return absl::InternalError(absl::StrCat(
+            "torch writer: the deferred tensor of ", record.name, " was planned as ",
+            c10::toString(expected.scalar_type()), " [", absl::StrJoin(expected.sizes(), ", "),
+            "] but fetched as ",
+            fetched.defined() ? absl::StrCat(c10::toString(fetched.scalar_type()), " [",
+                                             absl::StrJoin(fetched.sizes(), ", "), "]")
+                              : "undefined"));
+      }
+      RETURN_IF_ERROR(CatchTorchErrors([&] { fetched = fetched.to(at::kCPU).contiguous(); }));
+      if (static_cast<uint64_t>(fetched.nbytes()) != record.size) {
+        return absl::InternalError(absl::StrCat("torch writer: ", record.name, " planned ",
+                                                record.size, " bytes, fetched ", fetched.nbytes()));
+      }
+      RETURN_IF_ERROR(zip.AddEntry(record.name, as_bytes(fetched)));
+      // Released here, before the next record is fetched: one deferred tensor at a time.
+      record.fetch = nullptr;
+    } else if (record.storage.defined()) {
+      RETURN_IF_ERROR(zip.AddEntry(record.name, as_bytes(record.storage)));
+    } else {
+      RETURN_IF_ERROR(zip.AddEntry(record.name, record.bytes));
+    }
+    if (record.storage.defined() || record.placeholder.defined()) {
+      report.storages += 1;
+      report.storage_bytes += static_cast<int64_t>(record.size);
+    }
+    if (progress) progress(zip.bytes_written(), file_bytes_);
+  }
   RETURN_IF_ERROR(zip.Finish());
-  report.file_bytes = file.bytes_written();
+  report.file_bytes = zip.bytes_written();
+  if (report.file_bytes != file_bytes_) {
+    return absl::InternalError(
+        absl::StrCat("torch writer: wrote ", report.file_bytes, " bytes, planned ", file_bytes_));
+  }
+  return report;
+}
+
+absl::StatusOr<TorchWriteReport> TorchFileWriter::WriteFile(const std::string& path,
+                                                            const TorchWriteProgress& progress) {
+  ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Create(path));
+  ASSIGN_OR_RETURN(TorchWriteReport report,
+                   Write([&](absl::string_view bytes) { return file.Append(bytes); }, progress));
   RETURN_IF_ERROR(file.Commit());
   return report;
+}
+
+absl::StatusOr<TorchWriteReport> WriteTorchFile(const std::string& path, const Value& root,
+                                                const TorchWriteOptions& options) {
+  ASSIGN_OR_RETURN(TorchFileWriter writer, TorchFileWriter::Plan(root, nullptr, options));
+  return writer.WriteFile(path);
 }
 
 }  // namespace ckpt

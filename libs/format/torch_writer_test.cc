@@ -132,6 +132,124 @@ TEST(TorchWriterTest, RecordsAreAlignedAndZip64ReadsInPythonAndTorch) {
   EXPECT_EQ(Lines(RunPython("describe " + zip64)), expected);
 }
 
+std::string ReadAll(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  std::string bytes;
+  if (file == nullptr) return bytes;
+  char buffer[1 << 16];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), file)) > 0;) bytes.append(buffer, n);
+  std::fclose(file);
+  return bytes;
+}
+
+TEST(TorchWriterTest, DeferredTensorsStreamOneAtATimeIntoTheSameBytes) {
+  StateDict state;
+  ASSERT_OK(state.Insert("embed.weight", at::randn({5, 3})));
+  ASSERT_OK(state.Insert("bn.num_batches_tracked", at::scalar_tensor(42, at::kLong)));
+  ASSERT_OK(state.Insert("bf16", at::randn({2, 2}).to(at::kBFloat16)));
+  ASSERT_OK(state.Insert("empty", at::zeros({0, 4})));
+  ASSERT_OK(state.Insert("d4", at::arange(16, at::kInt).reshape({1, 2, 2, 4})));
+  const std::string in_memory = TmpPath("in_memory.pt");
+  ASSERT_OK(WriteTorchFile(in_memory, StateDictToValue(state)).status());
+
+  // The same state dict as placeholders; each fetch hands out a fresh copy and checks that the
+  // writer has released the one it fetched before.
+  DeferredTensors deferred;
+  StateDict placeholders;
+  c10::weak_intrusive_ptr<c10::TensorImpl> previous(c10::intrusive_ptr<c10::TensorImpl>{});
+  std::vector<std::string> fetched;
+  for (const StateDict::Entry& entry : state) {
+    ASSERT_OK_AND_ASSIGN(DType dtype, FromScalarType(entry.tensor.scalar_type()));
+    ASSERT_OK_AND_ASSIGN(
+        at::Tensor placeholder,
+        deferred.Add(dtype, entry.tensor.sizes().vec(), [&, key = entry.key, t = entry.tensor] {
+          EXPECT_TRUE(previous.expired()) << "still held when " << key << " was fetched";
+          fetched.push_back(key);
+          at::Tensor copy = t.clone();
+          previous = c10::weak_intrusive_ptr<c10::TensorImpl>(copy.getIntrusivePtr());
+          return absl::StatusOr<at::Tensor>(copy);
+        }));
+    EXPECT_TRUE(placeholder.is_meta());
+    ASSERT_OK(placeholders.Insert(entry.key, placeholder));
+  }
+  ASSERT_OK_AND_ASSIGN(TorchFileWriter writer,
+                       TorchFileWriter::Plan(StateDictToValue(placeholders), &deferred));
+  EXPECT_TRUE(fetched.empty());  // Planning reads no tensor.
+  const uint64_t planned = writer.file_bytes();
+  std::vector<uint64_t> progress;
+  const std::string streamed = TmpPath("streamed.pt");
+  ASSERT_OK_AND_ASSIGN(TorchWriteReport report,
+                       writer.WriteFile(streamed, [&](uint64_t done, uint64_t total) {
+                         EXPECT_EQ(total, planned);
+                         progress.push_back(done);
+                       }));
+  EXPECT_EQ(fetched, state.keys());
+  EXPECT_TRUE(previous.expired());
+  EXPECT_EQ(report.file_bytes, planned);
+  EXPECT_EQ(report.storages, static_cast<int64_t>(state.size()));
+  ASSERT_FALSE(progress.empty());
+  EXPECT_LT(progress.back(), planned);  // The directory follows the last record.
+  EXPECT_EQ(ReadAll(streamed), ReadAll(in_memory));
+
+  std::set<std::string> expected = {"TYPE OrderedDict"};
+  for (const StateDict::Entry& entry : state) expected.insert(Describe(entry.key, entry.tensor));
+  EXPECT_EQ(Lines(RunPython("describe " + streamed)), expected);
+  EXPECT_EQ(RunPython("zip " + streamed), "OK\n");
+}
+
+TEST(TorchWriterTest, ViewsOfAPlaceholderShareItsRecord) {
+  const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
+  DeferredTensors deferred;
+  int fetches = 0;
+  ASSERT_OK_AND_ASSIGN(at::Tensor placeholder, deferred.Add(DType::kFloat32, {4, 6}, [&] {
+    ++fetches;
+    return absl::StatusOr<at::Tensor>(base);
+  }));
+  StateDict views;
+  ASSERT_OK(views.Insert("t.offset_slice", placeholder.index({at::indexing::Slice(1, 3), 2})));
+  ASSERT_OK(views.Insert("whole", placeholder));
+  ASSERT_OK(views.Insert("t.transposed", placeholder.t()));
+  ASSERT_OK_AND_ASSIGN(TorchFileWriter writer,
+                       TorchFileWriter::Plan(StateDictToValue(views), &deferred));
+  const std::string path = TmpPath("views.pt");
+  ASSERT_OK_AND_ASSIGN(TorchWriteReport report, writer.WriteFile(path));
+  EXPECT_EQ(fetches, 1);
+  EXPECT_EQ(report.storages, 1);
+  EXPECT_EQ(
+      Lines(RunPython("describe " + path)),
+      (std::set<std::string>{"TYPE OrderedDict",
+                             Describe("t.offset_slice", base.index({at::indexing::Slice(1, 3), 2})),
+                             Describe("whole", base), Describe("t.transposed", base.t()),
+                             "SHARED t.offset_slice whole", "SHARED t.offset_slice t.transposed"}));
+}
+
+TEST(TorchWriterTest, DeferredTensorsThatDoNotFitFailAndLeaveNoFile) {
+  // A meta tensor nothing supplies.
+  EXPECT_THAT(WriteTorchFile(TmpPath("meta.pt"), Value::Tensor(at::empty({2}, at::kMeta))),
+              StatusIs(absl::StatusCode::kInvalidArgument, "meta device"));
+
+  DeferredTensors deferred;
+  ASSERT_OK_AND_ASSIGN(at::Tensor wrong_shape, deferred.Add(DType::kFloat32, {2, 3}, [] {
+    return absl::StatusOr<at::Tensor>(at::zeros({3, 2}));
+  }));
+  ASSERT_OK_AND_ASSIGN(at::Tensor failing, deferred.Add(DType::kFloat32, {2}, [] {
+    return absl::StatusOr<at::Tensor>(absl::DataLossError("chunk 7 is bad"));
+  }));
+  const std::string path = TmpPath("unfit.pt");
+  ASSERT_OK_AND_ASSIGN(TorchFileWriter shape_writer,
+                       TorchFileWriter::Plan(Value::Tensor(wrong_shape), &deferred));
+  EXPECT_THAT(
+      shape_writer.WriteFile(path),
+      StatusIs(absl::StatusCode::kInternal, "planned as Float [2, 3] but fetched as Float [3, 2]"));
+  ASSERT_OK_AND_ASSIGN(TorchFileWriter failing_writer,
+                       TorchFileWriter::Plan(Value::Tensor(failing), &deferred));
+  EXPECT_THAT(failing_writer.WriteFile(path),
+              StatusIs(absl::StatusCode::kDataLoss, "chunk 7 is bad"));
+  EXPECT_EQ(std::fopen(path.c_str(), "rb"), nullptr);
+  EXPECT_THAT(deferred.Add(DType::kFloat32, {-1}, nullptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "negative"));
+}
+
 TEST(TorchWriterTest, RejectsWhatTheFormatCannotHold) {
   Value bad_key = Value::Dict();
   bad_key.Set(std::string("\xff\xfe", 2), Value::Int(1));

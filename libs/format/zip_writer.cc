@@ -40,28 +40,47 @@ void Put64(std::string& out, uint64_t value) {
 }  // namespace
 
 ZipWriter::ZipWriter(AtomicFileWriter* out, ZipWriterOptions options)
-    : out_(out), options_(options) {
+    : ZipWriter([out](absl::string_view bytes) { return out->Append(bytes); }, options) {}
+
+ZipWriter::ZipWriter(ZipSink sink, ZipWriterOptions options)
+    : sink_(std::move(sink)), options_(options) {
   options_.alignment = std::max(options_.alignment, 1);
 }
 
+uint64_t ZipWriter::PlannedBytes(const std::vector<std::pair<std::string, uint64_t>>& entries,
+                                 ZipWriterOptions options) {
+  // The real writer with a sink that keeps nothing: headers depend on names, sizes and offsets
+  // only (the CRC is a fixed-width field), so the count cannot drift from what AddEntry writes.
+  ZipWriter counter([](absl::string_view) { return absl::OkStatus(); }, options);
+  for (const auto& [name, size] : entries) {
+    counter.AddHeader(name, size, 0).IgnoreError();
+    counter.offset_ += size;
+  }
+  counter.Finish().IgnoreError();
+  return counter.offset_;
+}
+
 absl::Status ZipWriter::Write(absl::string_view bytes) {
-  RETURN_IF_ERROR(out_->Append(bytes));
+  RETURN_IF_ERROR(sink_(bytes));
   offset_ += bytes.size();
   return absl::OkStatus();
 }
 
 absl::Status ZipWriter::AddEntry(absl::string_view name, absl::string_view data) {
+  RETURN_IF_ERROR(AddHeader(name, data.size(), Crc32(0, data)));
+  return Write(data);
+}
+
+absl::Status ZipWriter::AddHeader(absl::string_view name, uint64_t size, uint32_t crc32) {
   if (finished_) return absl::FailedPreconditionError("zip: entry added after Finish");
   if (name.empty() || name.size() > k16BitMax) {
     return absl::InvalidArgumentError(
         absl::StrCat("zip: entry name must be 1..65535 bytes, got ", name.size()));
   }
-  for (const Entry& entry : entries_) {
-    if (entry.name == name) {
-      return absl::InvalidArgumentError(absl::StrCat("zip: duplicate entry '", name, "'"));
-    }
+  if (!names_.insert(std::string(name)).second) {
+    return absl::InvalidArgumentError(absl::StrCat("zip: duplicate entry '", name, "'"));
   }
-  Entry entry{std::string(name), Crc32(0, data), data.size(), offset_};
+  Entry entry{std::string(name), crc32, size, offset_};
   const bool zip64 = options_.force_zip64 || entry.size >= k32BitMax;
 
   std::string header;
@@ -91,10 +110,9 @@ absl::Status ZipWriter::AddEntry(absl::string_view name, absl::string_view data)
   Put16(header, static_cast<uint16_t>(extra.size()));
   absl::StrAppend(&header, name, extra);
 
-  RETURN_IF_ERROR(Write(header));
-  RETURN_IF_ERROR(Write(data));
+  // The entry is recorded before its data is written: a failed write fails the whole file.
   entries_.push_back(std::move(entry));
-  return absl::OkStatus();
+  return Write(header);
 }
 
 absl::Status ZipWriter::Finish() {

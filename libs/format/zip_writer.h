@@ -7,7 +7,11 @@
 // them. Python's zipfile, PyTorch's reader (miniz) and libs/format's ZipReader read the output.
 //
 // Entries are written whole: the caller passes each record's bytes once (a tensor's storage),
-// and nothing is buffered beyond the central directory. Not thread-safe.
+// and nothing is buffered beyond the central directory, so a writer holding one record at a time
+// streams a file of any size. The local header carries the CRC-32 and sizes (no data descriptor:
+// the caller has the record in memory anyway, and every reader then finds them in the header).
+// PlannedBytes gives the file's size from the entries' names and sizes alone, before any record
+// exists. Not thread-safe.
 //
 // Example:
 //   ZipWriter zip(&file);  // file: an AtomicFileWriter
@@ -17,9 +21,12 @@
 //   RETURN_IF_ERROR(file.Commit());
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "libs/io/atomic_file.h"
@@ -33,10 +40,20 @@ struct ZipWriterOptions {
   bool force_zip64 = false;
 };
 
+// Receives the file's bytes in order; a non-OK return fails the call that wrote them.
+using ZipSink = std::function<absl::Status(absl::string_view bytes)>;
+
 class ZipWriter {
  public:
   // `out` must outlive the writer; the writer appends to it and never commits it.
   explicit ZipWriter(AtomicFileWriter* out, ZipWriterOptions options = {});
+  // The file goes to `sink` (a stream, e.g. an RPC), in order, never revisited.
+  explicit ZipWriter(ZipSink sink, ZipWriterOptions options = {});
+
+  // The size of the file that entries of these (name, data size) pairs, added in this order,
+  // make; exactly what bytes_written() is after their AddEntry calls and Finish.
+  static uint64_t PlannedBytes(const std::vector<std::pair<std::string, uint64_t>>& entries,
+                               ZipWriterOptions options = {});
 
   // Appends one stored entry. INVALID_ARGUMENT for an empty name, a name over 65535 bytes or a
   // duplicate; write errors from `out`. FAILED_PRECONDITION after Finish.
@@ -44,6 +61,9 @@ class ZipWriter {
 
   // Writes the central directory and end records. Call once, after the last entry.
   absl::Status Finish();
+
+  // Bytes given to the output so far.
+  uint64_t bytes_written() const { return offset_; }
 
  private:
   struct Entry {
@@ -54,11 +74,14 @@ class ZipWriter {
   };
 
   absl::Status Write(absl::string_view bytes);
+  // Checks the name and writes the local header of an entry whose data follows.
+  absl::Status AddHeader(absl::string_view name, uint64_t size, uint32_t crc32);
 
-  AtomicFileWriter* out_;
+  ZipSink sink_;
   ZipWriterOptions options_;
   uint64_t offset_ = 0;
   std::vector<Entry> entries_;
+  absl::flat_hash_set<std::string> names_;
   bool finished_ = false;
 };
 

@@ -17,9 +17,18 @@
 // optimizer included a subset must keep every parameter the optimizer names (known from
 // Manifest.optimizer_param_names); anything else is refused rather than written misaligned.
 //
-// Memory: safetensors streams -- the layout is planned from the manifest (PlanSafetensors), then
-// one tensor at a time is read, cast and written. A torch file is built from the whole adapted
-// state dict in memory (the torch writer pickles a Value tree), so it holds the version once.
+// Memory: both formats stream, holding one tensor (and its cast) at a time, never the version.
+// The file is planned from the manifest alone -- the safetensors header (PlanSafetensors), or
+// the torch pickle with a placeholder for every tensor (DeferredTensors) and the zip's layout --
+// so its size is known before the first byte; then each tensor is read, cast, written (for
+// torch, CRC-32'd first: the zip's local header carries it) and released before the next.
+// Tensors are copied out of the store into buffers of their own, never mapped: a store reader
+// keeps its pack-file mappings, and every page of them it touched, until the reader goes.
+//
+// Sharded safetensors (ExportOptions::max_shard_bytes): Hugging Face's layout in a directory --
+// model-00001-of-0000N.safetensors ... and model.safetensors.index.json, split as
+// huggingface_hub splits (libs/format/safetensors.h), or model.safetensors alone when one shard
+// holds everything, as transformers' save_pretrained writes it.
 //
 // Example:
 //   ExportOptions options;
@@ -55,10 +64,19 @@ std::string ExportFileName(absl::string_view model, int64_t version, ExportForma
 struct ExportOptions {
   ExportFormat format = ExportFormat::kTorch;
   LoadTarget target;
-  // Called after each tensor is written with the file bytes written so far and the total when
-  // known (safetensors; 0 for torch until the end). May be empty.
+  // Called after each tensor is written with the file bytes written so far and the total. May be
+  // empty.
   std::function<void(uint64_t bytes_done, uint64_t bytes_total)> progress;
+  // Safetensors only: more than 0 writes Hugging Face's sharded layout into the directory
+  // ExportToFile is given (created if missing), no shard holding more than this many tensor
+  // bytes unless one tensor alone is larger (it gets a shard of its own). Files of that layout
+  // already in the directory are replaced; other files are left alone.
+  uint64_t max_shard_bytes = 0;
 };
+
+// "5GB" (10^9, as Hugging Face's max_shard_size), "500MB", "2GiB" (2^30), "1048576" (bytes);
+// units are case-insensitive. INVALID_ARGUMENT for anything else, or less than one byte.
+absl::StatusOr<uint64_t> ParseShardSize(absl::string_view text);
 
 // Whether `options` export the whole training bundle (torch format, optimizer or scheduler
 // state asked for) rather than the model's state dict; what ExportResult::bundle reports.
@@ -74,9 +92,12 @@ struct ExportResult {
   // tensors only").
   std::vector<std::string> left_out;
   std::vector<std::string> warnings;  // from the writer.
+  // A sharded export: the files written in the directory, shards then the index.
+  std::vector<std::string> files;
 };
 
-// Writes the export to `path` atomically (a failure leaves any previous file intact). Errors as
+// Writes the export to `path` atomically (a failure leaves any previous file intact); a sharded
+// one into the directory `path`, each file atomically and the index last. Errors as
 // Load (INVALID_ARGUMENT for a bad subset or key policy, DATA_LOSS from the store), plus
 // INVALID_ARGUMENT for a dtype the format cannot hold or a subset that would misalign the
 // optimizer state, FAILED_PRECONDITION when optimizer state is asked for and the version holds
@@ -91,12 +112,11 @@ absl::StatusOr<ExportResult> ExportToFile(const VersionReader& reader, const Exp
 using ExportSink = std::function<absl::Status(const ExportResult& prepared, uint64_t total_bytes,
                                               absl::string_view bytes)>;
 
-// Streams the export to `sink` in pieces of at most `piece_bytes`. A torch file is staged in
-// `scratch_dir` (deleted afterwards) because its zip directory comes last. Errors as
-// ExportToFile and from the sink.
+// Streams the export to `sink` in pieces of at most `piece_bytes`, as it is written: nothing is
+// staged on disk. Errors as ExportToFile and from the sink; INVALID_ARGUMENT for a sharded
+// export (a stream carries one file).
 absl::StatusOr<ExportResult> ExportToSink(const VersionReader& reader, const ExportOptions& options,
-                                          const std::string& scratch_dir, size_t piece_bytes,
-                                          const ExportSink& sink);
+                                          size_t piece_bytes, const ExportSink& sink);
 
 }  // namespace ckpt
 

@@ -4,18 +4,28 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "ATen/ATen.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/safetensors.h"
+#include "libs/format/torch_writer.h"
+#include "libs/loader/loader.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/tensor/device.h"
+#include "libs/testing/python_runner.h"
 
 namespace ckpt {
 namespace {
@@ -34,6 +44,63 @@ std::string ReadAll(const std::string& path) {
   contents << in.rdbuf();
   return contents.str();
 }
+
+std::set<std::string> Lines(const std::string& text) {
+  std::set<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) lines.emplace(line);
+  return lines;
+}
+
+std::string Hex(const at::Tensor& tensor) {
+  const at::Tensor bytes = tensor.contiguous();
+  return absl::BytesToHexString(
+      absl::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
+}
+
+// What libs/loader/testdata/streamed_export_check.py prints for a tensor:
+// PATH|torch.DTYPE|SHAPE|HEX.
+std::string TorchLine(const std::string& path, const at::Tensor& tensor) {
+  return absl::StrCat(path, "|torch.", DTypeName(FromScalarType(tensor.scalar_type()).value()), "|",
+                      absl::StrJoin(tensor.sizes(), ","), "|", Hex(tensor));
+}
+
+// What libs/format/testdata/sharded_safetensors.py prints: NAME|SAFETENSORS_DTYPE|SHAPE|HEX.
+std::string SafetensorsLine(const std::string& name, const at::Tensor& tensor) {
+  return absl::StrCat(name, "|",
+                      GetDTypeInfo(FromScalarType(tensor.scalar_type()).value()).safetensors_name,
+                      "|", absl::StrJoin(tensor.sizes(), ","), "|", Hex(tensor));
+}
+
+std::string Python(const std::string& script, const std::string& args) {
+  return ::ckpt::testing::RunPythonOrAddFailure(script, args);
+}
+constexpr char kTorchCheck[] = "libs/loader/testdata/streamed_export_check.py";
+constexpr char kShardCheck[] = "libs/format/testdata/sharded_safetensors.py";
+
+// The store's reader, noting each tensor as it is read (an export copies every tensor through
+// ReadTensorInto, never mapping one).
+class RecordingReader : public VersionReader {
+ public:
+  RecordingReader(const VersionReader& inner, std::function<void(const std::string&)> on_read)
+      : inner_(inner), on_read_(std::move(on_read)) {}
+  const v1::Manifest& manifest() const override { return inner_.manifest(); }
+  absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
+                                const ChunkCallback& callback) const override {
+    return inner_.ReadTensorChunks(meta, callback);
+  }
+  absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const override {
+    on_read_(meta.key());
+    return inner_.ReadTensorInto(meta, destination);
+  }
+  absl::StatusOr<MappedBytes> MapTensorBytes(const v1::TensorMeta& meta) const override {
+    ADD_FAILURE() << "the export mapped " << meta.key();
+    return inner_.MapTensorBytes(meta);
+  }
+
+ private:
+  const VersionReader& inner_;
+  std::function<void(const std::string&)> on_read_;
+};
 
 class ExportTest : public ::testing::Test {
  protected:
@@ -69,7 +136,7 @@ TEST_F(ExportTest, SafetensorsStreamsTheAdaptedSubsetInPiecesEqualToTheFile) {
   uint64_t announced = 0;
   ASSERT_OK_AND_ASSIGN(
       ExportResult result,
-      ExportToSink(*reader_, options, Dir(), /*piece_bytes=*/7,
+      ExportToSink(*reader_, options, /*piece_bytes=*/7,
                    [&](const ExportResult&, uint64_t total, absl::string_view bytes) {
                      EXPECT_LE(bytes.size(), 7u);
                      announced = total;
@@ -100,7 +167,7 @@ TEST_F(ExportTest, TorchFileStreamsLikeTheFileAndReadsBack) {
   EXPECT_TRUE(at::equal(*file.bundle.model.Find("enc.weight"), weight_));
 
   std::string streamed;
-  ASSERT_OK(ExportToSink(*reader_, options, Dir(), 1 << 20,
+  ASSERT_OK(ExportToSink(*reader_, options, 1 << 20,
                          [&](const ExportResult&, uint64_t, absl::string_view bytes) {
                            streamed.append(bytes.data(), bytes.size());
                            return absl::OkStatus();
@@ -111,6 +178,148 @@ TEST_F(ExportTest, TorchFileStreamsLikeTheFileAndReadsBack) {
   ASSERT_OK_AND_ASSIGN(CheckpointFile reread, ReadCheckpointFile(copy));
   EXPECT_TRUE(
       at::equal(*reread.bundle.model.Find("head.bias"), *file.bundle.model.Find("head.bias")));
+}
+
+TEST_F(ExportTest, TorchExportWritesEachTensorBeforeReadingTheNext) {
+  // Each tensor is read only after everything before it reached the sink: the version is never
+  // held. (Built from the whole state dict, all three were read before the first byte went out.)
+  std::string streamed;
+  std::vector<size_t> sent_at_read;
+  RecordingReader reader(*reader_,
+                         [&](const std::string&) { sent_at_read.push_back(streamed.size()); });
+  uint64_t announced = 0;
+  ExportOptions options;
+  ASSERT_OK_AND_ASSIGN(
+      ExportResult result,
+      ExportToSink(reader, options, /*piece_bytes=*/1000,
+                   [&](const ExportResult&, uint64_t total, absl::string_view bytes) {
+                     if (streamed.empty()) announced = total;
+                     streamed.append(bytes.data(), bytes.size());
+                     return absl::OkStatus();
+                   }));
+  ASSERT_EQ(sent_at_read.size(), 3u);
+  EXPECT_GT(sent_at_read[0], 0u);                           // The pickle went out first.
+  EXPECT_GT(sent_at_read[1], sent_at_read[0] + 5 * 6 * 4);  // After enc.weight's 120 bytes.
+  EXPECT_GT(sent_at_read[2], sent_at_read[1] + 8);          // After enc.steps.
+  EXPECT_EQ(announced, streamed.size());                    // Known before the first piece.
+  EXPECT_EQ(result.file_bytes, streamed.size());
+
+  // Byte for byte the file the torch writer makes from the loaded state dict in memory.
+  ASSERT_OK_AND_ASSIGN(LoadedState loaded, Load(*reader_, LoadTarget()));
+  const std::string in_memory = Dir() + "/in_memory.pt";
+  ASSERT_OK(WriteTorchFile(in_memory, StateDictToValue(loaded.model)).status());
+  EXPECT_EQ(streamed, ReadAll(in_memory));
+}
+
+TEST_F(ExportTest, PythonLoadsAStreamedTorchExportWithWeightsOnly) {
+  ExportOptions options;
+  ASSERT_OK_AND_ASSIGN(options.target.dtype, DTypePolicy::CastFloatingTo(DType::kBFloat16));
+  const std::string path = Dir() + "/weights_only.pt";
+  std::vector<uint64_t> progress;
+  options.progress = [&](uint64_t done, uint64_t total) {
+    progress.push_back(done);
+    EXPECT_LE(done, total);
+  };
+  ASSERT_OK_AND_ASSIGN(ExportResult result, ExportToFile(*reader_, options, path));
+  EXPECT_EQ(result.file_bytes, ReadAll(path).size());
+  EXPECT_GE(progress.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(LoadedState stored, Load(*reader_, LoadTarget()));
+  std::set<std::string> expected = {"TYPE OrderedDict"};
+  for (const StateDict::Entry& entry : stored.model) {
+    const at::Tensor cast =
+        entry.tensor.is_floating_point() ? entry.tensor.to(at::kBFloat16) : entry.tensor;
+    expected.insert(TorchLine(entry.key, cast));
+  }
+  EXPECT_EQ(Lines(Python(kTorchCheck, "state " + path)), expected);
+}
+
+TEST_F(ExportTest, ShardedSafetensorsAreHuggingFacesLayoutAndReadBackWhole) {
+  ASSERT_OK_AND_ASSIGN(LoadedState stored, Load(*reader_, LoadTarget()));
+  std::set<std::string> expected;
+  for (const StateDict::Entry& entry : stored.model) {
+    expected.insert(SafetensorsLine(entry.key, entry.tensor));
+  }
+  const std::string keys = absl::StrJoin(stored.model.keys(), ",");
+  const std::string dir = Dir() + "/sharded";
+  ExportOptions options;
+  options.format = ExportFormat::kSafetensors;
+  std::vector<std::pair<uint64_t, uint64_t>> progress;
+  options.progress = [&](uint64_t done, uint64_t total) { progress.emplace_back(done, total); };
+
+  // enc.weight (120 bytes) outgrows 24-byte shards and gets its own; enc.steps (8) and head.bias
+  // (20) do not fit one together.
+  options.max_shard_bytes = 24;
+  ASSERT_OK_AND_ASSIGN(ExportResult result, ExportToFile(*reader_, options, dir));
+  EXPECT_EQ(result.tensors, 3);
+  EXPECT_THAT(result.files,
+              ElementsAre("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                          "model-00003-of-00003.safetensors", kSafetensorsIndexName));
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back(), std::make_pair(result.file_bytes, result.file_bytes));
+  std::set<std::string> lines =
+      Lines(Python(kShardCheck, absl::StrCat("check ", dir, " 24 ", keys)));
+  for (const std::string& line : expected) EXPECT_TRUE((lines.count(line) > 0)) << line;
+  EXPECT_TRUE((lines.count("SHARD model-00001-of-00003.safetensors enc.weight") > 0));
+
+  // Whole again through the reader every import and convert uses (the directory, or its index).
+  for (const std::string& path : {dir, absl::StrCat(dir, "/", kSafetensorsIndexName)}) {
+    ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(path));
+    EXPECT_EQ(file.format, CheckpointFormat::kSafetensors);
+    std::set<std::string> read;
+    for (const StateDict::Entry& entry : file.bundle.model) {
+      read.insert(SafetensorsLine(entry.key, entry.tensor));
+    }
+    EXPECT_EQ(read, expected) << path;
+    EXPECT_EQ(file.metadata.at("ckpt.version"), "m@1");
+  }
+
+  // Exported again with bigger shards: two shards, the third of the old set removed.
+  options.max_shard_bytes = 100;
+  ASSERT_OK(ExportToFile(*reader_, options, dir).status());
+  lines = Lines(Python(kShardCheck, absl::StrCat("check ", dir, " 100 ", keys)));
+  EXPECT_TRUE((lines.count("SHARD model-00002-of-00002.safetensors enc.steps,head.bias") > 0));
+  EXPECT_NE(access((dir + "/model-00003-of-00003.safetensors").c_str(), F_OK), 0);
+
+  // Everything in one shard: model.safetensors alone, as transformers writes it.
+  options.max_shard_bytes = 1000;
+  ASSERT_OK_AND_ASSIGN(result, ExportToFile(*reader_, options, dir));
+  EXPECT_THAT(result.files, ElementsAre(kSafetensorsSingleName));
+  EXPECT_NE(access((dir + "/" + kSafetensorsIndexName).c_str(), F_OK), 0);
+  EXPECT_NE(access((dir + "/model-00001-of-00002.safetensors").c_str(), F_OK), 0);
+  ASSERT_OK_AND_ASSIGN(CheckpointFile single, ReadCheckpointFile(dir));
+  EXPECT_EQ(single.bundle.model.size(), 3u);
+}
+
+TEST_F(ExportTest, ShardingIsForSafetensorsFilesAndSizesParseAsHuggingFaceWritesThem) {
+  ExportOptions options;
+  options.max_shard_bytes = 100;
+  EXPECT_THAT(ExportToFile(*reader_, options, Dir() + "/t").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "safetensors exports only"));
+  options.format = ExportFormat::kSafetensors;
+  EXPECT_THAT(ExportToSink(
+                  *reader_, options, 64,
+                  [](const ExportResult&, uint64_t, absl::string_view) { return absl::OkStatus(); })
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "a stream carries one file"));
+  const std::string file = Dir() + "/a_file";
+  std::ofstream(file) << "x";
+  EXPECT_THAT(ExportToFile(*reader_, options, file).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "is a file"));
+
+  const std::vector<std::pair<std::string, uint64_t>> sizes = {{"5GB", 5'000'000'000},
+                                                               {"500mb", 500'000'000},
+                                                               {"2GiB", uint64_t{2} << 30},
+                                                               {"1.5 KB", 1500},
+                                                               {"1048576", 1048576}};
+  for (const auto& [text, bytes] : sizes) {
+    absl::StatusOr<uint64_t> parsed = ParseShardSize(text);
+    ASSERT_OK(parsed.status()) << text;
+    EXPECT_EQ(*parsed, bytes) << text;
+  }
+  for (const char* bad : {"", "GB", "5XB", "-1", "0", "0.1B", "1e30"}) {
+    EXPECT_THAT(ParseShardSize(bad), StatusIs(absl::StatusCode::kInvalidArgument, "positive size"))
+        << bad;
+  }
 }
 
 // A version with optimizer, scheduler and other fields but no recorded layout (as the trainer
@@ -194,6 +403,41 @@ TEST_F(BundleExportTest, AVersionWithoutALayoutGetsTheUsualBundle) {
                   ::testing::HasSubstr("scheduler"), ::testing::HasSubstr("the other fields")));
 }
 
+TEST_F(BundleExportTest, PythonLoadsAStreamedBundleValueByValue) {
+  const v1::VersionRef ref = Commit(/*with_names=*/true);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> stored, store_->OpenVersion(ref));
+  std::vector<std::string> read;
+  RecordingReader reader(*stored, [&](const std::string& key) { read.push_back(key); });
+  ExportOptions options;
+  options.target = Everything();
+  const std::string path = Dir() + "/streamed_bundle.pt";
+  ASSERT_OK_AND_ASSIGN(ExportResult result, ExportToFile(reader, options, path));
+  EXPECT_TRUE(result.bundle);
+  EXPECT_EQ(read.size(), 4u);  // Three model tensors and the momentum buffer, once each.
+  EXPECT_EQ(Lines(Python(kTorchCheck, "bundle " + path)),
+            (std::set<std::string>{
+                "TYPE / dict",
+                "epoch=2",
+                "global_step=3",
+                "TYPE model OrderedDict",
+                TorchLine("model/enc.weight", at::ones({2, 2})),
+                TorchLine("model/enc.running_mean", at::zeros({2})),
+                TorchLine("model/head.bias", at::ones({2})),
+                "TYPE optimizer dict",
+                "TYPE optimizer/state dict",
+                "TYPE optimizer/state/0 dict",
+                TorchLine("optimizer/state/0/momentum_buffer", at::full({2, 2}, 0.25)),
+                "TYPE optimizer/param_groups/0 dict",
+                "optimizer/param_groups/0/lr=0.5",
+                "optimizer/param_groups/0/params/0=0",
+                "optimizer/param_groups/0/params/1=1",
+                "TYPE scheduler dict",
+                "scheduler/last_epoch=3",
+                "TYPE trainer dict",
+                "trainer/seed=7",
+            }));
+}
+
 TEST_F(BundleExportTest, ASubsetMustKeepEveryParameterTheOptimizerIndexes) {
   const std::string path = Dir() + "/subset.pt";
   LoadTarget target = Everything();
@@ -233,7 +477,7 @@ TEST_F(BundleExportTest, AskingForOptimizerStateAVersionLacksIsAPreconditionErro
 TEST_F(ExportTest, SinkErrorsStopTheExportAndBadNamesAreRejected) {
   ExportOptions options;
   options.format = ExportFormat::kSafetensors;
-  EXPECT_THAT(ExportToSink(*reader_, options, Dir(), 64,
+  EXPECT_THAT(ExportToSink(*reader_, options, 64,
                            [](const ExportResult&, uint64_t, absl::string_view) {
                              return absl::CancelledError("consumer left");
                            })

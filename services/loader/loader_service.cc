@@ -77,10 +77,6 @@ absl::StatusOr<std::unique_ptr<LoaderService>> LoaderService::Create(CheckpointS
     return absl::InvalidArgumentError(absl::StrCat(
         "max_concurrent_streams must be at least 1, got ", options.max_concurrent_streams));
   }
-  if (options.scratch_dir.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    options.scratch_dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
-  }
   return std::unique_ptr<LoaderService>(new LoaderService(store, std::move(options)));
 }
 
@@ -311,7 +307,7 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
   const int64_t stream = streams_started_.fetch_add(1);
   int64_t offset = 0;
   bool first = true;
-  return ExportToSink(*reader, options, options_.scratch_dir, piece_bytes,
+  return ExportToSink(*reader, options, piece_bytes,
                       [&](const ExportResult& prepared, uint64_t total_bytes,
                           absl::string_view bytes) -> absl::Status {
                         if (context.IsCancelled()) {

@@ -88,9 +88,6 @@ struct LoaderServiceOptions {
   int64_t cache_bytes = int64_t{1} << 30;
   // Load and Export streams served at once; more fail with RESOURCE_EXHAUSTED. Default 64.
   int max_concurrent_streams = 64;
-  // Where torch exports are staged before streaming (their zip directory comes last). Default:
-  // $TMPDIR, else /tmp.
-  std::string scratch_dir;
 
   // Tests only: damage in transit. Called with every outgoing piece of tensor or file bytes
   // after its checksum was taken (the store's chunk digests, or the loader's XXH3-64 of what it

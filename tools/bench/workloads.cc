@@ -131,6 +131,20 @@ absl::StatusOr<Workload> MakeManySmallWorkload(int count) {
   return workload;
 }
 
+absl::StatusOr<Workload> MakeExportWorkload(int count, int64_t tensor_bytes) {
+  constexpr int64_t kCols = 1024;
+  const int64_t rows = std::max<int64_t>(1, tensor_bytes / (kCols * 4));
+  Workload workload;
+  workload.name = "export";
+  for (int i = 0; i < count; ++i) {
+    ASSIGN_OR_RETURN(at::Tensor tensor, RandomTensor({rows, kCols}, 7000 + i));
+    RETURN_IF_ERROR(workload.contents.model.Insert(absl::StrCat("layers.", i, ".weight"), tensor));
+  }
+  workload.python_root = StateDictToValue(workload.contents.model);
+  CollectTensors(workload);
+  return workload;
+}
+
 absl::StatusOr<FineTuneSeries> MakeFineTuneSeries(int64_t backbone_bytes, int64_t head_bytes,
                                                   int versions) {
   constexpr int64_t kCols = 1024;

@@ -42,6 +42,10 @@ absl::StatusOr<Workload> MakeLargeWorkload(int64_t param_bytes);
 // `count` float32 tensors of 4 to 64 KiB each (sizes uniform, fixed seed): per-tensor overhead.
 absl::StatusOr<Workload> MakeManySmallWorkload(int count);
 
+// `count` float32 tensors of `tensor_bytes` each ([tensor_bytes / 4096, 1024]), model tensors
+// only: an export's memory against its largest tensor (M2), which is 1/count of the whole.
+absl::StatusOr<Workload> MakeExportWorkload(int count, int64_t tensor_bytes);
+
 // A fine-tune series: every version shares one frozen backbone of about `backbone_bytes`
 // ([1024, 1024] float32 layers) and has its own head of about `head_bytes`.
 struct FineTuneSeries {

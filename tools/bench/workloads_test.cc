@@ -2,6 +2,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "gtest/gtest.h"
@@ -77,6 +78,16 @@ TEST(MakeFineTuneSeriesTest, VersionsShareTheBackboneAndDifferInTheHead) {
   EXPECT_TRUE(at::equal(*backbone0, *backbone2));
   EXPECT_FALSE(at::equal(*series.versions[0].model.Find("head.weight"),
                          *series.versions[2].model.Find("head.weight")));
+}
+
+TEST(MakeExportWorkloadTest, HoldsEqualTensorsOfTheAskedSize) {
+  ASSERT_OK_AND_ASSIGN(Workload workload, MakeExportWorkload(3, int64_t{1} << 20));
+  ASSERT_EQ(workload.tensors.size(), 3u);
+  EXPECT_EQ(workload.bytes, 3 * (int64_t{1} << 20));
+  EXPECT_EQ(workload.contents.model.keys(),
+            (std::vector<std::string>{"layers.0.weight", "layers.1.weight", "layers.2.weight"}));
+  EXPECT_FALSE(at::equal(workload.tensors[0], workload.tensors[1]));
+  EXPECT_FALSE(workload.contents.optimizer.has_value());
 }
 
 }  // namespace

@@ -129,6 +129,46 @@ TEST_F(ExportCheckTest, EmbeddedExportsLoadInPythonAndCheckReportsFit) {
   EXPECT_THAT(absent.output, HasSubstr("NOT_FOUND"));
 }
 
+TEST_F(ExportCheckTest, ShardedSafetensorsExportAndImportWhole) {
+  const std::string store = "--store_dir=" + Dir() + "/sharding";
+  Result imported = Ckpt(absl::StrCat("import ", Dir(), "/ddp_cuda1.pt --model mlp ", store));
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+
+  // 100-byte shards: 0.weight (128 bytes) alone, the rest several to a shard.
+  const std::string dir = Dir() + "/mlp-hf";
+  Result exported = Ckpt(absl::StrCat("export mlp@1 ", dir, " --max-shard-size 100 ", store));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_THAT(exported.output, HasSubstr("(safetensors, 5 shards)"));
+  EXPECT_THAT(exported.output, HasSubstr(dir + "/model-00005-of-00005.safetensors"));
+  EXPECT_THAT(exported.output, HasSubstr(dir + "/model.safetensors.index.json"));
+
+  // The directory imports as one state dict, equal to what real PyTorch saved.
+  Result again = Ckpt(absl::StrCat("import ", dir, " --model again ", store));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("(safetensors)"));
+  const std::string st = Dir() + "/again.safetensors";
+  ASSERT_EQ(Ckpt(absl::StrCat("export again@1 ", st, " ", store)).exit_code, 0);
+  EXPECT_EQ(::ckpt::testing::RunPythonOrAddFailure(
+                kFixtures, absl::StrCat("verify_safetensors ", st, " ", Dir())),
+            "OK\n");
+  Result inspected = Ckpt(absl::StrCat("inspect ", dir, "/model.safetensors.index.json"));
+  EXPECT_EQ(inspected.exit_code, 0) << inspected.output;
+  EXPECT_THAT(inspected.output, HasSubstr("0.weight"));
+
+  // A missing shard is named, and nothing is imported.
+  ASSERT_EQ(std::remove((dir + "/model-00003-of-00005.safetensors").c_str()), 0);
+  Result broken = Ckpt(absl::StrCat("import ", dir, " --model broken ", store));
+  EXPECT_EQ(broken.exit_code, 1);
+  EXPECT_THAT(broken.output, HasSubstr("model-00003-of-00005.safetensors, which is missing"));
+
+  Result torch = Ckpt(absl::StrCat("export mlp@1 ", Dir(), "/x.pt --max-shard-size 1KB ", store));
+  EXPECT_EQ(torch.exit_code, 1);
+  EXPECT_THAT(torch.output, HasSubstr("safetensors exports only"));
+  Result bad_size = Ckpt(absl::StrCat("export mlp@1 ", dir, " --max-shard-size 5XB ", store));
+  EXPECT_EQ(bad_size.exit_code, 1);
+  EXPECT_THAT(bad_size.output, HasSubstr("not a positive size"));
+}
+
 TEST_F(ExportCheckTest, RemoteStoreAndLoaderServer) {
   const std::string token_file = Dir() + "/token";
   std::ofstream(token_file) << "tok-7\n";
@@ -164,6 +204,10 @@ TEST_F(ExportCheckTest, RemoteStoreAndLoaderServer) {
   EXPECT_EQ(::ckpt::testing::RunPythonOrAddFailure(
                 kFixtures, absl::StrCat("verify_safetensors ", st, " ", Dir())),
             "OK\n");
+  Result sharded = Ckpt(
+      absl::StrCat("export mlp@1 ", Dir(), "/via_loader_hf --max-shard-size 100 ", via_loader));
+  EXPECT_EQ(sharded.exit_code, 1);
+  EXPECT_THAT(sharded.output, HasSubstr("cannot stream"));
   Result checked =
       Ckpt(absl::StrCat("check mlp@1 --against ", Dir(), "/ddp_cuda1.pt ", via_loader));
   EXPECT_EQ(checked.exit_code, 1) << checked.output;

@@ -106,7 +106,8 @@ const std::vector<cli::CommandSpec>& Commands() {
          "broadcast view claiming memory the file does not hold); 0: this host's physical memory",
          "0"}}},
       {"import", "FILE",
-       "Store FILE (torch .pt zip or legacy, whole pickled model, bundle, safetensors) as a new "
+       "Store FILE (torch .pt zip or legacy, whole pickled model, bundle, safetensors, or Hugging "
+       "Face's sharded safetensors: a directory or its model.safetensors.index.json) as a new "
        "version of --model.",
        1, 1,
        With({{"model", "NAME", "model to add the version to ([A-Za-z0-9._-], required)", ""},
@@ -220,6 +221,11 @@ const std::vector<cli::CommandSpec>& Commands() {
         {"dtype", "DTYPE", "cast floating tensors, e.g. bf16, fp16, fp32", "keep"},
         {"key-prefix", "PREFIX", "prefix every key, e.g. module. for a DDP consumer", ""},
         {"include", "PREFIX[,PREFIX]", "only tensors whose canonical key starts with one", "all"},
+        {"max-shard-size", "SIZE",
+         "safetensors in Hugging Face's sharded layout: OUT is a directory of "
+         "model-00001-of-0000N.safetensors... and model.safetensors.index.json, shards of at most "
+         "SIZE tensor bytes (5GB, 500MB, 2GiB, bytes; a larger tensor gets a shard of its own)",
+         "one file"},
         {"loader", "HOST:PORT", "export through a loader service instead of the store", ""}}},
       {"check",
        "MODEL@REF",
@@ -579,8 +585,10 @@ absl::Status RunRepair(const cli::ParsedCommandLine& line) {
   }
   std::cout << "repaired " << options.db_path << ": " << report.intact.size() << " versions kept, "
             << report.dropped.size() << " dropped, " << report.versions_unrecovered
-            << " not recoverable; verified " << report.verify.chunks_checked() << " chunks, "
-            << report.verify.problems_size() << " problems\n";
+            << " not recoverable, " << report.acknowledged_writes_lost
+            << " acknowledged writes lost with the write-ahead log; verified "
+            << report.verify.chunks_checked() << " chunks, " << report.verify.problems_size()
+            << " problems\n";
   for (const v1::VerifyProblem& problem : report.verify.problems()) {
     std::cout << "  " << problem.message() << "\n";
   }
@@ -771,6 +779,8 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
     options.format = ExportFormat::kSafetensors;
   } else if (absl::EndsWith(out, ".pt") || absl::EndsWith(out, ".pth")) {
     options.format = ExportFormat::kTorch;
+  } else if (line.Has("max-shard-size")) {
+    options.format = ExportFormat::kSafetensors;  // A directory: only safetensors shards.
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot tell the format from '", out, "'; pass --format torch|safetensors"));
@@ -790,6 +800,18 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
   } else if (line.Has("no-optimizer") || line.Has("no-scheduler")) {
     return absl::InvalidArgumentError("--no-optimizer and --no-scheduler go with --bundle");
   }
+  if (line.Has("max-shard-size")) {
+    if (options.format != ExportFormat::kSafetensors) {
+      return absl::InvalidArgumentError("--max-shard-size shards safetensors exports only");
+    }
+    // The loader service streams one file; shards are files the store side writes.
+    if (line.Has("loader")) {
+      return absl::InvalidArgumentError(
+          "--max-shard-size writes a directory, which a loader service cannot stream (it sends "
+          "one file): export from the store, or drop --max-shard-size");
+    }
+    ASSIGN_OR_RETURN(options.max_shard_bytes, ParseShardSize(line.Get("max-shard-size")));
+  }
   ProgressBar bar("exporting");
   options.progress = [&](uint64_t done, uint64_t total) {
     bar.Update(static_cast<int64_t>(done), static_cast<int64_t>(total),
@@ -799,8 +821,12 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(ExportResult result, loader.loader->Export(ref, options, out));
   std::cout << "exported " << result.version << " to " << out << " ("
             << (options.format == ExportFormat::kTorch ? "torch" : "safetensors")
-            << (result.bundle ? ", whole bundle" : "") << "): " << result.tensors
-            << " model tensors, " << HumanBytes(result.file_bytes) << "\n";
+            << (result.bundle ? ", whole bundle" : "")
+            << (result.files.size() > 1 ? absl::StrCat(", ", result.files.size() - 1, " shards")
+                                        : "")
+            << "): " << result.tensors << " model tensors, " << HumanBytes(result.file_bytes)
+            << "\n";
+  for (const std::string& file : result.files) std::cout << "  " << out << "/" << file << "\n";
   PrintLeftOut(result.left_out);
   for (const std::string& warning : result.warnings) std::cerr << "warning: " << warning << "\n";
   return absl::OkStatus();
