@@ -301,6 +301,11 @@ absl::StatusOr<PreflightReport> RemoteLoader::Preflight(const v1::VersionRef& re
 absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
                                                   const ExportOptions& options,
                                                   const std::string& path) const {
+  if (options.max_shard_bytes > 0) {
+    // The loader's Export streams one file; sharding is written from the store (ExportToFile).
+    return absl::InvalidArgumentError(
+        "a remote loader exports one file: sharded safetensors (max_shard_bytes) need the store");
+  }
   const auto& progress = options.progress;
   v1::ExportRequest request;
   *request.mutable_ref() = ref;
