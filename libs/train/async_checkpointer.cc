@@ -1,5 +1,6 @@
 #include "libs/train/async_checkpointer.h"
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -61,6 +62,15 @@ struct SnapshotContext {
   BufferPool& pool;
   std::vector<CopyRange> plain_copies;
   std::map<std::string, std::shared_ptr<SideStreamCopies>> device_copies;  // by device name
+  // SubmitOverlapped: the position in the copy order of a storage whose plain copies are left to
+  // the background thread, and those copies (position, source, range).
+  std::map<const void*, size_t> deferred_memory;
+  struct Deferred {
+    size_t order;
+    at::Tensor source;
+    CopyRange range;
+  };
+  std::vector<Deferred> deferred_copies;
 
   SideStreamCopies& CopiesFor(const c10::Device& device) {
     std::shared_ptr<SideStreamCopies>& copies = device_copies[device.str()];
@@ -102,6 +112,11 @@ bool IsPlainCpuTensor(const at::Tensor& source) {
          !source._is_zerotensor();  // a zero tensor has no storage to copy from.
 }
 
+// What the guards match tensors by: the memory an in-place update of `tensor` writes.
+const void* MemoryOf(const at::Tensor& tensor) {
+  return tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr;
+}
+
 // A private contiguous CPU copy. A plain CPU tensor's copy is only scheduled in
 // `context.plain_copies`: its bytes are there once the caller has run them.
 at::Tensor HostCopy(const at::Tensor& tensor, SnapshotContext& context) {
@@ -123,8 +138,13 @@ at::Tensor HostCopy(const at::Tensor& tensor, SnapshotContext& context) {
   if (IsPlainCpuTensor(source) && buffer.tensor.is_contiguous() &&
       buffer.tensor.scalar_type() == source.scalar_type()) {
     if (source.nbytes() > 0) {
-      context.plain_copies.push_back(
-          {buffer.tensor.data_ptr(), source.data_ptr(), source.nbytes(), prefault});
+      const CopyRange range{buffer.tensor.data_ptr(), source.data_ptr(), source.nbytes(), prefault};
+      auto deferred = context.deferred_memory.find(MemoryOf(source));
+      if (deferred != context.deferred_memory.end()) {
+        context.deferred_copies.push_back({deferred->second, source, range});
+      } else {
+        context.plain_copies.push_back(range);
+      }
     }
     return buffer.tensor;
   }
@@ -173,9 +193,18 @@ void CollectTensors(const Value& value, std::vector<at::Tensor>& out) {
   }
 }
 
-absl::StatusOr<StagedSnapshot> Snapshot(const CheckpointContents& contents, BufferPool& pool) {
+// With `deferred`, the plain copies of tensors sharing memory with one of them are not run but
+// appended to `deferred_copies`, in the order of `deferred`.
+absl::StatusOr<StagedSnapshot> Snapshot(
+    const CheckpointContents& contents, BufferPool& pool,
+    absl::Span<const at::Tensor> deferred = {},
+    std::vector<SnapshotContext::Deferred>* deferred_copies = nullptr) {
   return CatchTorchErrors([&]() -> StagedSnapshot {
-    SnapshotContext context{pool, {}, {}};
+    SnapshotContext context{pool, {}, {}, {}, {}};
+    for (size_t i = 0; i < deferred.size(); ++i) {
+      const void* memory = MemoryOf(deferred[i]);
+      if (memory != nullptr) context.deferred_memory.emplace(memory, i);  // the first one's place.
+    }
     CheckpointContents copy;
     for (const StateDict::Entry& entry : contents.model) {
       copy.model.InsertOrAssign(
@@ -190,6 +219,11 @@ absl::StatusOr<StagedSnapshot> Snapshot(const CheckpointContents& contents, Buff
     // The sources are `contents`' tensors, alive until this returns. The trainer waits for the
     // snapshot, so the copy may take every core.
     ParallelCopy(context.plain_copies, DefaultCopyThreads());
+    if (deferred_copies != nullptr) {
+      std::stable_sort(context.deferred_copies.begin(), context.deferred_copies.end(),
+                       [](const auto& a, const auto& b) { return a.order < b.order; });
+      *deferred_copies = std::move(context.deferred_copies);
+    }
     return StagedSnapshot{std::move(copy), LaunchedDeviceCopies(context)};
   });
 }
@@ -209,7 +243,7 @@ std::vector<at::Tensor> TensorsOf(const CheckpointContents& contents) {
 absl::StatusOr<Value> SnapshotValueToHost(const Value& value) {
   return CatchTorchErrors([&] {
     BufferPool fresh_buffers;
-    SnapshotContext context{fresh_buffers, {}, {}};
+    SnapshotContext context{fresh_buffers, {}, {}, {}, {}};
     Value copy = SnapshotValue(value, context);
     ParallelCopy(context.plain_copies, DefaultCopyThreads());
     for (const auto& copies : LaunchedDeviceCopies(context)) copies->WaitOnHost();
@@ -254,6 +288,92 @@ absl::Status AsyncCheckpointer::JoinInFlight() {
 }
 
 absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents, CommitOptions options) {
+  return Start(contents, std::move(options), {});
+}
+
+absl::Status AsyncCheckpointer::SubmitOverlapped(const CheckpointContents& contents,
+                                                 CommitOptions options,
+                                                 absl::Span<const at::Tensor> deferred) {
+  return Start(contents, std::move(options), deferred);
+}
+
+void AsyncCheckpointer::SetBeforeDeferredCopyForTesting(std::function<void(size_t)> hook) {
+  before_deferred_copy_ = std::move(hook);
+}
+
+void AsyncCheckpointer::BeforeOptimizerStep() {
+  WaitForDeferred([](const DeferredCopy&) { return true; });
+}
+
+void AsyncCheckpointer::WaitUntilSnapshotted(absl::Span<const at::Tensor> tensors) {
+  std::vector<const void*> memory;
+  for (const at::Tensor& tensor : tensors) memory.push_back(MemoryOf(tensor));
+  WaitForDeferred([&](const DeferredCopy& copy) {
+    return std::find(memory.begin(), memory.end(), copy.memory) != memory.end();
+  });
+}
+
+void AsyncCheckpointer::WaitForDeferred(const std::function<bool(const DeferredCopy&)>& wanted) {
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (deferred_pending_ == 0) return;  // the common case once the copy has caught up: no clock.
+  const auto copied = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const DeferredCopy& copy : deferred_) {
+      if (!copy.done && wanted(copy)) return false;
+    }
+    return true;
+  };
+  mu_.Await(absl::Condition(&copied));
+  const absl::Duration waited = absl::Now() - start;
+  stats_.last_guard_wait += waited;
+  stats_.last_stall += waited;
+  stats_.total_stall += waited;
+}
+
+// Consecutive copies are run (on several threads when large) and released together up to this
+// size: fewer thread starts for many small tensors, and a guard for the first parameters does not
+// wait for later ones. A larger tensor is a bucket of its own.
+constexpr size_t kDeferredBucketBytes = size_t{16} << 20;
+
+void AsyncCheckpointer::CopyDeferred() {
+  const absl::Time start = absl::Now();
+  size_t count;
+  {
+    absl::MutexLock lock(&mu_);
+    count = deferred_.size();
+  }
+  for (size_t begin = 0; begin < count;) {
+    // Only this thread changes deferred_ while the upload runs (done and source, under mu_), so
+    // the ranges may be read here and copied without the lock.
+    std::vector<CopyRange> bucket;
+    size_t end = begin, bytes = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      while (end < count &&
+             (end == begin || bytes + deferred_[end].range.bytes <= kDeferredBucketBytes)) {
+        bytes += deferred_[end].range.bytes;
+        bucket.push_back(deferred_[end].range);
+        ++end;
+      }
+    }
+    if (before_deferred_copy_) {
+      for (size_t i = begin; i < end; ++i) before_deferred_copy_(i);
+    }
+    ParallelCopy(bucket, DefaultCopyThreads());
+    absl::MutexLock lock(&mu_);
+    for (size_t i = begin; i < end; ++i) {
+      deferred_[i].done = true;
+      deferred_[i].source = at::Tensor();  // the live tensor is free to go.
+      --deferred_pending_;
+    }
+    begin = end;
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.last_deferred_copy = absl::Now() - start;
+}
+
+absl::Status AsyncCheckpointer::Start(const CheckpointContents& contents, CommitOptions options,
+                                      absl::Span<const at::Tensor> deferred) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(JoinInFlight());
   const absl::Time snapshot_start = absl::Now();
@@ -264,7 +384,8 @@ absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents, Commi
     for (at::Tensor& tensor : spare_buffers_) pool.Add(std::move(tensor));
     spare_buffers_.clear();
   }
-  ASSIGN_OR_RETURN(StagedSnapshot snapshot, Snapshot(contents, pool));
+  std::vector<SnapshotContext::Deferred> deferred_copies;
+  ASSIGN_OR_RETURN(StagedSnapshot snapshot, Snapshot(contents, pool, deferred, &deferred_copies));
   const absl::Time end = absl::Now();
   {
     absl::MutexLock lock(&mu_);
@@ -273,11 +394,20 @@ absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents, Commi
     stats_.last_snapshot = end - snapshot_start;
     stats_.last_stall = end - start;
     stats_.total_stall += end - start;
+    stats_.last_guard_wait = absl::ZeroDuration();
+    stats_.last_deferred_copy = absl::ZeroDuration();
+    deferred_.clear();
+    for (SnapshotContext::Deferred& copy : deferred_copies) {
+      deferred_.push_back({MemoryOf(copy.source), std::move(copy.source), copy.range, false});
+    }
+    deferred_pending_ = deferred_.size();
   }
   // The progress callback of the caller (if any) would run on the background thread; keep it.
   uploader_ =
       std::thread([this, snapshot = std::move(snapshot), options = std::move(options)]() mutable {
         const absl::Time upload_start = absl::Now();
+        // What the next optimizer step writes first is copied first; the guards wait for it.
+        CopyDeferred();
         // Accelerator tensors arrive in their pinned buffers while the training runs on.
         absl::Status copied = snapshot.WaitForDeviceCopies();
         absl::StatusOr<CommitResult> committed =

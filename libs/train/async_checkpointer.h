@@ -17,15 +17,28 @@
 // device-to-host transfer.
 // A failed upload is not lost silently: its error is returned by the next Submit() or Wait().
 //
-// Thread-safety: Submit and Wait are called from one thread (the training loop); stats() from any.
+// SubmitOverlapped() goes further, the way CheckFreq does: the host copy of the tensors the caller
+// names as `deferred` (parameters and optimizer state: what only the optimizer step writes) runs
+// on the background thread, in the order given, while the training thread goes on with the next
+// forward and backward passes. A per-tensor "copied" latch guards them: the trainer calls
+// BeforeOptimizerStep() (or WaitUntilSnapshotted() for a parameter group) right before the step
+// that writes them, and blocks only if their copy is not finished. Everything else (BatchNorm
+// statistics, which the forward pass writes; RNG, scheduler and loop state; views, other layouts,
+// accelerator tensors) is copied before SubmitOverlapped returns, as Submit does.
+//
+// Thread-safety: Submit, SubmitOverlapped, the guards and Wait are called from one thread (the
+// training loop); stats() and busy() from any.
 //
 // Example:
 //   AsyncCheckpointer checkpointer(store, "resnet");
-//   RETURN_IF_ERROR(checkpointer.Submit(std::move(contents), options));  // returns after the copy
-//   ...train...
+//   RETURN_IF_ERROR(checkpointer.SubmitOverlapped(contents, options, parameters_and_state));
+//   ...forward, backward...
+//   checkpointer.BeforeOptimizerStep();  // returns at once unless the copy is still running
+//   optimizer.step();
 //   ASSIGN_OR_RETURN(std::optional<CommitResult> last, checkpointer.Wait());
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -35,6 +48,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "libs/io/parallel_copy.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
@@ -53,10 +68,14 @@ class AsyncCheckpointer {
     int64_t submitted = 0;
     int64_t committed = 0;
     int64_t failed = 0;
-    absl::Duration last_stall;  // time Submit blocked the caller (wait + snapshot).
+    // Time the last checkpoint blocked the caller: Submit's wait and copy, plus for
+    // SubmitOverlapped the guards' waits for its deferred copies.
+    absl::Duration last_stall;
     absl::Duration total_stall;
-    absl::Duration last_snapshot;  // the host copy alone.
-    absl::Duration last_upload;    // background: store commit of the last finished upload.
+    absl::Duration last_snapshot;       // the host copy on the caller's thread.
+    absl::Duration last_guard_wait;     // the guards' part of last_stall.
+    absl::Duration last_deferred_copy;  // background: the deferred copies of the last snapshot.
+    absl::Duration last_upload;         // background: store commit of the last finished upload.
     std::optional<CommitResult> last_commit;
   };
 
@@ -71,6 +90,22 @@ class AsyncCheckpointer {
   // the host snapshot, then starts uploading it and returns.
   absl::Status Submit(const CheckpointContents& contents, CommitOptions options);
 
+  // Like Submit, but the tensors of `contents` that share memory with a tensor of `deferred` (and
+  // are contiguous CPU tensors) are copied on the background thread, in the order of `deferred`,
+  // before the upload. The caller must not write such memory in place before a guard below has
+  // returned for it; the snapshot is still `contents` as it is when this is called.
+  absl::Status SubmitOverlapped(const CheckpointContents& contents, CommitOptions options,
+                                absl::Span<const at::Tensor> deferred);
+
+  // The pre-step guards: block until the deferred copies of the last SubmitOverlapped are done,
+  // all of them or those sharing memory with `tensors`. Return at once when none is pending.
+  void BeforeOptimizerStep();
+  void WaitUntilSnapshotted(absl::Span<const at::Tensor> tensors);
+
+  // Tests only: runs on the background thread before each deferred copy, with its position in
+  // the copy order (e.g. to hold the copy back and show that the guard waits for it).
+  void SetBeforeDeferredCopyForTesting(std::function<void(size_t)> hook);
+
   // Waits for the upload in flight. The result of the last upload: nullopt if nothing was ever
   // submitted; its error if it failed (reported once).
   absl::StatusOr<std::optional<CommitResult>> Wait();
@@ -81,7 +116,21 @@ class AsyncCheckpointer {
   Stats stats() const;
 
  private:
+  // A copy SubmitOverlapped left to the background thread. `source` keeps the live memory alive
+  // until it is copied; `memory` (its storage) is what the guards match tensors by.
+  struct DeferredCopy {
+    const void* memory = nullptr;
+    at::Tensor source;
+    CopyRange range;
+    bool done = false;
+  };
+
   absl::Status JoinInFlight();
+  absl::Status Start(const CheckpointContents& contents, CommitOptions options,
+                     absl::Span<const at::Tensor> deferred);
+  // Blocks until every deferred copy that `wanted` accepts is done; the wait counts as stall.
+  void WaitForDeferred(const std::function<bool(const DeferredCopy&)>& wanted);
+  void CopyDeferred();
 
   CheckpointStore* const store_;
   const std::string model_name_;
@@ -92,6 +141,10 @@ class AsyncCheckpointer {
   Stats stats_ ABSL_GUARDED_BY(mu_);
   // Host tensors of the last finished upload, reused by the next snapshot.
   std::vector<at::Tensor> spare_buffers_ ABSL_GUARDED_BY(mu_);
+  // The deferred copies of the snapshot in flight, in copy order; `done` flips once each.
+  std::vector<DeferredCopy> deferred_ ABSL_GUARDED_BY(mu_);
+  size_t deferred_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(size_t)> before_deferred_copy_;  // set before Submit* only.
 };
 
 }  // namespace ckpt::train

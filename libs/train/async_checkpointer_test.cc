@@ -1,10 +1,16 @@
 #include "libs/train/async_checkpointer.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
@@ -213,6 +219,132 @@ TEST_F(AsyncCheckpointerTest, WaitWithNothingSubmittedIsEmpty) {
   absl::StatusOr<std::optional<CommitResult>> last = checkpointer.Wait();
   ASSERT_THAT(last.status(), IsOk());
   EXPECT_FALSE(last->has_value());
+}
+
+// A model with parameters big enough to make several deferred buckets, a BatchNorm-like buffer
+// that the forward pass writes, and optimizer state.
+CheckpointContents TrainingContents(float fill) {
+  CheckpointContents contents;
+  contents.model.InsertOrAssign("fc1.weight", at::full({4096, 1024}, fill));  // 16 MiB
+  contents.model.InsertOrAssign("fc1.bias", at::full({4096}, fill));
+  contents.model.InsertOrAssign("bn.running_mean", at::full({4096}, fill));
+  contents.model.InsertOrAssign("fc2.weight", at::full({1024, 4096}, fill));  // 16 MiB
+  contents.optimizer = Value::Dict(
+      {{"state", Value::Dict({{0, Value::Dict({{"momentum_buffer",
+                                                Value::Tensor(at::full({4096, 1024}, -fill))}})}})},
+       {"param_groups",
+        Value::List({Value::Dict(
+            {{"lr", Value::Float(0.1)},
+             {"params", Value::List({Value::Int(0), Value::Int(1), Value::Int(2)})}})})}});
+  contents.optimizer_param_names = {{0, "fc1.weight"}, {1, "fc1.bias"}, {2, "fc2.weight"}};
+  contents.extra = Value::Dict({{"step", Value::Int(static_cast<int64_t>(fill))}});
+  return contents;
+}
+
+// What the optimizer step writes, in the order it writes it (the buffer is not there: the forward
+// pass writes it).
+std::vector<at::Tensor> StepWrites(const CheckpointContents& contents) {
+  return {*contents.model.Find("fc1.weight"), *contents.model.Find("fc1.bias"),
+          contents.optimizer->Find("state")->Find(0)->Find("momentum_buffer")->tensor(),
+          *contents.model.Find("fc2.weight")};
+}
+
+void ExpectStored(CheckpointStore& store, const std::string& ref, float fill) {
+  absl::StatusOr<LoadedCheckpoint> loaded = store.LoadCheckpoint(*ParseVersionRef(ref));
+  ASSERT_THAT(loaded.status(), IsOk());
+  const CheckpointContents expected = TrainingContents(fill);
+  for (const StateDict::Entry& entry : expected.model) {
+    SCOPED_TRACE(entry.key);
+    const at::Tensor* stored = loaded->contents.model.Find(entry.key);
+    ASSERT_NE(stored, nullptr);
+    EXPECT_TRUE(at::equal(*stored, entry.tensor));
+  }
+  EXPECT_TRUE(at::equal(
+      loaded->contents.optimizer->Find("state")->Find(0)->Find("momentum_buffer")->tensor(),
+      at::full({4096, 1024}, -fill)));
+}
+
+TEST_F(AsyncCheckpointerTest, OverlappedSnapshotIsTheStateAtSubmitDespiteTheNextStep) {
+  AsyncCheckpointer checkpointer(store_.get(), "net");
+  for (int step = 1; step <= 2; ++step) {  // the second snapshot reuses the buffers.
+    SCOPED_TRACE(step);
+    CheckpointContents live = TrainingContents(static_cast<float>(step));
+    ASSERT_THAT(checkpointer.SubmitOverlapped(live, {}, StepWrites(live)), IsOk());
+    // The next forward pass updates the running statistics at once, unguarded.
+    live.model.Find("bn.running_mean")->fill_(-100);
+    checkpointer.BeforeOptimizerStep();
+    // The optimizer step, in place.
+    for (at::Tensor& tensor : StepWrites(live)) tensor.add_(1000);
+    ASSERT_THAT(checkpointer.Wait().status(), IsOk());
+    ExpectStored(*store_, "net@" + std::to_string(step), static_cast<float>(step));
+  }
+  EXPECT_EQ(checkpointer.stats().committed, 2);
+}
+
+TEST_F(AsyncCheckpointerTest, GuardWaitsForTheDeferredCopyThatAnUnguardedStepWouldRace) {
+  AsyncCheckpointer checkpointer(store_.get(), "net");
+  absl::Notification release;
+  std::atomic<int> copies_started{0};
+  checkpointer.SetBeforeDeferredCopyForTesting([&](size_t) {
+    ++copies_started;
+    release.WaitForNotification();  // an artificially slow copy.
+  });
+  CheckpointContents live = TrainingContents(1);
+  ASSERT_THAT(checkpointer.SubmitOverlapped(live, {}, StepWrites(live)), IsOk());
+  // The copy is really left to the background: an unguarded in-place write now would land in
+  // the snapshot (it does, below: that is what the guard is for).
+  live.model.Find("fc2.weight")->fill_(-7);
+
+  std::atomic<bool> guard_returned{false};
+  std::thread step([&] {
+    checkpointer.BeforeOptimizerStep();
+    guard_returned = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(guard_returned) << "the guard returned while the copy was held back";
+  EXPECT_GE(copies_started.load(), 1);
+  release.Notify();
+  step.join();
+  EXPECT_TRUE(guard_returned);
+  const AsyncCheckpointer::Stats stats = checkpointer.stats();
+  EXPECT_GE(stats.last_guard_wait, absl::Milliseconds(250));
+  EXPECT_GE(stats.last_stall, stats.last_guard_wait);
+  EXPECT_GE(stats.total_stall, stats.last_stall);
+
+  ASSERT_THAT(checkpointer.Wait().status(), IsOk());
+  absl::StatusOr<LoadedCheckpoint> loaded = store_->LoadCheckpoint(*ParseVersionRef("net@1"));
+  ASSERT_THAT(loaded.status(), IsOk());
+  EXPECT_TRUE(at::equal(*loaded->contents.model.Find("fc2.weight"), at::full({1024, 4096}, -7.0f)))
+      << "the write before the guard did not race the copy: this test shows nothing";
+  EXPECT_TRUE(at::equal(*loaded->contents.model.Find("fc1.weight"), at::full({4096, 1024}, 1.0f)));
+}
+
+TEST_F(AsyncCheckpointerTest, GuardForAParameterGroupWaitsOnlyForItsCopies) {
+  AsyncCheckpointer checkpointer(store_.get(), "net");
+  absl::Notification release_last;
+  CheckpointContents live = TrainingContents(2);
+  const std::vector<at::Tensor> order = StepWrites(live);
+  // Hold back the copy of the last tensor in the order (fc2.weight); the ones before it first.
+  checkpointer.SetBeforeDeferredCopyForTesting([&](size_t position) {
+    if (position == order.size() - 1) release_last.WaitForNotification();
+  });
+  ASSERT_THAT(checkpointer.SubmitOverlapped(live, {}, order), IsOk());
+  // fc1's parameters and their state come first in the order, so their guard returns now.
+  checkpointer.WaitUntilSnapshotted({order[0], order[1], order[2]});
+  order[0].add_(1000);
+  EXPECT_TRUE(checkpointer.busy());
+  std::atomic<bool> guard_returned{false};
+  std::thread step([&] {
+    checkpointer.WaitUntilSnapshotted({order[3]});
+    guard_returned = true;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(guard_returned);
+  release_last.Notify();
+  step.join();
+  order[3].add_(1000);
+  ASSERT_THAT(checkpointer.Wait().status(), IsOk());
+  ExpectStored(*store_, "net@1", 2);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
@@ -32,6 +33,37 @@
 
 namespace ckpt::train {
 namespace {
+
+void AppendTensors(const Value& value, std::vector<at::Tensor>& out) {
+  if (value.is_tensor()) {
+    out.push_back(value.tensor());
+  } else if (value.is_sequence()) {
+    for (const Value& item : value.items()) AppendTensors(item, out);
+  } else if (value.is_dict()) {
+    for (const Value::Entry& entry : value.entries()) AppendTensors(entry.second, out);
+  }
+}
+
+// What optimizer.step() writes in place, in the order it writes it: each parameter with its state
+// (`optimizer_state`'s "state" entry under the parameter's id). A checkpoint copies these on the
+// upload thread in this order while the next forward and backward passes run, and TrainStep waits
+// for that copy right before the step (AsyncCheckpointer::SubmitOverlapped). The forward pass
+// writes only buffers (BatchNorm statistics), which are not here: those are copied at once.
+std::vector<at::Tensor> StepWrites(const torch::optim::Optimizer& optimizer,
+                                   const Value& optimizer_state) {
+  std::vector<at::Tensor> writes;
+  const Value* state = optimizer_state.Find("state");
+  int64_t id = 0;
+  for (const torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+    for (const at::Tensor& parameter : group.params()) {
+      writes.push_back(parameter);
+      const Value* own = state != nullptr && state->is_dict() ? state->Find(id) : nullptr;
+      if (own != nullptr) AppendTensors(*own, writes);
+      ++id;
+    }
+  }
+  return writes;
+}
 
 // Where the data continues and the run's goal: what the loop advances and a checkpoint records.
 struct LoopState {
@@ -517,6 +549,9 @@ absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>
     if (config_.clip_grad_norm > 0) {
       torch::nn::utils::clip_grad_norm_(parameters_, config_.clip_grad_norm);
     }
+    // The last checkpoint may still be copying the parameters and optimizer state this step
+    // writes; it has had the forward and backward passes to finish.
+    if (checkpointer_ != nullptr) checkpointer_->BeforeOptimizerStep();
     optimizer_->step();
     scheduler_->Step();
     return loss_sum * scale;
@@ -728,7 +763,11 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   upload_waits_ += absl::Now() - join_start;
   RecordCommitted();
   if (!previous.ok()) RETURN_IF_ERROR(CheckpointFailed(previous));
-  if (absl::Status submitted = checkpointer_->Submit(contents, std::move(options));
+  // Parameters and optimizer state are copied while the next step's forward and backward passes
+  // run; TrainStep's guard waits for them before the optimizer writes them.
+  const std::vector<at::Tensor> step_writes = StepWrites(*optimizer_, *contents.optimizer);
+  if (absl::Status submitted =
+          checkpointer_->SubmitOverlapped(contents, std::move(options), step_writes);
       !submitted.ok()) {
     failed_checkpoint_step_ = loop_.global_step;
     return CheckpointFailed(submitted);
