@@ -179,22 +179,12 @@ absl::StatusOr<StateDict> DeferredModel(const VersionReader& reader, const LoadT
 // tensors, read as stored when the writer reaches them.
 absl::StatusOr<Value> DeferredValueTree(const VersionReader& reader, const v1::Value& tree,
                                         DeferredTensors& deferred) {
-  const v1::Manifest& manifest = reader.manifest();
-  absl::flat_hash_map<std::string, const v1::TensorMeta*> state_tensors;
-  for (const v1::TensorMeta& meta : manifest.state_tensors())
-    state_tensors.emplace(meta.key(), &meta);
-  return ValueFromProto(tree, [&](absl::string_view key) -> absl::StatusOr<at::Tensor> {
-    auto it = state_tensors.find(key);
-    if (it == state_tensors.end()) {
-      return absl::DataLossError(absl::StrCat(
-          FormatVersionRef(manifest.model(), manifest.version()),
-          ": value tree references state tensor '", key, "', which the manifest lacks"));
-    }
-    const v1::TensorMeta* meta = it->second;
-    return deferred.Add(static_cast<DType>(meta->dtype()),
-                        std::vector<int64_t>(meta->shape().begin(), meta->shape().end()),
-                        [&reader, meta] { return reader.ReadTensor(*meta); });
-  });
+  return ValueTreeFromManifest(
+      reader.manifest(), tree, [&](const v1::TensorMeta& meta) -> absl::StatusOr<at::Tensor> {
+        return deferred.Add(static_cast<DType>(meta.dtype()),
+                            std::vector<int64_t>(meta.shape().begin(), meta.shape().end()),
+                            [&reader, &meta] { return reader.ReadTensor(meta); });
+      });
 }
 
 // The whole bundle of `reader`'s version as `target` adapts it, its tensors deferred;

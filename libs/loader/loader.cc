@@ -99,8 +99,9 @@ absl::StatusOr<std::vector<const v1::TensorMeta*>> SelectTensors(const v1::Manif
 
 }  // namespace
 
-absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manifest& manifest,
-                                    const v1::Value& tree, const DeviceSpec& device) {
+absl::StatusOr<Value> ValueTreeFromManifest(
+    const v1::Manifest& manifest, const v1::Value& tree,
+    const std::function<absl::StatusOr<at::Tensor>(const v1::TensorMeta&)>& make_tensor) {
   absl::flat_hash_map<std::string, const v1::TensorMeta*> state_tensors;
   for (const v1::TensorMeta& meta : manifest.state_tensors()) {
     state_tensors.emplace(meta.key(), &meta);
@@ -112,9 +113,17 @@ absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manif
           FormatVersionRef(manifest.model(), manifest.version()),
           ": value tree references state tensor '", key, "', which the manifest lacks"));
     }
-    ASSIGN_OR_RETURN(at::Tensor tensor, reader.ReadTensor(*it->second));
-    return PlaceTensor(tensor, device, DTypePolicy::Keep());
+    return make_tensor(*it->second);
   });
+}
+
+absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manifest& manifest,
+                                    const v1::Value& tree, const DeviceSpec& device) {
+  return ValueTreeFromManifest(manifest, tree,
+                               [&](const v1::TensorMeta& meta) -> absl::StatusOr<at::Tensor> {
+                                 ASSIGN_OR_RETURN(at::Tensor tensor, reader.ReadTensor(meta));
+                                 return PlaceTensor(tensor, device, DTypePolicy::Keep());
+                               });
 }
 
 namespace {

@@ -25,6 +25,7 @@
 //   ASSIGN_OR_RETURN(CompatibilityReport loaded, LoadInto(store, ref, net, {}));  // strict
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +71,13 @@ absl::StatusOr<LoadedState> Load(CheckpointStore& store, const v1::VersionRef& r
 // The same from an open reader (e.g. one reading through a ChunkCache): errors as above, but the
 // device is checked only after the manifest is planned.
 absl::StatusOr<LoadedState> Load(const VersionReader& reader, const LoadTarget& target);
+
+// A value tree of `manifest` (its optimizer_state, scheduler_state or extra_state) whose tensor
+// references become what `make_tensor` returns for their stored metas. DATA_LOSS for a reference
+// the manifest lacks; make_tensor's errors as they are.
+absl::StatusOr<Value> ValueTreeFromManifest(
+    const v1::Manifest& manifest, const v1::Value& tree,
+    const std::function<absl::StatusOr<at::Tensor>(const v1::TensorMeta&)>& make_tensor);
 
 // A value tree of `manifest` (its optimizer_state, scheduler_state or extra_state) with its
 // tensors read from `reader` one at a time and put on `device`, dtypes kept. DATA_LOSS for a
