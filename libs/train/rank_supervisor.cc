@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <iostream>
 #include <map>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -72,9 +74,21 @@ void ForwardStopSignal() { g_stop_signals.fetch_add(1, std::memory_order_relaxed
 
 SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
   SupervisorResult result;
+  NodeRendezvous* const nodes = options.node_rendezvous;
   for (int attempt = 0;; ++attempt) {
-    const int master_port =
-        options.master_port != 0 ? options.master_port : ddp::PickFreeLoopbackPort();
+    int master_port = options.master_port;
+    if (nodes != nullptr) {
+      absl::StatusOr<int> joined = nodes->Join(attempt);
+      if (!joined.ok()) {
+        result.exit_code = 1;
+        result.cause = absl::StrCat("the other nodes did not join (restart ", attempt,
+                                    "): ", joined.status().message());
+        return result;
+      }
+      master_port = *joined;
+    } else if (master_port == 0) {
+      master_port = ddp::PickFreeLoopbackPort();
+    }
     std::map<pid_t, int> running;  // pid -> local rank
     std::string cause;
     for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
@@ -92,9 +106,23 @@ SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
                 << (attempt > 0 ? absl::StrCat(", restart ", attempt) : std::string()) << "\n";
     }
 
+    if (nodes != nullptr && !cause.empty()) nodes->ReportFailure(attempt, cause);
     int signals_forwarded = 0;
     absl::Time kill_deadline = absl::InfiniteFuture();
+    absl::Time next_peer_poll = absl::Now();
     while (!running.empty()) {
+      // Another node's ranks failed: this node's ranks would wait for them in a collective, so
+      // they stop too and every node restarts together.
+      if (nodes != nullptr && cause.empty() && absl::Now() >= next_peer_poll) {
+        next_peer_poll = absl::Now() + absl::Milliseconds(200);
+        if (std::string peer = nodes->PeerFailure(attempt); !peer.empty()) {
+          cause = std::move(peer);
+          if (options.verbose) {
+            std::cerr << "launcher: " << cause << "; stopping this node's ranks so that all "
+                      << "nodes restart together\n";
+          }
+        }
+      }
       // Stop signals from the user: first a graceful SIGTERM, then SIGKILL.
       const int signals = g_stop_signals.load(std::memory_order_relaxed);
       if (signals > signals_forwarded) {
@@ -121,6 +149,7 @@ SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && cause.empty()) {
           cause = DescribeExit(rank, pid, status);
+          if (nodes != nullptr) nodes->ReportFailure(attempt, cause);
           if (options.verbose) {
             std::cerr << "launcher: " << cause << "; stopping the other ranks (SIGTERM, then "
                       << "SIGKILL after " << absl::FormatDuration(options.stop_timeout) << ")\n";
@@ -132,7 +161,15 @@ SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
       absl::SleepFor(absl::Milliseconds(20));
     }
 
-    if (cause.empty()) {
+    if (nodes != nullptr) nodes->Done(attempt, cause.empty());
+    // A rank that fails after another node's ranks finished the run (and rank 0 committed its
+    // final checkpoint) leaves nothing to redo, and no node to restart with.
+    if (cause.empty() || (nodes != nullptr && nodes->AnyNodeSucceeded(attempt))) {
+      if (!cause.empty() && options.verbose) {
+        std::cerr << "launcher: " << cause << ", but another node's ranks finished the run; "
+                  << "not restarting\n";
+      }
+      if (nodes != nullptr) nodes->Leave(attempt, options.stop_timeout + absl::Seconds(30));
       result.exit_code = 0;
       result.cause.clear();
       return result;
@@ -140,7 +177,10 @@ SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
     result.exit_code = 1;
     result.cause = cause;
     const bool user_stopped = g_stop_signals.load(std::memory_order_relaxed) > 0;
-    if (user_stopped || result.restarts >= options.max_restarts) return result;
+    if (user_stopped || result.restarts >= options.max_restarts) {
+      if (nodes != nullptr) nodes->Leave(attempt, options.stop_timeout + absl::Seconds(30));
+      return result;
+    }
     ++result.restarts;
     if (options.verbose) {
       std::cerr << "launcher: restarting all ranks (" << result.restarts << " of "

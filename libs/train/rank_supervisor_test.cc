@@ -4,7 +4,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -98,6 +100,57 @@ TEST(RankSupervisorTest, GivesUpWhenRestartsAreSpent) {
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.restarts, 2);
   EXPECT_THAT(result.cause, HasSubstr("exited with status 5"));
+}
+
+// A NodeRendezvous whose other node fails in round 0, once this node's ranks are up.
+class PeerFailsInRoundZero final : public NodeRendezvous {
+ public:
+  explicit PeerFailsInRoundZero(std::string started) : started_(std::move(started)) {}
+  absl::StatusOr<int> Join(int attempt) override {
+    log += absl::StrCat("join ", attempt, ";");
+    return 40000 + attempt;
+  }
+  void ReportFailure(int attempt, const std::string& cause) override {
+    log += absl::StrCat("failure ", attempt, ";");
+  }
+  std::string PeerFailure(int attempt) override {
+    const bool ranks_up = !ReadFile(started_).empty();
+    return attempt == 0 && ranks_up ? "node 1: rank 3 was killed by signal 9" : "";
+  }
+  void Done(int attempt, bool succeeded) override {
+    log += absl::StrCat("done ", attempt, succeeded ? " ok;" : " failed;");
+  }
+  bool AnyNodeSucceeded(int attempt) override { return false; }
+  void Leave(int attempt, absl::Duration timeout) override {
+    log += absl::StrCat("leave ", attempt, ";");
+  }
+  std::string log;
+
+ private:
+  const std::string started_;
+};
+
+TEST(RankSupervisorTest, AnotherNodesFailureRestartsThisNodesRanksInTheNextRound) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  // Round 0's ranks would train for a minute; round 1's finish. Each logs its rendezvous port.
+  SupervisorOptions options = ShellRanks(
+      "echo \"$RANK@$MASTER_PORT\" >> " + dir +
+          "/peer_starts; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi",
+      2);
+  options.nnodes = 2;
+  options.max_restarts = 1;
+  PeerFailsInRoundZero nodes(dir + "/peer_starts");
+  options.node_rendezvous = &nodes;
+  const absl::Time start = absl::Now();
+  SupervisorResult result = SuperviseRanks(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  EXPECT_EQ(result.exit_code, 0) << result.cause;
+  EXPECT_EQ(result.restarts, 1);
+  EXPECT_EQ(nodes.log, "join 0;done 0 failed;join 1;done 1 ok;leave 1;");
+  const std::string starts = ReadFile(dir + "/peer_starts");
+  EXPECT_THAT(starts, HasSubstr("@40000"));
+  EXPECT_THAT(starts, HasSubstr("0@40001"));
+  EXPECT_THAT(starts, HasSubstr("1@40001"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "libs/train/trainer.h"
 
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cmath>
 #include <cstdio>
@@ -188,6 +189,8 @@ class RankRun {
   absl::Status TrainLoop();
   // One optimizer step over `micro_batches`; the mean loss of this rank.
   absl::StatusOr<double> TrainStep(const std::vector<std::vector<int64_t>>& micro_batches);
+  // XXH3 over the bytes of every parameter and buffer, in the module's order.
+  uint64_t StateDigest() const;
   // Rank 0: the progress line and status after a step, then a checkpoint when one is due.
   absl::Status AfterStep(const StepConsensus& consensus, bool checkpoint_due, bool final,
                          bool last_step, int64_t steps_done, absl::Duration elapsed);
@@ -526,6 +529,17 @@ absl::Status RankRun::SetUpDataParallel() {
   return absl::OkStatus();
 }
 
+uint64_t RankRun::StateDigest() const {
+  std::vector<at::Tensor> tensors = model_->parameters();
+  for (const at::Tensor& buffer : model_->buffers()) tensors.push_back(buffer);
+  XXH64_hash_t digest = 0;
+  for (const at::Tensor& tensor : tensors) {
+    const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
+    digest = XXH3_64bits_withSeed(bytes.data_ptr(), bytes.nbytes(), digest);
+  }
+  return digest;
+}
+
 absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>>& micro_batches) {
   return CatchTorchErrors([&] {
     model_->train();
@@ -580,6 +594,11 @@ absl::Status RankRun::TrainLoop() {
     }
     ASSIGN_OR_RETURN(const double step_loss, TrainStep(micro_batches));
     ++loop_.global_step;
+    if (config_.log_state_digests) {
+      ASSIGN_OR_RETURN(const uint64_t digest, CatchTorchErrors([&] { return StateDigest(); }));
+      std::cerr << absl::StrFormat("trainer: rank %d step %d state %016x\n", group_.rank,
+                                   loop_.global_step, digest);
+    }
     loop_.sampler_position = sampler_->position();
     const bool epoch_end = sampler_->position() >= sampler_->num_samples();
     if (epoch_end) {  // the checkpoint should continue with the next epoch.

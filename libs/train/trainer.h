@@ -94,6 +94,11 @@ struct TrainerConfig {
   int threads_per_rank = 1;    // intra-op threads; 1 keeps runs bit-reproducible.
   int64_t log_every = 20;      // steps between plain log lines (when not on a terminal).
   bool progress_line = false;  // one updating line on stderr (rank 0, on a terminal).
+  // Every rank prints "trainer: rank R step S state XXH3" after every optimizer step: a hash of
+  // its parameters and buffers, so that ranks on different hosts can be shown to hold the same
+  // model at every step, and runs to be compared step by step. Off by default (a line per step
+  // per rank, and a copy of the model to CPU with --device=cuda).
+  bool log_state_digests = false;
 
   // ---- Evaluation (see above). The fraction of the data held out, in [0, 1); 0: none.
   double eval_fraction = 0;

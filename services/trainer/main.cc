@@ -41,6 +41,7 @@
 #include "libs/train/rank_supervisor.h"
 #include "libs/train/trainer.h"
 #include "libs/train/trainer_control.h"
+#include "services/trainer/node_rendezvous.h"
 #include "services/trainer/rank_stores.h"
 #include "services/trainer/trainer_service.h"
 
@@ -52,8 +53,12 @@ ABSL_FLAG(std::string, master_addr, "127.0.0.1",
           "Address of node 0, where rank 0 runs the rendezvous (c10d TCPStore). Default "
           "127.0.0.1.");
 ABSL_FLAG(int, master_port, 0,
-          "Rendezvous port on node 0. Default 0: a free port, chosen for every (re)start; "
-          "required when --nnodes > 1.");
+          "Rendezvous port on node 0. One node: rank 0's c10d TCPStore; default 0, a free port "
+          "chosen for every (re)start. Several nodes (required): node 0's launcher serves the "
+          "launchers' rendezvous there, and every (re)start of the ranks gets a fresh port.");
+ABSL_FLAG(absl::Duration, rendezvous_timeout, absl::Minutes(10),
+          "With --nnodes > 1: how long a launcher waits for the other nodes' launchers, at the "
+          "start and at every restart. Default 10m.");
 ABSL_FLAG(int, max_restarts, 0,
           "After a rank fails, restart all ranks this many times; they resume from the last "
           "committed checkpoint. Default 0.");
@@ -156,6 +161,10 @@ ABSL_FLAG(std::string, control_tls_key_file, "", "PEM private key of --control_t
 ABSL_FLAG(std::string, control_tls_client_ca_file, "",
           "PEM CA: require Trainer API clients to present certificates it signed (mutual TLS).");
 ABSL_FLAG(int64_t, log_every, 20, "Steps between log lines when stderr is not a terminal.");
+ABSL_FLAG(bool, log_state_digests, false,
+          "Every rank logs \"rank R step S state HASH\" after every step: a hash of its "
+          "parameters and buffers, to show that all ranks (e.g. on different hosts) and two runs "
+          "hold the same model step by step. Default false.");
 
 namespace ckpt {
 namespace {
@@ -216,6 +225,7 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   config.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);
   config.bucket_cap_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_bucket_cap_mb)) << 20;
   config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.log_state_digests = absl::GetFlag(FLAGS_log_state_digests);
   config.device = absl::GetFlag(FLAGS_device);
   if (config.device != "cpu" && config.device != "cuda") {
     return absl::InvalidArgumentError("--device must be cpu or cuda");
@@ -372,6 +382,25 @@ int Launch(int argc, char** argv) {
     return kExitBadFlags;
   }
   InstallStopHandlers();
+  std::unique_ptr<train::NodeRendezvous> nodes;
+  if (options.nnodes > 1) {
+    NodeRendezvousOptions rendezvous;
+    rendezvous.nnodes = options.nnodes;
+    rendezvous.node_rank = options.node_rank;
+    rendezvous.master_addr = options.master_addr;
+    rendezvous.master_port = options.master_port;
+    rendezvous.timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
+    absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> connected = ConnectNodes(rendezvous);
+    if (!connected.ok()) {
+      std::cerr << "trainer: " << connected.status().message() << "\n";
+      return kExitFailure;
+    }
+    nodes = *std::move(connected);
+    options.node_rendezvous = nodes.get();
+    std::cerr << "launcher: node " << options.node_rank << " of " << options.nnodes
+              << "; the launchers meet on " << options.master_addr << ":" << options.master_port
+              << " and restart together\n";
+  }
   train::SupervisorResult result = train::SuperviseRanks(options);
   if (result.exit_code != 0) {
     std::cerr << "trainer: failed: " << result.cause
