@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenCheckpointStore(
   StoreOptions options;
   options.db_path = location.directory;
   options.create_if_missing = location.create_if_missing;
+  options.chunk_backend = location.chunk_backend;
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
                    RocksDbCheckpointStore::Open(options));
   // A remote store's server audits the calls made to it; a directory opened here has no server,

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/chunk_backend.h"
 
 namespace ckpt {
 
@@ -31,6 +32,8 @@ struct StoreLocation {
   std::string directory;
   // With directory: create an empty store when there is none.
   bool create_if_missing = false;
+  // With directory: where its chunk bytes live (StoreOptions::chunk_backend); null: pack files.
+  std::shared_ptr<ChunkBackend> chunk_backend;
 
   // "DIR" or "HOST:PORT", for messages.
   std::string ToString() const { return address.empty() ? directory : address; }

@@ -34,11 +34,17 @@ struct S3Client::Request {
   bool if_none_match = false;
   // CompleteMultipartUpload can answer 200 and still fail, with an <Error> document as the body.
   bool error_in_ok_body = false;
+  // GetObjectInto: a 206 (partial content) body goes here, at most `sink_capacity` bytes, instead
+  // of into Response::body. Any other status's body (an error document, or a whole object from a
+  // server that ignored Range) still goes to Response::body.
+  char* sink = nullptr;
+  size_t sink_capacity = 0;
 };
 
 struct S3Client::Response {
   long status = 0;
   std::string body;
+  size_t sink_bytes = 0;                                     // Written to Request::sink.
   std::vector<std::pair<std::string, std::string>> headers;  // Names lowercased.
 
   std::string Header(absl::string_view name) const;
@@ -60,6 +66,7 @@ struct Attempt {
   bool retryable = false;
   long status = 0;
   std::string body;
+  size_t sink_bytes = 0;
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
@@ -80,6 +87,32 @@ size_t ReadBody(char* buffer, size_t size, size_t count, void* user) {
 size_t WriteBody(char* data, size_t size, size_t count, void* user) {
   static_cast<std::string*>(user)->append(data, size * count);
   return size * count;
+}
+
+// Where a GetObjectInto attempt's body goes: a 206 body into the caller's buffer, anything else
+// into `body` (the status is known by the time the first body byte arrives).
+struct SinkTarget {
+  CURL* curl;
+  char* destination;
+  size_t capacity;
+  size_t* written;
+  std::string* body;
+};
+
+size_t WriteSink(char* data, size_t size, size_t count, void* user) {
+  auto* target = static_cast<SinkTarget*>(user);
+  const size_t n = size * count;
+  long status = 0;
+  curl_easy_getinfo(target->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (status != 206) {
+    target->body->append(data, n);
+    return n;
+  }
+  // More than the range asked for: a broken server; fail the transfer rather than overrun.
+  if (n > target->capacity - *target->written) return 0;
+  std::memcpy(target->destination + *target->written, data, n);
+  *target->written += n;
+  return n;
 }
 
 size_t WriteHeader(char* data, size_t size, size_t count, void* user) {
@@ -141,6 +174,17 @@ absl::Duration JitteredBackoff(int retry, absl::Duration initial_backoff,
   absl::Duration cap = initial_backoff;
   for (int i = 0; i < retry && cap < max_backoff; ++i) cap *= 2;
   return std::min(cap, max_backoff) * std::clamp(uniform01, 0.0, 1.0);
+}
+
+absl::StatusOr<absl::Time> ParseS3Time(absl::string_view text) {
+  absl::Time time;
+  std::string error;
+  // %E*S takes the optional fraction ("53.000"); S3 always writes UTC with a 'Z'.
+  if (!absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", text, absl::UTCTimeZone(), &time, &error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not an S3 timestamp: \"", text, "\" (", error, ")"));
+  }
+  return time;
 }
 
 absl::StatusCode StatusCodeForHttp(long http_status, bool if_none_match) {
@@ -293,8 +337,14 @@ absl::StatusOr<S3Client::Response> S3Client::Execute(const Request& request) {
                      static_cast<long>(absl::ToInt64Milliseconds(options_.connect_timeout)));
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
                      static_cast<long>(absl::ToInt64Milliseconds(options_.request_timeout)));
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &attempt.body);
+    SinkTarget sink{curl, request.sink, request.sink_capacity, &attempt.sink_bytes, &attempt.body};
+    if (request.sink != nullptr) {
+      curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteSink);
+      curl_easy_setopt(curl, CURLOPT_WRITEDATA, &sink);
+    } else {
+      curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
+      curl_easy_setopt(curl, CURLOPT_WRITEDATA, &attempt.body);
+    }
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, WriteHeader);
     curl_easy_setopt(curl, CURLOPT_HEADERDATA, &attempt.headers);
     if (!options_.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, options_.ca_file.c_str());
@@ -337,6 +387,7 @@ absl::StatusOr<S3Client::Response> S3Client::Execute(const Request& request) {
       Response response;
       response.status = attempt.status;
       response.body = std::move(attempt.body);
+      response.sink_bytes = attempt.sink_bytes;
       response.headers = std::move(attempt.headers);
       return response;
     }
@@ -459,6 +510,32 @@ absl::StatusOr<std::string> S3Client::GetObject(absl::string_view key,
   return std::move(response.body);
 }
 
+absl::StatusOr<uint64_t> S3Client::GetObjectInto(absl::string_view key, ByteRange range,
+                                                 char* destination) {
+  if (key.empty()) return absl::InvalidArgumentError("S3 object key is empty");
+  if (range.length == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("empty byte range at ", range.offset));
+  }
+  Request request;
+  request.method = "GET";
+  request.key = std::string(key);
+  request.headers.emplace_back(
+      "range", absl::StrCat("bytes=", range.offset, "-", range.offset + range.length - 1));
+  request.sink = destination;
+  request.sink_capacity = range.length;
+  ASSIGN_OR_RETURN(Response response, Execute(request));
+  if (response.status == 206) return static_cast<uint64_t>(response.sink_bytes);
+  // A server that ignores Range sends everything (200): keep the asked-for slice.
+  if (range.offset >= response.body.size()) {
+    return absl::OutOfRangeError(absl::StrCat("GET s3://", options_.bucket, "/", key, ": offset ",
+                                              range.offset, " at or past the end (",
+                                              response.body.size(), " bytes)"));
+  }
+  const size_t n = std::min<size_t>(range.length, response.body.size() - range.offset);
+  std::memcpy(destination, response.body.data() + range.offset, n);
+  return static_cast<uint64_t>(n);
+}
+
 absl::StatusOr<ObjectInfo> S3Client::HeadObject(absl::string_view key) {
   if (key.empty()) return absl::InvalidArgumentError("S3 object key is empty");
   Request request;
@@ -501,6 +578,9 @@ absl::StatusOr<ListPage> S3Client::ListObjectsV2(absl::string_view prefix,
     ListedObject object;
     object.key = XmlText(contents, "Key").value_or("");
     object.etag = XmlText(contents, "ETag").value_or("");
+    if (std::optional<std::string> modified = XmlText(contents, "LastModified")) {
+      ASSIGN_OR_RETURN(object.last_modified, ParseS3Time(*modified));
+    }
     if (object.key.empty() ||
         !absl::SimpleAtoi(XmlText(contents, "Size").value_or(""), &object.size)) {
       return absl::UnknownError(absl::StrCat("ListObjectsV2 s3://", options_.bucket, "/", prefix,
@@ -582,6 +662,44 @@ absl::Status S3Client::CompleteMultipartUpload(absl::string_view key, absl::stri
   request.if_none_match = if_none_match;
   if (if_none_match) request.headers.emplace_back("if-none-match", "*");
   return Execute(request).status();
+}
+
+absl::StatusOr<std::vector<PendingUpload>> S3Client::ListMultipartUploads(
+    absl::string_view prefix) {
+  std::vector<PendingUpload> all;
+  std::string key_marker, upload_id_marker;
+  while (true) {
+    Request request;
+    request.method = "GET";
+    request.query = {{"uploads", ""}, {"prefix", std::string(prefix)}};
+    if (!key_marker.empty()) {
+      request.query.emplace_back("key-marker", key_marker);
+      request.query.emplace_back("upload-id-marker", upload_id_marker);
+    }
+    ASSIGN_OR_RETURN(Response response, Execute(request));
+    for (absl::string_view upload : XmlElements(response.body, "Upload")) {
+      PendingUpload pending;
+      pending.key = XmlText(upload, "Key").value_or("");
+      pending.upload_id = XmlText(upload, "UploadId").value_or("");
+      if (pending.key.empty() || pending.upload_id.empty()) {
+        return absl::UnknownError(absl::StrCat("ListMultipartUploads s3://", options_.bucket, "/",
+                                               prefix,
+                                               ": an entry without Key or UploadId: ", upload));
+      }
+      if (std::optional<std::string> initiated = XmlText(upload, "Initiated")) {
+        ASSIGN_OR_RETURN(pending.initiated, ParseS3Time(*initiated));
+      }
+      all.push_back(std::move(pending));
+    }
+    if (XmlText(response.body, "IsTruncated").value_or("false") != "true") break;
+    key_marker = XmlText(response.body, "NextKeyMarker").value_or("");
+    upload_id_marker = XmlText(response.body, "NextUploadIdMarker").value_or("");
+    if (key_marker.empty()) {
+      return absl::UnknownError(absl::StrCat("ListMultipartUploads s3://", options_.bucket, "/",
+                                             prefix, ": truncated page without NextKeyMarker"));
+    }
+  }
+  return all;
 }
 
 absl::Status S3Client::AbortMultipartUpload(absl::string_view key, absl::string_view upload_id) {

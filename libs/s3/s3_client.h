@@ -109,6 +109,16 @@ struct ListedObject {
   std::string key;
   uint64_t size = 0;
   std::string etag;
+  // When the object was last written (S3's LastModified, millisecond precision); the store's
+  // garbage collector leaves objects younger than its grace period alone.
+  absl::Time last_modified = absl::InfinitePast();
+};
+
+// A multipart upload that was created and neither completed nor aborted.
+struct PendingUpload {
+  std::string key;
+  std::string upload_id;
+  absl::Time initiated = absl::InfinitePast();
 };
 
 struct ListPage {
@@ -148,6 +158,11 @@ class S3Client {
   absl::StatusOr<std::string> GetObject(absl::string_view key,
                                         std::optional<ByteRange> range = std::nullopt);
 
+  // `range` of the object written straight into `destination` (range.length bytes): no copy
+  // through a string, for reads into a tensor. Returns the bytes written, fewer than
+  // range.length only when the object ends first. NOT_FOUND; OUT_OF_RANGE as GetObject.
+  absl::StatusOr<uint64_t> GetObjectInto(absl::string_view key, ByteRange range, char* destination);
+
   // Size and ETag. NOT_FOUND.
   absl::StatusOr<ObjectInfo> HeadObject(absl::string_view key);
 
@@ -174,6 +189,10 @@ class S3Client {
                                        bool if_none_match = false);
   absl::Status AbortMultipartUpload(absl::string_view key, absl::string_view upload_id);
 
+  // Every multipart upload in progress whose key starts with `prefix` (all pages of
+  // ListMultipartUploads), in key order: for sweeping uploads a crashed writer left behind.
+  absl::StatusOr<std::vector<PendingUpload>> ListMultipartUploads(absl::string_view prefix);
+
   const S3ClientOptions& options() const { return options_; }
 
  private:
@@ -198,6 +217,10 @@ class S3Client {
 // uniform01 * min(max_backoff, initial_backoff * 2^retry).
 absl::Duration JitteredBackoff(int retry, absl::Duration initial_backoff,
                                absl::Duration max_backoff, double uniform01);
+
+// An S3 timestamp ("2026-12-05T00:26:53.000Z", ISO 8601 in UTC as ListObjectsV2 and
+// ListMultipartUploads write it). INVALID_ARGUMENT when it is not one.
+absl::StatusOr<absl::Time> ParseS3Time(absl::string_view text);
 
 // The absl code for an HTTP error status; `if_none_match` marks requests that sent
 // "If-None-Match: *", for which 412 means the object exists.

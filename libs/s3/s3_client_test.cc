@@ -7,6 +7,7 @@
 #include <curl/curl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -421,6 +422,70 @@ TEST(S3ClientTest, MultipartStepsReportUnknownUploads) {
   ASSERT_OK_AND_ASSIGN(std::string etag, s3->UploadPart("k", upload_id, 1, "only part"));
   ASSERT_OK(s3->CompleteMultipartUpload("k", upload_id, {{1, etag}}));
   EXPECT_THAT(s3->GetObject("k"), Holds(std::string("only part")));
+}
+
+TEST(S3ClientTest, GetObjectIntoWritesTheRangeStraightIntoTheBuffer) {
+  FakeS3 server;
+  std::unique_ptr<S3Client> s3 = MakeClient(server.Options());
+  const std::string data = Bytes(300000, 3);
+  ASSERT_OK(s3->PutObject("obj", data));
+  // Guard bytes either side: nothing outside the range may be touched.
+  std::string buffer(1000 + 2, '#');
+  ASSERT_OK_AND_ASSIGN(uint64_t got, s3->GetObjectInto("obj", ByteRange{123457, 1000}, &buffer[1]));
+  EXPECT_EQ(got, 1000u);
+  EXPECT_EQ(buffer.substr(1, 1000), data.substr(123457, 1000));
+  EXPECT_EQ(buffer.front(), '#');
+  EXPECT_EQ(buffer.back(), '#');
+  // A range past the end returns what exists; at the end, OUT_OF_RANGE; a missing key NOT_FOUND
+  // with S3's error document (which must not land in the buffer).
+  std::string tail(500, '\0');
+  ASSERT_OK_AND_ASSIGN(got, s3->GetObjectInto("obj", ByteRange{data.size() - 100, 500}, &tail[0]));
+  EXPECT_EQ(got, 100u);
+  EXPECT_EQ(tail.substr(0, 100), data.substr(data.size() - 100));
+  EXPECT_THAT(s3->GetObjectInto("obj", ByteRange{data.size(), 10}, &tail[0]),
+              StatusIs(absl::StatusCode::kOutOfRange));
+  std::string untouched(64, '#');
+  EXPECT_THAT(s3->GetObjectInto("missing", ByteRange{0, 64}, &untouched[0]),
+              StatusIs(absl::StatusCode::kNotFound, "NoSuchKey"));
+  EXPECT_EQ(untouched, std::string(64, '#'));
+  EXPECT_THAT(s3->GetObjectInto("obj", ByteRange{0, 0}, &tail[0]),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(S3ClientTest, ListingsCarryLastModifiedAndPendingUploadsTheirInitiatedTime) {
+  FakeS3 server({"--page_size=2"});
+  std::unique_ptr<S3Client> s3 = MakeClient(server.Options());
+  const absl::Time before = absl::Now() - absl::Seconds(1);
+  ASSERT_OK(s3->PutObject("p/a", "x"));
+  ASSERT_OK_AND_ASSIGN(std::vector<ListedObject> objects, s3->ListAllObjects("p/"));
+  ASSERT_THAT(objects, SizeIs(1));
+  EXPECT_GE(objects[0].last_modified, before);
+  EXPECT_LE(objects[0].last_modified, absl::Now() + absl::Seconds(1));
+
+  // Five uploads over three pages (page size 2), one under another prefix.
+  std::vector<std::string> ids;
+  for (const char* key : {"p/k1", "p/k2", "p/k2", "p/k3", "q/other"}) {
+    ASSERT_OK_AND_ASSIGN(ids.emplace_back(), s3->CreateMultipartUpload(key));
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<PendingUpload> pending, s3->ListMultipartUploads("p/"));
+  ASSERT_THAT(pending, SizeIs(4));
+  EXPECT_EQ(pending[0].key, "p/k1");
+  EXPECT_EQ(pending[3].key, "p/k3");
+  for (const PendingUpload& upload : pending) {
+    EXPECT_GE(upload.initiated, before) << upload.key;
+    EXPECT_NE(std::find(ids.begin(), ids.end(), upload.upload_id), ids.end()) << upload.upload_id;
+  }
+  ASSERT_OK(s3->AbortMultipartUpload(pending[0].key, pending[0].upload_id));
+  ASSERT_OK_AND_ASSIGN(pending, s3->ListMultipartUploads("p/"));
+  EXPECT_THAT(pending, SizeIs(3));
+}
+
+TEST(S3ClientTest, ParsesS3TimestampsAndRefusesOthers) {
+  ASSERT_OK_AND_ASSIGN(absl::Time time, ParseS3Time("2026-12-05T00:26:53.250Z"));
+  EXPECT_EQ(time, absl::FromUnixMillis(1796430413250));
+  ASSERT_OK_AND_ASSIGN(time, ParseS3Time("2026-12-05T00:26:53Z"));
+  EXPECT_EQ(time, absl::FromUnixSeconds(1796430413));
+  EXPECT_THAT(ParseS3Time("yesterday"), StatusIs(absl::StatusCode::kInvalidArgument, "yesterday"));
 }
 
 TEST(S3ClientTest, HttpsVerifiesTheServerAgainstTheCaFile) {

@@ -212,6 +212,11 @@ absl::StatusOr<VersionReader::MappedBytes> VersionReader::MapTensorBytes(
   return MappedBytes();
 }
 
+absl::StatusOr<std::optional<VersionReader::FileRegion>> VersionReader::LocateTensorBytes(
+    const v1::TensorMeta& meta) const {
+  return std::optional<FileRegion>();
+}
+
 // Tensors at least this large are prefaulted before they are filled.
 constexpr int64_t kPrefaultMinBytes = int64_t{1} << 20;
 

@@ -164,6 +164,18 @@ class VersionReader {
   };
   virtual absl::StatusOr<MappedBytes> MapTensorBytes(const v1::TensorMeta& meta) const;
 
+  // Where the bytes of `meta` lie in place, back to back, in one file of the store (a pack of
+  // the RocksDB store): the file's path and their offset in it, for a loader that hands the file
+  // itself to a consumer on its host (libs/loader/shm_server.h). Reads and checks no bytes: the
+  // receiver checks them against meta's chunk digests. nullopt when they do not lie so; the
+  // default locates nothing.
+  struct FileRegion {
+    std::string path;
+    int64_t offset = 0;
+  };
+  virtual absl::StatusOr<std::optional<FileRegion>> LocateTensorBytes(
+      const v1::TensorMeta& meta) const;
+
   // The tensor under `key` (model tensors are searched first, then state tensors) as a contiguous
   // CPU at::Tensor, its bytes streamed straight into the tensor's buffer. NOT_FOUND for an unknown
   // key; FAILED_PRECONDITION for a dtype LibTorch 1.13 cannot hold (ReadTensorChunks still

@@ -25,7 +25,6 @@ namespace {
 // Descriptors kept open for reading; beyond this, packs not removed are closed and reopened by
 // name when read again (one pack per upload: a long-lived store has thousands).
 constexpr size_t kMaxCachedDescriptors = 256;
-constexpr absl::string_view kPackSuffix = ".pack";
 // PackWriter starts writeback of every this many appended bytes.
 constexpr int64_t kWritebackStepBytes = int64_t{8} << 20;
 
@@ -52,15 +51,9 @@ std::string LocationText(const PackLocation& location) {
 
 }  // namespace
 
-std::string PackFileName(uint64_t pack_id) {
-  return absl::StrCat(absl::StrFormat("%016x", pack_id), kPackSuffix);
-}
-
 PackFd::~PackFd() {
   if (fd_ >= 0) ::close(fd_);
 }
-
-MappedPackRegion::~MappedPackRegion() { ::munmap(base_, mapped_length_); }
 
 absl::StatusOr<std::unique_ptr<PackDirectory>> PackDirectory::Open(const std::string& dir) {
   struct stat info;
@@ -77,7 +70,13 @@ absl::StatusOr<std::unique_ptr<PackDirectory>> PackDirectory::Open(const std::st
   return std::unique_ptr<PackDirectory>(new PackDirectory(dir));
 }
 
-absl::StatusOr<std::unique_ptr<PackWriter>> PackDirectory::NewPack(uint64_t pack_id) {
+std::string PackDirectory::Describe() const { return absl::StrCat("pack files in ", dir_); }
+
+std::optional<std::string> PackDirectory::LocalFilePath(uint64_t pack_id) const {
+  return absl::StrCat(dir_, "/", PackFileName(pack_id));
+}
+
+absl::StatusOr<std::unique_ptr<ChunkWriter>> PackDirectory::NewPack(uint64_t pack_id) {
   const std::string path = absl::StrCat(dir_, "/", PackFileName(pack_id));
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -170,19 +169,19 @@ absl::StatusOr<std::shared_ptr<MappedPackRegion>> PackDirectory::MapWhole(uint64
   return std::make_shared<MappedPackRegion>(base, length, static_cast<int64_t>(info.st_size));
 }
 
-absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> PackDirectory::List() const {
+absl::StatusOr<std::vector<PackInfo>> PackDirectory::List() const {
   DIR* listing = ::opendir(dir_.c_str());
   if (listing == nullptr) return ErrnoToStatus(errno, "listing pack directory", dir_);
-  std::vector<std::pair<uint64_t, int64_t>> packs;
+  std::vector<PackInfo> packs;
   while (const dirent* entry = ::readdir(listing)) {
-    absl::string_view name(entry->d_name);
-    if (!absl::ConsumeSuffix(&name, kPackSuffix) || name.size() != 16) continue;
-    uint64_t pack_id = 0;
-    if (!absl::SimpleHexAtoi(name, &pack_id)) continue;
+    const std::optional<uint64_t> pack_id = PackIdFromFileName(entry->d_name);
+    if (!pack_id.has_value()) continue;
     struct stat info;
     const std::string path = absl::StrCat(dir_, "/", entry->d_name);
     if (::stat(path.c_str(), &info) != 0) continue;  // removed meanwhile.
-    packs.emplace_back(pack_id, static_cast<int64_t>(info.st_size));
+    PackInfo& pack = packs.emplace_back();
+    pack.pack_id = *pack_id;
+    pack.size = static_cast<int64_t>(info.st_size);
   }
   ::closedir(listing);
   return packs;

@@ -2,7 +2,8 @@
 #define CKPT_LIBS_STORE_CHUNK_PACK_H_
 
 // Append-only pack files holding the RocksDB store's chunk bytes; RocksDB keeps only where each
-// chunk lives (rocksdb_schema.h, `packed_chunks`).
+// chunk lives (rocksdb_schema.h, `packed_chunks`). The store's default ChunkBackend
+// (chunk_backend.h); s3_chunk_backend.h keeps the same packs in an object store.
 //
 // Why not RocksDB values: a value passes through the WAL and is written again when its memtable
 // is flushed to a blob file, so every tensor byte hit the disk twice and was copied three times
@@ -18,7 +19,7 @@
 //
 // Example:
 //   ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs, PackDirectory::Open(db_path +
-//   "/packs")); ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs->NewPack(id));
+//   "/packs")); ASSIGN_OR_RETURN(std::unique_ptr<ChunkWriter> writer, packs->NewPack(id));
 //   ASSIGN_OR_RETURN(int64_t offset, writer->Append(bytes, /*alignment=*/4096));
 //   RETURN_IF_ERROR(writer->Sync());                      // before the commit that names it
 //   RETURN_IF_ERROR(packs->Read({id, offset, length}, destination));
@@ -34,17 +35,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "libs/store/chunk_backend.h"
 
 namespace ckpt {
-
-struct PackLocation {
-  uint64_t pack_id = 0;
-  int64_t offset = 0;
-  int64_t length = 0;
-};
-
-// "0123456789abcdef.pack".
-std::string PackFileName(uint64_t pack_id);
 
 // An open file descriptor, closed on destruction.
 class PackFd {
@@ -59,55 +52,46 @@ class PackFd {
   const int fd_;
 };
 
-// A private, copy-on-write mapping of a whole pack: writes to it stay private to the process
-// (the file never changes). Unmapped on destruction.
-class MappedPackRegion {
- public:
-  // `base` and `mapped_length` as mmap returned and took them; `size` is the file's size.
-  MappedPackRegion(void* base, size_t mapped_length, int64_t size)
-      : base_(base), mapped_length_(mapped_length), size_(size) {}
-  ~MappedPackRegion();
-  MappedPackRegion(const MappedPackRegion&) = delete;
-  MappedPackRegion& operator=(const MappedPackRegion&) = delete;
-  // The pack's first byte.
-  char* data() const { return static_cast<char*>(base_); }
-  // Bytes of the file that are mapped: touching data() + size() or beyond is SIGBUS.
-  int64_t size() const { return size_; }
-
- private:
-  void* const base_;
-  const size_t mapped_length_;  // at least 1 (mmap refuses 0)
-  const int64_t size_;
-};
-
 class PackWriter;
 
-class PackDirectory {
+// Thread-safe.
+class PackDirectory final : public ChunkBackend {
  public:
   // Opens `dir`, creating it (and syncing its parent) when missing.
   static absl::StatusOr<std::unique_ptr<PackDirectory>> Open(const std::string& dir);
 
-  // Creates pack `pack_id` (ALREADY_EXISTS if its file exists) for appending.
-  absl::StatusOr<std::unique_ptr<PackWriter>> NewPack(uint64_t pack_id);
+  std::string Describe() const override;
+
+  // Creates pack `pack_id` (ALREADY_EXISTS if its file exists) for appending: a PackWriter.
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> NewPack(uint64_t pack_id) override;
 
   // Reads `location` into `destination` (location.length bytes). DATA_LOSS when the pack is
   // missing or shorter than the location says.
-  absl::Status Read(const PackLocation& location, char* destination) const;
+  absl::Status Read(const PackLocation& location, char* destination) const override;
 
+  bool CanMap() const override { return true; }
   // Maps all of pack `pack_id` as it is now, privately (copy-on-write). Its size() is the file's
   // size then: touching bytes beyond it would be SIGBUS, so callers check their extent first.
-  absl::StatusOr<std::shared_ptr<MappedPackRegion>> MapWhole(uint64_t pack_id) const;
+  absl::StatusOr<std::shared_ptr<MappedPackRegion>> MapWhole(uint64_t pack_id) const override;
 
-  // Every pack file's id and size in bytes.
-  absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> List() const;
+  // Every pack file's id and size in bytes (last_modified unset: only this store writes here).
+  absl::StatusOr<std::vector<PackInfo>> List() const override;
 
   // Unlinks pack `pack_id`. Its descriptor is opened first (if it was not already) and kept, so
   // readers still holding an older location can read it until ReleaseRemoved(g) with
   // g >= `generation`.
-  absl::Status Remove(uint64_t pack_id, uint64_t generation);
+  absl::Status Remove(uint64_t pack_id, uint64_t generation) override;
   // Closes the descriptors of packs removed at generations <= `up_to`, returning their space to
   // the filesystem.
-  void ReleaseRemoved(uint64_t up_to);
+  void ReleaseRemoved(uint64_t up_to) override;
+
+  // A pack file is listed from its creation: nothing is ever pending.
+  absl::StatusOr<std::vector<PendingPack>> ListPending() const override {
+    return std::vector<PendingPack>();
+  }
+  absl::Status AbortPending(const PendingPack& pending) override { return absl::OkStatus(); }
+
+  std::optional<std::string> LocalFilePath(uint64_t pack_id) const override;
 
   const std::string& dir() const { return dir_; }
 
@@ -123,24 +107,25 @@ class PackDirectory {
   std::vector<std::pair<uint64_t, uint64_t>> removed_ ABSL_GUARDED_BY(mu_);
 };
 
-// Appends to one pack. Not thread-safe.
-class PackWriter {
+// Appends to one pack file. Not thread-safe.
+class PackWriter final : public ChunkWriter {
  public:
   PackWriter(std::string path, std::string dir, uint64_t pack_id, int fd)
       : path_(std::move(path)), dir_(std::move(dir)), pack_id_(pack_id), fd_(fd) {}
 
-  uint64_t pack_id() const { return pack_id_; }
-  int64_t size() const { return size_; }
+  uint64_t pack_id() const override { return pack_id_; }
+  int64_t size() const override { return size_; }
 
   // Appends `bytes` at the next multiple of `alignment` (a power of two; the gap is a hole that
   // reads as zeros) and returns their offset: tensors start aligned, so readers can map them in
   // place. RESOURCE_EXHAUSTED when the filesystem is full, or would keep less than the reserve
   // that deletes and garbage collection need (1/32 of it, 2..256 MiB); the pack is then unusable.
-  absl::StatusOr<int64_t> Append(absl::string_view bytes, int64_t alignment);
+  absl::StatusOr<int64_t> Append(absl::string_view bytes, int64_t alignment) override;
 
   // Makes every byte appended so far durable (fdatasync; the first call also syncs the
-  // directory entry). Append has started writeback of all but the last few MiB already.
-  absl::Status Sync();
+  // directory entry). Append has started writeback of all but the last few MiB already. May be
+  // called again after more appends.
+  absl::Status Sync() override;
 
  private:
   const std::string path_;

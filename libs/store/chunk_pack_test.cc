@@ -24,7 +24,7 @@ std::string TestDir(const std::string& name) {
 TEST(ChunkPackTest, AppendsReadsAndMapsWithAlignment) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackDirectory> packs,
                        PackDirectory::Open(TestDir("packs_basic")));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackWriter> writer, packs->NewPack(7));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkWriter> writer, packs->NewPack(7));
   ASSERT_OK_AND_ASSIGN(int64_t first, writer->Append("abc", /*alignment=*/1));
   ASSERT_OK_AND_ASSIGN(int64_t second, writer->Append(std::string(5000, 'z'), 4096));
   ASSERT_OK_AND_ASSIGN(int64_t third, writer->Append("tail", 1));
@@ -49,15 +49,15 @@ TEST(ChunkPackTest, AppendsReadsAndMapsWithAlignment) {
 
   ASSERT_OK_AND_ASSIGN(auto listed, packs->List());
   ASSERT_EQ(listed.size(), 1u);
-  EXPECT_EQ(listed[0].first, 7u);
-  EXPECT_EQ(listed[0].second, 4096 + 5000 + 4);
+  EXPECT_EQ(listed[0].pack_id, 7u);
+  EXPECT_EQ(listed[0].size, 4096 + 5000 + 4);
   EXPECT_THAT(packs->NewPack(7), StatusIs(absl::StatusCode::kAlreadyExists));
 }
 
 TEST(ChunkPackTest, ShortOrMissingPacksAreDataLoss) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackDirectory> packs,
                        PackDirectory::Open(TestDir("packs_short")));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackWriter> writer, packs->NewPack(1));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkWriter> writer, packs->NewPack(1));
   ASSERT_THAT(writer->Append("0123456789", 1).status(), IsOk());
   std::string buffer(20, '\0');
   EXPECT_THAT(packs->Read({1, 5, 10}, buffer.data()),
@@ -72,7 +72,7 @@ TEST(ChunkPackTest, ShortOrMissingPacksAreDataLoss) {
 TEST(ChunkPackTest, RemovedPackStaysReadableUntilReleased) {
   const std::string dir = TestDir("packs_remove");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackDirectory> packs, PackDirectory::Open(dir));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PackWriter> writer, packs->NewPack(3));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkWriter> writer, packs->NewPack(3));
   ASSERT_THAT(writer->Append("kept", 1).status(), IsOk());
   ASSERT_THAT(packs->Remove(3, /*generation=*/10), IsOk());
   EXPECT_NE(::access((dir + "/" + PackFileName(3)).c_str(), F_OK), 0);

@@ -44,6 +44,29 @@ class RocksDbVersionReader final : public VersionReader {
     return core_->MapTensor(meta, snapshot_, where_, mappings_);
   }
 
+  absl::StatusOr<std::optional<FileRegion>> LocateTensorBytes(
+      const v1::TensorMeta& meta) const override {
+    std::optional<PackLocation> whole;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      ASSIGN_OR_RETURN(std::optional<PackLocation> location,
+                       core_->FindPackLocation(chunk, snapshot_));
+      if (!location.has_value()) return std::nullopt;
+      if (!whole.has_value()) {
+        whole = location;
+      } else if (location->pack_id != whole->pack_id ||
+                 location->offset != whole->offset + whole->length) {
+        return std::nullopt;
+      } else {
+        whole->length += location->length;
+      }
+    }
+    if (!whole.has_value() || whole->length != meta.byte_length()) return std::nullopt;
+    // Packs in an object store are no local file to hand over.
+    std::optional<std::string> path = core_->packs().LocalFilePath(whole->pack_id);
+    if (!path.has_value()) return std::nullopt;
+    return FileRegion{*std::move(path), whole->offset};
+  }
+
  private:
   mutable PackMappings mappings_;
   const std::shared_ptr<Core> core_;
@@ -95,8 +118,10 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
       std::unique_ptr<StoreDb> db,
       StoreDb::Open(options.db_path, options.create_if_missing, options.rocksdb_file_system));
   // After the database: its lock keeps a second process from writing the same packs.
-  ASSIGN_OR_RETURN(std::unique_ptr<PackDirectory> packs,
-                   PackDirectory::Open(absl::StrCat(options.db_path, "/packs")));
+  std::shared_ptr<ChunkBackend> packs = options.chunk_backend;
+  if (packs == nullptr) {
+    ASSIGN_OR_RETURN(packs, PackDirectory::Open(absl::StrCat(options.db_path, "/packs")));
+  }
   auto core = std::make_shared<Core>(options, std::move(db), std::move(packs), skip_hashing);
   RETURN_IF_ERROR(core->LoadAuditLog());
   RETURN_IF_ERROR(core->LoadHistory());

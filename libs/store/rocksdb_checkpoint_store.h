@@ -3,8 +3,9 @@
 
 // The CheckpointStore on a local RocksDB database (schema: rocksdb_schema.h).
 //
-// Durability: chunk bytes are appended (not synced) to the upload's own pack file as it streams
-// (chunk_pack.h); a commit syncs that pack, then writes one synced WriteBatch holding the
+// Durability: chunk bytes are appended (not synced) to the upload's own pack as it streams (a
+// pack file, chunk_pack.h, or an object, s3_chunk_backend.h: StoreOptions::chunk_backend); a
+// commit syncs that pack, then writes one synced WriteBatch holding the
 // manifest, the chunks' pack locations, the model record (version counter), refcount increments,
 // alias moves and the removal of the upload record. Recovery replays a prefix of RocksDB's log, so
 // a crash at any instant leaves each version either wholly present or absent, and a location is
@@ -34,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/chunk_backend.h"
 
 namespace rocksdb {
 class FileSystem;
@@ -65,6 +67,11 @@ struct StoreOptions {
   // files are plain POSIX files regardless. Null (the default): RocksDB's default file system.
   // Tests pass one that records what was synced or injects faults.
   std::shared_ptr<rocksdb::FileSystem> rocksdb_file_system;
+  // Where chunk bytes go. Null (the default): pack files in `db_path`/packs. An S3ChunkBackend
+  // (s3_chunk_backend.h) keeps the same packs as objects in a bucket, RocksDB staying the index;
+  // a backend serves one store (GC removes the packs this store's index does not name), and the
+  // same backend must be passed every time the store is opened.
+  std::shared_ptr<ChunkBackend> chunk_backend;
 };
 
 // A seam for tools/bench only (libs/store/benchmark_seams.h, visible to tools/bench alone).

@@ -193,7 +193,7 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
     uint64_t number = 0;
     if (absl::SimpleHexAtoi(id, &number)) writing.insert(number);
   }
-  RETURN_IF_ERROR(core_->ReclaimPacks(writing));
+  RETURN_IF_ERROR(core_->ReclaimPacks(writing, absl::FromUnixMicros(cutoff)));
   CKPT_FAILPOINT("gc.after_pack_removal");
   return response;
 }

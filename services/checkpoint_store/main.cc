@@ -37,6 +37,7 @@
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/s3_chunk_backend.h"
 #include "services/checkpoint_store/store_service.h"
 
 ABSL_FLAG(std::string, db_path, "",
@@ -90,6 +91,33 @@ ABSL_FLAG(int, max_watches, 1000,
 ABSL_FLAG(absl::Duration, watch_write_timeout, absl::Seconds(30),
           "A watcher that has not taken a message for this long (it stopped reading) is cut "
           "off; it may resume from its last resume token. Default 30s.");
+ABSL_FLAG(std::string, chunks_s3_endpoint, "",
+          "Keep chunk bytes in an S3-compatible object store at this endpoint "
+          "(http://HOST:PORT or https://HOST[:PORT]; path-style, e.g. radosgw, MinIO, AWS) "
+          "instead of pack files under --db_path. RocksDB in --db_path stays the index "
+          "(versions, refcounts, where each chunk lies): keep it as safe as the bucket, and open "
+          "the store with the same --chunks_s3_* flags every time. Each commit uploads one pack "
+          "object (multipart in 8 MiB parts) and is acknowledged only once it is in the bucket. "
+          "Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment, "
+          "or --chunks_s3_credentials_file; never from a flag value. Default: unset (pack "
+          "files).");
+ABSL_FLAG(std::string, chunks_s3_bucket, "",
+          "With --chunks_s3_endpoint: the bucket (it must exist). Required then.");
+ABSL_FLAG(std::string, chunks_s3_prefix, "",
+          "With --chunks_s3_endpoint: a key prefix ending in '/' (e.g. team-a/), so one bucket "
+          "can hold several stores; objects are PREFIXpacks/<16 hex>.pack. One prefix serves one "
+          "store: garbage collection deletes pack objects under it that this store does not "
+          "name. Default: empty.");
+ABSL_FLAG(std::string, chunks_s3_region, "us-east-1",
+          "With --chunks_s3_endpoint: the region in the SigV4 signature (radosgw: its "
+          "zonegroup, usually 'default', though it accepts any). Default us-east-1.");
+ABSL_FLAG(std::string, chunks_s3_credentials_file, "",
+          "With --chunks_s3_endpoint: a file in AWS's shared-credentials format "
+          "(aws_access_key_id = ... / aws_secret_access_key = ...) to read the key from instead "
+          "of the environment. Default: the environment.");
+ABSL_FLAG(std::string, chunks_s3_ca_file, "",
+          "With an https --chunks_s3_endpoint: PEM CA certificates to trust instead of the "
+          "system's. Default: the system's.");
 ABSL_FLAG(int64_t, watch_max_lag, 10000,
           "A watcher held up by flow control and more than this many history events behind "
           "ends with RESOURCE_EXHAUSTED naming its resume token. Default 10000.");
@@ -103,6 +131,7 @@ constexpr int kMinMaxMessageBytes = kMaxTensorDataBytes + (64 << 10);
 
 struct ServerConfig {
   StoreOptions store;
+  S3ChunkStorageConfig chunks_s3;  // endpoint empty: pack files.
   StoreServiceOptions service;
   GrpcServerOptions server;
   std::string port_file;
@@ -122,6 +151,22 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   config.store.abandoned_upload_grace = absl::GetFlag(FLAGS_abandoned_upload_grace);
   if (config.store.abandoned_upload_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--abandoned_upload_grace must not be negative");
+  }
+  config.chunks_s3.endpoint = absl::GetFlag(FLAGS_chunks_s3_endpoint);
+  config.chunks_s3.bucket = absl::GetFlag(FLAGS_chunks_s3_bucket);
+  config.chunks_s3.prefix = absl::GetFlag(FLAGS_chunks_s3_prefix);
+  config.chunks_s3.region = absl::GetFlag(FLAGS_chunks_s3_region);
+  config.chunks_s3.ca_file = absl::GetFlag(FLAGS_chunks_s3_ca_file);
+  if (!config.chunks_s3.endpoint.empty()) {
+    if (config.chunks_s3.bucket.empty()) {
+      return absl::InvalidArgumentError("--chunks_s3_endpoint needs --chunks_s3_bucket");
+    }
+    absl::Status credentials =
+        LoadS3Credentials(absl::GetFlag(FLAGS_chunks_s3_credentials_file), config.chunks_s3);
+    if (!credentials.ok()) return credentials;
+  } else if (!config.chunks_s3.bucket.empty() || !config.chunks_s3.prefix.empty()) {
+    return absl::InvalidArgumentError(
+        "--chunks_s3_bucket / --chunks_s3_prefix need --chunks_s3_endpoint");
   }
   config.server.listen_address = absl::GetFlag(FLAGS_listen);
   config.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -167,7 +212,14 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   return config;
 }
 
-int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
+int Serve(ServerConfig config, const sigset_t& stop_signals) {
+  // Here rather than in ConfigFromFlags: it reaches the network (the bucket is listed once).
+  absl::StatusOr<std::shared_ptr<ChunkBackend>> chunks = OpenS3ChunkStorage(config.chunks_s3);
+  if (!chunks.ok()) {
+    std::cerr << "checkpoint_store: chunk storage: " << chunks.status() << "\n";
+    return kExitFailure;
+  }
+  config.store.chunk_backend = *std::move(chunks);
   absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
       RocksDbCheckpointStore::Open(config.store);
   if (!store.ok()) {

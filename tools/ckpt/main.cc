@@ -66,6 +66,23 @@ const std::vector<cli::OptionSpec>& GlobalOptions() {
       {"tls_cert_file", "PEM", "with --tls_ca_file: this client's certificate (mutual TLS)", ""},
       {"tls_key_file", "PEM", "the private key of --tls_cert_file", ""},
       {"tls_server_name", "NAME", "the name the server's certificate carries, if not its host", ""},
+      {"chunks_s3_endpoint", "URL",
+       "with --store_dir: chunk bytes in this S3-compatible object store (http://HOST:PORT or "
+       "https://HOST[:PORT], path-style) instead of pack files in DIR, which keeps the index; "
+       "credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or --chunks_s3_credentials_file",
+       ""},
+      {"chunks_s3_bucket", "BUCKET", "with --chunks_s3_endpoint: the (existing) bucket", ""},
+      {"chunks_s3_prefix", "PREFIX",
+       "with --chunks_s3_endpoint: key prefix ending in '/', one per store (gc deletes pack "
+       "objects under it that the store does not name)",
+       ""},
+      {"chunks_s3_region", "REGION", "with --chunks_s3_endpoint: the SigV4 region", "us-east-1"},
+      {"chunks_s3_credentials_file", "FILE",
+       "with --chunks_s3_endpoint: AWS shared-credentials file (aws_access_key_id = ..., "
+       "aws_secret_access_key = ...) instead of the environment",
+       ""},
+      {"chunks_s3_ca_file", "PEM", "with an https --chunks_s3_endpoint: CA certificates to trust",
+       ""},
   };
   return *options;
 }
@@ -226,7 +243,10 @@ const std::vector<cli::CommandSpec>& Commands() {
          "model-00001-of-0000N.safetensors... and model.safetensors.index.json, shards of at most "
          "SIZE tensor bytes (5GB, 500MB, 2GiB, bytes; a larger tensor gets a shard of its own)",
          "one file"},
-        {"loader", "HOST:PORT", "export through a loader service instead of the store", ""}}},
+        {"loader", "HOST:PORT[,HOST:PORT...]|dns:///NAME:PORT",
+         "export through a loader service (several: round-robin over the healthy ones) instead of "
+         "the store",
+         ""}}},
       {"check",
        "MODEL@REF",
        "Preflight: compare a stored version's keys and shapes with another checkpoint file's "
@@ -237,7 +257,9 @@ const std::vector<cli::CommandSpec>& Commands() {
         {"key-prefix", "PREFIX", "the consumer's keys carry this prefix, e.g. module.", ""},
         {"include", "PREFIX[,PREFIX]", "compare only tensors whose canonical key starts with one",
          "all"},
-        {"loader", "HOST:PORT", "ask a loader service instead of the store", ""}}},
+        {"loader", "HOST:PORT[,HOST:PORT...]|dns:///NAME:PORT",
+         "ask a loader service (several: round-robin over the healthy ones) instead of the store",
+         ""}}},
   };
   static const bool registered = [] {
     const std::vector<cli::CommandSpec>& registry = RegistryCommands();

@@ -11,6 +11,7 @@
 #include "libs/loader/local_loader.h"
 #include "libs/rpc/bearer_auth.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/s3_chunk_backend.h"
 #include "libs/store/version_ref.h"
 
 namespace ckpt {
@@ -31,11 +32,41 @@ bool HasClientTls(const cli::ParsedCommandLine& line) {
          line.Has("tls_server_name");
 }
 
+bool HasChunksS3(const cli::ParsedCommandLine& line) {
+  for (const char* option :
+       {"chunks_s3_endpoint", "chunks_s3_bucket", "chunks_s3_prefix", "chunks_s3_region",
+        "chunks_s3_credentials_file", "chunks_s3_ca_file"}) {
+    if (line.Has(option)) return true;
+  }
+  return false;
+}
+
+// --chunks_s3_*: the embedded store's chunks in an object store; null without them.
+absl::StatusOr<std::shared_ptr<ChunkBackend>> ChunkBackendFor(const cli::ParsedCommandLine& line) {
+  if (!HasChunksS3(line)) return nullptr;
+  if (!line.Has("chunks_s3_endpoint") || !line.Has("chunks_s3_bucket")) {
+    return absl::InvalidArgumentError(
+        "--chunks_s3_* options need both --chunks_s3_endpoint and --chunks_s3_bucket");
+  }
+  S3ChunkStorageConfig config;
+  config.endpoint = line.Get("chunks_s3_endpoint");
+  config.bucket = line.Get("chunks_s3_bucket");
+  config.prefix = line.Get("chunks_s3_prefix");
+  config.region = line.Get("chunks_s3_region");
+  config.ca_file = line.Get("chunks_s3_ca_file");
+  RETURN_IF_ERROR(LoadS3Credentials(line.Get("chunks_s3_credentials_file"), config));
+  return OpenS3ChunkStorage(config);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
                                                            bool create) {
   StoreLocation location;
+  if (line.Has("store") && HasChunksS3(line)) {
+    return absl::InvalidArgumentError(
+        "--chunks_s3_* options go with --store_dir; a --store service has its own chunk storage");
+  }
   if (line.Has("store")) {
     location.address = line.Get("store");
     if (line.Has("auth_token_file")) {
@@ -49,6 +80,7 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedComm
   } else {
     location.directory = line.Get("store_dir");
     location.create_if_missing = create;
+    ASSIGN_OR_RETURN(location.chunk_backend, ChunkBackendFor(line));
   }
   absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenCheckpointStore(location);
   if (!store.ok()) {

@@ -5,7 +5,8 @@ It checks every request's SigV4 Authorization header by recomputing it here from
 hmac/hashlib (not with the C++ code under test): it decodes the path and query as a server
 does and encodes them again itself, so an encoding mistake in the client fails the signature.
 It checks x-amz-content-sha256 against the body, as S3 does. Objects, multipart uploads,
-ranged GETs, If-None-Match, ListObjectsV2 paging; S3's XML errors.
+ranged GETs, If-None-Match, ListObjectsV2 paging (with LastModified), ListMultipartUploads
+paging (with Initiated); S3's XML errors.
 
 Tests steer it through /_control/ (not signed):
   POST /_control/fault  JSON {"method": "PUT", "query": "partNumber", "status": 503,
@@ -43,6 +44,12 @@ AUTH_RE = re.compile(
     r"SignedHeaders=([a-z0-9;-]+),\s*Signature=([0-9a-f]{64})$")
 
 
+def s3_time(seconds):
+    # S3's ISO 8601 form, in UTC, with milliseconds.
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (moment.microsecond // 1000)
+
+
 def sha256_hex(data):
     return hashlib.sha256(data).hexdigest()
 
@@ -66,7 +73,8 @@ class State:
         self.lock = threading.Lock()
         self.objects = {}  # key (str) -> bytes
         self.etags = {}  # key -> ETag, quoted (multipart ETags are not the MD5 of the bytes)
-        self.uploads = {}  # upload id -> {"key": str, "parts": {n: bytes}}
+        self.modified = {}  # key -> time.time() of its last write
+        self.uploads = {}  # upload id -> {"key": str, "parts": {n: bytes}, "initiated": time}
         self.faults = []
         self.log = []
 
@@ -175,6 +183,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not key:
             if self.command == "GET" and query_dict.get("list-type") == "2":
                 return self.list_objects(query_dict)
+            if self.command == "GET" and "uploads" in query_dict:
+                return self.list_uploads(query_dict)
             if self.command == "PUT":
                 return self.error(409, "BucketAlreadyOwnedByYou", "bucket exists")
             return self.error(400, "InvalidRequest", "unsupported bucket request")
@@ -197,6 +207,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with state.lock:
                 state.objects.pop(key, None)
                 state.etags.pop(key, None)
+                state.modified.pop(key, None)
             return self.send(204)
         return self.error(405, "MethodNotAllowed", self.command)
 
@@ -265,6 +276,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.error(412, "PreconditionFailed", "object exists")
             state.objects[key] = body
             state.etags[key] = '"%s"' % hashlib.md5(body).hexdigest()
+            state.modified[key] = time.time()
         return self.send(200, headers={"ETag": state.etags[key]})
 
     def get_object(self, key):
@@ -300,8 +312,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             after = base64.b64decode(token[5:-1]).decode()
         with self.server.state.lock:
             keys = sorted(k for k in self.server.state.objects if k.startswith(prefix) and k > after)
-            page = [(k, self.server.state.objects[k], self.server.state.etags[k])
-                    for k in keys[:max_keys]]
+            page = [(k, self.server.state.objects[k], self.server.state.etags[k],
+                     self.server.state.modified[k]) for k in keys[:max_keys]]
         truncated = len(keys) > max_keys
         out = ["<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult "
                "xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>%s</Name>"
@@ -309,11 +321,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                "<IsTruncated>%s</IsTruncated>" %
                (cfg.bucket, xml_escape(prefix), len(page), max_keys,
                 "true" if truncated else "false")]
-        for k, data, etag in page:
-            out.append("<Contents><Key>%s</Key><LastModified>2024-01-01T00:00:00.000Z"
-                       "</LastModified><ETag>%s</ETag><Size>%d</Size>"
-                       "<StorageClass>STANDARD</StorageClass></Contents>" %
-                       (xml_escape(k), xml_escape(etag), len(data)))
+        for k, data, etag, modified in page:
+            out.append("<Contents><Key>%s</Key><LastModified>%s</LastModified><ETag>%s</ETag>"
+                       "<Size>%d</Size><StorageClass>STANDARD</StorageClass></Contents>" %
+                       (xml_escape(k), s3_time(modified), xml_escape(etag), len(data)))
         if truncated:
             # A token with '+', '/' and '=' in it, so the client must encode it in the query.
             token = "page/" + base64.b64encode(page[-1][0].encode()).decode() + "+"
@@ -321,10 +332,35 @@ class Handler(http.server.BaseHTTPRequestHandler):
         out.append("</ListBucketResult>")
         return self.send(200, "".join(out).encode(), {"Content-Type": "application/xml"})
 
+    def list_uploads(self, query):
+        # Pages of --page_size, in (key, upload id) order, continued by key-marker and
+        # upload-id-marker as S3 does.
+        cfg = self.server.cfg
+        prefix = query.get("prefix", "")
+        after = (query.get("key-marker", ""), query.get("upload-id-marker", ""))
+        with self.server.state.lock:
+            listed = sorted((u["key"], upload_id, u["initiated"])
+                            for upload_id, u in self.server.state.uploads.items()
+                            if u["key"].startswith(prefix) and (u["key"], upload_id) > after)
+        page = listed[:cfg.page_size]
+        truncated = len(listed) > len(page)
+        out = ["<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListMultipartUploadsResult>"
+               "<Bucket>%s</Bucket><Prefix>%s</Prefix><IsTruncated>%s</IsTruncated>" %
+               (cfg.bucket, xml_escape(prefix), "true" if truncated else "false")]
+        if truncated:
+            out.append("<NextKeyMarker>%s</NextKeyMarker><NextUploadIdMarker>%s"
+                       "</NextUploadIdMarker>" % (xml_escape(page[-1][0]), xml_escape(page[-1][1])))
+        for key, upload_id, initiated in page:
+            out.append("<Upload><Key>%s</Key><UploadId>%s</UploadId><Initiated>%s</Initiated>"
+                       "</Upload>" % (xml_escape(key), xml_escape(upload_id), s3_time(initiated)))
+        out.append("</ListMultipartUploadsResult>")
+        return self.send(200, "".join(out).encode(), {"Content-Type": "application/xml"})
+
     def create_upload(self, key):
         upload_id = "upload/" + uuid.uuid4().hex + "+=="  # Needs encoding in later queries.
         with self.server.state.lock:
-            self.server.state.uploads[upload_id] = {"key": key, "parts": {}}
+            self.server.state.uploads[upload_id] = {"key": key, "parts": {},
+                                                    "initiated": time.time()}
         body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<InitiateMultipartUploadResult>"
                 "<Bucket>%s</Bucket><Key>%s</Key><UploadId>%s</UploadId>"
                 "</InitiateMultipartUploadResult>" %
@@ -368,6 +404,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                                       for p in pieces)).hexdigest(), len(pieces))
             state.objects[key] = b"".join(pieces)
             state.etags[key] = etag
+            state.modified[key] = time.time()
             del state.uploads[upload_id]
         result = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CompleteMultipartUploadResult>"
                   "<Key>%s</Key><ETag>%s</ETag></CompleteMultipartUploadResult>" %

@@ -2,7 +2,8 @@
 #define CKPT_LIBS_STORE_INTERNAL_ROCKSDB_STORE_CORE_H_
 
 // RocksDbCheckpointStore's private core, shared by its files (listed in srcs only): Core -- the
-// store's RocksDB handle, record reads and writes, chunk I/O over pack files, pack space,
+// store's RocksDB handle, record reads and writes, chunk I/O over its ChunkBackend (pack files
+// or an object store, chunk_backend.h), pack space,
 // readers' registrations and live uploads. The public API
 // is rocksdb_checkpoint_store.h; the upload session is internal/rocksdb_upload_session.h.
 //
@@ -43,7 +44,7 @@ struct PackMappings {
 
 class RocksDbCheckpointStore::Core {
  public:
-  Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::unique_ptr<PackDirectory> packs,
+  Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::shared_ptr<ChunkBackend> packs,
        bool skip_hashing)
       : options_(std::move(options)),
         skip_hashing_(skip_hashing),
@@ -58,7 +59,7 @@ class RocksDbCheckpointStore::Core {
   // StoreBenchmarkSeams::OpenWithoutHashing: chunks get serial addresses, nothing is hashed.
   bool skip_hashing() const { return skip_hashing_; }
   rocksdb::DB* db() const { return db_; }
-  PackDirectory& packs() const { return *packs_; }
+  ChunkBackend& packs() const { return *packs_; }
 
   // Readers register before they take their snapshot, with the latest sequence number then (their
   // snapshot sees at least that much). GarbageCollect closes a removed pack's descriptor once
@@ -427,7 +428,8 @@ class RocksDbCheckpointStore::Core {
                                                        PackMappings& mappings) const {
     RETURN_IF_ERROR(CheckChunkLayout(meta));
     VersionReader::MappedBytes mapped;
-    if (meta.chunks_size() == 0) return mapped;
+    // A backend that cannot map (an object store): the caller reads the tensor instead.
+    if (meta.chunks_size() == 0 || !packs_->CanMap()) return mapped;
     std::optional<PackLocation> whole;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       ASSIGN_OR_RETURN(std::optional<PackLocation> location, FindPackLocation(chunk, snapshot));
@@ -550,7 +552,7 @@ class RocksDbCheckpointStore::Core {
   // The upload record of each stored chunk goes into `records`, which the session writes in
   // batches (UploadRecordBatch).
   absl::Status PinAndStoreChunk(absl::string_view upload_id, const ChunkDigest& digest,
-                                absl::string_view bytes, int64_t alignment, PackWriter& pack,
+                                absl::string_view bytes, int64_t alignment, ChunkWriter& pack,
                                 absl::flat_hash_set<std::string>& pinned,
                                 absl::flat_hash_map<std::string, PackLocation>& written,
                                 rocksdb::WriteBatch& records) {
@@ -578,11 +580,14 @@ class RocksDbCheckpointStore::Core {
 
   // ---- Pack space.
 
-  // Removes pack files that no committed location names, except the packs of uploads in
-  // `writing` (live, or abandoned within the grace period), and rewrites packs whose live chunks
-  // fill less than kCompactPackBelowLiveFraction of them. Under mu_, so no commit records
-  // locations meanwhile; uploads only append to their own packs, which are never touched.
-  absl::Status ReclaimPacks(const absl::flat_hash_set<uint64_t>& writing)
+  // Removes packs that no committed location names, except the packs of uploads in `writing`
+  // (live, or abandoned within the grace period) and packs the backend saw written after
+  // `cutoff` (PackInfo::last_modified), aborts the backend's pending writes (an S3 multipart
+  // upload a killed store left) that are not in `writing` and started before `cutoff`, and
+  // rewrites packs whose live chunks fill less than kCompactPackBelowLiveFraction of them. Under
+  // mu_, so no commit records locations meanwhile; uploads only append to their own packs, which
+  // are never touched.
+  absl::Status ReclaimPacks(const absl::flat_hash_set<uint64_t>& writing, absl::Time cutoff)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::flat_hash_map<uint64_t, std::vector<std::pair<std::string, PackLocation>>> live;
     absl::flat_hash_map<uint64_t, int64_t> live_bytes;
@@ -598,9 +603,17 @@ class RocksDbCheckpointStore::Core {
       }
       RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk locations"));
     }
-    ASSIGN_OR_RETURN(auto files, packs_->List());
-    for (const auto& [pack_id, size] : files) {
+    ASSIGN_OR_RETURN(const std::vector<PendingPack> pending, packs_->ListPending());
+    for (const PendingPack& write : pending) {
+      if (writing.contains(write.pack_id) || write.started > cutoff) continue;
+      RETURN_IF_ERROR(packs_->AbortPending(write));
+    }
+    ASSIGN_OR_RETURN(const std::vector<PackInfo> files, packs_->List());
+    for (const PackInfo& file : files) {
+      const uint64_t pack_id = file.pack_id;
+      const int64_t size = file.size;
       if (writing.contains(pack_id)) continue;
+      if (file.last_modified.has_value() && *file.last_modified > cutoff) continue;
       auto found = live_bytes.find(pack_id);
       if (found == live_bytes.end()) {
         RETURN_IF_ERROR(packs_->Remove(pack_id, db_->GetLatestSequenceNumber()));
@@ -622,7 +635,7 @@ class RocksDbCheckpointStore::Core {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::sort(chunks.begin(), chunks.end(),
               [](const auto& a, const auto& b) { return a.second.offset < b.second.offset; });
-    ASSIGN_OR_RETURN(std::unique_ptr<PackWriter> writer, packs_->NewPack(NewUploadNumber()));
+    ASSIGN_OR_RETURN(std::unique_ptr<ChunkWriter> writer, packs_->NewPack(NewUploadNumber()));
     rocksdb::WriteBatch batch;
     std::string buffer;
     for (const auto& [sha256, location] : chunks) {
@@ -809,7 +822,7 @@ class RocksDbCheckpointStore::Core {
   const bool skip_hashing_;
   const std::unique_ptr<StoreDb> store_db_;
   rocksdb::DB* const db_;
-  const std::unique_ptr<PackDirectory> packs_;
+  const std::shared_ptr<ChunkBackend> packs_;
   absl::Mutex readers_mu_;
   int64_t next_reader_id_ ABSL_GUARDED_BY(readers_mu_) = 0;
   // Registered reader -> the latest sequence number when it registered.

@@ -497,7 +497,7 @@ class RocksDbUploadSession final : public UploadSession {
   const std::vector<std::string> warnings_;
   std::vector<Stream> streams_;
   const uint64_t pack_id_;
-  std::unique_ptr<PackWriter> pack_;         // created with the first chunk this upload stores.
+  std::unique_ptr<ChunkWriter> pack_;        // created with the first chunk this upload stores.
   std::atomic<int64_t> unhashed_chunks_{0};  // StoreBenchmarkSeams::OpenWithoutHashing.
   absl::flat_hash_set<std::string> pinned_;  // chunks this upload stored or relies on.
   // Chunks this upload stored (upload record keys), and where.
