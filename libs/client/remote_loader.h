@@ -13,10 +13,29 @@
 // Calls carry deadlines: `deadline` for Preflight, `stream_deadline` for Load and Export. Every
 // call of the loader only reads, so a call that fails with UNAVAILABLE (server restarting,
 // connection reset) is tried again, up to max_retries times with exponential backoff from
-// initial_backoff, within its deadline: Preflight by gRPC's retry policy, Load and Export
-// restarted from the start by the client once the channel has reconnected (a half-received
-// stream is discarded first). See libs/rpc/client_channel.h. Other errors pass through with the
-// server's code and message.
+// initial_backoff, within its deadline, once the channel has reconnected: Preflight and Export
+// from the start (a half-written export is discarded first). See libs/rpc/client_channel.h.
+// Other errors pass through with the server's code and message.
+//
+// A loader fleet: `address` may list several loaders (HOST:PORT,HOST:PORT) or name them in DNS
+// (dns:///NAME:PORT); calls are then spread round-robin over the loaders whose health status
+// for ckpt.v1.Loader is SERVING. Loaders are stateless over one store, so any of them serves any
+// stream of a load.
+//
+// A Load survives a loader going away: when its stream breaks with UNAVAILABLE after some
+// tensors arrived and passed their checks, the load is resumed for the tensors not yet complete
+// (LoadRequest.only_tensors) on the channel -- another loader, for a fleet -- with the version
+// pinned by number to the one the first stream served, and the resumed stream's manifest must
+// equal the first one. A resumption that brings at least one more tensor does not count against
+// max_retries; one that brings none does, with backoff, as a restart would. A tensor whose
+// bytes were cut off is received again from its first byte.
+//
+// A Load split over several streams (Arrow Flight style, options.streams > 1): the manifest
+// alone first, then the tensors in `streams` groups of about equal bytes, each its own Load
+// stream (restricted with LoadRequest.only_tensors, version pinned) running at once and resumed
+// on its own as above; every stream's manifest must equal the first, every tensor passes the
+// same checks, and the tensors are assembled into one LoadedState. On one loader the streams
+// share its connection; with a fleet round-robin spreads them over the loaders.
 //
 // Uploads are the store's business: use RemoteCheckpointStore (remote_checkpoint_store.h),
 // e.g. CommitCheckpoint for a state dict or bundle, which streams it in 1 MiB pieces.
@@ -35,6 +54,7 @@
 //   target.device = *ParseDevice("cuda:0");
 //   ASSIGN_OR_RETURN(LoadedState state, loader->Load(ref, target));
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,10 +74,21 @@
 
 namespace ckpt {
 
-// Address, credentials, deadlines and retries: the shape every ckpt client shares
-// (libs/rpc/client_channel.h). `deadline` bounds a Preflight call, `stream_deadline` a Load or
-// Export stream, restarts included.
-using RemoteLoaderOptions = ClientOptions;
+// Address (one loader, a list or a DNS name), credentials, deadlines and retries: the shape
+// every ckpt client shares (libs/rpc/client_channel.h). `deadline` bounds a Preflight call,
+// `stream_deadline` a whole Load (every stream, resumptions included) or Export stream.
+struct RemoteLoaderOptions : ClientOptions {
+  // Load streams one Load runs at once, each for about 1/streams of the bytes (see above); 1
+  // (the default) is one stream, as loaders built before LoadRequest.only_tensors serve it.
+  int streams = 1;
+};
+
+// What a RemoteLoader has done, for logs and tests.
+struct RemoteLoaderCounters {
+  int64_t load_streams = 0;     // Load streams opened (manifest-only ones included).
+  int64_t resumed_streams = 0;  // of those, restarts and resumptions after a broken stream.
+  int64_t tensor_bytes = 0;     // tensor bytes received (bytes received twice count twice).
+};
 
 class RemoteLoader final : public Loader {
  public:
@@ -88,11 +119,18 @@ class RemoteLoader final : public Loader {
                                       const std::string& path) const override;
 
   const std::string& address() const { return channel_->options().address; }
+  RemoteLoaderCounters counters() const;
 
  private:
-  explicit RemoteLoader(std::shared_ptr<ClientChannel> channel);
+  class LoadRun;
+
+  RemoteLoader(std::shared_ptr<ClientChannel> channel, int streams);
 
   const std::shared_ptr<ClientChannel> channel_;
+  const int streams_;
+  mutable std::atomic<int64_t> load_streams_{0};
+  mutable std::atomic<int64_t> resumed_streams_{0};
+  mutable std::atomic<int64_t> tensor_bytes_{0};
   const std::unique_ptr<v1::Loader::Stub> stub_;  // Preflight and Export.
   // Load, read as raw messages (libs/rpc/tensor_data_message), for the bytes' sake.
   const grpc::internal::RpcMethod load_method_;

@@ -1,9 +1,17 @@
 #include "libs/rpc/client_channel.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -53,6 +61,21 @@ absl::Status ValidateOptions(const ClientOptions& options) {
   return absl::OkStatus();
 }
 
+// One HOST:PORT of a list: the IP family (4 or 6) of its literal host, 0 when it is none.
+int FamilyOfEntry(absl::string_view entry) {
+  const size_t colon = entry.rfind(':');
+  if (colon == absl::string_view::npos) return 0;
+  int port = 0;
+  if (!absl::SimpleAtoi(entry.substr(colon + 1), &port) || port < 1 || port > 65535) return 0;
+  absl::string_view host = entry.substr(0, colon);
+  unsigned char address[16];
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+    return inet_pton(AF_INET6, std::string(host).c_str(), address) == 1 ? 6 : 0;
+  }
+  return inet_pton(AF_INET, std::string(host).c_str(), address) == 1 ? 4 : 0;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientTlsOptions& tls) {
   if (tls.ca_file.empty()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions ssl;
@@ -66,9 +89,61 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const Clie
 
 }  // namespace
 
+absl::StatusOr<ChannelTarget> ChannelTargetFor(absl::string_view address,
+                                               absl::string_view health_service) {
+  ChannelTarget result;
+  // round_robin with client-side health checks (gRFC A17), and nothing else: no retryPolicy
+  // (see the header), so gRPC's retry machinery stays out of every call.
+  const std::string balanced_config =
+      absl::StrCat(R"({"loadBalancingConfig":[{"round_robin":{}}],)",
+                   R"("healthCheckConfig":{"serviceName":")", health_service, R"("}})");
+  if (absl::StartsWith(address, "dns:")) {
+    result.target = std::string(address);
+    result.service_config = balanced_config;
+    result.balanced = true;
+    return result;
+  }
+  if (!absl::StrContains(address, ',')) {
+    result.target = std::string(address);  // one server: pick_first, as always.
+    return result;
+  }
+  std::vector<std::string> entries;
+  int family = 0;
+  for (absl::string_view entry : absl::StrSplit(address, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    const int entry_family = FamilyOfEntry(entry);
+    if (entry_family == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "client options: address list entry '", entry,
+          "' is not IP:PORT or [IPv6]:PORT (a list names servers by IP; for a host name that "
+          "resolves to several servers use dns:///NAME:PORT)"));
+    }
+    if (family != 0 && entry_family != family) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client options: address list '", address, "' mixes IPv4 and IPv6 servers"));
+    }
+    family = entry_family;
+    entries.emplace_back(entry);
+  }
+  result.target = absl::StrCat(family == 4 ? "ipv4:" : "ipv6:", absl::StrJoin(entries, ","));
+  result.service_config = balanced_config;
+  result.balanced = true;
+  return result;
+}
+
+absl::Duration ClientChannel::MaxBackoff() { return kMaxBackoff; }
+
 absl::StatusOr<std::shared_ptr<ClientChannel>> ClientChannel::Open(const ClientOptions& options,
                                                                    const ServiceSpec& service) {
   RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(const ChannelTarget target,
+                   ChannelTargetFor(options.address, service.full_name));
+  if (target.balanced && !absl::StartsWith(target.target, "dns:") && !options.tls.ca_file.empty() &&
+      options.tls.server_name.empty()) {
+    return absl::InvalidArgumentError(
+        "client options: TLS to a list of servers needs tls.server_name (the name their "
+        "certificates carry)");
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials, Credentials(options.tls));
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
@@ -85,8 +160,11 @@ absl::StatusOr<std::shared_ptr<ClientChannel>> ClientChannel::Open(const ClientO
   // retry machinery, and a 256 MiB Download streamed 10-45% slower (BENCHMARKS.md, paired R4
   // runs). Read-only calls and streams are retried by RestartOnUnavailable instead.
   arguments.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  if (!target.service_config.empty()) arguments.SetServiceConfigJSON(target.service_config);
+  // A DNS TXT record never brings in a service config (and with it, say, a retryPolicy).
+  arguments.SetInt(GRPC_ARG_SERVICE_CONFIG_DISABLE_RESOLUTION, 1);
   std::shared_ptr<ClientChannel> channel(new ClientChannel(
-      options, service, grpc::CreateCustomChannel(options.address, credentials, arguments)));
+      options, service, grpc::CreateCustomChannel(target.target, credentials, arguments)));
   RETURN_IF_ERROR(channel->WaitUntilConnected(absl::Now() + options.connect_timeout));
   return channel;
 }

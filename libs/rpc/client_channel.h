@@ -22,6 +22,14 @@
 // for streams only won part of it back. So the channel has no service config and gRPC's retries
 // are switched off (GRPC_ARG_ENABLE_RETRIES = 0): one channel carries every call.
 //
+// Several servers of one service (a loader fleet): `address` may list them, HOST:PORT,HOST:PORT
+// (IP literals), or name them in DNS, dns:///NAME:PORT. The channel then spreads calls over them
+// with gRPC's own round_robin policy and client-side health checking (gRFC A17): a server whose
+// grpc.health.v1 status for the service is not SERVING (draining, or reported so) gets no new
+// calls, and one that goes away is dropped from the rotation when its connection breaks. That is
+// the only service config the channel ever has: no retryPolicy, retries stay off as above. A
+// single HOST:PORT keeps pick_first and no service config, as before.
+//
 // Example:
 //   ClientOptions options;
 //   options.address = "store.example.com:7070";
@@ -66,7 +74,11 @@ struct ClientTlsOptions {
 
 // How a client reaches one server. The same shape for every ckpt client.
 struct ClientOptions {
-  // HOST:PORT of the server. Required.
+  // HOST:PORT of the server. Required. Or several servers of the service, round-robin with
+  // health checks (see above): HOST:PORT,HOST:PORT,... with IP literals of one family
+  // ("10.0.0.1:7070,10.0.0.2:7070", "[::1]:7070,[::1]:7071"), or dns:///NAME:PORT (every
+  // address NAME resolves to). With TLS and a list, tls.server_name is required (the list is no
+  // host name a certificate can carry).
   std::string address;
   // Sent with every call as "authorization: Bearer <auth_token>"; empty sends none. Printable
   // ASCII without spaces.
@@ -102,6 +114,23 @@ struct ServiceSpec {
   std::vector<std::string> retried_methods;
 };
 
+// What ClientChannel::Open dials for `address` (ClientOptions::address).
+struct ChannelTarget {
+  // The gRPC target: `address` itself for one HOST:PORT or a dns:/// name, else
+  // "ipv4:A:P,B:Q" / "ipv6:[A]:P,[B]:Q".
+  std::string target;
+  // Empty for one HOST:PORT (pick_first, no service config). For a list or a DNS name: JSON
+  // selecting round_robin with health checks of `health_service` -- and no retryPolicy.
+  std::string service_config;
+  // Whether `target` stands for several servers (a list or a DNS name).
+  bool balanced = false;
+};
+
+// INVALID_ARGUMENT naming the entry for an empty entry, a list entry that is not an IP literal
+// with a port (use dns:///NAME:PORT for names), or a list mixing IPv4 and IPv6.
+absl::StatusOr<ChannelTarget> ChannelTargetFor(absl::string_view address,
+                                               absl::string_view health_service);
+
 class ClientChannel {
  public:
   // Checks `options` (INVALID_ARGUMENT naming the field; NOT_FOUND / INVALID_ARGUMENT for
@@ -111,10 +140,14 @@ class ClientChannel {
                                                              const ServiceSpec& service);
 
   const ClientOptions& options() const { return options_; }
-  // For every call, unary and streaming. No service config; gRPC's retries are off.
+  // For every call, unary and streaming. gRPC's retries are off; no service config but the
+  // round-robin one of a list or DNS name (ChannelTargetFor).
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
-  // "checkpoint store at HOST:PORT".
+  // "checkpoint store at HOST:PORT" (the list, or the dns:/// name, for several).
   std::string ServerName() const;
+
+  // The largest wait between two retries (backoff doubles up to it).
+  static absl::Duration MaxBackoff();
 
   // A context for one call that must end by `deadline`, carrying the bearer token.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;

@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/rpc/grpc_server.h"
@@ -153,6 +155,64 @@ TEST_F(ClientChannelTest, AReadOnlyCallToAServerThatWentDownIsUnavailableNamingI
   EXPECT_THAT(GetStatus(*channel),
               StatusIs(absl::StatusCode::kUnavailable, "trainer at " + options.address));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(ClientChannelTest, AListOrDnsNameReachesTheServersThatAreUp) {
+  Serve(/*failures=*/0);
+  for (const std::string& address :
+       {absl::StrCat("127.0.0.1:1,", server_->address()),  // port 1: nobody listens.
+        absl::StrCat("dns:///localhost:", server_->port())}) {
+    SCOPED_TRACE(address);
+    ClientOptions options = Options();
+    options.address = address;
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<ClientChannel> channel,
+                         ClientChannel::Open(options, TrainerSpec()));
+    for (int i = 0; i < 5; ++i) EXPECT_OK(GetStatus(*channel));
+    EXPECT_EQ(channel->ServerName(), "trainer at " + address);
+  }
+}
+
+TEST(ChannelTargetTest, OneAddressKeepsPickFirstAndSeveralGetRoundRobinWithHealthChecks) {
+  ASSERT_OK_AND_ASSIGN(ChannelTarget one,
+                       ChannelTargetFor("loader.example:7070", "ckpt.v1.Loader"));
+  EXPECT_EQ(one.target, "loader.example:7070");
+  EXPECT_EQ(one.service_config, "");
+  EXPECT_FALSE(one.balanced);
+
+  ASSERT_OK_AND_ASSIGN(ChannelTarget list,
+                       ChannelTargetFor("10.0.0.1:7070, 10.0.0.2:7071", "ckpt.v1.Loader"));
+  EXPECT_EQ(list.target, "ipv4:10.0.0.1:7070,10.0.0.2:7071");
+  EXPECT_TRUE(list.balanced);
+  EXPECT_EQ(list.service_config, R"({"loadBalancingConfig":[{"round_robin":{}}],)"
+                                 R"("healthCheckConfig":{"serviceName":"ckpt.v1.Loader"}})");
+  // Never gRPC's retries (client_channel.h says why).
+  EXPECT_THAT(list.service_config, ::testing::Not(::testing::HasSubstr("retry")));
+
+  ASSERT_OK_AND_ASSIGN(ChannelTarget v6, ChannelTargetFor("[::1]:1,[fe80::1]:2", "s"));
+  EXPECT_EQ(v6.target, "ipv6:[::1]:1,[fe80::1]:2");
+
+  ASSERT_OK_AND_ASSIGN(ChannelTarget dns, ChannelTargetFor("dns:///loaders.internal:7070", "s"));
+  EXPECT_EQ(dns.target, "dns:///loaders.internal:7070");
+  EXPECT_TRUE(dns.balanced);
+  EXPECT_THAT(dns.service_config, ::testing::HasSubstr("round_robin"));
+}
+
+TEST(ChannelTargetTest, BadListsAreInvalidArgumentsNamingTheEntry) {
+  EXPECT_THAT(ChannelTargetFor("10.0.0.1:7070,loader-b:7070", "s"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'loader-b:7070'"));
+  EXPECT_THAT(ChannelTargetFor("10.0.0.1:7070,loader-b:7070", "s"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "dns:///NAME:PORT"));
+  EXPECT_THAT(ChannelTargetFor("10.0.0.1:7070,", "s"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "''"));
+  EXPECT_THAT(ChannelTargetFor("10.0.0.1:7070,10.0.0.2:99999", "s"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'10.0.0.2:99999'"));
+  EXPECT_THAT(ChannelTargetFor("10.0.0.1:7070,[::1]:7070", "s"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "mixes IPv4 and IPv6"));
+  ClientOptions options;
+  options.address = "10.0.0.1:7070,10.0.0.2:7070";
+  options.tls.ca_file = "/no/such/ca.pem";
+  EXPECT_THAT(ClientChannel::Open(options, TrainerSpec()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tls.server_name"));
 }
 
 TEST(ClientChannelOptionsTest, BadOptionsAreInvalidArgumentsNamingTheField) {

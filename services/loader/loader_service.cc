@@ -205,6 +205,18 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   v1::LoadResponse response;
   ASSIGN_OR_RETURN(*response.mutable_manifest(), AdaptedManifest(manifest, planned, target));
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
+  // LoadRequest.only_tensors: the tensors whose bytes this stream sends (all when absent).
+  const size_t tensor_count =
+      planned.size() + static_cast<size_t>(response.manifest().state_tensors_size());
+  std::vector<bool> wanted(tensor_count, !request.has_only_tensors());
+  for (const int32_t index : request.only_tensors().indexes()) {
+    if (index < 0 || static_cast<size_t>(index) >= tensor_count) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadRequest.only_tensors: index ", index,
+                                                     " is outside the ", tensor_count,
+                                                     " tensors of the adapted ", where));
+    }
+    wanted[index] = true;
+  }
   const auto& tamper = options_.tamper_for_testing;
   const int64_t stream = streams_started_.fetch_add(1);
   // Sends `bytes` in pieces: straight from their memory when `owner` keeps it alive (a cached
@@ -248,6 +260,7 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
     return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
   }
   for (size_t i = 0; i < planned.size(); ++i) {
+    if (!wanted[i]) continue;
     const v1::TensorMeta& meta = *planned[i].meta;
     if (target.dtype.Apply(static_cast<DType>(meta.dtype())) == static_cast<DType>(meta.dtype())) {
       // No cast: chunks go out as they come from the cache, never assembled into a tensor.
@@ -279,6 +292,7 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   const v1::Manifest& sent = response.manifest();
   for (int j = 0; j < sent.state_tensors_size(); ++j) {
     const size_t index = planned.size() + static_cast<size_t>(j);
+    if (!wanted[index]) continue;
     RETURN_IF_ERROR(loader_.cache().ReadTensorSharedChunks(store_reader, manifest.state_tensors(j),
                                                            send_chunk(index)));
   }

@@ -14,7 +14,9 @@
 //    GPU memory): LoadTarget.device is only validated. Checksums to the consumer: tensors sent as
 //    stored keep their chunk refs in the manifest (the store's per-chunk XXH3-64 and SHA-256); a
 //    cast tensor is hashed (XXH3-64) as it is sent and, when the request asks for send_digests,
-//    followed by a TensorDigest (libs/loader/stream_digest.h).
+//    followed by a TensorDigest (libs/loader/stream_digest.h). With LoadRequest.only_tensors the
+//    manifest is the same and only the named tensors' bytes follow (a load split over several
+//    streams, or one resumed on another loader after its stream broke).
 //  - Preflight (unary): the manifest only, compared with the consumer's expected keys and shapes,
 //    restricted to the target's subset; dtype differences reported (LocalLoader::Preflight; the
 //    service only converts messages).
@@ -118,6 +120,8 @@ class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Lo
 
   // The shared chunk cache's counters (for logs and tests).
   ChunkCacheStats cache_stats() const { return loader_.cache().stats(); }
+  // Load and Export streams begun (for logs, and for tests of how clients spread their calls).
+  int64_t streams_started() const { return streams_started_.load(); }
 
  private:
   class StreamSlot;

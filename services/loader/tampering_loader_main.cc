@@ -8,6 +8,17 @@
 // STREAM counts the server's Load and Export streams from 0; TENSOR is a Load tensor_index, or
 // "file" for an Export; OFFSET is the byte in that tensor (or file) whose bit OFFSET % 8 flips.
 // Streams no flip names go out intact. Serves plaintext on 127.0.0.1 until killed.
+//
+// For tests of a loader fleet (several of these over one store service, --store=HOST:PORT):
+//
+//   tampering_loader --store=HOST:PORT --port_file=FILE --stall_marker=PATH --stall_tensor=K
+//
+// The first Load stream of the whole fleet that reaches the bytes of tensor index K creates
+// PATH (exclusively; it holds this process's pid) and stalls there until the process is killed:
+// a load cut off in flight at a known tensor. Every other stream goes out intact.
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <iostream>
@@ -20,12 +31,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "libs/client/open_store.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/grpc_server.h"
-#include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/loader/loader_service.h"
 
 ABSL_FLAG(std::string, store_dir, "", "The RocksDB store to serve.");
+ABSL_FLAG(std::string, store, "", "Or HOST:PORT of a checkpoint store service to serve.");
+ABSL_FLAG(std::string, stall_marker, "", "File the one stalled stream creates (see above).");
+ABSL_FLAG(int, stall_tensor, 0, "Tensor index whose first byte the stalled stream stops at.");
 ABSL_FLAG(std::string, port_file, "", "Where the port is written once serving.");
 ABSL_FLAG(std::string, flips, "", "STREAM:TENSOR|file:OFFSET,... bytes to damage.");
 
@@ -56,16 +70,32 @@ int Run() {
     std::cerr << "tampering_loader: " << flips.status() << "\n";
     return 2;
   }
-  StoreOptions store_options;
-  store_options.db_path = absl::GetFlag(FLAGS_store_dir);
-  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-      RocksDbCheckpointStore::Open(store_options);
+  StoreLocation location;
+  location.address = absl::GetFlag(FLAGS_store);
+  location.directory = absl::GetFlag(FLAGS_store_dir);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenCheckpointStore(location);
   if (!store.ok()) {
     std::cerr << "tampering_loader: " << store.status() << "\n";
     return 1;
   }
   LoaderServiceOptions options;
-  options.tamper_for_testing = [flips = *flips](const Piece& piece, absl::Span<char> bytes) {
+  const std::string stall_marker = absl::GetFlag(FLAGS_stall_marker);
+  const int stall_tensor = absl::GetFlag(FLAGS_stall_tensor);
+  options.tamper_for_testing = [flips = *flips, stall_marker, stall_tensor](
+                                   const Piece& piece, absl::Span<char> bytes) {
+    if (!stall_marker.empty() && !piece.export_file && piece.tensor_index == stall_tensor &&
+        piece.offset == 0) {
+      // O_EXCL: of all the loaders sharing the marker, exactly one stream stalls.
+      const int fd = open(stall_marker.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+      if (fd >= 0) {
+        const std::string pid = absl::StrCat(getpid(), "\n");
+        if (write(fd, pid.data(), pid.size()) != static_cast<ssize_t>(pid.size())) _exit(1);
+        close(fd);
+        std::cerr << "tampering_loader: stalling stream " << piece.stream << " at tensor "
+                  << stall_tensor << std::endl;
+        for (;;) pause();  // until the test kills this process.
+      }
+    }
     for (const Piece& flip : flips) {
       if (flip.stream == piece.stream && flip.export_file == piece.export_file &&
           (flip.export_file || flip.tensor_index == piece.tensor_index) &&
