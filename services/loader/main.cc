@@ -14,6 +14,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -30,10 +31,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/client/open_store.h"
 #include "libs/io/atomic_file.h"
+#include "libs/loader/shm_server.h"
 #include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
@@ -88,6 +91,22 @@ ABSL_FLAG(int, max_concurrent_streams, 64,
 ABSL_FLAG(int, max_message_bytes, 16 << 20,
           "Largest gRPC message received or sent, in bytes; at least 1114112 (tensor bytes move "
           "in 1 MiB pieces). Default 16777216 (16 MiB).");
+ABSL_FLAG(std::string, shm_socket, "",
+          "Also serve Loads to consumers on this host over a Unix-domain socket at this path "
+          "(at most 107 bytes; e.g. DIR/loader.sock beside the store): tensors are handed over as "
+          "read-only file descriptors to map -- the store's pack files, or a sealed memfd of cast "
+          "tensors -- not as bytes over gRPC. Clients: OpenLoaderClient / SharedMemoryLoader "
+          "(libs/client/shm_loader.h), which fall back to gRPC where the socket is missing. "
+          "Peers are admitted by their uid as the kernel reports it (SO_PEERCRED): this loader's "
+          "own uid and --shm_allowed_uids, each a reader of every model (bearer tokens and "
+          "--identities_file apply to gRPC only). Empty (default): off.");
+ABSL_FLAG(std::string, shm_socket_mode, "0600",
+          "Octal mode of the --shm_socket file: 0600 lets only this uid connect, 0660 its group "
+          "too (whose uids must still be in --shm_allowed_uids). Default 0600.");
+ABSL_FLAG(std::vector<std::string>, shm_allowed_uids, {},
+          "Comma-separated uids admitted on --shm_socket besides this loader's own. They get "
+          "copies of exactly the tensors they load, never the store's pack files (which may "
+          "hold other models' bytes). Default: none.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGINT / SIGTERM, how long in-flight calls may run before they are cancelled. A "
           "duration such as 10s or 500ms. Default 10s.");
@@ -108,6 +127,7 @@ struct ServerConfig {
   GrpcServerOptions server;
   std::string port_file;
   absl::Duration shutdown_grace;
+  ShmServerOptions shm;  // socket_path empty: no shared-memory socket.
 };
 
 absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positional) {
@@ -172,6 +192,26 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   if (config.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shutdown_grace must not be negative");
   }
+  config.shm.socket_path = absl::GetFlag(FLAGS_shm_socket);
+  const std::string mode = absl::GetFlag(FLAGS_shm_socket_mode);
+  char* mode_end = nullptr;
+  const long parsed_mode = std::strtol(mode.c_str(), &mode_end, 8);
+  if (mode.empty() || *mode_end != '\0' || parsed_mode < 0 || parsed_mode > 0777) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shm_socket_mode=", mode, " is not an octal file mode such as 0600"));
+  }
+  config.shm.socket_mode = static_cast<mode_t>(parsed_mode);
+  for (const std::string& uid : absl::GetFlag(FLAGS_shm_allowed_uids)) {
+    uint32_t parsed_uid = 0;
+    if (!absl::SimpleAtoi(uid, &parsed_uid)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shm_allowed_uids: '", uid, "' is not a numeric uid"));
+    }
+    config.shm.allowed_uids.push_back(static_cast<uid_t>(parsed_uid));
+  }
+  if (config.shm.socket_path.empty() && !config.shm.allowed_uids.empty()) {
+    return absl::InvalidArgumentError("--shm_allowed_uids needs --shm_socket");
+  }
   return config;
 }
 
@@ -213,12 +253,27 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
       return kExitFailure;
     }
   }
-  std::cout << "loader serving " << store_name << " on " << (*server)->address() << std::endl;
+  std::unique_ptr<ShmLoaderServer> shm;
+  if (!config.shm.socket_path.empty()) {
+    absl::StatusOr<std::unique_ptr<ShmLoaderServer>> started =
+        ShmLoaderServer::Start(store->get(), config.shm);
+    if (!started.ok()) {
+      std::cerr << "loader: --shm_socket: " << started.status() << "\n";
+      (*server)->Shutdown(absl::ZeroDuration());
+      (*server)->Wait();
+      return kExitFailure;
+    }
+    shm = *std::move(started);
+  }
+  std::cout << "loader serving " << store_name << " on " << (*server)->address()
+            << (shm != nullptr ? absl::StrCat(" and ", shm->socket_path()) : "") << std::endl;
 
   WaitForStopSignal(stop_signals, "loader", config.shutdown_grace);
+  if (shm != nullptr) shm->Shutdown();
   (*server)->Shutdown(config.shutdown_grace);
   (*server)->Wait();
   server->reset();
+  shm.reset();
   std::cerr << "loader cache: " << (*service)->cache_stats().ToString() << std::endl;
   service->reset();
   store->reset();
@@ -235,6 +290,7 @@ int main(int argc, char** argv) {
       "         [--store_tls_ca_file=PEM [--store_tls_cert_file=PEM --store_tls_key_file=PEM]]\n"
       "         [--tls_cert_file=PEM --tls_key_file=PEM [--tls_client_ca_file=PEM]]\n"
       "         [--identities_file=JSON | --auth_token_file=FILE] [--cache_bytes=1073741824]\n"
+      "         [--shm_socket=PATH [--shm_socket_mode=0600] [--shm_allowed_uids=UID,...]]\n"
       "         [--shutdown_grace=10s]");
   ckpt::SetHelpFlagsFile("services/loader/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

@@ -16,10 +16,21 @@
 //
 // Each figure is one function below (FigureR1 ... FigureR8, FigureD1, FigureM1, FigureM2);
 // --figures=R5,R8 measures only those (and what they need).
+//
+// Memory regimes: a ratio whose sides put bytes into memory is printed twice, once *warm* (the
+// destination memory was faulted in before the timed run, on both sides) and once *cold* (fresh
+// memory on both sides, faulted in during the timed run). This VM faults fresh memory in at
+// 0.1-0.3 GiB/s and copies into faulted-in memory at 5-20 GiB/s, so a ratio whose two sides ran
+// in different regimes measured the regimes, not the code. Each row's detail gives the minor page
+// faults per MiB that each side took (256 per MiB: every 4 KiB page fresh; about 0: none), so
+// the regime a row claims can be checked. Ratios where no side allocates (saves, DDP, counting)
+// have one row, regime n/a.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -37,6 +48,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -77,6 +89,7 @@
 #include "nlohmann/json.hpp"
 #include "services/checkpoint_store/store_service.h"
 #include "services/loader/loader_service.h"
+#include "tools/bench/shm_workload.h"
 #include "tools/bench/stats.h"
 #include "tools/bench/workloads.h"
 #include "torch/nn/module.h"
@@ -160,6 +173,21 @@ struct BenchOptions {
 
 enum class Goal { kAtLeast, kAtMost, kClose };
 
+// The memory regime a ratio was measured in (see the file comment); kNone: not applicable.
+enum class Regime { kNone, kWarm, kCold };
+
+std::string RegimeName(Regime regime) {
+  switch (regime) {
+    case Regime::kWarm:
+      return "warm";
+    case Regime::kCold:
+      return "cold";
+    case Regime::kNone:
+      break;
+  }
+  return "n/a";
+}
+
 struct FigureRow {
   std::string id;
   std::string workload;
@@ -168,6 +196,7 @@ struct FigureRow {
   Goal goal = Goal::kAtLeast;
   double target = 0;
   std::string detail;  // measured vs baseline, in words and units.
+  Regime regime = Regime::kNone;
 };
 
 struct TimingRow {
@@ -176,32 +205,36 @@ struct TimingRow {
   int64_t bytes = 0;
   int64_t tensors = 0;
   Summary seconds;
+  Regime regime = Regime::kNone;
 };
 
 class Report {
  public:
-  void AddTiming(std::string operation, const Workload& workload, const std::vector<double>& s) {
+  void AddTiming(std::string operation, const Workload& workload, const std::vector<double>& s,
+                 Regime regime = Regime::kNone) {
     AddTiming(std::move(operation), workload.name, workload.bytes,
-              static_cast<int64_t>(workload.tensors.size()), s);
+              static_cast<int64_t>(workload.tensors.size()), s, regime);
   }
   void AddTiming(std::string operation, std::string workload, int64_t bytes, int64_t tensors,
-                 const std::vector<double>& seconds) {
+                 const std::vector<double>& seconds, Regime regime = Regime::kNone) {
     timings_.push_back(
-        {std::move(operation), std::move(workload), bytes, tensors, Summarize(seconds)});
+        {std::move(operation), std::move(workload), bytes, tensors, Summarize(seconds), regime});
     const TimingRow& row = timings_.back();
-    Progress(absl::StrFormat("  %s (%s): %s s, %.2f GiB/s", row.operation, row.workload,
-                             FormatSummary(row.seconds, 3),
+    Progress(absl::StrFormat("  %s (%s, %s): %s s, %.2f GiB/s", row.operation, row.workload,
+                             RegimeName(row.regime), FormatSummary(row.seconds, 3),
                              row.seconds.median > 0 ? row.bytes / kGiB / row.seconds.median : 0));
   }
   void AddFigure(FigureRow row) {
-    Progress(absl::StrFormat("  %s %s: %s", row.id, row.workload, FormatSummary(row.ratio, 3)));
+    Progress(absl::StrFormat("  %s %s (%s): %s", row.id, row.workload, RegimeName(row.regime),
+                             FormatSummary(row.ratio, 3)));
     figures_.push_back(std::move(row));
   }
 
   void Print(std::ostream& out, const std::string& setup) const {
     out << "## Figures\n\n" << setup << "\n\n";
-    out << "| Figure | Workload | What | Ratio: median [min, max] | Target | Met | Detail |\n";
-    out << "|---|---|---|---|---|---|---|\n";
+    out << "| Figure | Workload | Regime | What | Ratio: median [min, max] | Target | Met | Detail "
+           "|\n";
+    out << "|---|---|---|---|---|---|---|---|\n";
     for (const FigureRow& row : figures_) {
       std::string target;
       switch (row.goal) {
@@ -228,17 +261,18 @@ class Report {
           met = row.ratio.median <= row.target * 1.05;
           break;
       }
-      out << "| " << row.id << " | " << row.workload << " | " << row.what << " | "
-          << FormatSummary(row.ratio, 3) << " | " << target << " | " << (met ? "yes" : "**no**")
-          << " | " << row.detail << " |\n";
+      out << "| " << row.id << " | " << row.workload << " | " << RegimeName(row.regime) << " | "
+          << row.what << " | " << FormatSummary(row.ratio, 3) << " | " << target << " | "
+          << (met ? "yes" : "**no**") << " | " << row.detail << " |\n";
     }
     out << "\n## Timings\n\n";
-    out << "| Operation | Workload | Bytes | Tensors | Seconds: median [min, max] | GiB/s (median) "
-           "|\n";
-    out << "|---|---|---|---|---|---|\n";
+    out << "| Operation | Workload | Regime | Bytes | Tensors | Seconds: median [min, max] | GiB/s "
+           "(median) |\n";
+    out << "|---|---|---|---|---|---|---|\n";
     for (const TimingRow& row : timings_) {
-      out << "| " << row.operation << " | " << row.workload << " | " << row.bytes << " | "
-          << row.tensors << " | " << FormatSummary(row.seconds, 3) << " | "
+      out << "| " << row.operation << " | " << row.workload << " | " << RegimeName(row.regime)
+          << " | " << row.bytes << " | " << row.tensors << " | " << FormatSummary(row.seconds, 3)
+          << " | "
           << absl::StrFormat("%.2f",
                              row.seconds.median > 0 ? row.bytes / kGiB / row.seconds.median : 0.0)
           << " |\n";
@@ -261,6 +295,98 @@ absl::StatusOr<Summary> ThroughputRatio(const std::vector<double>& operation_s,
   ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(baseline_s, operation_s));
   return Summarize(ratios);
 }
+
+// ---- Memory regimes.
+//
+// glibc's malloc decides whether freed memory stays in the process (the next allocation of that
+// size reuses pages already faulted in) or goes back to the kernel (the next one faults fresh
+// pages in). By default it adapts: freeing a mapping raises the mmap threshold (up to 32 MiB), so
+// whether a load landed in reused or fresh memory depended on what ran before it, and Python's
+// second torch.load reused its first one's heap while our loads mapped fresh memory. Each regime
+// sets malloc explicitly on both sides, with the same values: this process through mallopt,
+// Python through glibc's MALLOC_*_ environment variables.
+//   warm: mmap threshold at glibc's maximum (32 MiB) and no trimming, plus one untimed run
+//         before the timed ones: freed memory stays and is reused, faulted in.
+//   cold: every allocation of 128 KiB or more is a fresh mapping, unmapped when freed, and free
+//         heap pages are returned first (malloc_trim): every timed run faults its memory in.
+// Allocations over 32 MiB are always fresh mappings in glibc, whatever the regime (the benchmark's
+// tensors are at most 16 MiB; the fault counts show it).
+
+constexpr int kMallocMaxMmapThreshold = 32 << 20;
+constexpr int kMallocColdThreshold = 128 << 10;
+
+// The environment that puts a Python child into `regime` (see above).
+std::string PythonMallocEnvironment(Regime regime) {
+  if (regime == Regime::kWarm) {
+    return absl::StrCat("MALLOC_MMAP_THRESHOLD_=", kMallocMaxMmapThreshold,
+                        " MALLOC_TRIM_THRESHOLD_=", std::numeric_limits<size_t>::max());
+  }
+  return absl::StrCat("MALLOC_MMAP_THRESHOLD_=", kMallocColdThreshold,
+                      " MALLOC_TRIM_THRESHOLD_=", kMallocColdThreshold);
+}
+
+// Sets this process's malloc to `regime` while it lives. On exit, free memory goes back to the
+// kernel and malloc keeps the settings its own adaptation reaches after freeing a 32 MiB mapping,
+// so the measurements outside any regime run as they did before regimes existed.
+class ScopedMallocRegime {
+ public:
+  explicit ScopedMallocRegime(Regime regime) {
+    if (regime == Regime::kWarm) {
+      ::mallopt(M_MMAP_THRESHOLD, kMallocMaxMmapThreshold);
+      ::mallopt(M_TRIM_THRESHOLD, -1);  // glibc reads it as a size_t: never trim.
+    } else {
+      ::mallopt(M_MMAP_THRESHOLD, kMallocColdThreshold);
+      ::mallopt(M_TRIM_THRESHOLD, kMallocColdThreshold);
+      ::malloc_trim(0);
+    }
+  }
+  ~ScopedMallocRegime() {
+    ::mallopt(M_MMAP_THRESHOLD, kMallocMaxMmapThreshold);
+    ::mallopt(M_TRIM_THRESHOLD, 2 * kMallocMaxMmapThreshold);
+    ::malloc_trim(0);
+  }
+  ScopedMallocRegime(const ScopedMallocRegime&) = delete;
+  ScopedMallocRegime& operator=(const ScopedMallocRegime&) = delete;
+};
+
+// CPU seconds (user + system) this process has used, all threads.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+// CPU seconds every core of the machine has spent busy (not idle, not waiting for I/O), from
+// /proc/stat: includes the kernel's writeback and other processes.
+double MachineBusySeconds() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  int64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return static_cast<double>(user + nice + system + irq + softirq + steal) /
+         static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+int64_t MinorFaults() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+// Times `operation` (which returns its own seconds) and appends them to `seconds`, and the minor
+// page faults the process took during it, per MiB of `bytes`, to `faults_per_mib`.
+absl::Status TimeWithFaults(const std::function<absl::StatusOr<double>()>& operation, int64_t bytes,
+                            std::vector<double>& seconds, std::vector<double>& faults_per_mib) {
+  const int64_t before = MinorFaults();
+  ASSIGN_OR_RETURN(double taken, operation());
+  faults_per_mib.push_back(static_cast<double>(MinorFaults() - before) * kMiB /
+                           static_cast<double>(std::max<int64_t>(bytes, 1)));
+  seconds.push_back(taken);
+  return absl::OkStatus();
+}
+
+double Median(const std::vector<double>& values) { return Summarize(values).median; }
 
 // ---- Measurements shared by several figures.
 
@@ -314,16 +440,17 @@ absl::StatusOr<double> TimeRawWriteFsync(const Workload& workload, const std::st
   return seconds;
 }
 
-// Copies every tensor's bytes into destination memory that is already allocated and faulted in:
-// the memory-bandwidth ceiling of moving these bytes, with no allocation, I/O, checks or framing.
-// (Stricter than copying into new tensors, which also pays for faulting pages in, as loads do.)
-absl::StatusOr<double> TimeMemcpy(const Workload& workload) {
+// Copies every tensor's bytes into destination memory allocated beforehand: the memory-bandwidth
+// ceiling of moving these bytes, with no I/O, checks or framing. `prefault`: the destination is
+// written once before the timed copy (warm); else it is left untouched, so the copy faults it in
+// (cold, when allocated in the cold malloc regime).
+absl::StatusOr<double> TimeMemcpy(const Workload& workload, bool prefault = true) {
   std::vector<at::Tensor> copies;
   copies.reserve(workload.tensors.size());
   for (const at::Tensor& tensor : workload.tensors) {
     ASSIGN_OR_RETURN(at::Tensor copy,
                      CatchTorchErrors([&] { return at::empty(tensor.sizes(), tensor.options()); }));
-    std::memset(copy.data_ptr(), 0, copy.nbytes());
+    if (prefault) std::memset(copy.data_ptr(), 0, copy.nbytes());
     copies.push_back(std::move(copy));
   }
   const Clock::time_point start = Clock::now();
@@ -424,7 +551,8 @@ absl::StatusOr<double> TimeStoreLoad(CheckpointStore& store, const Workload& wor
 
 struct PythonTimes {
   std::vector<double> save_s;
-  std::vector<double> load_s;
+  std::vector<double> warm_load_s, warm_load_faults_per_mib;
+  std::vector<double> cold_load_s, cold_load_faults_per_mib;
   std::string torch_version;
 };
 
@@ -444,31 +572,48 @@ absl::StatusOr<std::string> RunCommand(const std::string& command) {
 }
 
 // Python's torch.save / torch.load of the same tensors: written once to a .pt by libs/format's
-// torch writer (untimed), loaded by Python, then saved and loaded `runs` times, timed inside
-// Python (tools/bench/torch_baseline.py).
+// torch writer (untimed), loaded by Python, then saved `runs` times and loaded `runs` times in
+// the warm regime, timed inside Python (tools/bench/torch_baseline.py); then a second Python
+// process loads Python's own file `runs` times in the cold regime.
 absl::StatusOr<PythonTimes> TimePython(const BenchOptions& options, const Workload& workload) {
   const std::string input = options.work_dir + "/" + workload.name + "-input.pt";
   const std::string output = options.work_dir + "/" + workload.name + "-python.pt";
   RETURN_IF_ERROR(WriteTorchFile(input, workload.python_root).status());
-  ASSIGN_OR_RETURN(std::string printed,
-                   RunCommand(absl::StrCat(options.python, " ", options.python_script, " ", input,
-                                           " ", output, " ", options.runs)));
-  fs::remove(input);
-  const size_t line_start = printed.find_last_of('\n', printed.size() - 2);
-  const std::string last_line =
-      line_start == std::string::npos ? printed : printed.substr(line_start + 1);
-  nlohmann::json json = nlohmann::json::parse(last_line, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.contains("save_s")) {
-    return absl::InternalError("the Python baseline printed no JSON: " + printed);
-  }
-  if (json["loaded_bytes"].get<int64_t>() != workload.bytes) {
-    return absl::InternalError(absl::StrCat("Python loaded ", json["loaded_bytes"].get<int64_t>(),
-                                            " tensor bytes, expected ", workload.bytes));
-  }
   PythonTimes times;
-  times.save_s = json["save_s"].get<std::vector<double>>();
-  times.load_s = json["load_s"].get<std::vector<double>>();
-  times.torch_version = json["torch_version"].get<std::string>();
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    const bool save = regime == Regime::kWarm;
+    ASSIGN_OR_RETURN(
+        std::string printed,
+        RunCommand(absl::StrCat(PythonMallocEnvironment(regime), " ", options.python, " ",
+                                options.python_script, " ", input, " ", output, " ", options.runs,
+                                " ", RegimeName(regime), save ? " save" : " nosave")));
+    const size_t line_start = printed.find_last_of('\n', printed.size() - 2);
+    const std::string last_line =
+        line_start == std::string::npos ? printed : printed.substr(line_start + 1);
+    nlohmann::json json = nlohmann::json::parse(last_line, nullptr, /*allow_exceptions=*/false);
+    if (json.is_discarded() || !json.contains("save_s") || !json.contains("load_minflt")) {
+      return absl::InternalError("the Python baseline printed no JSON: " + printed);
+    }
+    if (json["loaded_bytes"].get<int64_t>() != workload.bytes) {
+      return absl::InternalError(absl::StrCat("Python loaded ", json["loaded_bytes"].get<int64_t>(),
+                                              " tensor bytes, expected ", workload.bytes));
+    }
+    std::vector<double> faults_per_mib;
+    for (const int64_t faults : json["load_minflt"].get<std::vector<int64_t>>()) {
+      faults_per_mib.push_back(static_cast<double>(faults) * kMiB / workload.bytes);
+    }
+    if (save) {
+      times.save_s = json["save_s"].get<std::vector<double>>();
+      times.warm_load_s = json["load_s"].get<std::vector<double>>();
+      times.warm_load_faults_per_mib = std::move(faults_per_mib);
+    } else {
+      times.cold_load_s = json["load_s"].get<std::vector<double>>();
+      times.cold_load_faults_per_mib = std::move(faults_per_mib);
+    }
+    times.torch_version = json["torch_version"].get<std::string>();
+  }
+  fs::remove(input);
+  fs::remove(output);
   return times;
 }
 
@@ -502,9 +647,19 @@ absl::StatusOr<std::pair<double, double>> TimeLibTorch(const Workload& workload,
 
 // ---- The figures.
 
+// Loads of one regime: seconds and minor page faults per MiB of each timed run.
+struct RegimeLoads {
+  std::vector<double> store_s, store_faults;    // LoadCheckpoint (tensors >= 1 MiB mapped)
+  std::vector<double> copied_s, copied_faults;  // map_tensors_on_load=false
+  std::vector<double> python_s, python_faults;  // torch.load
+};
+
 struct SaveLoadTimes {
-  std::vector<double> raw_s, store_save_s, unhashed_save_s, python_save_s, store_load_s,
-      copied_load_s, python_load_s, hash_s, memcpy_s, libtorch_save_s, libtorch_load_s;
+  std::vector<double> raw_s, store_save_s, unhashed_save_s, python_save_s, hash_s, memcpy_s,
+      libtorch_save_s, libtorch_load_s;
+  // CPU seconds during each save and unhashed save: this process's, and the machine's.
+  std::vector<double> save_cpu_s, save_machine_s, unhashed_cpu_s, unhashed_machine_s;
+  RegimeLoads warm, cold;
   std::string kept_store;  // the last save run's store, holding WORKLOAD@1.
 };
 
@@ -517,16 +672,24 @@ absl::StatusOr<SaveLoadTimes> MeasureSaveLoad(const BenchOptions& options, const
     ASSIGN_OR_RETURN(double raw, TimeRawWriteFsync(workload, options.work_dir + "/raw.bin"));
     times.raw_s.push_back(raw);
     const std::string db = absl::StrCat(options.work_dir, "/store-", workload.name, "-", run);
+    double cpu = ProcessCpuSeconds();
+    double machine = MachineBusySeconds();
     ASSIGN_OR_RETURN(double save, TimeStoreSave(workload, db));
     times.store_save_s.push_back(save);
+    times.save_cpu_s.push_back(ProcessCpuSeconds() - cpu);
+    times.save_machine_s.push_back(MachineBusySeconds() - machine);
     if (!times.kept_store.empty()) fs::remove_all(times.kept_store);
     times.kept_store = db;
     {
       const std::string unhashed = db + "-unhashed";
       StoreKnobs knobs;
       knobs.skip_hashing = true;
+      cpu = ProcessCpuSeconds();
+      machine = MachineBusySeconds();
       ASSIGN_OR_RETURN(double unhashed_save, TimeStoreSave(workload, unhashed, knobs));
       times.unhashed_save_s.push_back(unhashed_save);
+      times.unhashed_cpu_s.push_back(ProcessCpuSeconds() - cpu);
+      times.unhashed_machine_s.push_back(MachineBusySeconds() - machine);
       fs::remove_all(unhashed);
     }
     times.hash_s.push_back(TimeStoreHashing(workload));
@@ -536,27 +699,33 @@ absl::StatusOr<SaveLoadTimes> MeasureSaveLoad(const BenchOptions& options, const
     times.libtorch_save_s.push_back(libtorch.first);
     times.libtorch_load_s.push_back(libtorch.second);
   }
-  Progress(workload.name + ": Python torch.save / torch.load");
+  Progress(workload.name + ": Python torch.save / torch.load (warm, then cold)");
   ASSIGN_OR_RETURN(PythonTimes python, TimePython(options, workload));
   times.python_save_s = python.save_s;
-  times.python_load_s = python.load_s;
-  {
-    ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(times.kept_store));
-    for (int run = 0; run < options.runs; ++run) {
-      Progress(absl::StrCat(workload.name, ": local load run ", run + 1, "/", options.runs));
-      ASSIGN_OR_RETURN(double load, TimeStoreLoad(*store, workload, /*compare=*/run == 0));
-      times.store_load_s.push_back(load);
-    }
-  }
-  {
-    StoreKnobs knobs;
-    knobs.map_on_load = false;
-    ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
-                     OpenStore(times.kept_store, knobs));
-    for (int run = 0; run < options.runs; ++run) {
-      Progress(absl::StrCat(workload.name, ": copied load run ", run + 1, "/", options.runs));
-      ASSIGN_OR_RETURN(double load, TimeStoreLoad(*store, workload, /*compare=*/run == 0));
-      times.copied_load_s.push_back(load);
+  times.warm.python_s = python.warm_load_s;
+  times.warm.python_faults = python.warm_load_faults_per_mib;
+  times.cold.python_s = python.cold_load_s;
+  times.cold.python_faults = python.cold_load_faults_per_mib;
+  // One store open at a time (RocksDB locks its directory): the mapped loads, then the copied.
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    RegimeLoads& loads = regime == Regime::kWarm ? times.warm : times.cold;
+    ScopedMallocRegime malloc_regime(regime);
+    for (const bool map_on_load : {true, false}) {
+      StoreKnobs knobs;
+      knobs.map_on_load = map_on_load;
+      ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
+                       OpenStore(times.kept_store, knobs));
+      if (regime == Regime::kWarm) {  // faults the heap in, as Python's untimed first load does.
+        RETURN_IF_ERROR(TimeStoreLoad(*store, workload, /*compare=*/true).status());
+      }
+      for (int run = 0; run < options.runs; ++run) {
+        Progress(absl::StrCat(workload.name, ": local load, ", map_on_load ? "mapped" : "copied",
+                              ", ", RegimeName(regime), ", run ", run + 1, "/", options.runs));
+        RETURN_IF_ERROR(
+            TimeWithFaults([&] { return TimeStoreLoad(*store, workload, /*compare=*/run == 0); },
+                           workload.bytes, map_on_load ? loads.store_s : loads.copied_s,
+                           map_on_load ? loads.store_faults : loads.copied_faults));
+      }
     }
   }
   report.AddTiming("raw write + fsync", workload, times.raw_s);
@@ -569,11 +738,14 @@ absl::StatusOr<SaveLoadTimes> MeasureSaveLoad(const BenchOptions& options, const
   report.AddTiming("LibTorch torch::load", workload, times.libtorch_load_s);
   report.AddTiming("Python torch.save + fsync (torch " + python.torch_version + ")", workload,
                    times.python_save_s);
-  report.AddTiming("Python torch.load", workload, times.python_load_s);
-  report.AddTiming("store local load (LoadCheckpoint; tensors >= 1 MiB mapped)", workload,
-                   times.store_load_s);
-  report.AddTiming("store local load, every tensor copied (map_tensors_on_load=false)", workload,
-                   times.copied_load_s);
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    const RegimeLoads& loads = regime == Regime::kWarm ? times.warm : times.cold;
+    report.AddTiming("Python torch.load", workload, loads.python_s, regime);
+    report.AddTiming("store local load (LoadCheckpoint; tensors >= 1 MiB mapped)", workload,
+                     loads.store_s, regime);
+    report.AddTiming("store local load, every tensor copied (map_tensors_on_load=false)", workload,
+                     loads.copied_s, regime);
+  }
   return times;
 }
 
@@ -599,15 +771,26 @@ absl::Status FigureR2(const Workload& workload, const SaveLoadTimes& times, Repo
   return absl::OkStatus();
 }
 
+// Our load (tensors of 1 MiB or more mapped from the pack file, smaller ones read into new
+// tensors) against torch.load, both in the same regime; the detail gives the load that copies
+// every tensor in that regime too, and the minor faults per MiB of each side.
 absl::Status FigureR3(const Workload& workload, const SaveLoadTimes& times, Report& report) {
-  FigureRow row{"R3", workload.name, "local load / Python torch.load (throughput)"};
-  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(times.store_load_s, times.python_load_s));
-  row.target = 2;
-  row.detail = absl::StrFormat(
-      "%.2f vs %.2f GiB/s; every tensor copied %.2f GiB/s; LibTorch torch::load %.2f GiB/s",
-      GiBps(workload.bytes, times.store_load_s), GiBps(workload.bytes, times.python_load_s),
-      GiBps(workload.bytes, times.copied_load_s), GiBps(workload.bytes, times.libtorch_load_s));
-  report.AddFigure(std::move(row));
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    const RegimeLoads& loads = regime == Regime::kWarm ? times.warm : times.cold;
+    FigureRow row{"R3", workload.name, "local load / Python torch.load (throughput)"};
+    row.regime = regime;
+    ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(loads.store_s, loads.python_s));
+    row.target = 2;
+    row.detail = absl::StrFormat(
+        "%.2f vs %.2f GiB/s; every tensor copied %.2f GiB/s (%.3f of Python); faults/MiB %.0f, "
+        "copied %.0f, Python %.0f; LibTorch torch::load %.2f GiB/s (regime not set)",
+        GiBps(workload.bytes, loads.store_s), GiBps(workload.bytes, loads.python_s),
+        GiBps(workload.bytes, loads.copied_s),
+        GiBps(workload.bytes, loads.copied_s) / GiBps(workload.bytes, loads.python_s),
+        Median(loads.store_faults), Median(loads.copied_faults), Median(loads.python_faults),
+        GiBps(workload.bytes, times.libtorch_load_s));
+    report.AddFigure(std::move(row));
+  }
   return absl::OkStatus();
 }
 
@@ -621,10 +804,15 @@ absl::Status FigureR6(const Workload& workload, const SaveLoadTimes& times, Repo
   row.ratio = Summarize(ratios);
   row.goal = Goal::kAtMost;
   row.target = 1.05;
-  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s; hashing alone on one thread %.2f GiB/s",
-                               GiBps(workload.bytes, times.store_save_s),
-                               GiBps(workload.bytes, times.unhashed_save_s),
-                               GiBps(workload.bytes, times.hash_s));
+  row.detail = absl::StrFormat(
+      "%.2f vs %.2f GiB/s; hashing alone on one thread %.2f GiB/s (%.2f s); CPU s (process / "
+      "machine of %d cores) in save %.2f / %.2f over %.2f s, without hashing %.2f / %.2f over "
+      "%.2f s (medians)",
+      GiBps(workload.bytes, times.store_save_s), GiBps(workload.bytes, times.unhashed_save_s),
+      GiBps(workload.bytes, times.hash_s), Median(times.hash_s),
+      static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)), Median(times.save_cpu_s),
+      Median(times.save_machine_s), Median(times.store_save_s), Median(times.unhashed_cpu_s),
+      Median(times.unhashed_machine_s), Median(times.unhashed_save_s));
   report.AddFigure(std::move(row));
   return absl::OkStatus();
 }
@@ -756,10 +944,14 @@ absl::StatusOr<double> TimeLoopbackTcp(const Workload& workload,
   return seconds;
 }
 
-// One Download stream from an in-process StoreService on 127.0.0.1 (the same store as R3) into
-// client memory that is already faulted in, against memcpy of the same bytes into such memory
-// (TimeMemcpy). A download into fresh tensors (RemoteCheckpointStore::LoadCheckpoint) is timed
-// too: on this VM it is bound by first touches of new memory, not by the stream.
+// One Download stream from an in-process StoreService on 127.0.0.1 (the same store as R3), in
+// both regimes, against two baselines of the same bytes in the same regime: memcpy (R4: the
+// memory-bandwidth ceiling) and one loopback TCP stream without gRPC (R4': what the network
+// path itself allows here). Warm: the download reads into client memory faulted in beforehand
+// (RemoteVersionReader::ReadTensorInto, as a server refreshing its weights in place), and the
+// baselines copy / recv into that same memory. Cold: the download allocates fresh tensors
+// (RemoteCheckpointStore::LoadCheckpoint) and the baselines copy / recv into fresh allocations
+// nobody touched, all in the cold malloc regime.
 absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                       const SaveLoadTimes& times, Report& report) {
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(times.kept_store));
@@ -768,46 +960,95 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
                    GrpcServer::Start(GrpcServerOptions(),
                                      {{service.get(), v1::CheckpointStore::service_full_name()}}));
-  std::vector<double> download_s;
-  std::vector<double> fresh_s;
-  std::vector<double> tcp_s;
+  struct Side {
+    std::vector<double> download_s, download_faults, tcp_s, tcp_faults, memcpy_s, memcpy_faults;
+  };
+  Side warm, cold;
   absl::Status measured = [&]() -> absl::Status {
     RemoteStoreOptions remote_options;
     remote_options.address = server->address();
     ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> remote,
                      RemoteCheckpointStore::Connect(remote_options));
-    std::vector<at::Tensor> destinations;
+    // The warm runs first, then the cold ones: leaving the cold regime returns free heap pages
+    // to the kernel (malloc_trim), which would make gRPC's own receive buffers fresh memory in a
+    // warm run that followed it (perf: recvmsg into them took 28% of all page faults so).
+    {
+      ScopedMallocRegime warm_malloc(Regime::kWarm);
+      // Allocated and written by an untimed first download, which also warms gRPC's buffers.
+      std::vector<at::Tensor> destinations;
+      RETURN_IF_ERROR(TimeDownloadInto(*remote, workload, destinations, /*compare=*/true).status());
+      for (int run = 0; run < options.runs; ++run) {
+        Progress(absl::StrCat(workload.name, ": gRPC download and TCP, warm, run ", run + 1, "/",
+                              options.runs));
+        RETURN_IF_ERROR(TimeWithFaults(
+            [&] { return TimeDownloadInto(*remote, workload, destinations, /*compare=*/run == 0); },
+            workload.bytes, warm.download_s, warm.download_faults));
+        RETURN_IF_ERROR(TimeWithFaults([&] { return TimeLoopbackTcp(workload, destinations); },
+                                       workload.bytes, warm.tcp_s, warm.tcp_faults));
+      }
+    }
+    ScopedMallocRegime cold_malloc(Regime::kCold);
     for (int run = 0; run < options.runs; ++run) {
-      Progress(absl::StrCat(workload.name, ": gRPC download run ", run + 1, "/", options.runs));
-      ASSIGN_OR_RETURN(double seconds,
-                       TimeDownloadInto(*remote, workload, destinations, /*compare=*/run == 0));
-      download_s.push_back(seconds);
-      ASSIGN_OR_RETURN(double fresh, TimeStoreLoad(*remote, workload, /*compare=*/run == 0));
-      fresh_s.push_back(fresh);
-      ASSIGN_OR_RETURN(double tcp, TimeLoopbackTcp(workload, destinations));
-      tcp_s.push_back(tcp);
+      Progress(absl::StrCat(workload.name, ": gRPC download and TCP, cold, run ", run + 1, "/",
+                            options.runs));
+      RETURN_IF_ERROR(
+          TimeWithFaults([&] { return TimeStoreLoad(*remote, workload, /*compare=*/run == 0); },
+                         workload.bytes, cold.download_s, cold.download_faults));
+      RETURN_IF_ERROR(TimeWithFaults(
+          [&]() -> absl::StatusOr<double> {
+            std::vector<at::Tensor> fresh;  // allocated, never touched before the recv.
+            for (const at::Tensor& tensor : workload.tensors) {
+              ASSIGN_OR_RETURN(at::Tensor destination, CatchTorchErrors([&] {
+                                 return at::empty({static_cast<int64_t>(tensor.nbytes())},
+                                                  at::kByte);
+                               }));
+              fresh.push_back(std::move(destination));
+            }
+            return TimeLoopbackTcp(workload, fresh);
+          },
+          workload.bytes, cold.tcp_s, cold.tcp_faults));
+      RETURN_IF_ERROR(TimeWithFaults([&] { return TimeMemcpy(workload, /*prefault=*/false); },
+                                     workload.bytes, cold.memcpy_s, cold.memcpy_faults));
     }
     return absl::OkStatus();
   }();
   server->Shutdown(absl::Seconds(5));
   server->Wait();
   RETURN_IF_ERROR(measured);
+  warm.memcpy_s = times.memcpy_s;
   report.AddTiming("gRPC download, 1 stream, loopback, into faulted-in memory (ReadTensorInto)",
-                   workload, download_s);
-  report.AddTiming("gRPC download, 1 stream, loopback, into fresh tensors (LoadCheckpoint)",
-                   workload, fresh_s);
+                   workload, warm.download_s, Regime::kWarm);
   report.AddTiming("TCP alone, 1 stream, loopback, into faulted-in memory (no gRPC)", workload,
-                   tcp_s);
-  FigureRow row{"R4", workload.name, "one gRPC download stream / memcpy (throughput)"};
-  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(download_s, times.memcpy_s));
-  row.target = 0.2;
-  row.detail = absl::StrFormat(
-      "%.2f vs %.2f GiB/s; into fresh tensors %.2f GiB/s; loopback TCP alone %.2f GiB/s (%.3f of "
-      "memcpy)",
-      GiBps(workload.bytes, download_s), GiBps(workload.bytes, times.memcpy_s),
-      GiBps(workload.bytes, fresh_s), GiBps(workload.bytes, tcp_s),
-      GiBps(workload.bytes, tcp_s) / GiBps(workload.bytes, times.memcpy_s));
-  report.AddFigure(std::move(row));
+                   warm.tcp_s, Regime::kWarm);
+  report.AddTiming("gRPC download, 1 stream, loopback, into fresh tensors (LoadCheckpoint)",
+                   workload, cold.download_s, Regime::kCold);
+  report.AddTiming("TCP alone, 1 stream, loopback, into fresh memory (no gRPC)", workload,
+                   cold.tcp_s, Regime::kCold);
+  report.AddTiming("memcpy into fresh memory", workload, cold.memcpy_s, Regime::kCold);
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    const Side& side = regime == Regime::kWarm ? warm : cold;
+    const std::string faults =
+        regime == Regime::kWarm
+            ? absl::StrFormat("faults/MiB %.0f, TCP %.0f", Median(side.download_faults),
+                              Median(side.tcp_faults))
+            : absl::StrFormat("faults/MiB %.0f, TCP %.0f, memcpy %.0f",
+                              Median(side.download_faults), Median(side.tcp_faults),
+                              Median(side.memcpy_faults));
+    FigureRow row{"R4", workload.name, "one gRPC download stream / memcpy (throughput)"};
+    row.regime = regime;
+    ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(side.download_s, side.memcpy_s));
+    row.target = 0.2;
+    row.detail = absl::StrFormat("%.2f vs %.2f GiB/s; %s", GiBps(workload.bytes, side.download_s),
+                                 GiBps(workload.bytes, side.memcpy_s), faults);
+    report.AddFigure(std::move(row));
+    FigureRow tcp{"R4'", workload.name, "one gRPC download stream / loopback TCP (throughput)"};
+    tcp.regime = regime;
+    ASSIGN_OR_RETURN(tcp.ratio, ThroughputRatio(side.download_s, side.tcp_s));
+    tcp.target = 0.8;
+    tcp.detail = absl::StrFormat("%.2f vs %.2f GiB/s; %s", GiBps(workload.bytes, side.download_s),
+                                 GiBps(workload.bytes, side.tcp_s), faults);
+    report.AddFigure(std::move(tcp));
+  }
   return absl::OkStatus();
 }
 
@@ -899,30 +1140,47 @@ absl::Status FigureR7(const BenchOptions& options, const Workload& workload,
   if ((options.runs + 1) % 2 == 1) optimizer_step();  // back to the workload's own values.
   fs::remove_all(db);
   RETURN_IF_ERROR(measured);
-  report.AddTiming("trainer stall, first overlapped checkpoint (allocates)", workload, first_s);
+  report.AddTiming("trainer stall, first overlapped checkpoint (allocates)", workload, first_s,
+                   Regime::kCold);
   report.AddTiming("trainer stall, later overlapped checkpoints (submit + pre-step guard)",
-                   workload, stall_s);
-  FigureRow row{"R7", workload.name, "stall per async checkpoint / synchronous save (time)"};
-  ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(stall_s, times.store_save_s));
-  row.ratio = Summarize(ratios);
-  row.goal = Goal::kAtMost;
-  row.target = 0.01;
-  row.detail = absl::StrFormat(
-      "stall %.4f s (guard %.4f s; first %.3f s) vs save %.3f s (medians); forward+backward "
-      "(%d layers, batch %d) %.3f s alone, %.3f s beside the checkpoint's copy and upload",
-      Summarize(stall_s).median, Summarize(guard_s).median, Summarize(first_s).median,
-      Summarize(times.store_save_s).median, layers.size(), kBatch, Summarize(alone_s).median,
-      Summarize(beside_s).median);
-  report.AddFigure(std::move(row));
+                   workload, stall_s, Regime::kWarm);
+  // Warm: the checkpointer's host buffers exist from the previous checkpoint; cold: the first
+  // checkpoint, which allocates them (one run). The synchronous save reads the same tensors in
+  // both and writes fresh pack files, so it is its own baseline in both rows.
+  const std::vector<double> first_save(times.store_save_s.begin(),
+                                       times.store_save_s.begin() + first_s.size());
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    const bool warm = regime == Regime::kWarm;
+    FigureRow row{"R7", workload.name, "stall per async checkpoint / synchronous save (time)"};
+    row.regime = regime;
+    ASSIGN_OR_RETURN(std::vector<double> ratios, warm ? PairedRatios(stall_s, times.store_save_s)
+                                                      : PairedRatios(first_s, first_save));
+    row.ratio = Summarize(ratios);
+    row.goal = Goal::kAtMost;
+    row.target = 0.01;
+    row.detail =
+        warm ? absl::StrFormat(
+                   "stall %.4f s (guard %.4f s) vs save %.3f s (medians); forward+backward "
+                   "(%d layers, batch %d) %.3f s alone, %.3f s beside the checkpoint's copy and "
+                   "upload",
+                   Median(stall_s), Median(guard_s), Median(times.store_save_s), layers.size(),
+                   kBatch, Median(alone_s), Median(beside_s))
+             : absl::StrFormat(
+                   "first checkpoint's stall %.3f s (allocates its host buffers) vs "
+                   "save %.3f s (first run)",
+                   Median(first_s), Median(first_save));
+    report.AddFigure(std::move(row));
+  }
   return absl::OkStatus();
 }
 
 // The loader end to end: an in-process LoaderService on 127.0.0.1 over the store, read by
 // RemoteLoader into client tensors (model and optimizer state, dtypes kept, CPU), against the
-// local load (LoadCheckpoint) of the same version, in paired runs.
-// The local load it is paired with copies every tensor into fresh memory (no mapping), because
+// local load (LoadCheckpoint) of the same version, in paired runs, in each regime.
+// The local load it is paired with copies every tensor into new memory (no mapping), because
 // that is the work the client has to do with bytes from the network too; the mapped local load
-// (R3) does not compare like with like.
+// (R3) does not compare like with like. Both sides allocate their tensors, so the regime is set
+// through malloc (warm: after one untimed load of each kind, freed memory is reused).
 absl::Status FigureR5(const BenchOptions& options, const Workload& workload,
                       const std::string& store_path, Report& report) {
   StoreKnobs copy_on_load;
@@ -934,8 +1192,10 @@ absl::Status FigureR5(const BenchOptions& options, const Workload& workload,
   ASSIGN_OR_RETURN(
       std::unique_ptr<GrpcServer> server,
       GrpcServer::Start(GrpcServerOptions(), {{service.get(), v1::Loader::service_full_name()}}));
-  std::vector<double> local_s;
-  std::vector<double> loader_s;
+  struct Side {
+    std::vector<double> local_s, local_faults, loader_s, loader_faults;
+  };
+  Side warm, cold;
   absl::Status measured = [&]() -> absl::Status {
     RemoteLoaderOptions loader_options;
     loader_options.address = server->address();
@@ -943,13 +1203,10 @@ absl::Status FigureR5(const BenchOptions& options, const Workload& workload,
     LoadTarget target;
     target.include_optimizer = true;
     const v1::VersionRef ref = MakeVersionRef(workload.name, 1);
-    for (int run = 0; run < options.runs; ++run) {
-      Progress(absl::StrCat(workload.name, ": loader run ", run + 1, "/", options.runs));
-      ASSIGN_OR_RETURN(double local, TimeStoreLoad(*store, workload, /*compare=*/false));
-      local_s.push_back(local);
+    const auto time_loader = [&]() -> absl::StatusOr<double> {
       const Clock::time_point start = Clock::now();
       ASSIGN_OR_RETURN(LoadedState loaded, loader->Load(ref, target));
-      loader_s.push_back(SecondsSince(start));
+      const double seconds = SecondsSince(start);
       int64_t bytes = loaded.model.TotalBytes();
       if (loaded.optimizer.has_value()) {
         loaded.optimizer->ForEachTensor(
@@ -959,20 +1216,71 @@ absl::Status FigureR5(const BenchOptions& options, const Workload& workload,
         return absl::InternalError(absl::StrCat("the loader delivered ", bytes, " bytes of ",
                                                 workload.name, ", saved ", workload.bytes));
       }
+      return seconds;
+    };
+    for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+      Side& side = regime == Regime::kWarm ? warm : cold;
+      ScopedMallocRegime malloc_regime(regime);
+      if (regime == Regime::kWarm) {
+        RETURN_IF_ERROR(TimeStoreLoad(*store, workload, /*compare=*/false).status());
+        RETURN_IF_ERROR(time_loader().status());
+      }
+      for (int run = 0; run < options.runs; ++run) {
+        Progress(absl::StrCat(workload.name, ": loader run, ", RegimeName(regime), ", ", run + 1,
+                              "/", options.runs));
+        RETURN_IF_ERROR(
+            TimeWithFaults([&] { return TimeStoreLoad(*store, workload, /*compare=*/false); },
+                           workload.bytes, side.local_s, side.local_faults));
+        RETURN_IF_ERROR(
+            TimeWithFaults(time_loader, workload.bytes, side.loader_s, side.loader_faults));
+      }
     }
     return absl::OkStatus();
   }();
   server->Shutdown(absl::Seconds(5));
   server->Wait();
   RETURN_IF_ERROR(measured);
-  report.AddTiming("store local load, every tensor copied, R5 pairs", workload, local_s);
-  report.AddTiming("loader end to end (LoaderService -> RemoteLoader)", workload, loader_s);
-  FigureRow row{"R5", workload.name, "loader end to end / local load, copied (throughput)"};
-  ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(loader_s, local_s));
-  row.target = 0.8;
-  row.detail = absl::StrFormat("%.2f vs %.2f GiB/s", GiBps(workload.bytes, loader_s),
-                               GiBps(workload.bytes, local_s));
-  report.AddFigure(std::move(row));
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    const Side& side = regime == Regime::kWarm ? warm : cold;
+    report.AddTiming("store local load, every tensor copied, R5 pairs", workload, side.local_s,
+                     regime);
+    report.AddTiming("loader end to end (LoaderService -> RemoteLoader)", workload, side.loader_s,
+                     regime);
+    FigureRow row{"R5", workload.name, "loader end to end / local load, copied (throughput)"};
+    row.regime = regime;
+    ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(side.loader_s, side.local_s));
+    row.target = 0.8;
+    row.detail = absl::StrFormat(
+        "%.2f vs %.2f GiB/s; faults/MiB %.0f vs %.0f", GiBps(workload.bytes, side.loader_s),
+        GiBps(workload.bytes, side.local_s), Median(side.loader_faults), Median(side.local_faults));
+    report.AddFigure(std::move(row));
+  }
+  // R5 via the loader's shared-memory socket (tools/bench/shm_workload.h), against the local load
+  // that maps the page cache as that path does: the store reopened with tensors mapped on load.
+  server.reset();
+  service.reset();
+  store.reset();
+  ASSIGN_OR_RETURN(store, OpenStore(store_path));
+  for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
+    ScopedMallocRegime malloc_regime(regime);
+    ASSIGN_OR_RETURN(const ShmLoadTimes shm, TimeShmLoads(*store, MakeVersionRef(workload.name, 1),
+                                                          workload.bytes, options.runs));
+    report.AddTiming("store local load, tensors >= 1 MiB mapped, R5 shm pairs", workload,
+                     shm.local_s, regime);
+    report.AddTiming("loader end to end via shared memory (ShmLoaderServer -> SharedMemoryLoader)",
+                     workload, shm.shm_s, regime);
+    FigureRow row{"R5", workload.name,
+                  "loader end to end via shared memory / local load, mapped (throughput)"};
+    row.regime = regime;
+    ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(shm.shm_s, shm.local_s));
+    row.target = 0.9;
+    row.detail = absl::StrFormat(
+        "%.2f vs %.2f GiB/s; per load %.0f MiB mapped from packs, %.0f MiB copied to a memfd",
+        GiBps(workload.bytes, shm.shm_s), GiBps(workload.bytes, shm.local_s),
+        static_cast<double>(shm.in_place_bytes) / kMiB,
+        static_cast<double>(shm.copied_bytes) / kMiB);
+    report.AddFigure(std::move(row));
+  }
   return absl::OkStatus();
 }
 
@@ -1016,6 +1324,8 @@ absl::Status RunR8Rank(const std::string& mode, const std::string& out, int step
           std::make_unique<ddp::DistributedDataParallel>(model, pg->comm, data_parallel_options);
     } else {
       TORCH_CHECK(mode == "single", "--r8_rank must be 'ddp' or 'single', got '", mode, "'");
+      // Several single ranks may run at once (R8's pair without communication): one file each.
+      if (const char* env_rank = std::getenv("RANK")) rank = std::atoi(env_rank);
     }
     const at::Tensor inputs = at::randn({kR8Batch, 512});
     const at::Tensor targets = at::randint(0, 10, {kR8Batch}, at::kLong);
@@ -1067,24 +1377,36 @@ absl::StatusOr<double> RunR8Job(const BenchOptions& options, const std::string& 
   return total;
 }
 
+// Besides the figure, two single ranks run at the same time with no process group: what two
+// processes training side by side reach on this machine with no communication at all (shared
+// memory bandwidth and caches, the kernel and other processes on 2 vCPUs), the ceiling the DDP
+// pair is read against in the detail.
 absl::Status FigureR8(const BenchOptions& options, Report& report) {
   std::vector<double> ddp_total;
   std::vector<double> twice_single;
+  std::vector<double> pair_total;
   for (int run = 0; run < options.runs; ++run) {
-    Progress(absl::StrCat("R8 run ", run + 1, "/", options.runs, ": one rank alone, then 2 ranks"));
+    Progress(absl::StrCat("R8 run ", run + 1, "/", options.runs,
+                          ": one rank alone, two without communication, then 2 DDP ranks"));
     ASSIGN_OR_RETURN(double single, RunR8Job(options, "single", 1));
+    ASSIGN_OR_RETURN(double pair, RunR8Job(options, "single", 2));
     ASSIGN_OR_RETURN(double two, RunR8Job(options, "ddp", 2));
     twice_single.push_back(2 * single);
+    pair_total.push_back(pair);
     ddp_total.push_back(two);
   }
+  ASSIGN_OR_RETURN(std::vector<double> pair_ratios, PairedRatios(pair_total, twice_single));
+  ASSIGN_OR_RETURN(std::vector<double> ddp_of_pair, PairedRatios(ddp_total, pair_total));
   FigureRow row{"R8", "MLP 512-1024-1024-10, batch 64/rank",
                 "2-rank Gloo DDP samples/s / (2 x one rank alone)"};
   ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(ddp_total, twice_single));
   row.ratio = Summarize(ratios);
   row.target = 0.9;
-  row.detail = absl::StrFormat("%.0f vs 2 x %.0f samples/s (medians), %d steps, 1 thread/rank",
-                               Summarize(ddp_total).median, Summarize(twice_single).median / 2,
-                               options.r8_steps);
+  row.detail = absl::StrFormat(
+      "%.0f vs 2 x %.0f samples/s (medians), %d steps, 1 thread/rank; two ranks at once without "
+      "communication %.0f samples/s (%.3f of 2 x alone); DDP / that pair %.3f",
+      Median(ddp_total), Median(twice_single) / 2, options.r8_steps, Median(pair_total),
+      Median(pair_ratios), Median(ddp_of_pair));
   report.AddFigure(std::move(row));
   return absl::OkStatus();
 }
@@ -1326,12 +1648,16 @@ absl::Status Run(const BenchOptions& options) {
     Progress(absl::StrFormat("large workload: %d tensors, %.2f GiB", large.tensors.size(),
                              large.bytes / kGiB));
     SaveLoadTimes times;
-    if (wants_any({"R1", "R2", "R3", "R4", "R6", "R7"})) {
+    if (wants_any({"R1", "R2", "R3", "R6", "R7"})) {
       ASSIGN_OR_RETURN(times, MeasureSaveLoad(options, large, report));
     } else {
-      // R5 / M1 alone only need the version stored once.
+      // R4 / R5 / M1 alone only need the version stored once (and R4 its memcpy baseline).
       times.kept_store = options.work_dir + "/store-large";
       RETURN_IF_ERROR(TimeStoreSave(large, times.kept_store).status());
+      for (int run = 0; run < options.runs && options.Wants("R4"); ++run) {
+        ASSIGN_OR_RETURN(double copy, TimeMemcpy(large));
+        times.memcpy_s.push_back(copy);
+      }
     }
     if (options.Wants("R1")) RETURN_IF_ERROR(FigureR1(large, times, report));
     if (options.Wants("R2")) RETURN_IF_ERROR(FigureR2(large, times, report));
