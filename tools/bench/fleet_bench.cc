@@ -13,16 +13,8 @@
 // streams mostly add overhead (every loader thread competes with the client's); the figure says
 // what a fleet costs here, not what it gains across machines.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -68,76 +60,6 @@ std::vector<at::Tensor> FreshTensors(const Workload& workload) {
     PrefaultForWrite(tensors.back().data_ptr(), tensors.back().nbytes());
   }
   return tensors;
-}
-
-// One TCP stream on 127.0.0.1, no gRPC: a thread sends every tensor's bytes, this one receives
-// them into fresh tensors. Seconds, tensor allocation included (as in a Load).
-absl::StatusOr<double> TimeLoopbackTcp(const Workload& workload) {
-  const auto error = [](absl::string_view what) {
-    return absl::InternalError(absl::StrCat("loopback TCP: ", what, ": ", std::strerror(errno)));
-  };
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listener < 0) return error("socket");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    close(listener);
-    return error("bind/listen");
-  }
-  const int sender = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (sender < 0 || connect(sender, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    if (sender >= 0) close(sender);
-    close(listener);
-    return error("connect");
-  }
-  const int receiver = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-  close(listener);
-  if (receiver < 0) {
-    close(sender);
-    return error("accept");
-  }
-  const Clock::time_point start = Clock::now();
-  std::thread writer([&] {
-    for (const at::Tensor& tensor : workload.tensors) {
-      const char* bytes = static_cast<const char*>(tensor.data_ptr());
-      size_t left = tensor.nbytes();
-      while (left > 0) {
-        const ssize_t sent = send(sender, bytes, left, MSG_NOSIGNAL);
-        if (sent < 0 && errno == EINTR) continue;
-        if (sent <= 0) return;
-        bytes += sent;
-        left -= static_cast<size_t>(sent);
-      }
-    }
-  });
-  std::vector<at::Tensor> destinations = FreshTensors(workload);
-  absl::Status received = absl::OkStatus();
-  for (at::Tensor& destination : destinations) {
-    char* bytes = static_cast<char*>(destination.data_ptr());
-    size_t left = destination.nbytes();
-    while (left > 0) {
-      const ssize_t got = recv(receiver, bytes, left, 0);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        received = error("recv");
-        break;
-      }
-      bytes += got;
-      left -= static_cast<size_t>(got);
-    }
-    if (!received.ok()) break;
-  }
-  if (!received.ok()) shutdown(sender, SHUT_RDWR);
-  writer.join();
-  const double seconds = SecondsSince(start);
-  close(sender);
-  close(receiver);
-  RETURN_IF_ERROR(received);
-  return seconds;
 }
 
 absl::Status Run() {
@@ -186,7 +108,8 @@ absl::Status Run() {
       std::vector<double> load_s;
       std::vector<double> tcp_s;
       for (int rep = 0; rep < reps; ++rep) {
-        ASSIGN_OR_RETURN(const double tcp, TimeLoopbackTcp(workload));
+        std::vector<at::Tensor> destinations = FreshTensors(workload);
+        ASSIGN_OR_RETURN(const double tcp, TimeLoopbackTcp(workload, destinations));
         tcp_s.push_back(tcp);
         const Clock::time_point start = Clock::now();
         ASSIGN_OR_RETURN(LoadedState state, loader->Load(ref, LoadTarget()));

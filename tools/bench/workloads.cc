@@ -1,9 +1,19 @@
 #include "tools/bench/workloads.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
@@ -169,6 +179,84 @@ absl::StatusOr<FineTuneSeries> MakeFineTuneSeries(int64_t backbone_bytes, int64_
     series.versions.push_back(std::move(contents));
   }
   return series;
+}
+
+absl::StatusOr<double> TimeLoopbackTcp(const Workload& workload,
+                                       std::vector<at::Tensor>& destinations) {
+  const auto error = [](absl::string_view what) {
+    return absl::InternalError(
+        absl::StrCat("loopback TCP baseline: ", what, ": ", std::strerror(errno)));
+  };
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) return error("socket");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    close(listener);
+    return error("bind/listen");
+  }
+  const int sender = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sender < 0 || connect(sender, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    if (sender >= 0) close(sender);
+    close(listener);
+    return error("connect");
+  }
+  const int receiver = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  close(listener);
+  if (receiver < 0) {
+    close(sender);
+    return error("accept");
+  }
+  std::atomic<int> send_errno{0};
+  const auto start = std::chrono::steady_clock::now();
+  std::thread writer([&] {
+    for (const at::Tensor& tensor : workload.tensors) {
+      const char* bytes = static_cast<const char*>(tensor.data_ptr());
+      size_t left = tensor.nbytes();
+      while (left > 0) {
+        const ssize_t sent = send(sender, bytes, left, MSG_NOSIGNAL);
+        if (sent < 0 && errno == EINTR) continue;
+        if (sent <= 0) {
+          send_errno.store(errno == 0 ? EPIPE : errno);
+          return;
+        }
+        bytes += sent;
+        left -= static_cast<size_t>(sent);
+      }
+    }
+  });
+  absl::Status received = absl::OkStatus();
+  for (at::Tensor& destination : destinations) {
+    char* bytes = static_cast<char*>(destination.data_ptr());
+    size_t left = destination.nbytes();
+    while (left > 0 && received.ok()) {
+      const ssize_t got = recv(receiver, bytes, left, 0);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        received = got == 0 ? absl::InternalError("loopback TCP baseline: the sender stopped early")
+                            : error("recv");
+        break;
+      }
+      bytes += got;
+      left -= static_cast<size_t>(got);
+    }
+  }
+  if (!received.ok()) shutdown(sender, SHUT_RDWR);  // unblocks the writer.
+  writer.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  close(sender);
+  close(receiver);
+  RETURN_IF_ERROR(received);
+  if (send_errno.load() != 0) {
+    errno = send_errno.load();
+    return error("send");
+  }
+  return seconds;
 }
 
 }  // namespace ckpt::bench

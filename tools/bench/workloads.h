@@ -56,6 +56,13 @@ struct FineTuneSeries {
 absl::StatusOr<FineTuneSeries> MakeFineTuneSeries(int64_t backbone_bytes, int64_t head_bytes,
                                                   int versions);
 
+// One TCP stream on 127.0.0.1 and no gRPC: a thread writes every byte of `workload`'s tensors,
+// the caller's thread reads them into `destinations` (same sizes, in order; faulted in or fresh,
+// as the figure needs). Seconds from the first send to the last byte received. What loopback TCP
+// itself costs here (two kernel copies, the stack, both vCPUs): the ceiling of the gRPC paths.
+absl::StatusOr<double> TimeLoopbackTcp(const Workload& workload,
+                                       std::vector<at::Tensor>& destinations);
+
 }  // namespace ckpt::bench
 
 #endif  // CKPT_TOOLS_BENCH_WORKLOADS_H_
