@@ -1,5 +1,6 @@
 #include "libs/store/s3_chunk_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -52,7 +53,7 @@ class S3PackWriter final : public ChunkWriter {
     buffer_.append(static_cast<size_t>(offset - size_), '\0');
     buffer_.append(bytes.data(), bytes.size());
     size_ = offset + static_cast<int64_t>(bytes.size());
-    if (buffer_.size() >= part_size_) {
+    if (buffer_.size() >= PartTarget()) {
       absl::Status shipped = ShipPart();
       if (!shipped.ok()) return Fail(shipped);
     }
@@ -101,6 +102,17 @@ class S3PackWriter final : public ChunkWriter {
     return exists;
   }
 
+  // S3 allows 10,000 parts per upload, and a store writes one pack per upload however big the
+  // checkpoint: with a fixed 8 MiB part a pack would stop at 78 GiB. Parts double in size every
+  // kPartsPerSizeDoubling parts (as S3Client::PutMultipart grows its parts), up to S3's 5 GiB:
+  // 8 MiB parts reach about 8 TiB.
+  uint64_t PartTarget() const {
+    constexpr uint64_t kMaxPartBytes = uint64_t{5} << 30;
+    const size_t doublings = std::min<size_t>(shipped_parts_ / kPartsPerSizeDoubling, 20);
+    const uint64_t target = part_size_ << doublings;
+    return std::min(target, std::max(kMaxPartBytes, part_size_));
+  }
+
   // Sends the buffer as the next part in the background, after the part before it is done: at
   // most one part in flight and one filling.
   absl::Status ShipPart() {
@@ -109,6 +121,7 @@ class S3PackWriter final : public ChunkWriter {
       ASSIGN_OR_RETURN(upload_id_, client_->CreateMultipartUpload(key_));
     }
     const int part_number = static_cast<int>(parts_.size()) + 1;  // none in flight now.
+    ++shipped_parts_;
     std::string part;
     part.swap(buffer_);
     buffer_.reserve(part.capacity());
@@ -142,6 +155,8 @@ class S3PackWriter final : public ChunkWriter {
   const std::string url_;
   const uint64_t pack_id_;
   const uint64_t part_size_;
+  static constexpr size_t kPartsPerSizeDoubling = 1000;
+  size_t shipped_parts_ = 0;
   std::string buffer_;  // appended, not yet sent.
   int64_t size_ = 0;
   std::string upload_id_;  // of the multipart upload, once the first part fills.

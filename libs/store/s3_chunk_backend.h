@@ -6,13 +6,14 @@
 //
 // - Pack `id` is the object `<prefix>packs/<16 hex digits>.pack`.
 // - A writer buffers appended bytes and uploads a multipart part each time its buffer reaches
-//   `part_size`, in the background while the next part fills, so at most about two parts are in
-//   memory at once. Sync() completes the multipart upload (with If-None-Match where the server
-//   honours it), or, for a pack smaller than one part, stores it with one PutObjectIfAbsent.
-//   After Sync the object is immutable: a further Append is FAILED_PRECONDITION (the store syncs
-//   each pack once, just before the commit that names it). Until Sync nothing is visible to
-//   readers or to List; a store killed before it leaves a multipart upload that ListPending
-//   reports and GC aborts after its grace period.
+//   `part_size` (doubling every 1,000 parts, so one pack can pass S3's 10,000-part limit at a
+//   fixed size: 8 MiB parts reach about 8 TiB), in the background while the next part fills, so
+//   at most about two parts are in memory at once. Sync() completes the multipart upload (with
+//   If-None-Match where the server honours it), or, for a pack smaller than one part, stores it
+//   with one PutObjectIfAbsent. After Sync the object is immutable: a further Append is
+//   FAILED_PRECONDITION (the store syncs each pack once, just before the commit that names it).
+//   Until Sync nothing is visible to readers or to List; a store killed before it leaves a
+//   multipart upload that ListPending reports and GC aborts after its grace period.
 // - NewPack asks HEAD first: a pack id is never reused, so an existing object means another
 //   writer, and the pack is refused (ALREADY_EXISTS) rather than overwritten.
 // - Reads are ranged GETs written straight into the destination. A missing object or a short
