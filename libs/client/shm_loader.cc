@@ -46,6 +46,26 @@ class Mapping {
 
 void LogToStderr(absl::string_view line) { std::cerr << line << "\n"; }
 
+// The peer's uid must be ours, root's or one the options trust: the answer decides every byte a
+// consumer gets, and a socket path can be taken over by anyone who can write its directory.
+absl::Status CheckServerUid(int socket_fd, const SharedMemoryLoaderOptions& options) {
+  ucred peer{};
+  socklen_t length = sizeof(peer);
+  if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
+    return absl::InternalError(
+        absl::StrCat("getsockopt(SO_PEERCRED) on '", options.socket_path, "': ", strerror(errno)));
+  }
+  if (peer.uid == getuid() || peer.uid == 0 ||
+      std::find(options.trusted_server_uids.begin(), options.trusted_server_uids.end(), peer.uid) !=
+          options.trusted_server_uids.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the process serving '", options.socket_path, "' runs as uid ", peer.uid,
+      ", which this client does not trust (its own uid ", getuid(),
+      ", root, or SharedMemoryLoaderOptions::trusted_server_uids): not loading from it"));
+}
+
 // One request, one answer (with its descriptors). UNAVAILABLE when the socket cannot be reached
 // or breaks.
 absl::Status Exchange(const SharedMemoryLoaderOptions& options, const v1::ShmRequest& request,
@@ -68,6 +88,7 @@ absl::Status Exchange(const SharedMemoryLoaderOptions& options, const v1::ShmReq
     return absl::UnavailableError(
         absl::StrCat("no shared-memory loader at '", path, "': connect: ", strerror(errno)));
   }
+  RETURN_IF_ERROR(CheckServerUid(socket_fd.get(), options));
   RETURN_IF_ERROR(SetSocketTimeouts(socket_fd.get(), options.timeout));
   const auto broke = [&](const absl::Status& status) {
     return absl::Status(status.code(), absl::StrCat("the shared-memory loader at '", path,
@@ -137,8 +158,17 @@ absl::StatusOr<LoadedState> SharedMemoryLoader::Load(const v1::VersionRef& ref,
   load.set_send_digests(true);
   v1::ShmAnswer answer;
   std::vector<UniqueFd> fds;
-  if (absl::Status exchanged = Exchange(options_, request, answer, fds); !exchanged.ok()) {
-    if (!absl::IsUnavailable(exchanged)) return exchanged;
+  absl::Status exchanged = Exchange(options_, request, answer, fds);
+  if (exchanged.ok() && answer.code() == static_cast<int>(absl::StatusCode::kResourceExhausted)) {
+    exchanged = absl::ResourceExhaustedError(answer.message());  // busy: same as unreachable.
+  }
+  if (!exchanged.ok()) {
+    // Unreachable, busy (at its connection limit) or too slow: the gRPC loader can serve it.
+    // Anything else (a refused uid, a bad request) is the answer.
+    if (!absl::IsUnavailable(exchanged) && !absl::IsResourceExhausted(exchanged) &&
+        !absl::IsDeadlineExceeded(exchanged)) {
+      return exchanged;
+    }
     // Loads only read: the gRPC loader serves the same answer.
     if (!fallback_logged_.exchange(true)) {
       options_.log(absl::StrCat(exchanged.message(), "; loading over gRPC instead"));
@@ -180,7 +210,7 @@ absl::StatusOr<LoadedState> SharedMemoryLoader::Assemble(const v1::ShmAnswer& an
   for (int i = 0; i < count; ++i) {
     const v1::ShmTensorLayout& layout = answer.tensors(i);
     const v1::TensorMeta& meta = meta_at(i);
-    if (layout.length() != meta.byte_length()) {
+    if (layout.length() < 0 || layout.length() != meta.byte_length()) {
       return bad(absl::StrCat("tensor '", meta.key(), "' lies in ", layout.length(),
                               " bytes, its byte_length is ", meta.byte_length()));
     }

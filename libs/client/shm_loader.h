@@ -32,6 +32,8 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<Loader> loader, OpenLoaderClient(options));
 //   ASSIGN_OR_RETURN(LoadedState state, loader->Load(ref, target));
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -59,6 +61,11 @@ struct SharedMemoryLoaderOptions {
   absl::Duration timeout = absl::Minutes(10);
   // Where "using the gRPC loader instead" goes (once per loader). Default: a line on stderr.
   std::function<void(absl::string_view)> log;
+  // Uids trusted to serve the socket, besides this process's own uid and root. Every check the
+  // client makes compares bytes with digests from the same answer, so they catch damage, not a
+  // fake loader: whoever holds the socket path decides what is served. The server's uid
+  // (SO_PEERCRED) is checked on every connection; another is PERMISSION_DENIED, with no fallback.
+  std::vector<uid_t> trusted_server_uids;
 };
 
 // What a SharedMemoryLoader has done, for logs and tests.

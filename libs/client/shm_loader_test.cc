@@ -7,9 +7,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -44,6 +47,7 @@ namespace {
 
 using ::ckpt::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A directory short enough for sun_path (TEST_TMPDIR under Bazel is not), removed at the end.
 class ShortTempDir {
@@ -316,6 +320,50 @@ TEST_F(SharedMemoryLoaderTest, UidNotAdmittedIsPermissionDenied) {
   absl::MutexLock lock(&log_.mu);
   ASSERT_EQ(log_.lines.size(), 1u);
   EXPECT_THAT(log_.lines[0], HasSubstr("may not load"));
+}
+
+// Whoever holds the socket path decides every byte served, so the client checks the server's
+// uid: a socket served by another (untrusted) uid is refused before anything is sent.
+TEST_F(SharedMemoryLoaderTest, SocketServedByAnUntrustedUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to serve a socket as another uid";
+  const std::string dir = dir_.path() + "/open";
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);  // mkdtemp's 0700 would shut the impostor out
+  ASSERT_EQ(mkdir(dir.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  const std::string path = dir + "/impostor.sock";
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // only system calls from here: the parent has threads.
+    close(ready[0]);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        listen(listener, 4) != 0) {
+      _exit(3);
+    }
+    if (write(ready[1], "r", 1) != 1) _exit(4);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the impostor could not listen";
+  close(ready[0]);
+  SharedMemoryLoaderOptions options;
+  options.socket_path = path;
+  EXPECT_THAT(SharedMemoryLoader::Probe(options),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("runs as uid 65534")));
+  options.trusted_server_uids = {65534};
+  // Trusted now: the check passes, and the impostor, which never answers, times out.
+  options.timeout = absl::Milliseconds(200);
+  EXPECT_THAT(SharedMemoryLoader::Probe(options),
+              Not(StatusIs(absl::StatusCode::kPermissionDenied)));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
 }
 
 TEST_F(SharedMemoryLoaderTest, DescriptorsAreClosedOnceTheStateIsDropped) {
