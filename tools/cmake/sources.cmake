@@ -58,6 +58,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/audited_store.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_registry.cc
+    libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
@@ -88,6 +89,7 @@ set(CKPT_TRAINER_SOURCES
     services/checkpoint_store/internal/work_queue.cc
     services/checkpoint_store/store_service.cc
     services/checkpoint_store/store_service_registry.cc
+    services/trainer/node_rendezvous.cc
     services/trainer/rank_stores.cc
     services/trainer/trainer_service.cc
 )
@@ -192,6 +194,9 @@ set(CKPT_CLI_SOURCES
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
+    libs/s3/internal/xml_scan.cc
+    libs/s3/s3_client.cc
+    libs/s3/sigv4.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
@@ -199,6 +204,7 @@ set(CKPT_CLI_SOURCES
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_registry.cc
+    libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
@@ -209,6 +215,7 @@ set(CKPT_CLI_SOURCES
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
+    libs/store/s3_chunk_backend.cc
     libs/store/version_diff.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
@@ -263,6 +270,7 @@ set(CKPT_CLI_SYSTEM_LIBRARIES
     absl_time
     absl_time_zone
     crypto
+    curl
     gpr
     grpc
     grpc++
@@ -295,6 +303,8 @@ set(CKPT_LOADER_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/local_loader.cc
+    libs/loader/shm_server.cc
+    libs/loader/shm_wire.cc
     libs/loader/stream_digest.cc
     libs/rpc/access_policy.cc
     libs/rpc/bearer_auth.cc
@@ -309,6 +319,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/audited_store.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_registry.cc
+    libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
@@ -329,6 +340,7 @@ set(CKPT_LOADER_SOURCES
     services/loader/loader_service.cc
 )
 set(CKPT_LOADER_PROTOS
+    libs/loader/shm_protocol.proto
     libs/store/store_records.proto
     proto/ckpt/v1/checkpoint_store.proto
     proto/ckpt/v1/loader.proto
@@ -493,6 +505,8 @@ set(CKPT_SOURCE_FOLDERS
     libs/loader
     libs/registry
     libs/rpc
+    libs/s3
+    libs/s3/internal
     libs/status
     libs/store
     libs/store/internal
@@ -511,6 +525,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_registry.cc
     libs/client/remote_loader.cc
+    libs/client/shm_loader.cc
     libs/ddp/communicator.cc
     libs/ddp/ddp_smoke_main.cc
     libs/ddp/distributed_data_parallel.cc
@@ -545,6 +560,8 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/local_loader.cc
+    libs/loader/shm_server.cc
+    libs/loader/shm_wire.cc
     libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
@@ -556,6 +573,9 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/rpc/server_main.cc
     libs/rpc/server_security.cc
     libs/rpc/tensor_data_message.cc
+    libs/s3/internal/xml_scan.cc
+    libs/s3/s3_client.cc
+    libs/s3/sigv4.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
@@ -564,6 +584,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_registry.cc
+    libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_pack.cc
     libs/store/internal/failpoint.cc
@@ -575,6 +596,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
+    libs/store/s3_chunk_backend.cc
     libs/store/version_diff.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
@@ -603,6 +625,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     services/loader/main.cc
     services/loader/tampering_loader_main.cc
     services/trainer/main.cc
+    services/trainer/node_rendezvous.cc
     services/trainer/rank_stores.cc
     services/trainer/trainer_service.cc
     tools/ckpt/command_line.cc
