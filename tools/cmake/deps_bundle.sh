@@ -84,7 +84,7 @@ done
 
 # Headers: the folders and files our sources and these libraries' public headers include.
 # gloo: a pip wheel ships no Gloo headers; CMake checks that these fit its ProcessGroupGloo.hpp.
-for entry in absl google grpc grpcpp grpc++ rocksdb nlohmann openssl "$multiarch/openssl" gloo \
+for entry in absl google grpc grpcpp grpc++ rocksdb nlohmann openssl "$multiarch/openssl" "$multiarch/curl" gloo \
   xxhash.h zstd.h zstd_errors.h zdict.h; do
   if [[ ! -e "/usr/include/$entry" ]]; then
     echo "deps_bundle: /usr/include/$entry is missing: run tools/install_deps.sh first" >&2
