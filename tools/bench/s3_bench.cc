@@ -75,6 +75,16 @@ std::optional<absl::Duration> TimeCommand(const std::string& command) {
   return absl::Now() - start;
 }
 
+// Deletes every object under `prefix`.
+absl::Status RemoveObjects(s3::S3Client& client, const std::string& prefix) {
+  absl::StatusOr<std::vector<s3::ListedObject>> objects = client.ListAllObjects(prefix);
+  if (!objects.ok()) return objects.status();
+  for (const s3::ListedObject& object : *objects) {
+    if (absl::Status deleted = client.DeleteObject(object.key); !deleted.ok()) return deleted;
+  }
+  return absl::OkStatus();
+}
+
 std::string Quote(const std::string& text) { return absl::StrCat("'", text, "'"); }
 
 int Run() {
@@ -126,10 +136,14 @@ int Run() {
   const std::string payload_sha = s3::Sha256Hex(all_bytes);
   std::string().swap(all_bytes);
 
-  const std::string curl = absl::StrCat(
-      "curl -sf -o /dev/null --aws-sigv4 ", Quote(absl::StrCat("aws:amz:", config.region, ":s3")),
-      " --user ", Quote(absl::StrCat(config.access_key, ":", config.secret_key)));
+  const std::string curl =
+      absl::StrCat("curl -sf --max-time 600 -o /dev/null --aws-sigv4 ",
+                   Quote(absl::StrCat("aws:amz:", config.region, ":s3")), " --user ",
+                   Quote(absl::StrCat(config.access_key, ":", config.secret_key)));
   std::vector<double> curl_put, curl_get, s3_save, s3_load, pack_save, pack_load;
+  auto store_config_prefix = [](int run) {
+    return absl::StrCat("bench-", getpid(), "-run", run, "/");
+  };
   for (int run = 0; run < runs; ++run) {
     const std::string url =
         absl::StrCat(config.endpoint, "/", config.bucket, "/curl/run", run, "-", getpid());
@@ -148,7 +162,7 @@ int Run() {
       options.db_path = absl::StrCat(work, "/store-", on_s3 ? "s3" : "packs", run);
       if (on_s3) {
         S3ChunkStorageConfig store_config = config;
-        store_config.prefix = absl::StrCat("bench-", getpid(), "-run", run, "/");
+        store_config.prefix = store_config_prefix(run);
         absl::StatusOr<std::shared_ptr<ChunkBackend>> backend = OpenS3ChunkStorage(store_config);
         if (!backend.ok()) return Fail(backend.status().ToString());
         options.chunk_backend = *std::move(backend);
@@ -174,7 +188,15 @@ int Run() {
       }
       (on_s3 ? s3_save : pack_save).push_back(MiBPerSecond(bytes, save));
       (on_s3 ? s3_load : pack_load).push_back(MiBPerSecond(bytes, load));
+      if (on_s3) {
+        // Each run's objects go, so a cluster sized for one run holds any number of them (a full
+        // memstore OSD makes writes hang rather than fail).
+        absl::Status removed = RemoveObjects(**client, store_config_prefix(run));
+        if (!removed.ok()) return Fail(removed.ToString());
+      }
     }
+    absl::Status removed = (*client)->DeleteObject(absl::StrCat("curl/run", run, "-", getpid()));
+    if (!removed.ok()) return Fail(removed.ToString());
   }
   if (!TimeCommand(absl::StrCat("rm -rf ", Quote(work)))) std::cerr << "could not remove " << work;
 
