@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -268,6 +270,46 @@ TEST_F(FleetTest, CorruptPieceInOneOfSeveralStreamsIsDataLossNamingTheTensor) {
           << streams << " streams";
     }
   }
+}
+
+// Two loaders; the first stream to reach tensor 5 stalls there (after tensors 0-4 went out)
+// while its loader shuts down with a grace period (as services/loader/main.cc does on SIGTERM),
+// and is still running past the grace. gRPC then cuts the call off by closing the connection,
+// which the client sees as UNAVAILABLE (not CANCELLED, which is kept for its own cancellation),
+// so it resumes the rest on the other loader.
+TEST_F(FleetTest, LoaderDrainedMidLoadHandsTheRestToAnotherLoader) {
+  absl::Notification stalled;
+  absl::Notification released;
+  std::atomic<bool> stalled_once{false};
+  std::atomic<int> stalled_loader{-1};
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    LoaderServiceOptions options;
+    options.tamper_for_testing = [&, i](const LoaderServiceOptions::OutgoingPiece& piece,
+                                        absl::Span<char>) {
+      if (piece.export_file || piece.tensor_index != 5 || stalled_once.exchange(true)) return;
+      stalled_loader = i;
+      stalled.Notify();
+      released.WaitForNotification();
+    };
+    addresses.push_back(StartLoader(std::move(options)));
+  }
+  std::unique_ptr<RemoteLoader> loader = Connect(addresses);
+  ASSERT_NE(loader, nullptr);
+  absl::StatusOr<LoadedState> loaded;
+  std::thread load([&] { loaded = loader->Load(ref_, LoadTarget()); });
+  ASSERT_TRUE(stalled.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  const int drained = stalled_loader.load();
+  const absl::Duration grace = absl::Milliseconds(300);
+  std::thread shutdown([&] { servers_[drained]->Shutdown(grace); });
+  absl::SleepFor(grace + absl::Milliseconds(200));  // past the grace
+  released.Notify();
+  load.join();
+  shutdown.join();
+  ASSERT_OK(loaded.status());
+  ExpectOriginals(*loaded);
+  EXPECT_GE(loader->counters().resumed_streams, 1);
+  EXPECT_EQ(services_[1 - drained]->streams_started(), 1);
 }
 
 // Three loader processes over one store service; the first stream to reach tensor 5 stalls

@@ -78,6 +78,13 @@ absl::Status Exchange(const SharedMemoryLoaderOptions& options, const v1::ShmReq
         absl::StrCat("'", path, "' is not a usable Unix-domain socket path"));
   }
   std::memcpy(address.sun_path, path.data(), path.size());
+  const std::string frame = request.SerializeAsString();
+  if (frame.size() > kMaxShmRequestBytes) {
+    // Busy-like: the gRPC loader takes requests this large.
+    return absl::ResourceExhaustedError(absl::StrCat("a request of ", frame.size(),
+                                                     " bytes is over the shared-memory socket's ",
+                                                     kMaxShmRequestBytes));
+  }
   UniqueFd socket_fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!socket_fd.valid()) {
     return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", strerror(errno)));
@@ -94,13 +101,14 @@ absl::Status Exchange(const SharedMemoryLoaderOptions& options, const v1::ShmReq
     return absl::Status(status.code(), absl::StrCat("the shared-memory loader at '", path,
                                                     "': ", status.message()));
   };
-  if (absl::Status sent = SendFrame(socket_fd.get(), request.SerializeAsString(), {}); !sent.ok()) {
-    return broke(sent);
-  }
+  const absl::Status sent = SendFrame(socket_fd.get(), frame, {});
+  if (!sent.ok() && !absl::IsUnavailable(sent)) return broke(sent);
+  // A server that refuses this uid (or is at its connection limit) answers without reading the
+  // request and closes, which can break the send: its answer is still there to read.
   std::string bytes;
   if (absl::Status received = ReceiveFrame(socket_fd.get(), kMaxShmFrameBytes, bytes, fds);
       !received.ok()) {
-    return broke(received);
+    return broke(sent.ok() ? received : sent);
   }
   if (!answer.ParseFromString(bytes)) {
     return absl::DataLossError(absl::StrCat("the shared-memory loader at '", path,

@@ -20,7 +20,9 @@
 // tensor that uses them (descriptors are closed once mapped).
 //
 // Where the socket is missing or refuses (another host, a loader without --shm_socket, a loader
-// restarted without it) a Load goes to the gRPC loader instead and says so once (options.log).
+// restarted without it), is busy or slow, or the request is over kMaxShmRequestBytes (a target
+// with very long key lists), a Load goes to the gRPC loader instead and says so once
+// (options.log).
 // OpenLoaderClient picks the transport once at start the same way.
 //
 // Thread-safety: every method may be called concurrently (one connection per Load).

@@ -6,6 +6,7 @@
 #include "libs/client/shm_loader.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -15,12 +16,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -301,7 +304,8 @@ TEST_F(SharedMemoryLoaderTest, UidNotAdmittedIsPermissionDenied) {
     ASSERT_EQ(connect(socket_fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
     v1::ShmRequest request;
     *request.mutable_load()->mutable_ref() = ref_;
-    ASSERT_OK(SendFrame(socket_fd.get(), request.SerializeAsString(), {}));
+    // The server answers without reading it and may have closed already (then this is EPIPE).
+    (void)SendFrame(socket_fd.get(), request.SerializeAsString(), {});
     std::string bytes;
     std::vector<UniqueFd> fds;
     ASSERT_OK(ReceiveFrame(socket_fd.get(), kMaxShmFrameBytes, bytes, fds));
@@ -320,6 +324,144 @@ TEST_F(SharedMemoryLoaderTest, UidNotAdmittedIsPermissionDenied) {
   absl::MutexLock lock(&log_.mu);
   ASSERT_EQ(log_.lines.size(), 1u);
   EXPECT_THAT(log_.lines[0], HasSubstr("may not load"));
+}
+
+// A connected socket to `path`, or an invalid one.
+UniqueFd ConnectTo(const std::string& path) {
+  UniqueFd socket_fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strcpy(address.sun_path, path.c_str());
+  if (connect(socket_fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    return UniqueFd();
+  }
+  return socket_fd;
+}
+
+// A stranger's uid is checked as soon as it is accepted: it gets its PERMISSION_DENIED at once,
+// whether it sends nothing, a header promising a huge frame, or a whole request, and the server
+// reads none of it (it holds no connection slot while it dawdles).
+TEST_F(SharedMemoryLoaderTest, StrangerIsRefusedBeforeItsRequestIsRead) {
+  ShmServerOptions options;
+  options.socket_path = dir_.path() + "/strangers.sock";
+  options.admit_own_uid = false;
+  options.io_timeout = absl::Seconds(60);  // a server that waited for the request would hang
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShmLoaderServer> server,
+                       ShmLoaderServer::Start(store_.get(), options));
+  v1::ShmRequest request;
+  *request.mutable_load()->mutable_ref() = ref_;
+  const std::string frame = request.SerializeAsString();
+  for (int sends : {0, 1, 2}) {
+    SCOPED_TRACE(absl::StrCat("sends ", sends));
+    UniqueFd peer = ConnectTo(options.socket_path);
+    ASSERT_TRUE(peer.valid());
+    ASSERT_OK(SetSocketTimeouts(peer.get(), absl::Seconds(5)));
+    bool request_sent = false;
+    if (sends == 1) {
+      const char huge[4] = {0, 0, 0, 0x40};  // 1 GiB announced, never sent.
+      (void)send(peer.get(), huge, sizeof(huge), MSG_NOSIGNAL);
+    } else if (sends == 2) {
+      // The server may have answered and closed already (then this is EPIPE).
+      request_sent = SendFrame(peer.get(), frame, {}).ok();
+    }
+    std::string bytes;
+    std::vector<UniqueFd> fds;
+    ASSERT_OK(ReceiveFrame(peer.get(), kMaxShmFrameBytes, bytes, fds));
+    v1::ShmAnswer answer;
+    ASSERT_TRUE(answer.ParseFromString(bytes));
+    EXPECT_EQ(answer.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+    EXPECT_THAT(answer.message(), HasSubstr(absl::StrCat("uid ", geteuid(), " may not load")));
+    EXPECT_TRUE(fds.empty());
+    // Then closed. A request that reached the server's socket was never read: closing a Unix
+    // socket with unread bytes resets the peer instead of an orderly end.
+    char byte;
+    const ssize_t got = recv(peer.get(), &byte, 1, 0);
+    if (request_sent) {
+      EXPECT_EQ(got, -1);
+      EXPECT_EQ(errno, ECONNRESET);
+    } else {
+      EXPECT_LE(got, 0);
+    }
+  }
+  EXPECT_EQ(server->counters().refused, 3);
+  EXPECT_EQ(server->active_connections(), 0);
+}
+
+// A request is bounded by what a real one needs (kMaxShmRequestBytes): an admitted peer that
+// announces more is answered at once, its bytes never read; a client with a larger request goes
+// to the gRPC loader without asking the socket.
+TEST_F(SharedMemoryLoaderTest, OversizedRequestIsRefusedUnreadAndLoadsOverGrpc) {
+  UniqueFd peer = ConnectTo(socket_path());
+  ASSERT_TRUE(peer.valid());
+  ASSERT_OK(SetSocketTimeouts(peer.get(), absl::Seconds(5)));  // the server's io_timeout is 30 s
+  const uint32_t announced = static_cast<uint32_t>(kMaxShmRequestBytes) + 1;
+  const char header[4] = {
+      static_cast<char>(announced & 0xff), static_cast<char>((announced >> 8) & 0xff),
+      static_cast<char>((announced >> 16) & 0xff), static_cast<char>((announced >> 24) & 0xff)};
+  ASSERT_EQ(send(peer.get(), header, sizeof(header), MSG_NOSIGNAL), 4);
+  std::string bytes;
+  std::vector<UniqueFd> fds;
+  ASSERT_OK(ReceiveFrame(peer.get(), kMaxShmFrameBytes, bytes, fds));
+  v1::ShmAnswer answer;
+  ASSERT_TRUE(answer.ParseFromString(bytes));
+  EXPECT_EQ(answer.code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(answer.message(), HasSubstr(absl::StrCat("at most ", kMaxShmRequestBytes)));
+
+  std::unique_ptr<SharedMemoryLoader> shm = OpenShm();
+  ASSERT_NE(shm, nullptr);
+  LoadTarget target;
+  // Some 1.2 MB of request: 400,000 times the prefix "w" (3 bytes each on the wire).
+  target.include_prefixes.assign(400000, "w");
+  const int64_t answers = shm_server_->counters().answers;
+  ASSERT_OK_AND_ASSIGN(LoadedState state, shm->Load(ref_, target));
+  EXPECT_TRUE(at::equal(*state.model.Find("w32"), weight_));
+  EXPECT_EQ(shm->counters().fallback_loads, 1);
+  EXPECT_EQ(shm_server_->counters().answers, answers);
+}
+
+// Peers of an admitted uid that trickle a request a byte at a time hold their connection only
+// until its deadline (io_timeout for the whole request, not per byte); a good client then gets
+// served although the trickle goes on.
+TEST_F(SharedMemoryLoaderTest, SlowLorisDoesNotBlockAGoodClient) {
+  ShmServerOptions options;
+  options.socket_path = dir_.path() + "/loris.sock";
+  options.max_connections = 2;
+  options.io_timeout = absl::Seconds(1);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShmLoaderServer> server,
+                       ShmLoaderServer::Start(store_.get(), options));
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> lorises;
+  for (int i = 0; i < options.max_connections; ++i) {
+    lorises.emplace_back([&] {
+      UniqueFd peer = ConnectTo(options.socket_path);
+      if (!peer.valid()) return;
+      const char header[4] = {static_cast<char>(200), 0, 0, 0};
+      if (send(peer.get(), header, sizeof(header), MSG_NOSIGNAL) != 4) return;
+      // A byte every 100 ms for up to 20 s: every single recv is quick.
+      for (int n = 0; n < 200 && !stop.load(); ++n) {
+        if (send(peer.get(), "x", 1, MSG_NOSIGNAL) != 1) return;  // cut off
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
+  }
+  for (int i = 0; i < 500 && server->active_connections() < options.max_connections; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server->active_connections(), options.max_connections);
+  SharedMemoryLoaderOptions good;
+  good.socket_path = options.socket_path;
+  const absl::Time start = absl::Now();
+  absl::Status probed;
+  do {
+    probed = SharedMemoryLoader::Probe(good);
+    if (!probed.ok()) absl::SleepFor(absl::Milliseconds(50));
+  } while (!probed.ok() && absl::Now() - start < absl::Seconds(10));
+  const absl::Duration waited = absl::Now() - start;
+  stop = true;
+  for (std::thread& loris : lorises) loris.join();
+  EXPECT_OK(probed);
+  EXPECT_LT(waited, absl::Seconds(5));
+  EXPECT_GE(server->counters().broken, options.max_connections);
 }
 
 // Whoever holds the socket path decides every byte served, so the client checks the server's

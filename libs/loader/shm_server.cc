@@ -36,8 +36,6 @@
 namespace ckpt {
 namespace {
 
-// Requests are a LoadRequest (a ref, a target with key lists): small.
-constexpr size_t kMaxRequestBytes = size_t{64} << 20;
 // Where tensors start in a memfd: element alignment for every dtype, as the store's packs.
 constexpr int64_t kMemfdAlignment = 64;
 
@@ -201,6 +199,20 @@ void ShmLoaderServer::AcceptLoop() {
       }
       continue;
     }
+    // The uid first, from the kernel, before a byte is read: a stranger gets no thread, no slot
+    // and no buffer for whatever it would send, and learns nothing about versions.
+    ucred peer{};
+    socklen_t length = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
+      std::cerr << "shared-memory loader: getsockopt(SO_PEERCRED): " << strerror(errno) << "\n";
+      close(fd);
+      continue;
+    }
+    if (absl::Status admitted = Admit(peer.uid); !admitted.ok()) {
+      refused_.fetch_add(1);
+      TurnAway(fd, admitted);
+      continue;
+    }
     bool busy;
     {
       absl::MutexLock lock(&mu_);
@@ -215,18 +227,23 @@ void ShmLoaderServer::AcceptLoop() {
       }
     }
     if (busy) {
-      // A small answer into a fresh socket's buffer: does not block the accepting thread.
-      v1::ShmAnswer answer;
-      answer.set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
-      answer.set_message(absl::StrCat("the shared-memory loader is serving its limit of ",
-                                      options_.max_connections, " connections; retry later"));
-      (void)SetSocketTimeouts(fd, absl::Seconds(1));
-      (void)SendFrame(fd, answer.SerializeAsString(), {});
-      close(fd);
+      TurnAway(fd, absl::ResourceExhaustedError(
+                       absl::StrCat("the shared-memory loader is serving its limit of ",
+                                    options_.max_connections, " connections; retry later")));
       continue;
     }
-    std::thread([this, fd] { Serve(fd); }).detach();
+    std::thread([this, fd, uid = peer.uid] { Serve(fd, uid); }).detach();
   }
+}
+
+void ShmLoaderServer::TurnAway(int fd, const absl::Status& status) {
+  // A small answer into a fresh socket's buffer: does not block the accepting thread. Whatever
+  // the peer sent stays unread (closing then resets its end; the answer is read first).
+  v1::ShmAnswer answer;
+  answer.set_code(static_cast<int>(status.code()));
+  answer.set_message(std::string(status.message()));
+  (void)SendFrame(fd, answer.SerializeAsString(), {}, absl::Now() + absl::Seconds(1));
+  close(fd);
 }
 
 absl::Status ShmLoaderServer::Admit(uid_t uid) const {
@@ -243,35 +260,26 @@ absl::Status ShmLoaderServer::Admit(uid_t uid) const {
       "); load over gRPC with a token instead"));
 }
 
-void ShmLoaderServer::Serve(int fd) {
+void ShmLoaderServer::Serve(int fd, uid_t uid) {
   v1::ShmAnswer answer;
   std::vector<int> fds;   // to pass; closed here once sent.
   bool received = false;  // a whole request frame arrived.
   const absl::Status outcome = [&]() -> absl::Status {
-    RETURN_IF_ERROR(SetSocketTimeouts(fd, options_.io_timeout));
-    ucred peer{};
-    socklen_t length = sizeof(peer);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
-      return ErrnoError("getsockopt(SO_PEERCRED)", errno);
-    }
     std::string bytes;
     std::vector<UniqueFd> unexpected;  // a client passes none; closed on return.
-    RETURN_IF_ERROR(ReceiveFrame(fd, kMaxRequestBytes, bytes, unexpected));
+    // One deadline for the whole request: a peer that trickles it cannot hold the slot longer.
+    RETURN_IF_ERROR(ReceiveFrame(fd, kMaxShmRequestBytes, bytes, unexpected,
+                                 absl::Now() + options_.io_timeout));
     received = true;
     v1::ShmRequest request;
     if (!request.ParseFromString(bytes)) {
       return absl::InvalidArgumentError("the request is not a ShmRequest");
     }
-    // The uid first: a stranger learns nothing about versions.
-    if (absl::Status admitted = Admit(peer.uid); !admitted.ok()) {
-      refused_.fetch_add(1);
-      return admitted;
-    }
     switch (request.kind_case()) {
       case v1::ShmRequest::kHello:
         return absl::OkStatus();
       case v1::ShmRequest::kLoad:
-        return BuildLoadAnswer(request.load(), peer.uid == own_uid_, answer, fds);
+        return BuildLoadAnswer(request.load(), uid == own_uid_, answer, fds);
       default:
         return absl::InvalidArgumentError("a ShmRequest naming neither hello nor load");
     }
@@ -288,7 +296,9 @@ void ShmLoaderServer::Serve(int fd) {
   const bool peer_gone =
       !received && (absl::IsUnavailable(outcome) || absl::IsDeadlineExceeded(outcome));
   if (!peer_gone) {
-    if (absl::Status sent = SendFrame(fd, answer.SerializeAsString(), fds); sent.ok()) {
+    if (absl::Status sent =
+            SendFrame(fd, answer.SerializeAsString(), fds, absl::Now() + options_.io_timeout);
+        sent.ok()) {
       answers_.fetch_add(1);
     } else {
       broken_.fetch_add(1);  // the consumer went away: its loss, not the server's.

@@ -25,7 +25,9 @@
 //
 // Access: the socket file is created with `socket_mode` (0600 by default), and every
 // connection's peer uid (SO_PEERCRED, from the kernel) must be this process's own uid (unless
-// admit_own_uid is false) or one of allowed_uids; others get PERMISSION_DENIED naming their uid.
+// admit_own_uid is false) or one of allowed_uids; others get PERMISSION_DENIED naming their uid
+// as soon as they are accepted, before a byte of their request is read and without taking a
+// connection slot.
 // An admitted uid is a reader of every model on this socket: the operator who lists a uid grants
 // it that, as an identities file grants a token a role. The gRPC side's bearer tokens are not
 // asked for here (a process that can connect has no channel to present one on that the kernel
@@ -33,7 +35,9 @@
 //
 // Threads: one accepting thread, and one thread per connection while its answer is built and
 // sent; at most max_connections at once (more are answered RESOURCE_EXHAUSTED). A consumer that
-// goes away mid-answer costs that connection only.
+// goes away mid-answer costs that connection only. An admitted peer has io_timeout for its whole
+// request (at most kMaxShmRequestBytes), however it trickles it, and io_timeout again to take its
+// answer: one that dawdles holds its slot that long at most.
 //
 // Example:
 //   ShmServerOptions options;
@@ -76,7 +80,8 @@ struct ShmServerOptions {
   bool admit_own_uid = true;
   // Connections served at once.
   int max_connections = 64;
-  // How long a connection may take to send its request, and to take its answer.
+  // How long a connection may take to send its whole request, and again to take its whole
+  // answer (deadlines, not per read or write).
   absl::Duration io_timeout = absl::Seconds(30);
 };
 
@@ -84,7 +89,7 @@ struct ShmServerOptions {
 struct ShmServerCounters {
   int64_t answers = 0;         // answers sent whole (errors included).
   int64_t broken = 0;          // connections that went away before their answer was sent.
-  int64_t refused = 0;         // PERMISSION_DENIED for the peer's uid.
+  int64_t refused = 0;         // PERMISSION_DENIED for the peer's uid (not in `answers`).
   int64_t in_place_bytes = 0;  // tensor bytes passed as pack files.
   int64_t copied_bytes = 0;    // tensor bytes written into memfds.
 };
@@ -114,7 +119,11 @@ class ShmLoaderServer {
   ShmLoaderServer(CheckpointStore* store, ShmServerOptions options, int listen_fd, int wake_fd);
 
   void AcceptLoop();
-  void Serve(int fd);
+  // Serves an admitted peer's connection; closes `fd`.
+  void Serve(int fd, uid_t uid);
+  // Answers a connection the accepting thread does not serve (a refused uid, the connection
+  // limit) with `status`, without reading from it, and closes `fd`.
+  void TurnAway(int fd, const absl::Status& status);
   // The answer to `request` from a peer of `uid`, with the descriptors to pass (owned by the
   // caller once returned).
   absl::Status BuildLoadAnswer(const v1::LoadRequest& request, bool same_uid, v1::ShmAnswer& answer,

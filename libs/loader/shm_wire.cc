@@ -5,6 +5,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -24,13 +25,32 @@ absl::Status SocketError(int error, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(error)));
 }
 
+// Before each send or receive of a frame with a finite `deadline`: the socket's timeout becomes
+// what is left of it, so the frame as a whole cannot outlast it.
+absl::Status ArmDeadline(int socket, absl::Time deadline, int option) {
+  if (deadline == absl::InfiniteFuture()) return absl::OkStatus();
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError(option == SO_RCVTIMEO
+                                           ? "receiving a frame: past its deadline"
+                                           : "sending a frame: past its deadline");
+  }
+  // A zero timeval would mean no timeout at all.
+  const timeval tv = absl::ToTimeval(std::max(left, absl::Milliseconds(1)));
+  if (setsockopt(socket, SOL_SOCKET, option, &tv, sizeof(tv)) != 0) {
+    return absl::InternalError(absl::StrCat("setting a socket timeout: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 void EncodeLength(uint32_t length, char* out) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((length >> (8 * i)) & 0xff);
 }
 
 // Sends all of [data, data + size) with plain send calls.
-absl::Status SendAll(int socket, const char* data, size_t size) {
+absl::Status SendAll(int socket, const char* data, size_t size, absl::Time deadline) {
   while (size > 0) {
+    if (absl::Status armed = ArmDeadline(socket, deadline, SO_SNDTIMEO); !armed.ok()) return armed;
     const ssize_t sent = send(socket, data, size, MSG_NOSIGNAL);
     if (sent < 0) {
       if (errno == EINTR) continue;
@@ -43,8 +63,9 @@ absl::Status SendAll(int socket, const char* data, size_t size) {
 }
 
 // Receives exactly `size` bytes; UNAVAILABLE on an orderly close.
-absl::Status ReceiveAll(int socket, char* data, size_t size) {
+absl::Status ReceiveAll(int socket, char* data, size_t size, absl::Time deadline) {
   while (size > 0) {
+    if (absl::Status armed = ArmDeadline(socket, deadline, SO_RCVTIMEO); !armed.ok()) return armed;
     const ssize_t got = recv(socket, data, size, 0);
     if (got < 0) {
       if (errno == EINTR) continue;
@@ -78,7 +99,8 @@ absl::Status SetSocketTimeouts(int socket, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-absl::Status SendFrame(int socket, absl::string_view message, absl::Span<const int> fds) {
+absl::Status SendFrame(int socket, absl::string_view message, absl::Span<const int> fds,
+                       absl::Time deadline) {
   if (message.size() > kMaxShmFrameBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("a frame of ", message.size(), " bytes is over ", kMaxShmFrameBytes));
@@ -105,6 +127,7 @@ absl::Status SendFrame(int socket, absl::string_view message, absl::Span<const i
     cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
     std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
   }
+  if (absl::Status armed = ArmDeadline(socket, deadline, SO_SNDTIMEO); !armed.ok()) return armed;
   ssize_t sent;
   do {
     sent = sendmsg(socket, &msg, MSG_NOSIGNAL);
@@ -112,15 +135,16 @@ absl::Status SendFrame(int socket, absl::string_view message, absl::Span<const i
   if (sent < 0) return SocketError(errno, "sending a frame");
   // A short write still carried the descriptors; the rest of the header is plain bytes.
   if (static_cast<size_t>(sent) < sizeof(header)) {
-    if (absl::Status rest = SendAll(socket, header + sent, sizeof(header) - sent); !rest.ok()) {
+    if (absl::Status rest = SendAll(socket, header + sent, sizeof(header) - sent, deadline);
+        !rest.ok()) {
       return rest;
     }
   }
-  return SendAll(socket, message.data(), message.size());
+  return SendAll(socket, message.data(), message.size(), deadline);
 }
 
 absl::Status ReceiveFrame(int socket, size_t max_bytes, std::string& message,
-                          std::vector<UniqueFd>& fds) {
+                          std::vector<UniqueFd>& fds, absl::Time deadline) {
   char header[4];
   iovec iov{header, sizeof(header)};
   msghdr msg{};
@@ -129,6 +153,7 @@ absl::Status ReceiveFrame(int socket, size_t max_bytes, std::string& message,
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
+  if (absl::Status armed = ArmDeadline(socket, deadline, SO_RCVTIMEO); !armed.ok()) return armed;
   ssize_t got;
   do {
     got = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
@@ -148,7 +173,8 @@ absl::Status ReceiveFrame(int socket, size_t max_bytes, std::string& message,
     return absl::DataLossError("descriptors passed with a frame were dropped (MSG_CTRUNC)");
   }
   if (static_cast<size_t>(got) < sizeof(header)) {
-    if (absl::Status rest = ReceiveAll(socket, header + got, sizeof(header) - got); !rest.ok()) {
+    if (absl::Status rest = ReceiveAll(socket, header + got, sizeof(header) - got, deadline);
+        !rest.ok()) {
       return rest;
     }
   }
@@ -158,7 +184,7 @@ absl::Status ReceiveFrame(int socket, size_t max_bytes, std::string& message,
     return absl::DataLossError(absl::StrCat("a frame of ", length, " bytes, at most ", max_bytes));
   }
   message.resize(length);
-  return ReceiveAll(socket, message.data(), length);
+  return ReceiveAll(socket, message.data(), length, deadline);
 }
 
 }  // namespace ckpt

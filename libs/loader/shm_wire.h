@@ -26,6 +26,11 @@ namespace ckpt {
 inline constexpr int kMaxShmFds = 250;
 // The largest frame either end accepts (a manifest of very many tensors fits).
 inline constexpr size_t kMaxShmFrameBytes = size_t{256} << 20;
+// The largest request the server reads: a LoadRequest is a ref and a target, whose key lists are
+// what can grow (1 MiB is some 10,000 keys of 100 bytes). Bounded apart from answers because
+// the server allocates a request's bytes for a peer it has not heard from yet; a client with a
+// larger request loads over gRPC instead.
+inline constexpr size_t kMaxShmRequestBytes = size_t{1} << 20;
 
 // A file descriptor, closed on destruction. Movable.
 class UniqueFd {
@@ -55,15 +60,19 @@ class UniqueFd {
 absl::Status SetSocketTimeouts(int socket, absl::Duration timeout);
 
 // Sends `message` as one frame, with `fds` (at most kMaxShmFds, not taken) attached. UNAVAILABLE
-// when the peer is gone; DEADLINE_EXCEEDED past the send timeout.
-absl::Status SendFrame(int socket, absl::string_view message, absl::Span<const int> fds);
+// when the peer is gone; DEADLINE_EXCEEDED past the send timeout, or past `deadline` for the
+// whole frame (a finite deadline replaces the socket's send timeout: a peer that takes a byte
+// at a time cannot stretch it).
+absl::Status SendFrame(int socket, absl::string_view message, absl::Span<const int> fds,
+                       absl::Time deadline = absl::InfiniteFuture());
 
 // Receives one frame into `message`, appending the descriptors that came with it (close-on-exec)
 // to `fds`, which owns them whatever is returned. UNAVAILABLE when the peer closed the socket
-// (before or during the frame); DEADLINE_EXCEEDED past the receive timeout; DATA_LOSS for a frame
-// over `max_bytes` or descriptors the kernel had to drop.
+// (before or during the frame); DEADLINE_EXCEEDED past the receive timeout, or past `deadline`
+// for the whole frame (as SendFrame's); DATA_LOSS for a frame over `max_bytes` (its length is
+// checked before any of its bytes are read) or descriptors the kernel had to drop.
 absl::Status ReceiveFrame(int socket, size_t max_bytes, std::string& message,
-                          std::vector<UniqueFd>& fds);
+                          std::vector<UniqueFd>& fds, absl::Time deadline = absl::InfiniteFuture());
 
 }  // namespace ckpt
 
