@@ -97,6 +97,7 @@ struct SinkTarget {
   size_t capacity;
   size_t* written;
   std::string* body;
+  bool overrun = false;  // the server sent more than the range: the transfer was stopped.
 };
 
 size_t WriteSink(char* data, size_t size, size_t count, void* user) {
@@ -109,7 +110,10 @@ size_t WriteSink(char* data, size_t size, size_t count, void* user) {
     return n;
   }
   // More than the range asked for: a broken server; fail the transfer rather than overrun.
-  if (n > target->capacity - *target->written) return 0;
+  if (n > target->capacity - *target->written) {
+    target->overrun = true;
+    return 0;
+  }
   std::memcpy(target->destination + *target->written, data, n);
   *target->written += n;
   return n;
@@ -365,6 +369,15 @@ absl::StatusOr<S3Client::Response> S3Client::Execute(const Request& request) {
       curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, "DELETE");
     }
     const CURLcode code = curl_easy_perform(curl);
+    if (sink.overrun) {
+      // Not a transport hiccup: the server answered a range with more bytes than it covers, and
+      // asking again would get the same. Whatever it sent cannot be trusted to be the range.
+      ReleaseHandle(curl);
+      curl_slist_free_all(header_list);
+      return absl::DataLossError(absl::StrCat(
+          what, ": the server sent more than the ", request.sink_capacity,
+          " bytes of the range asked for (", FindHeader(request.headers, "range"), ")"));
+    }
     if (code != CURLE_OK) {
       attempt.transport = TransportError(code, error_buffer, &attempt.retryable);
     } else {

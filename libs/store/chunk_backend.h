@@ -140,8 +140,9 @@ class ChunkBackend {
 
   // Removes pack `pack_id` (see the header comment for readers holding its locations).
   virtual absl::Status Remove(uint64_t pack_id, uint64_t generation) = 0;
-  // Releases what packs removed at generations <= `up_to` still hold.
-  virtual void ReleaseRemoved(uint64_t up_to) = 0;
+  // Releases what packs removed at generations <= `up_to` still hold. Returns how many releases
+  // failed (an object store's DELETE): those stay for the next call.
+  virtual int ReleaseRemoved(uint64_t up_to) = 0;
 
   // Writes in progress or abandoned that List does not show; empty where a pack is visible to
   // List from its first byte (pack files).

@@ -204,7 +204,7 @@ absl::Status PackDirectory::Remove(uint64_t pack_id, uint64_t generation) {
   return absl::OkStatus();
 }
 
-void PackDirectory::ReleaseRemoved(uint64_t up_to) {
+int PackDirectory::ReleaseRemoved(uint64_t up_to) {
   std::vector<std::shared_ptr<PackFd>> released;  // closed outside the lock.
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<uint64_t, uint64_t>> kept;
@@ -219,6 +219,7 @@ void PackDirectory::ReleaseRemoved(uint64_t up_to) {
     open_.erase(it);
   }
   removed_.swap(kept);
+  return 0;
 }
 
 absl::StatusOr<int64_t> PackWriter::Append(absl::string_view bytes, int64_t alignment) {

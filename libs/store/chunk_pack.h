@@ -83,7 +83,7 @@ class PackDirectory final : public ChunkBackend {
   absl::Status Remove(uint64_t pack_id, uint64_t generation) override;
   // Closes the descriptors of packs removed at generations <= `up_to`, returning their space to
   // the filesystem.
-  void ReleaseRemoved(uint64_t up_to) override;
+  int ReleaseRemoved(uint64_t up_to) override;  // never fails: 0.
 
   // A pack file is listed from its creation: nothing is ever pending.
   absl::StatusOr<std::vector<PendingPack>> ListPending() const override {

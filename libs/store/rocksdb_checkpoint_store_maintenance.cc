@@ -89,7 +89,9 @@ absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetentio
 }
 
 absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollect(bool dry_run) {
-  absl::MutexLock lock(&core_->mu());
+  absl::MutexLock gc_lock(&core_->gc_mu());  // one pass at a time (ReclaimPacks says why).
+  // mu_ for the index's own work; released before the pack space's (network) I/O below.
+  std::optional<absl::MutexLock> lock(std::in_place, &core_->mu());
   rocksdb::DB* db = core_->db();
   absl::flat_hash_set<std::string> protected_chunks;
   for (const auto& [sha256, count] : core_->pinned_chunks()) protected_chunks.insert(sha256);
@@ -193,7 +195,11 @@ absl::StatusOr<v1::GarbageCollectResponse> RocksDbCheckpointStore::GarbageCollec
     uint64_t number = 0;
     if (absl::SimpleHexAtoi(id, &number)) writing.insert(number);
   }
-  RETURN_IF_ERROR(core_->ReclaimPacks(writing, absl::FromUnixMicros(cutoff)));
+  lock.reset();  // commits go on while packs are listed, aborted, deleted and compacted.
+  ASSIGN_OR_RETURN(const Core::ReclaimOutcome reclaimed,
+                   core_->ReclaimPacks(std::move(writing), absl::FromUnixMicros(cutoff)));
+  response.set_pack_removals_failed(reclaimed.removals_failed);
+  response.set_packs_of_unknown_age_kept(reclaimed.unknown_age);
   CKPT_FAILPOINT("gc.after_pack_removal");
   return response;
 }

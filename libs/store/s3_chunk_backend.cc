@@ -1,6 +1,7 @@
 #include "libs/store/s3_chunk_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -78,7 +79,12 @@ class S3PackWriter final : public ChunkWriter {
       }
       absl::Status completed =
           client_->CompleteMultipartUpload(key_, upload_id_, parts_, /*if_none_match=*/true);
-      if (absl::IsAlreadyExists(completed)) completed = AcceptOwnObject(completed);
+      // NoSuchUpload: a retry of a Complete whose first attempt got through but whose answer was
+      // lost finds the upload already assembled (and gone). The object is then there, ours.
+      if (absl::IsAlreadyExists(completed) ||
+          (absl::IsNotFound(completed) && absl::StrContains(completed.message(), "NoSuchUpload"))) {
+        completed = AcceptOwnObject(completed);
+      }
       if (!completed.ok()) return Fail(completed);
     }
     sealed_ = true;
@@ -293,7 +299,7 @@ absl::Status S3ChunkBackend::Remove(uint64_t pack_id, uint64_t generation) {
   return absl::OkStatus();
 }
 
-void S3ChunkBackend::ReleaseRemoved(uint64_t up_to) {
+int S3ChunkBackend::ReleaseRemoved(uint64_t up_to) {
   std::vector<std::pair<uint64_t, uint64_t>> due;
   {
     absl::MutexLock lock(&mu_);
@@ -301,14 +307,22 @@ void S3ChunkBackend::ReleaseRemoved(uint64_t up_to) {
     for (const auto& removed : removed_) (removed.second <= up_to ? due : kept).push_back(removed);
     removed_.swap(kept);
   }
-  // Deleted outside the lock (network round trips); a failure is retried by the next call.
+  // Deleted outside the lock (network round trips). One failure does not stop the others: it is
+  // logged and retried by the next call.
   std::vector<std::pair<uint64_t, uint64_t>> failed;
   for (const auto& removed : due) {
-    if (!client_->DeleteObject(ObjectKey(removed.first)).ok()) failed.push_back(removed);
+    absl::Status deleted = client_->DeleteObject(ObjectKey(removed.first));
+    if (deleted.ok()) continue;
+    std::fprintf(stderr,
+                 "ckpt store: deleting removed pack object %s failed (kept for the next "
+                 "GC): %s\n",
+                 ObjectUrl(removed.first).c_str(), deleted.ToString().c_str());
+    failed.push_back(removed);
   }
-  if (failed.empty()) return;
+  if (failed.empty()) return 0;
   absl::MutexLock lock(&mu_);
   removed_.insert(removed_.end(), failed.begin(), failed.end());
+  return static_cast<int>(failed.size());
 }
 
 absl::StatusOr<std::vector<PendingPack>> S3ChunkBackend::ListPending() const {

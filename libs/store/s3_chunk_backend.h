@@ -84,9 +84,9 @@ class S3ChunkBackend final : public ChunkBackend {
   absl::StatusOr<std::vector<PackInfo>> List() const override;
   // Hides the pack; its object goes at ReleaseRemoved(g >= generation).
   absl::Status Remove(uint64_t pack_id, uint64_t generation) override;
-  // Deletes the objects of packs removed at generations <= `up_to` (those whose delete fails stay
-  // for the next call).
-  void ReleaseRemoved(uint64_t up_to) override;
+  // Deletes the objects of packs removed at generations <= `up_to`; one whose delete fails is
+  // logged and stays for the next call, and the rest go on. Returns how many failed.
+  int ReleaseRemoved(uint64_t up_to) override;
   // The multipart uploads of pack objects in progress, with their Initiated times.
   absl::StatusOr<std::vector<PendingPack>> ListPending() const override;
   absl::Status AbortPending(const PendingPack& pending) override;

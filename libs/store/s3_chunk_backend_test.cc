@@ -5,10 +5,12 @@
 
 #include "libs/store/s3_chunk_backend.h"
 
+#include <curl/curl.h>
 #include <sys/stat.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/store_conformance.h"
 #include "libs/testing/child_process.h"
+#include "nlohmann/json.hpp"
 
 namespace ckpt {
 namespace {
@@ -31,6 +34,25 @@ using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+size_t AppendTo(char* data, size_t size, size_t count, void* out) {
+  static_cast<std::string*>(out)->append(data, size * count);
+  return size * count;
+}
+
+// A request to the fake's unsigned /_control/ endpoints.
+std::string Control(const std::string& url, const std::string& post_body = "") {
+  CURL* curl = curl_easy_init();
+  std::string out;
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, AppendTo);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &out);
+  if (!post_body.empty()) curl_easy_setopt(curl, CURLOPT_POSTFIELDS, post_body.c_str());
+  const CURLcode code = curl_easy_perform(curl);
+  curl_easy_cleanup(curl);
+  EXPECT_EQ(code, CURLE_OK) << url << ": " << curl_easy_strerror(code);
+  return out;
+}
 
 // fake_s3_server.py as a child process on 127.0.0.1.
 class FakeS3 {
@@ -59,6 +81,16 @@ class FakeS3 {
     absl::StatusOr<std::unique_ptr<s3::S3Client>> client = s3::S3Client::Create(options);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? std::shared_ptr<s3::S3Client>(*std::move(client)) : nullptr;
+  }
+
+  // Injects a fault (see fake_s3_server.py) into the next matching requests.
+  void Fault(const nlohmann::json& fault) {
+    Control(absl::StrCat("http://127.0.0.1:", port_, "/_control/fault"), fault.dump());
+  }
+  // The requests served so far.
+  nlohmann::json Log() {
+    return nlohmann::json::parse(
+        Control(absl::StrCat("http://127.0.0.1:", port_, "/_control/log")));
   }
 
  private:
@@ -238,6 +270,160 @@ TEST(S3ChunkBackendTest, CreateRefusesBadOptionsAndAnUnreachableBucket) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<s3::S3Client> wrong_client, s3::S3Client::Create(wrong));
   EXPECT_THAT(S3ChunkBackend::Create(std::move(wrong_client), S3ChunkBackendOptions()),
               StatusIs(absl::StatusCode::kNotFound, "cannot list"));
+}
+
+TEST(S3ChunkBackendTest, ACompleteWhoseAnswerWasLostIsAcceptedWhenItsObjectIsThere) {
+  FakeS3 server;
+  std::shared_ptr<s3::S3Client> client = server.Client();
+  std::unique_ptr<S3ChunkBackend> backend = MakeBackend(client);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkWriter> writer, backend->NewPack(9));
+  const std::string data = Bytes(9 * kMiB + 5, 9);
+  ASSERT_OK(writer->Append(data, 1).status());
+  // The Complete assembles the object, then its answer is lost; the retry finds no upload.
+  server.Fault({{"method", "POST"}, {"query", "uploadId"}, {"lose_response", true}});
+  ASSERT_OK(writer->Sync());
+  std::string read(data.size(), '\0');
+  ASSERT_OK(backend->Read({9, 0, static_cast<int64_t>(data.size())}, read.data()));
+  EXPECT_TRUE(read == data);
+  int completes = 0;
+  for (const nlohmann::json& request : server.Log()) {
+    if (request["method"] == "POST" && request["query"].contains("uploadId")) ++completes;
+  }
+  EXPECT_EQ(completes, 2);  // the lost one and the retry that said NoSuchUpload.
+
+  // A NoSuchUpload with no object behind it (the upload was aborted) still fails.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChunkWriter> aborted, backend->NewPack(10));
+  ASSERT_OK(aborted->Append(data, 1).status());
+  ASSERT_OK_AND_ASSIGN(std::vector<PendingPack> pending, backend->ListPending());
+  ASSERT_THAT(pending, SizeIs(1));
+  ASSERT_OK(backend->AbortPending(pending[0]));
+  EXPECT_THAT(aborted->Sync(), StatusIs(absl::StatusCode::kNotFound, "NoSuchUpload"));
+}
+
+TEST(S3ChunkBackendTest, AServerSendingMoreThanTheRangeIsDataLossAndNotRetried) {
+  FakeS3 server;
+  std::shared_ptr<s3::S3Client> client = server.Client();
+  std::unique_ptr<S3ChunkBackend> backend = MakeBackend(client);
+  ASSERT_OK(client->PutObject(backend->ObjectKey(1), "0123456789"));
+  server.Fault({{"method", "GET"}, {"extra_bytes", 3}, {"count", 5}});
+  std::string buffer(4, '\0');
+  EXPECT_THAT(backend->Read({1, 2, 4}, buffer.data()),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       ::testing::AllOf(HasSubstr("store/packs/0000000000000001.pack"),
+                                        HasSubstr("bytes 2..6"), HasSubstr("bytes=2-5"))));
+  int gets = 0;
+  for (const nlohmann::json& request : server.Log()) gets += request["method"] == "GET" ? 1 : 0;
+  EXPECT_EQ(gets, 1 + 1);  // Create's listing, and the one ranged GET: not retried.
+}
+
+// A store on the fake, for the garbage collector's tests.
+std::unique_ptr<RocksDbCheckpointStore> OpenStoreOn(FakeS3& server, S3ChunkBackend** backend_out) {
+  std::unique_ptr<S3ChunkBackend> backend = MakeBackend(server.Client());
+  if (backend == nullptr) return nullptr;
+  *backend_out = backend.get();
+  const std::string dir = testing::TestCaseDir();
+  EXPECT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
+  StoreOptions options;
+  options.db_path = dir + "/db";
+  options.abandoned_upload_grace = absl::ZeroDuration();
+  options.chunk_backend = std::move(backend);
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+      RocksDbCheckpointStore::Open(options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? *std::move(store) : nullptr;
+}
+
+TEST(S3StoreGcTest, ObjectsAndUploadsOfUnknownAgeAreKeptAsYoung) {
+  FakeS3 server;
+  S3ChunkBackend* backend = nullptr;
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenStoreOn(server, &backend);
+  ASSERT_NE(store, nullptr);
+  std::shared_ptr<s3::S3Client> client = server.Client();
+  // What another writer (or a killed store) may have just put there: unnamed by the index.
+  ASSERT_OK(client->PutObject(backend->ObjectKey(0x51), "unnamed"));
+  ASSERT_OK(client->CreateMultipartUpload(backend->ObjectKey(0x52)).status());
+  server.Fault({{"method", "GET"}, {"query", "uploads"}, {"omit_times", true}});
+  server.Fault({{"method", "GET"}, {"query", "list-type"}, {"omit_times", true}});
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store->GarbageCollect(false));
+  EXPECT_EQ(collected.packs_of_unknown_age_kept(), 2);
+  EXPECT_EQ(collected.pack_removals_failed(), 0);
+  EXPECT_OK(client->HeadObject(backend->ObjectKey(0x51)).status());
+  EXPECT_EQ(CountOf(backend->ListPending()), 1);
+
+  // With their times listed (and the grace, zero, passed) they go.
+  ASSERT_OK_AND_ASSIGN(collected, store->GarbageCollect(false));
+  EXPECT_EQ(collected.packs_of_unknown_age_kept(), 0);
+  EXPECT_THAT(client->HeadObject(backend->ObjectKey(0x51)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(CountOf(backend->ListPending()), 0);
+}
+
+TEST(S3StoreGcTest, AFailedAbortOrDeleteIsCountedAndTheRestOfThePassGoesOn) {
+  FakeS3 server;
+  S3ChunkBackend* backend = nullptr;
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenStoreOn(server, &backend);
+  ASSERT_NE(store, nullptr);
+  std::shared_ptr<s3::S3Client> client = server.Client();
+  ASSERT_OK(client->CreateMultipartUpload(backend->ObjectKey(0x61)).status());
+  ASSERT_OK(client->CreateMultipartUpload(backend->ObjectKey(0x62)).status());
+  ASSERT_OK(client->PutObject(backend->ObjectKey(0x63), "unnamed"));
+  ASSERT_OK(client->PutObject(backend->ObjectKey(0x64), "unnamed"));
+  // The first abort is refused (403: not retried); the other, and both deletions, go through.
+  server.Fault({{"method", "DELETE"}, {"status", 403}, {"code", "AccessDenied"}});
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store->GarbageCollect(false));
+  EXPECT_EQ(collected.pack_removals_failed(), 1);
+  EXPECT_EQ(CountOf(backend->ListPending()), 1);
+  EXPECT_EQ(CountOf(client->ListAllObjects("store/packs/")), 0);
+
+  // A refused deletion: counted, the other object deleted, the refused one kept for later.
+  ASSERT_OK_AND_ASSIGN(collected, store->GarbageCollect(false));  // the last abort.
+  EXPECT_EQ(collected.pack_removals_failed(), 0);
+  ASSERT_OK(client->PutObject(backend->ObjectKey(0x65), "unnamed"));
+  ASSERT_OK(client->PutObject(backend->ObjectKey(0x66), "unnamed"));
+  server.Fault({{"method", "DELETE"}, {"status", 403}, {"code", "AccessDenied"}});
+  ASSERT_OK_AND_ASSIGN(collected, store->GarbageCollect(false));
+  EXPECT_EQ(collected.pack_removals_failed(), 1);
+  EXPECT_EQ(CountOf(client->ListAllObjects("store/packs/")), 1);
+  ASSERT_OK_AND_ASSIGN(collected, store->GarbageCollect(false));
+  EXPECT_EQ(collected.pack_removals_failed(), 0);
+  EXPECT_EQ(CountOf(client->ListAllObjects("store/packs/")), 0);
+}
+
+TEST(S3StoreGcTest, CommitsGoOnWhileGcWaitsForTheBucketAndTheirPacksAreKept) {
+  FakeS3 server;
+  S3ChunkBackend* backend = nullptr;
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenStoreOn(server, &backend);
+  ASSERT_NE(store, nullptr);
+  const at::Tensor first = testing::Seeded({300 * 1024}, 1);
+  ASSERT_OK(
+      store->CommitCheckpoint("m", testing::WeightsOnly({{"w", first}}), CommitOptions()).status());
+  // The bucket answers GC's listing of pending uploads after 3 s, and then its object listing.
+  server.Fault({{"method", "GET"}, {"query", "uploads"}, {"delay_s", 3}});
+  server.Fault({{"method", "GET"}, {"query", "list-type"}, {"delay_s", 1}});
+  const absl::Time started = absl::Now();
+  std::future<absl::StatusOr<v1::GarbageCollectResponse>> gc =
+      std::async(std::launch::async, [&] { return store->GarbageCollect(false); });
+  absl::SleepFor(absl::Milliseconds(300));  // GC is waiting for the bucket now.
+  const at::Tensor second = testing::Seeded({300 * 1024}, 2);
+  ASSERT_OK(store->CommitCheckpoint("m", testing::WeightsOnly({{"w", second}}), CommitOptions())
+                .status());
+  const absl::Duration commit_done = absl::Now() - started;
+  ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, gc.get());
+  const absl::Duration gc_done = absl::Now() - started;
+  EXPECT_LT(commit_done, absl::Seconds(2)) << "the commit waited for GC's listing";
+  EXPECT_GE(gc_done, absl::Seconds(3));
+  EXPECT_EQ(collected.pack_removals_failed(), 0);
+
+  // Both versions' packs survived the pass, and a second one.
+  ASSERT_OK(store->GarbageCollect(false).status());
+  EXPECT_EQ(CountOf(backend->List()), 2);
+  for (const auto& [ref, tensor] : {std::pair{"m@1", first}, std::pair{"m@2", second}}) {
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store->LoadCheckpoint(testing::Ref(ref)));
+    const at::Tensor* w = loaded.contents.model.Find("w");
+    ASSERT_NE(w, nullptr) << ref;
+    testing::ExpectSameTensor(*w, tensor, ref);
+  }
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store->Verify("", 0));
+  EXPECT_THAT(verified.problems(), SizeIs(0));
 }
 
 // One fake server for the conformance suite's stores, each under a prefix of its own.

@@ -14,6 +14,11 @@ Tests steer it through /_control/ (not signed):
                               "retry_after": null}
         the next `count` requests that match (method, and a query parameter name if given) get
         `status` with S3 error `code`, or wait `delay_s` first, or lose their connection (`drop`).
+        Faults that let the request through and spoil its answer instead:
+          "lose_response": true  the request takes effect, then the connection closes unanswered
+                                 (a response lost on the way)
+          "extra_bytes": N       a ranged GET's 206 body carries N bytes more than the range
+          "omit_times": true     listings leave out LastModified / Initiated
   GET  /_control/log      JSON list of the requests served so far (method, key, query, headers).
   GET  /_control/uploads  JSON list of open multipart upload ids.
 
@@ -104,6 +109,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # --- responses -------------------------------------------------------------------------
 
     def send(self, status, body=b"", headers=None, content_length=None):
+        if getattr(self, "fault", {}).get("lose_response"):
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -127,6 +139,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         cfg = self.server.cfg
         state = self.server.state
         self.request_id = uuid.uuid4().hex[:16].upper()
+        self.fault = {}  # this request's (a keep-alive connection serves many).
         raw_path, _, raw_query = self.path.partition("?")
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
@@ -158,6 +171,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     f["count"] -= 1
                     fault = dict(f)
                     break
+        self.fault = fault or {}
         if fault:
             if fault.get("delay_s"):
                 time.sleep(fault["delay_s"])
@@ -298,7 +312,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.error(416, "InvalidRange", "The requested range is not satisfiable")
         last = min(last, len(data) - 1)
         etag["Content-Range"] = "bytes %d-%d/%d" % (first, last, len(data))
-        return self.send(206, data[first:last + 1], etag)
+        extra = b"x" * self.fault.get("extra_bytes", 0)
+        return self.send(206, data[first:last + 1] + extra, etag)
 
     def list_objects(self, query):
         cfg = self.server.cfg
@@ -322,9 +337,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                (cfg.bucket, xml_escape(prefix), len(page), max_keys,
                 "true" if truncated else "false")]
         for k, data, etag, modified in page:
-            out.append("<Contents><Key>%s</Key><LastModified>%s</LastModified><ETag>%s</ETag>"
+            modified_xml = ("" if self.fault.get("omit_times") else
+                            "<LastModified>%s</LastModified>" % s3_time(modified))
+            out.append("<Contents><Key>%s</Key>%s<ETag>%s</ETag>"
                        "<Size>%d</Size><StorageClass>STANDARD</StorageClass></Contents>" %
-                       (xml_escape(k), s3_time(modified), xml_escape(etag), len(data)))
+                       (xml_escape(k), modified_xml, xml_escape(etag), len(data)))
         if truncated:
             # A token with '+', '/' and '=' in it, so the client must encode it in the query.
             token = "page/" + base64.b64encode(page[-1][0].encode()).decode() + "+"
@@ -351,8 +368,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             out.append("<NextKeyMarker>%s</NextKeyMarker><NextUploadIdMarker>%s"
                        "</NextUploadIdMarker>" % (xml_escape(page[-1][0]), xml_escape(page[-1][1])))
         for key, upload_id, initiated in page:
-            out.append("<Upload><Key>%s</Key><UploadId>%s</UploadId><Initiated>%s</Initiated>"
-                       "</Upload>" % (xml_escape(key), xml_escape(upload_id), s3_time(initiated)))
+            initiated_xml = ("" if self.fault.get("omit_times") else
+                             "<Initiated>%s</Initiated>" % s3_time(initiated))
+            out.append("<Upload><Key>%s</Key><UploadId>%s</UploadId>%s</Upload>" %
+                       (xml_escape(key), xml_escape(upload_id), initiated_xml))
         out.append("</ListMultipartUploadsResult>")
         return self.send(200, "".join(out).encode(), {"Content-Type": "application/xml"})
 

@@ -15,6 +15,8 @@
 //   internal/rocksdb_store_core.h            this file
 //   internal/rocksdb_store_records.h         small helpers every file uses
 
+#include <cstdio>
+
 #include "libs/store/internal/rocksdb_store_records.h"
 
 namespace ckpt {
@@ -580,63 +582,141 @@ class RocksDbCheckpointStore::Core {
 
   // ---- Pack space.
 
+  // What ReclaimPacks did not do, for GarbageCollectResponse.
+  struct ReclaimOutcome {
+    int64_t removals_failed = 0;  // aborts, removals, deletions and compactions that failed.
+    int64_t unknown_age = 0;      // packs and pending writes without a time: kept.
+  };
+
   // Removes packs that no committed location names, except the packs of uploads in `writing`
   // (live, or abandoned within the grace period) and packs the backend saw written after
   // `cutoff` (PackInfo::last_modified), aborts the backend's pending writes (an S3 multipart
   // upload a killed store left) that are not in `writing` and started before `cutoff`, and
-  // rewrites packs whose live chunks fill less than kCompactPackBelowLiveFraction of them. Under
-  // mu_, so no commit records locations meanwhile; uploads only append to their own packs, which
-  // are never touched.
-  absl::Status ReclaimPacks(const absl::flat_hash_set<uint64_t>& writing, absl::Time cutoff)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::flat_hash_map<uint64_t, std::vector<std::pair<std::string, PackLocation>>> live;
-    absl::flat_hash_map<uint64_t, int64_t> live_bytes;
-    {
-      std::unique_ptr<rocksdb::Iterator> it(
-          db_->NewIterator(Read(), cf(ColumnFamily::kPackedChunks)));
-      for (it->SeekToFirst(); it->Valid(); it->Next()) {
-        PackedChunk record;
-        RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record, "chunk location"));
-        live[record.pack_id()].emplace_back(
-            it->key().ToString(), PackLocation{record.pack_id(), record.offset(), record.length()});
-        live_bytes[record.pack_id()] += record.length();
+  // rewrites packs whose live chunks fill less than kCompactPackBelowLiveFraction of them.
+  //
+  // Called with gc_mu() held (one pass at a time) and WITHOUT mu_: listing a bucket, aborting
+  // uploads, deleting objects and uploading compacted packs are network round trips that commits
+  // must not wait for. Only the decisions take mu_, and they are made there against the state
+  // of that moment, never against the listing's: a pack is removed only if, under mu_, no chunk
+  // location names it and it is no live upload's pack. That stays true after mu_ is released,
+  // because a commit only ever records locations in its own upload's pack (live until the commit
+  // ends, under mu_) and only GC (serialized by gc_mu()) writes other packs. So a pack that a
+  // commit landing during the listing names is seen named, and kept.
+  //
+  // A pack or pending write whose time the backend does not know (an S3 listing entry without
+  // LastModified or Initiated) counts as young: kept, and counted in `unknown_age`. One failed
+  // abort, removal, deletion or compaction is logged, counted, and the pass goes on; a later
+  // pass retries it.
+  absl::StatusOr<ReclaimOutcome> ReclaimPacks(absl::flat_hash_set<uint64_t> writing,
+                                              absl::Time cutoff) ABSL_LOCKS_EXCLUDED(mu_) {
+    ReclaimOutcome outcome;
+    auto report = [&](absl::string_view what, const absl::Status& status) {
+      ++outcome.removals_failed;
+      std::fprintf(stderr, "ckpt store gc: %s failed (left for a later pass): %s\n",
+                   std::string(what).c_str(), status.ToString().c_str());
+    };
+    auto unknown_age = [&](absl::string_view what) {
+      ++outcome.unknown_age;
+      std::fprintf(stderr, "ckpt store gc: %s has no time in %s's listing: kept as young\n",
+                   std::string(what).c_str(), packs_->Describe().c_str());
+    };
+    // Uploads begun since the caller computed `writing` are live: their packs are kept too.
+    auto add_live_uploads = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const std::string& id : live_uploads_) {
+        uint64_t number = 0;
+        if (absl::SimpleHexAtoi(id, &number)) writing.insert(number);
       }
-      RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk locations"));
-    }
+    };
+
     ASSIGN_OR_RETURN(const std::vector<PendingPack> pending, packs_->ListPending());
+    {
+      absl::MutexLock lock(&mu_);
+      add_live_uploads();
+    }
+    // An upload begun after this point started after `cutoff` (taken before the pass), so the
+    // age test keeps it.
     for (const PendingPack& write : pending) {
-      if (writing.contains(write.pack_id) || write.started > cutoff) continue;
-      RETURN_IF_ERROR(packs_->AbortPending(write));
+      if (writing.contains(write.pack_id)) continue;
+      const std::string what =
+          absl::StrCat("pending write ", write.handle, " of pack ", PackFileName(write.pack_id));
+      if (write.started == absl::InfinitePast()) {
+        unknown_age(what);
+        continue;
+      }
+      if (write.started > cutoff) continue;
+      absl::Status aborted = packs_->AbortPending(write);
+      if (!aborted.ok()) report(absl::StrCat("aborting ", what), aborted);
     }
     ASSIGN_OR_RETURN(const std::vector<PackInfo> files, packs_->List());
-    for (const PackInfo& file : files) {
-      const uint64_t pack_id = file.pack_id;
-      const int64_t size = file.size;
-      if (writing.contains(pack_id)) continue;
-      if (file.last_modified.has_value() && *file.last_modified > cutoff) continue;
-      auto found = live_bytes.find(pack_id);
-      if (found == live_bytes.end()) {
-        RETURN_IF_ERROR(packs_->Remove(pack_id, db_->GetLatestSequenceNumber()));
-      } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size) &&
-                 size - found->second >= kCompactPackMinDeadBytes) {
-        RETURN_IF_ERROR(CompactPack(pack_id, live[pack_id]));
+
+    std::vector<std::pair<uint64_t, std::vector<std::pair<std::string, PackLocation>>>> compact;
+    {
+      absl::MutexLock lock(&mu_);
+      add_live_uploads();
+      absl::flat_hash_map<uint64_t, std::vector<std::pair<std::string, PackLocation>>> live;
+      ASSIGN_OR_RETURN(const auto live_bytes, ReadLiveLocations(live));
+      for (const PackInfo& file : files) {
+        const uint64_t pack_id = file.pack_id;
+        const int64_t size = file.size;
+        if (writing.contains(pack_id)) continue;
+        if (file.last_modified.has_value()) {
+          if (*file.last_modified == absl::InfinitePast()) {
+            unknown_age(absl::StrCat("pack ", PackFileName(pack_id)));
+            continue;
+          }
+          if (*file.last_modified > cutoff) continue;
+        }
+        auto found = live_bytes.find(pack_id);
+        if (found == live_bytes.end()) {
+          absl::Status removed = packs_->Remove(pack_id, db_->GetLatestSequenceNumber());
+          if (!removed.ok()) report(absl::StrCat("removing pack ", PackFileName(pack_id)), removed);
+        } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size) &&
+                   size - found->second >= kCompactPackMinDeadBytes) {
+          compact.emplace_back(pack_id, std::move(live[pack_id]));
+        }
       }
     }
+    for (auto& [pack_id, chunks] : compact) {
+      absl::Status compacted = CompactPack(pack_id, chunks);
+      if (!compacted.ok())
+        report(absl::StrCat("compacting pack ", PackFileName(pack_id)), compacted);
+    }
     // Readers on an older snapshot may still read removed packs through their descriptors.
-    packs_->ReleaseRemoved(OldestReaderSequence());
-    return absl::OkStatus();
+    outcome.removals_failed += packs_->ReleaseRemoved(OldestReaderSequence());
+    return outcome;
+  }
+
+  // Every committed chunk location, by pack, and the live bytes of each pack.
+  absl::StatusOr<absl::flat_hash_map<uint64_t, int64_t>> ReadLiveLocations(
+      absl::flat_hash_map<uint64_t, std::vector<std::pair<std::string, PackLocation>>>& live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::flat_hash_map<uint64_t, int64_t> live_bytes;
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(Read(), cf(ColumnFamily::kPackedChunks)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      PackedChunk record;
+      RETURN_IF_ERROR(ParseRecord(ToView(it->value()), record, "chunk location"));
+      live[record.pack_id()].emplace_back(
+          it->key().ToString(), PackLocation{record.pack_id(), record.offset(), record.length()});
+      live_bytes[record.pack_id()] += record.length();
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "listing chunk locations"));
+    return live_bytes;
   }
 
   // Copies the live chunks of pack `pack_id` to a new pack (in their order; a chunk on a 4096- or
   // 64-byte boundary stays on one, so tensors stay mappable, at the price of padding a chunk that
-  // sat on a page by chance), syncs it, moves their locations, removes the old pack.
+  // sat on a page by chance) and syncs it, outside mu_; then, under mu_, moves the locations that
+  // still name the old copy (a commit may have moved a chunk to its own pack meanwhile: that
+  // location stands) and removes the old pack, which nothing can name any more.
   absl::Status CompactPack(uint64_t pack_id,
                            std::vector<std::pair<std::string, PackLocation>>& chunks)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      ABSL_LOCKS_EXCLUDED(mu_) {
     std::sort(chunks.begin(), chunks.end(),
               [](const auto& a, const auto& b) { return a.second.offset < b.second.offset; });
     ASSIGN_OR_RETURN(std::unique_ptr<ChunkWriter> writer, packs_->NewPack(NewUploadNumber()));
-    rocksdb::WriteBatch batch;
+    std::vector<PackLocation> moved;
+    moved.reserve(chunks.size());
     std::string buffer;
     for (const auto& [sha256, location] : chunks) {
       buffer.resize(static_cast<size_t>(location.length));
@@ -645,14 +725,32 @@ class RocksDbCheckpointStore::Core {
                                 : location.offset % 64 == 0 ? 64
                                                             : 1;
       ASSIGN_OR_RETURN(const int64_t offset, writer->Append(buffer, alignment));
-      batch.Put(cf(ColumnFamily::kPackedChunks), sha256,
-                EncodeLocation({writer->pack_id(), offset, location.length}));
+      moved.push_back(PackLocation{writer->pack_id(), offset, location.length});
     }
     RETURN_IF_ERROR(writer->Sync());
-    RETURN_IF_ERROR(
-        WriteDurably(batch, absl::StrCat("relocating the chunks of pack ", PackFileName(pack_id))));
+    absl::MutexLock lock(&mu_);
+    rocksdb::WriteBatch batch;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const auto& [sha256, location] = chunks[i];
+      std::string value;
+      rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kPackedChunks), sha256, &value);
+      if (read.IsNotFound()) continue;
+      RETURN_IF_ERROR(FromRocksDbStatus(read, "reading a chunk location"));
+      PackedChunk record;
+      RETURN_IF_ERROR(ParseRecord(value, record, "chunk location"));
+      if (record.pack_id() != location.pack_id || record.offset() != location.offset) continue;
+      batch.Put(cf(ColumnFamily::kPackedChunks), sha256, EncodeLocation(moved[i]));
+    }
+    if (batch.Count() > 0) {
+      RETURN_IF_ERROR(WriteDurably(
+          batch, absl::StrCat("relocating the chunks of pack ", PackFileName(pack_id))));
+    }
     return packs_->Remove(pack_id, db_->GetLatestSequenceNumber());
   }
+
+  // Held by GarbageCollect for a whole pass, so that passes never overlap (ReclaimPacks relies on
+  // being the only writer of packs other than uploads' own).
+  absl::Mutex& gc_mu() { return gc_mu_; }
 
   // ---- Uploads.
 
@@ -841,6 +939,7 @@ class RocksDbCheckpointStore::Core {
   absl::flat_hash_map<std::string, int> pinned_chunks_ ABSL_GUARDED_BY(mu_);
 
   AuditLog audit_log_;
+  absl::Mutex gc_mu_;  // ordered before mu_.
 };
 
 }  // namespace ckpt
