@@ -272,9 +272,16 @@ absl::StatusOr<v1::GarbageCollectResponse> AuditedStore::GarbageCollect(bool dry
   return RunAudited<v1::GarbageCollectResponse>(
       *inner_, record, [&] { return inner_->GarbageCollect(dry_run); },
       [](const v1::GarbageCollectResponse& response) {
-        return absl::StrCat("reclaimed ", response.bytes_freed(), " bytes in ",
-                            response.chunks_freed(), " chunks, ",
-                            response.abandoned_uploads_reclaimed(), " abandoned uploads");
+        return absl::StrCat(
+            "reclaimed ", response.bytes_freed(), " bytes in ", response.chunks_freed(),
+            " chunks, ", response.abandoned_uploads_reclaimed(), " abandoned uploads",
+            response.pack_removals_failed() > 0
+                ? absl::StrCat(", ", response.pack_removals_failed(), " pack removals failed")
+                : "",
+            response.packs_of_unknown_age_kept() > 0
+                ? absl::StrCat(", ", response.packs_of_unknown_age_kept(),
+                               " packs of unknown age kept")
+                : "");
       });
 }
 

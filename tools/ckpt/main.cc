@@ -540,6 +540,17 @@ absl::Status RunGc(const cli::ParsedCommandLine& line) {
   std::cout << (dry_run ? "would free " : "freed ") << response.chunks_freed() << " chunks, "
             << HumanBytes(response.bytes_freed())
             << "; abandoned uploads reclaimed: " << response.abandoned_uploads_reclaimed() << "\n";
+  // Only when they happen, so the usual summary stays one line.
+  if (response.pack_removals_failed() > 0) {
+    std::cout << response.pack_removals_failed()
+              << " pack removals or upload aborts failed (logged above; the next gc retries "
+                 "them)\n";
+  }
+  if (response.packs_of_unknown_age_kept() > 0) {
+    std::cout << response.packs_of_unknown_age_kept()
+              << " packs or pending uploads kept: the storage gave no time for them, so they "
+                 "count as young\n";
+  }
   return absl::OkStatus();
 }
 
