@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,7 +37,7 @@
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/testing/child_process.h"
-#include "libs/train/trainer_state.h"
+#include "libs/train/testing/bundle_comparison.h"
 
 namespace ckpt {
 namespace {
@@ -241,58 +240,6 @@ void CollectDigests(const std::string& log, Digests& digests) {
   }
 }
 
-bool SameBytes(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  const at::Tensor x = a.contiguous(), y = b.contiguous();
-  return x.nbytes() == y.nbytes() && std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
-}
-
-void CollectTensors(const Value& value, const std::string& path,
-                    std::vector<std::pair<std::string, at::Tensor>>& out) {
-  if (value.is_tensor()) {
-    out.emplace_back(path, value.tensor());
-  } else if (value.is_dict()) {
-    for (const auto& [key, item] : value.entries()) {
-      CollectTensors(item, path + "/" + key.DebugString(), out);
-    }
-  } else if (value.is_sequence()) {
-    for (size_t i = 0; i < value.items().size(); ++i) {
-      CollectTensors(value.items()[i], absl::StrCat(path, "/", i), out);
-    }
-  }
-}
-
-// Model, optimizer (tensors bitwise, then the whole tree), scheduler and the trainer's own state
-// (epoch, sampler position, steps, RNG): everything a resume restores.
-void ExpectSameBundle(const CheckpointContents& a, const CheckpointContents& b) {
-  ASSERT_EQ(a.model.keys(), b.model.keys());
-  for (const StateDict::Entry& entry : a.model) {
-    EXPECT_TRUE(SameBytes(entry.tensor, *b.model.Find(entry.key))) << entry.key;
-  }
-  ASSERT_TRUE(a.optimizer && b.optimizer && a.scheduler && b.scheduler);
-  std::vector<std::pair<std::string, at::Tensor>> state_a, state_b;
-  CollectTensors(*a.optimizer, "optimizer", state_a);
-  CollectTensors(*b.optimizer, "optimizer", state_b);
-  ASSERT_EQ(state_a.size(), state_b.size());
-  ASSERT_FALSE(state_a.empty());
-  for (size_t i = 0; i < state_a.size(); ++i) {
-    EXPECT_EQ(state_a[i].first, state_b[i].first);
-    EXPECT_TRUE(SameBytes(state_a[i].second, state_b[i].second)) << state_a[i].first;
-  }
-  EXPECT_EQ(*a.optimizer, *b.optimizer);
-  EXPECT_EQ(*a.scheduler, *b.scheduler);
-  absl::StatusOr<train::TrainerState> trainer_a = train::DecodeTrainerState(a.extra, "a");
-  absl::StatusOr<train::TrainerState> trainer_b = train::DecodeTrainerState(b.extra, "b");
-  ASSERT_THAT(trainer_a.status(), IsOk());
-  ASSERT_THAT(trainer_b.status(), IsOk());
-  EXPECT_EQ(trainer_a->epoch, trainer_b->epoch);
-  EXPECT_EQ(trainer_a->sampler_position, trainer_b->sampler_position);
-  EXPECT_EQ(trainer_a->global_step, trainer_b->global_step);
-  EXPECT_EQ(trainer_a->target_step, trainer_b->target_step);
-  ASSERT_TRUE(trainer_a->rng_cpu.defined() && trainer_b->rng_cpu.defined());
-  EXPECT_TRUE(SameBytes(trainer_a->rng_cpu, trainer_b->rng_cpu));
-}
-
 std::unique_ptr<RocksDbCheckpointStore> OpenStore(const std::string& dir) {
   StoreOptions options;
   options.db_path = dir;
@@ -421,9 +368,11 @@ TEST(MultiNodeTest, KilledRankOnTheSecondHostResumesBitExactAndRanksAgreeOnEvery
   }
   EXPECT_EQ(versions_b.back().metadata().global_step(), kSteps);
   EXPECT_EQ(versions_b.back().metadata().world_size(), 4);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint final_a, a->LoadCheckpoint(*ParseVersionRef(kModel)));
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint final_b, b->LoadCheckpoint(*ParseVersionRef(kModel)));
-  ExpectSameBundle(final_a.contents, final_b.contents);
+  // Model, optimizer, scheduler and the trainer's own state (epoch, sampler position, steps,
+  // RNG): everything a resume restores.
+  EXPECT_THAT(train::testing::CompareStoredBundles(*a, *ParseVersionRef(kModel), *b,
+                                                   *ParseVersionRef(kModel)),
+              IsOk());
   std::cerr << "multinode_test: resumed at step " << resumed_step << ", " << compared
             << " rank-step digests compared, " << absl::FormatDuration(absl::Now() - test_start)
             << " in all\n";

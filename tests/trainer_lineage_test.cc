@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -22,6 +21,7 @@
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/testing/child_process.h"
+#include "libs/train/testing/bundle_comparison.h"
 
 namespace ckpt {
 namespace {
@@ -205,10 +205,7 @@ TEST(TrainerLineageTest, ThreeRunsChainTheirLineageThroughBothResumePointsAndRec
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint legs, store->LoadCheckpoint(*ParseVersionRef(kCnn)));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint one,
                        straight_store->LoadCheckpoint(*ParseVersionRef(kCnn)));
-  ASSERT_EQ(legs.contents.model.keys(), one.contents.model.keys());
-  for (const StateDict::Entry& entry : legs.contents.model) {
-    EXPECT_TRUE(at::equal(entry.tensor, *one.contents.model.Find(entry.key))) << entry.key;
-  }
+  EXPECT_OK(train::testing::CompareStateDicts(legs.contents.model, one.contents.model));
   EXPECT_EQ(legs.manifest.metadata().metrics().at("val_loss"),
             one.manifest.metadata().metrics().at("val_loss"));
 }

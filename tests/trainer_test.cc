@@ -37,7 +37,7 @@
 #include "libs/train/dataset.h"
 #include "libs/train/models.h"
 #include "libs/train/optimizer.h"
-#include "libs/train/trainer_state.h"
+#include "libs/train/testing/bundle_comparison.h"
 #include "proto/ckpt/v1/trainer.grpc.pb.h"
 
 namespace ckpt {
@@ -172,63 +172,6 @@ LoadedCheckpoint LoadLatest(const std::string& dir, const std::string& model) {
   absl::StatusOr<LoadedCheckpoint> loaded = store->LoadCheckpoint(*ParseVersionRef(model));
   EXPECT_THAT(loaded.status(), IsOk());
   return loaded.ok() ? *std::move(loaded) : LoadedCheckpoint();
-}
-
-// Every tensor of a value tree, by path.
-void CollectTensors(const Value& value, const std::string& path,
-                    std::vector<std::pair<std::string, at::Tensor>>& out) {
-  if (value.is_tensor()) {
-    out.emplace_back(path, value.tensor());
-  } else if (value.is_dict()) {
-    for (const auto& [key, item] : value.entries()) {
-      CollectTensors(item, path + "/" + key.DebugString(), out);
-    }
-  } else if (value.is_sequence()) {
-    for (size_t i = 0; i < value.items().size(); ++i) {
-      CollectTensors(value.items()[i], absl::StrCat(path, "/", i), out);
-    }
-  }
-}
-
-void ExpectBitIdentical(const CheckpointContents& a, const CheckpointContents& b) {
-  ASSERT_EQ(a.model.keys(), b.model.keys());
-  for (const StateDict::Entry& entry : a.model) {
-    EXPECT_TRUE(at::equal(entry.tensor, *b.model.Find(entry.key))) << entry.key;
-  }
-  ASSERT_TRUE(a.optimizer && b.optimizer);
-  std::vector<std::pair<std::string, at::Tensor>> state_a, state_b;
-  CollectTensors(*a.optimizer, "optimizer", state_a);
-  CollectTensors(*b.optimizer, "optimizer", state_b);
-  ASSERT_EQ(state_a.size(), state_b.size());
-  ASSERT_FALSE(state_a.empty());
-  for (size_t i = 0; i < state_a.size(); ++i) {
-    EXPECT_EQ(state_a[i].first, state_b[i].first);
-    EXPECT_TRUE(at::equal(state_a[i].second, state_b[i].second)) << state_a[i].first;
-  }
-}
-
-// Everything a resume restores beyond the tensors: the optimizer's whole tree (param_groups' lr,
-// betas, weight_decay, per-parameter "step"...), the scheduler's state (last_epoch, _step_count,
-// base_lrs...), and the trainer's epoch, sampler position, steps and CPU RNG.
-void ExpectSameTrainingState(const CheckpointContents& a, const CheckpointContents& b,
-                             const std::string& where) {
-  SCOPED_TRACE(where);
-  ExpectBitIdentical(a, b);
-  ASSERT_TRUE(a.optimizer && b.optimizer && a.scheduler && b.scheduler);
-  EXPECT_EQ(*a.optimizer, *b.optimizer) << a.optimizer->DebugString() << "\nvs\n"
-                                        << b.optimizer->DebugString();
-  EXPECT_EQ(*a.scheduler, *b.scheduler) << a.scheduler->DebugString() << "\nvs\n"
-                                        << b.scheduler->DebugString();
-  absl::StatusOr<train::TrainerState> state_a = train::DecodeTrainerState(a.extra, where);
-  absl::StatusOr<train::TrainerState> state_b = train::DecodeTrainerState(b.extra, where);
-  ASSERT_THAT(state_a.status(), IsOk());
-  ASSERT_THAT(state_b.status(), IsOk());
-  EXPECT_EQ(state_a->epoch, state_b->epoch);
-  EXPECT_EQ(state_a->sampler_position, state_b->sampler_position);
-  EXPECT_EQ(state_a->global_step, state_b->global_step);
-  EXPECT_EQ(state_a->target_step, state_b->target_step);
-  ASSERT_TRUE(state_a->rng_cpu.defined() && state_b->rng_cpu.defined());
-  EXPECT_TRUE(at::equal(state_a->rng_cpu, state_b->rng_cpu));
 }
 
 std::vector<std::string> SmallRun(const std::string& store_dir, int ranks, int64_t batch,
@@ -382,9 +325,9 @@ TEST(TrainerTest, KilledRankIsRestartedAndTheRunEndsBitIdenticalToAnUninterrupte
       EXPECT_EQ(killed_versions[i].metadata().global_step(), resumed_step);
     }
     const v1::VersionRef ref = MakeVersionRef("mlp-synthetic", version);
-    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint a, clean_store->LoadCheckpoint(ref));
-    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint b, killed_store->LoadCheckpoint(ref));
-    ExpectSameTrainingState(a.contents, b.contents, FormatVersionRef(ref));
+    // Everything a resume restores: model, optimizer, scheduler, the trainer's state and RNG.
+    EXPECT_THAT(train::testing::CompareStoredBundles(*clean_store, ref, *killed_store, ref),
+                IsOk());
   }
   EXPECT_TRUE(resumed_version_seen) << resumed_version;
 }

@@ -5,7 +5,7 @@
 #   (a) ddp_smoke_main: nccl/cuda on every GPU and on 1; gloo/cpu on 2 ranks always;
 #   (b) the trainer: nccl/cuda with 1 rank and with every GPU; gloo/cpu with 2 ranks always;
 #   (c) a rank SIGKILLed mid-run, restarted by --max_restarts, ending bit-identical to an
-#       uninterrupted run of the same config (model and optimizer state, via ckpt export);
+#       uninterrupted run of the same config (the whole bundle, via ckpt export);
 #   (d) the trainer's checkpoint stall with asynchronous uploads (the default) against the same
 #       run with --sync_checkpoints (every upload waited for in the loop);
 #   (e) a load through the loader service onto cuda:1 (two GPUs), or onto the CPU otherwise.
@@ -382,57 +382,16 @@ wait_for_step() {
   return 1
 }
 
-# compare_stores A B OUT: exports both stores' latest bundle and compares every tensor in Python.
-# Prints "equal N" or "differ N MAX_ABS_DIFF FIRST_KEY".
+# compare_stores A B OUT: exports both stores' latest bundle and compares them with
+# tools/soak/compare_bundles.py (shared with the soak's trainer_kill): every tensor bitwise, every
+# plain value. Prints "equal N" or "differ N MAX_ABS_DIFF FIRST_PATH WHAT".
 compare_stores() {
   local a="$1" b="$2" out="$3"
   {
     timeout 120 "$bin/ckpt" --store_dir="$a" export mlp-synthetic@latest "$out-a.pt" --bundle
     timeout 120 "$bin/ckpt" --store_dir="$b" export mlp-synthetic@latest "$out-b.pt" --bundle
   } >>"$out.log" 2>&1
-  timeout 120 "$python" - "$out-a.pt" "$out-b.pt" 2>>"$out.log" <<'PY'
-import pickle
-import sys
-import torch
-
-def load(path):
-    # The files are this run's own exports. torch 1.13's weights_only unpickler lacks opcodes
-    # that newer ones have (BINFLOAT), so fall back to a full load there.
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except TypeError:  # no weights_only before torch 1.13
-        return torch.load(path, map_location="cpu")
-    except pickle.UnpicklingError:
-        return torch.load(path, map_location="cpu", weights_only=False)
-
-def tensors(value, path, out):
-    if isinstance(value, torch.Tensor):
-        out[path] = value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            tensors(item, "%s/%s" % (path, key), out)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            tensors(item, "%s/%d" % (path, i), out)
-    return out
-
-a, b = tensors(load(sys.argv[1]), "", {}), tensors(load(sys.argv[2]), "", {})
-if sorted(a) != sorted(b):
-    print("keys-differ", len(a), len(b))
-    sys.exit(0)
-worst, first = 0.0, ""
-for key in sorted(a):
-    x, y = a[key], b[key]
-    if x.shape != y.shape or x.dtype != y.dtype:
-        print("differ", len(a), "inf", key)
-        sys.exit(0)
-    if not torch.equal(x, y):
-        diff = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
-        if diff >= worst:
-            worst = diff
-        first = first or key
-print(("equal %d" % len(a)) if not first else ("differ %d %.3g %s" % (len(a), worst, first)))
-PY
+  timeout 120 "$python" "$repo/tools/soak/compare_bundles.py" "$out-a.pt" "$out-b.pt" 2>>"$out.log"
 }
 
 # resume_check NAME BACKEND DEVICE RANKS KILL_RANK STEPS: the kill comes past step 400 (after the
@@ -491,7 +450,7 @@ resume_check() {
   local figures="uninterrupted ${clean_seconds} s; killed rank $kill_rank (pid $victim, signal 9) at ${killed_at%/}, $resumed, finished in ${killed_seconds} s"
   case "$verdict" in
     equal*)
-      result "$name" PASS "$figures; final model + optimizer state bit-identical to the uninterrupted run (${verdict#equal } tensors)"
+      result "$name" PASS "$figures; final bundle (model, optimizer, scheduler, trainer state) bit-identical to the uninterrupted run (${verdict#equal } tensors)"
       ;;
     differ*)
       local parts
@@ -502,7 +461,7 @@ resume_check() {
         timeout 300 "$bin/trainer" "${flags[@]}" --store_dir="$clean-again" >"$clean-again.log" 2>&1 || true
         extra="; two uninterrupted runs: $(compare_stores "$clean" "$clean-again" "$work/resume-$tag-again" || echo 'compare failed')"
       fi
-      result "$name" FAIL "$figures; NOT bit-identical: ${parts[1]} tensors, max |diff| ${parts[2]}, first at ${parts[3]}$extra"
+      result "$name" FAIL "$figures; NOT bit-identical: ${parts[1]} tensors, max |diff| ${parts[2]}, first at ${parts[3]} (${parts[*]:4})$extra"
       ;;
     *)
       attach "$work/resume-$tag-compare.log" 20

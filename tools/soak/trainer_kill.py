@@ -8,7 +8,8 @@ checkpoints every 25 steps) is trained once. Then runs of the same configuration
 incarnation of the ranks is training (a progress line after the last restart), wait a random
 0.2-2 s more, SIGKILL a random rank. The launcher must notice, restart all ranks, and they resume
 from the latest version. At the end the run's latest version (model + optimizer + scheduler,
-exported with `ckpt export --bundle`) is compared tensor by tensor, bitwise, with the reference's.
+exported with `ckpt export --bundle`) is compared with the reference's by compare_bundles.py:
+every tensor bitwise and every plain value (steps, lr, scheduler counters, trainer state).
 
 trials = kills made; detected = restarts the launcher reported for them; silent = runs that ended
 with a final state differing from the reference (counted once per run); crashes = runs that did
@@ -31,41 +32,8 @@ MODEL = "mlp-synthetic"
 ROW = "SIGKILL a rank (gloo, CPU, 2 ranks)"
 RUN_TIMEOUT = 600.0
 
-COMPARE = r"""
-import pickle, sys, torch
-
-def load(path):
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        return torch.load(path, map_location="cpu")
-
-def tensors(value, path, out):
-    if isinstance(value, torch.Tensor):
-        out[path] = value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            tensors(item, "%s/%s" % (path, key), out)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            tensors(item, "%s/%d" % (path, i), out)
-    return out
-
-a = tensors(load(sys.argv[1]), "", {})
-b = tensors(load(sys.argv[2]), "", {})
-if sorted(a) != sorted(b):
-    print("differ keys", len(a), len(b), sorted(set(a) ^ set(b))[:3])
-    sys.exit(0)
-for key in sorted(a):
-    x, y = a[key], b[key]
-    # Bitwise: compare the bytes, so -0.0 vs 0.0 or differing NaN payloads count.
-    if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(
-            x.contiguous().reshape(-1).view(torch.uint8),
-            y.contiguous().reshape(-1).view(torch.uint8)):
-        print("differ", key)
-        sys.exit(0)
-print("equal", len(a))
-"""
+# The comparison of two bundles, shared with tools/gpu_check.sh: prints "equal N" or "differ ...".
+COMPARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_bundles.py")
 
 
 def add_args(parser):
@@ -216,7 +184,7 @@ class Campaign:
         if not exported.ok:
             row.fail("lost", f"run {index}: export failed: {exported.describe()}")
             return
-        verdict = lib.run([lib.python, "-c", COMPARE, reference, out], timeout=300)
+        verdict = lib.run([lib.python, COMPARE, reference, out], timeout=300)
         if not verdict.ok or not verdict.stdout.startswith(("equal", "differ")):
             raise RuntimeError(f"comparing run {index} failed: {verdict.describe()}")
         if verdict.stdout.startswith("equal"):
