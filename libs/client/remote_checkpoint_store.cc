@@ -1,5 +1,10 @@
 #include "libs/client/remote_checkpoint_store.h"
 
+#include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -34,6 +39,17 @@ const v1::TensorMeta& TensorAt(const v1::Manifest& manifest, int index) {
 }
 
 std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.size()); }
+
+// XXH3_64bits_update through libxxhash's runtime dispatch on x86-64: the plain entry point runs
+// the SSE2 code the library was compiled for (on the benchmark VM, copying and hashing 768 MiB
+// in 64 KiB blocks took 0.16-0.17 s so and 0.10-0.14 s dispatched); the digests are the same.
+void Xxh3Update(XXH3_state_t* state, const char* bytes, size_t size) {
+#if defined(__x86_64__)
+  XXH3_64bits_update_dispatch(state, bytes, size);
+#else
+  XXH3_64bits_update(state, bytes, size);
+#endif
+}
 
 }  // namespace
 
@@ -374,20 +390,30 @@ class DownloadStream {
           const int64_t chunk_received = received - chunk_offset;
           const size_t take =
               std::min(bytes.size(), static_cast<size_t>(ref.length() - chunk_received));
-          if (destination != nullptr) {
-            std::memcpy(destination + received, bytes.data(), take);
-          } else {
-            if (chunk.capacity() < static_cast<size_t>(ref.length())) chunk.reserve(ref.length());
-            chunk.append(bytes.data(), take);
+          if (chunk_received == 0) XXH3_64bits_reset(hash_.get());
+          char* const to = destination != nullptr ? destination + received : nullptr;
+          if (to == nullptr && chunk.capacity() < static_cast<size_t>(ref.length())) {
+            chunk.reserve(ref.length());
+          }
+          // Copied and hashed a block at a time: the hash reads what was just written while it
+          // is still in cache, instead of reading the whole chunk from memory again afterwards.
+          for (size_t done = 0; done < take;) {
+            const size_t block = std::min(take - done, kHashBlockBytes);
+            const char* copied;
+            if (to != nullptr) {
+              std::memcpy(to + done, bytes.data() + done, block);
+              copied = to + done;
+            } else {
+              chunk.append(bytes.data() + done, block);
+              copied = chunk.data() + chunk.size() - block;
+            }
+            Xxh3Update(hash_.get(), copied, block);
+            done += block;
           }
           bytes.remove_prefix(take);
           received += static_cast<int64_t>(take);
           if (received - chunk_offset < ref.length()) continue;
-          const absl::string_view whole =
-              destination != nullptr
-                  ? absl::string_view(destination + chunk_offset, static_cast<size_t>(ref.length()))
-                  : absl::string_view(chunk);
-          const uint64_t xxh3 = Xxh3(whole);
+          const uint64_t xxh3 = XXH3_64bits_digest(hash_.get());
           if (xxh3 != ref.xxh3_64()) {
             return absl::DataLossError(
                 absl::StrCat("chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ",
@@ -405,8 +431,16 @@ class DownloadStream {
   }
 
  private:
+  // Pieces are copied and hashed in blocks of this size, small enough to still be in L1/L2
+  // when the hash reads them.
+  static constexpr size_t kHashBlockBytes = 64 << 10;
+
+  struct FreeHashState {
+    void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
+  };
+
   explicit DownloadStream(std::shared_ptr<const Connection> connection)
-      : connection_(std::move(connection)) {}
+      : connection_(std::move(connection)), hash_(XXH3_createState()) {}
 
   const std::shared_ptr<const Connection> connection_;
   std::unique_ptr<grpc::ClientContext> context_;
@@ -416,6 +450,8 @@ class DownloadStream {
   grpc::ByteBuffer message_;          // the last message read...
   TensorDataResponseReader decoder_;  // ...and views of its bytes.
   std::string chunk_;                 // a chunk being assembled for a callback.
+  // XXH3-64 (seed 0, as the store's ChunkRef.xxh3_64) of the chunk being received, so far.
+  std::unique_ptr<XXH3_state_t, FreeHashState> hash_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -882,8 +882,19 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                                      {{service.get(), v1::CheckpointStore::service_full_name()}}));
   struct Side {
     std::vector<double> download_s, download_faults, tcp_s, tcp_faults, memcpy_s, memcpy_faults;
+    // Process CPU seconds (all threads: the server's, gRPC's, the client's; TCP's sender thread
+    // and receiver) per run: what the two paths cost, which the machine's load does not change
+    // as much as their wall times.
+    std::vector<double> download_cpu_s, tcp_cpu_s;
   };
   Side warm, cold;
+  // `timed` (one TimeWithFaults call) with the process's CPU seconds during it appended to `cpu`.
+  const auto with_cpu = [](std::vector<double>& cpu, const std::function<absl::Status()>& timed) {
+    const double before = ProcessCpuSeconds();
+    absl::Status status = timed();
+    cpu.push_back(ProcessCpuSeconds() - before);
+    return status;
+  };
   absl::Status measured = [&]() -> absl::Status {
     RemoteStoreOptions remote_options;
     remote_options.address = server->address();
@@ -900,33 +911,43 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
       for (int run = 0; run < options.runs; ++run) {
         Progress(absl::StrCat(workload.name, ": gRPC download and TCP, warm, run ", run + 1, "/",
                               options.runs));
-        RETURN_IF_ERROR(TimeWithFaults(
-            [&] { return TimeDownloadInto(*remote, workload, destinations, /*compare=*/run == 0); },
-            workload.bytes, warm.download_s, warm.download_faults));
-        RETURN_IF_ERROR(TimeWithFaults([&] { return TimeLoopbackTcp(workload, destinations); },
-                                       workload.bytes, warm.tcp_s, warm.tcp_faults));
+        RETURN_IF_ERROR(with_cpu(warm.download_cpu_s, [&] {
+          return TimeWithFaults(
+              [&] {
+                return TimeDownloadInto(*remote, workload, destinations, /*compare=*/run == 0);
+              },
+              workload.bytes, warm.download_s, warm.download_faults);
+        }));
+        RETURN_IF_ERROR(with_cpu(warm.tcp_cpu_s, [&] {
+          return TimeWithFaults([&] { return TimeLoopbackTcp(workload, destinations); },
+                                workload.bytes, warm.tcp_s, warm.tcp_faults);
+        }));
       }
     }
     ScopedMallocRegime cold_malloc(Regime::kCold);
     for (int run = 0; run < options.runs; ++run) {
       Progress(absl::StrCat(workload.name, ": gRPC download and TCP, cold, run ", run + 1, "/",
                             options.runs));
-      RETURN_IF_ERROR(
-          TimeWithFaults([&] { return TimeStoreLoad(*remote, workload, /*compare=*/run == 0); },
-                         workload.bytes, cold.download_s, cold.download_faults));
-      RETURN_IF_ERROR(TimeWithFaults(
-          [&]() -> absl::StatusOr<double> {
-            std::vector<at::Tensor> fresh;  // allocated, never touched before the recv.
-            for (const at::Tensor& tensor : workload.tensors) {
-              ASSIGN_OR_RETURN(at::Tensor destination, CatchTorchErrors([&] {
-                                 return at::empty({static_cast<int64_t>(tensor.nbytes())},
-                                                  at::kByte);
-                               }));
-              fresh.push_back(std::move(destination));
-            }
-            return TimeLoopbackTcp(workload, fresh);
-          },
-          workload.bytes, cold.tcp_s, cold.tcp_faults));
+      RETURN_IF_ERROR(with_cpu(cold.download_cpu_s, [&] {
+        return TimeWithFaults(
+            [&] { return TimeStoreLoad(*remote, workload, /*compare=*/run == 0); }, workload.bytes,
+            cold.download_s, cold.download_faults);
+      }));
+      RETURN_IF_ERROR(with_cpu(cold.tcp_cpu_s, [&] {
+        return TimeWithFaults(
+            [&]() -> absl::StatusOr<double> {
+              std::vector<at::Tensor> fresh;  // allocated, never touched before the recv.
+              for (const at::Tensor& tensor : workload.tensors) {
+                ASSIGN_OR_RETURN(at::Tensor destination, CatchTorchErrors([&] {
+                                   return at::empty({static_cast<int64_t>(tensor.nbytes())},
+                                                    at::kByte);
+                                 }));
+                fresh.push_back(std::move(destination));
+              }
+              return TimeLoopbackTcp(workload, fresh);
+            },
+            workload.bytes, cold.tcp_s, cold.tcp_faults);
+      }));
       RETURN_IF_ERROR(TimeWithFaults([&] { return TimeMemcpy(workload, /*prefault=*/false); },
                                      workload.bytes, cold.memcpy_s, cold.memcpy_faults));
     }
@@ -947,13 +968,16 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
   report.AddTiming("memcpy into fresh memory", workload, cold.memcpy_s, Regime::kCold);
   for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
     const Side& side = regime == Regime::kWarm ? warm : cold;
-    const std::string faults =
+    const double gib = static_cast<double>(workload.bytes) / (1 << 30);
+    const std::string faults = absl::StrCat(
         regime == Regime::kWarm
             ? absl::StrFormat("faults/MiB %.0f, TCP %.0f", Median(side.download_faults),
                               Median(side.tcp_faults))
             : absl::StrFormat("faults/MiB %.0f, TCP %.0f, memcpy %.0f",
                               Median(side.download_faults), Median(side.tcp_faults),
-                              Median(side.memcpy_faults));
+                              Median(side.memcpy_faults)),
+        absl::StrFormat("; process CPU s/GiB %.2f, TCP %.2f", Median(side.download_cpu_s) / gib,
+                        Median(side.tcp_cpu_s) / gib));
     FigureRow row{"R4", workload.name, "one gRPC download stream / memcpy (throughput)"};
     row.regime = regime;
     ASSIGN_OR_RETURN(row.ratio, ThroughputRatio(side.download_s, side.memcpy_s));
