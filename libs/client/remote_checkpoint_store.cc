@@ -1,9 +1,6 @@
 #include "libs/client/remote_checkpoint_store.h"
 
 #include <xxhash.h>
-#if defined(__x86_64__)
-#include <xxh_x86dispatch.h>
-#endif
 
 #include <algorithm>
 #include <cstring>
@@ -16,6 +13,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
+#include "libs/io/xxh3.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
@@ -39,17 +37,6 @@ const v1::TensorMeta& TensorAt(const v1::Manifest& manifest, int index) {
 }
 
 std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.size()); }
-
-// XXH3_64bits_update through libxxhash's runtime dispatch on x86-64: the plain entry point runs
-// the SSE2 code the library was compiled for (on the benchmark VM, copying and hashing 768 MiB
-// in 64 KiB blocks took 0.16-0.17 s so and 0.10-0.14 s dispatched); the digests are the same.
-void Xxh3Update(XXH3_state_t* state, const char* bytes, size_t size) {
-#if defined(__x86_64__)
-  XXH3_64bits_update_dispatch(state, bytes, size);
-#else
-  XXH3_64bits_update(state, bytes, size);
-#endif
-}
 
 }  // namespace
 
@@ -407,7 +394,7 @@ class DownloadStream {
               chunk.append(bytes.data() + done, block);
               copied = chunk.data() + chunk.size() - block;
             }
-            Xxh3Update(hash_.get(), copied, block);
+            Xxh3Update(hash_.get(), absl::string_view(copied, block));
             done += block;
           }
           bytes.remove_prefix(take);

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "xxhash.h"
+#include "libs/io/xxh3.h"
 
 namespace ckpt {
 namespace {
@@ -14,7 +14,7 @@ std::string Hex(uint64_t value) { return absl::StrFormat("%016x", value); }
 
 }  // namespace
 
-uint64_t Xxh3Of(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+uint64_t Xxh3Of(absl::string_view bytes) { return Xxh3(bytes); }
 
 struct Xxh3Stream::State {
   State() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
@@ -29,7 +29,7 @@ Xxh3Stream& Xxh3Stream::operator=(Xxh3Stream&&) noexcept = default;
 
 void Xxh3Stream::Update(absl::string_view bytes) {
   if (state_ == nullptr) state_ = std::make_unique<State>();
-  XXH3_64bits_update(state_->state, bytes.data(), bytes.size());
+  Xxh3Update(state_->state, bytes);
 }
 
 uint64_t Xxh3Stream::Digest() const {

@@ -1,7 +1,6 @@
 #include "libs/store/chunk_hasher.h"
 
 #include <openssl/evp.h>
-#include <xxhash.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -68,8 +67,6 @@ std::string Sha256(absl::string_view bytes) {
   }
   return digest;
 }
-
-uint64_t Xxh3(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
 void ContentHasher::AddChunk(const ChunkDigest& chunk) {
   char length[8];

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/io/xxh3.h"  // Xxh3(bytes): the chunk checksum, used with HashChunk's.
 
 namespace ckpt {
 
@@ -42,9 +43,6 @@ struct ChunkDigest {
 
 // SHA-256 and xxh3-64 of `bytes`.
 ChunkDigest HashChunk(absl::string_view bytes);
-
-// XXH3_64bits of `bytes` (seed 0).
-uint64_t Xxh3(absl::string_view bytes);
 
 // SHA-256 of `bytes` (32 raw bytes).
 std::string Sha256(absl::string_view bytes);
