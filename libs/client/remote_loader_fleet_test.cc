@@ -298,14 +298,26 @@ TEST_F(FleetTest, LoaderDrainedMidLoadHandsTheRestToAnotherLoader) {
   ASSERT_NE(loader, nullptr);
   absl::StatusOr<LoadedState> loaded;
   std::thread load([&] { loaded = loader->Load(ref_, LoadTarget()); });
-  ASSERT_TRUE(stalled.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  const int drained = stalled_loader.load();
-  const absl::Duration grace = absl::Milliseconds(300);
-  std::thread shutdown([&] { servers_[drained]->Shutdown(grace); });
-  absl::SleepFor(grace + absl::Milliseconds(200));  // past the grace
-  released.Notify();
+  const bool stalled_in_time = stalled.WaitForNotificationWithTimeout(absl::Seconds(60));
+  int drained = 0;
+  std::thread shutdown;
+  if (stalled_in_time) {
+    drained = stalled_loader.load();
+    const absl::Duration grace = absl::Milliseconds(300);
+    shutdown = std::thread([this, drained, grace] { servers_[drained]->Shutdown(grace); });
+    // The handler is held until the client has resumed on the other loader, which it does only
+    // once the drain cut the stream at the end of the grace: releasing it after a fixed sleep
+    // could let the stream finish normally on a slow machine (the shutdown thread may start
+    // late), and the test would then fail without the client being at fault.
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (services_[1 - drained]->streams_started() == 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  released.Notify();  // on every path, so the load thread and the shutdown can finish.
   load.join();
-  shutdown.join();
+  if (shutdown.joinable()) shutdown.join();
+  ASSERT_TRUE(stalled_in_time) << "no stream reached tensor 5 within 60 s";
   ASSERT_OK(loaded.status());
   ExpectOriginals(*loaded);
   EXPECT_GE(loader->counters().resumed_streams, 1);

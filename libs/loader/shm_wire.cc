@@ -127,9 +127,9 @@ absl::Status SendFrame(int socket, absl::string_view message, absl::Span<const i
     cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
     std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
   }
-  if (absl::Status armed = ArmDeadline(socket, deadline, SO_SNDTIMEO); !armed.ok()) return armed;
   ssize_t sent;
-  do {
+  do {  // re-armed after a signal, so signals cannot stretch the deadline.
+    if (absl::Status armed = ArmDeadline(socket, deadline, SO_SNDTIMEO); !armed.ok()) return armed;
     sent = sendmsg(socket, &msg, MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
   if (sent < 0) return SocketError(errno, "sending a frame");
@@ -153,9 +153,9 @@ absl::Status ReceiveFrame(int socket, size_t max_bytes, std::string& message,
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
-  if (absl::Status armed = ArmDeadline(socket, deadline, SO_RCVTIMEO); !armed.ok()) return armed;
   ssize_t got;
-  do {
+  do {  // re-armed after a signal, so signals cannot stretch the deadline.
+    if (absl::Status armed = ArmDeadline(socket, deadline, SO_RCVTIMEO); !armed.ok()) return armed;
     got = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
   } while (got < 0 && errno == EINTR);
   if (got < 0) return SocketError(errno, "receiving a frame");
@@ -181,7 +181,10 @@ absl::Status ReceiveFrame(int socket, size_t max_bytes, std::string& message,
   uint32_t length = 0;
   for (int i = 0; i < 4; ++i) length |= uint32_t{static_cast<unsigned char>(header[i])} << (8 * i);
   if (length > max_bytes) {
-    return absl::DataLossError(absl::StrCat("a frame of ", length, " bytes, at most ", max_bytes));
+    // RESOURCE_EXHAUSTED, not DATA_LOSS: a request over the server's cap (a client built with
+    // another cap) is answered with it, and clients fall back to gRPC on it.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a frame of ", length, " bytes, at most ", max_bytes));
   }
   message.resize(length);
   return ReceiveAll(socket, message.data(), length, deadline);

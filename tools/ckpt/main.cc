@@ -543,8 +543,9 @@ absl::Status RunGc(const cli::ParsedCommandLine& line) {
   // Only when they happen, so the usual summary stays one line.
   if (response.pack_removals_failed() > 0) {
     std::cout << response.pack_removals_failed()
-              << " pack removals or upload aborts failed (logged above; the next gc retries "
-                 "them)\n";
+              << " pack removals or upload aborts failed (logged on the store's stderr: this "
+                 "process's, or the checkpoint_store service's with --store=ADDR; the next gc "
+                 "retries them)\n";
   }
   if (response.packs_of_unknown_age_kept() > 0) {
     std::cout << response.packs_of_unknown_age_kept()

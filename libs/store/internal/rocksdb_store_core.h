@@ -659,6 +659,12 @@ class RocksDbCheckpointStore::Core {
         const uint64_t pack_id = file.pack_id;
         const int64_t size = file.size;
         if (writing.contains(pack_id)) continue;
+        auto found = live_bytes.find(pack_id);
+        const bool unnamed = found == live_bytes.end();
+        const bool sparse =
+            !unnamed && found->second < kCompactPackBelowLiveFraction * static_cast<double>(size) &&
+            size - found->second >= kCompactPackMinDeadBytes;
+        if (!unnamed && !sparse) continue;  // in use and dense: its age does not matter.
         if (file.last_modified.has_value()) {
           if (*file.last_modified == absl::InfinitePast()) {
             unknown_age(absl::StrCat("pack ", PackFileName(pack_id)));
@@ -666,12 +672,10 @@ class RocksDbCheckpointStore::Core {
           }
           if (*file.last_modified > cutoff) continue;
         }
-        auto found = live_bytes.find(pack_id);
-        if (found == live_bytes.end()) {
+        if (unnamed) {
           absl::Status removed = packs_->Remove(pack_id, db_->GetLatestSequenceNumber());
           if (!removed.ok()) report(absl::StrCat("removing pack ", PackFileName(pack_id)), removed);
-        } else if (found->second < kCompactPackBelowLiveFraction * static_cast<double>(size) &&
-                   size - found->second >= kCompactPackMinDeadBytes) {
+        } else {
           compact.emplace_back(pack_id, std::move(live[pack_id]));
         }
       }
@@ -744,6 +748,9 @@ class RocksDbCheckpointStore::Core {
     if (batch.Count() > 0) {
       RETURN_IF_ERROR(WriteDurably(
           batch, absl::StrCat("relocating the chunks of pack ", PackFileName(pack_id))));
+    } else {
+      // Every chunk moved elsewhere meanwhile: the copy is named by nothing either.
+      RETURN_IF_ERROR(packs_->Remove(writer->pack_id(), db_->GetLatestSequenceNumber()));
     }
     return packs_->Remove(pack_id, db_->GetLatestSequenceNumber());
   }
