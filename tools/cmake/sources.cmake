@@ -44,6 +44,7 @@ set(CKPT_TRAINER_SOURCES
     libs/io/prefault.cc
     libs/io/private_directory.cc
     libs/io/read_file.cc
+    libs/io/xxh3.cc
     libs/rpc/access_policy.cc
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
@@ -182,6 +183,7 @@ set(CKPT_CLI_SOURCES
     libs/io/atomic_file.cc
     libs/io/prefault.cc
     libs/io/read_file.cc
+    libs/io/xxh3.cc
     libs/loader/chunk_cache.cc
     libs/loader/export.cc
     libs/loader/load_target.cc
@@ -297,6 +299,7 @@ set(CKPT_LOADER_SOURCES
     libs/io/atomic_file.cc
     libs/io/prefault.cc
     libs/io/read_file.cc
+    libs/io/xxh3.cc
     libs/loader/chunk_cache.cc
     libs/loader/export.cc
     libs/loader/load_target.cc
@@ -415,6 +418,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/io/atomic_file.cc
     libs/io/prefault.cc
     libs/io/read_file.cc
+    libs/io/xxh3.cc
     libs/loader/export.cc
     libs/loader/load_target.cc
     libs/loader/loader.cc
@@ -554,6 +558,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/io/prefault.cc
     libs/io/private_directory.cc
     libs/io/read_file.cc
+    libs/io/xxh3.cc
     libs/loader/chunk_cache.cc
     libs/loader/export.cc
     libs/loader/load_target.cc
