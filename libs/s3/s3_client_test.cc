@@ -4,7 +4,6 @@
 
 #include "libs/s3/s3_client.h"
 
-#include <curl/curl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/s3/sigv4.h"
+#include "libs/s3/testing/fake_s3_server.h"
 #include "libs/status/status_matchers.h"
 #include "libs/testing/child_process.h"
 #include "libs/testing/test_certificates.h"
@@ -30,9 +30,9 @@ using ::ckpt::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
-constexpr char kBucket[] = "test-bucket";
-constexpr char kAccessKey[] = "AKIDTEST";
-constexpr char kSecretKey[] = "test/secret+key";
+constexpr const char* kBucket = testing::FakeS3Server::kBucket;
+constexpr const char* kAccessKey = testing::FakeS3Server::kAccessKey;
+constexpr const char* kSecretKey = testing::FakeS3Server::kSecretKey;
 
 // An OK absl::StatusOr<std::string> holding `expected` (compared whole, without printing
 // megabytes on a mismatch).
@@ -49,84 +49,15 @@ MATCHER_P(Holds, expected, "") {
   return true;
 }
 
-size_t AppendTo(char* data, size_t size, size_t count, void* out) {
-  static_cast<std::string*>(out)->append(data, size * count);
-  return size * count;
-}
-
-// A request to the fake's unsigned /_control/ endpoints.
-std::string Control(const std::string& url, const std::string& post_body = "") {
-  CURL* curl = curl_easy_init();
-  std::string out;
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, AppendTo);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &out);
-  curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 0L);
-  curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 0L);
-  if (!post_body.empty()) curl_easy_setopt(curl, CURLOPT_POSTFIELDS, post_body.c_str());
-  const CURLcode code = curl_easy_perform(curl);
-  curl_easy_cleanup(curl);
-  EXPECT_EQ(code, CURLE_OK) << url << ": " << curl_easy_strerror(code);
-  return out;
-}
-
-// fake_s3_server.py as a child process, on 127.0.0.1 and a port it picked.
-class FakeS3 {
+// The fake, with the request timeout these tests use.
+class FakeS3 : public testing::FakeS3Server {
  public:
-  explicit FakeS3(std::vector<std::string> flags = {}, bool tls = false) : tls_(tls) {
-    static std::atomic<int> instance{0};
-    dir_ = absl::StrCat(testing::TestCaseDir(), "-fake", instance++);
-    EXPECT_EQ(mkdir(dir_.c_str(), 0755), 0) << dir_;
-    process_ = std::make_unique<testing::ChildProcess>("/usr/bin/python3", dir_);
-    const std::string port_file = dir_ + "/port";
-    flags.insert(flags.begin(), {testing::RunfilesPath("libs/s3/testdata/fake_s3_server.py"),
-                                 "--port_file=" + port_file});
-    EXPECT_TRUE(process_->Start(flags));
-    port_ = process_->WaitForPort(port_file, absl::Seconds(30));
-    EXPECT_GT(port_, 0) << process_->stderr_text();
-  }
-
-  std::string endpoint() const {
-    return absl::StrCat(tls_ ? "https" : "http", "://127.0.0.1:", port_);
-  }
-  const std::string& dir() const { return dir_; }
-
-  // Injects a fault (see fake_s3_server.py) into the next matching requests.
-  void Fault(const nlohmann::json& fault) { Control(endpoint() + "/_control/fault", fault.dump()); }
-  nlohmann::json Log() { return nlohmann::json::parse(Control(endpoint() + "/_control/log")); }
-  nlohmann::json OpenUploads() {
-    return nlohmann::json::parse(Control(endpoint() + "/_control/uploads"));
-  }
-
-  // Requests in the log with `method` (and the query parameter `query_name`, if given).
-  int Count(const std::string& method, const std::string& query_name = "") {
-    int n = 0;
-    for (const nlohmann::json& entry : Log()) {
-      if (entry["method"] == method &&
-          (query_name.empty() || entry["query"].contains(query_name))) {
-        ++n;
-      }
-    }
-    return n;
-  }
-
+  using FakeS3Server::FakeS3Server;
   S3ClientOptions Options() const {
-    S3ClientOptions options;
-    options.endpoint = endpoint();
-    options.access_key = kAccessKey;
-    options.secret_key = kSecretKey;
-    options.bucket = kBucket;
-    options.initial_backoff = absl::Milliseconds(1);
-    options.max_backoff = absl::Milliseconds(20);
+    S3ClientOptions options = ClientOptions();
     options.request_timeout = absl::Seconds(20);
     return options;
   }
-
- private:
-  bool tls_;
-  std::string dir_;
-  std::unique_ptr<testing::ChildProcess> process_;
-  int port_ = 0;
 };
 
 std::unique_ptr<S3Client> MakeClient(const S3ClientOptions& options) {

@@ -5,7 +5,6 @@
 
 #include "libs/store/s3_chunk_backend.h"
 
-#include <curl/curl.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -20,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/s3/s3_client.h"
+#include "libs/s3/testing/fake_s3_server.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/store_conformance.h"
@@ -35,67 +35,19 @@ using ::testing::SizeIs;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-size_t AppendTo(char* data, size_t size, size_t count, void* out) {
-  static_cast<std::string*>(out)->append(data, size * count);
-  return size * count;
-}
-
-// A request to the fake's unsigned /_control/ endpoints.
-std::string Control(const std::string& url, const std::string& post_body = "") {
-  CURL* curl = curl_easy_init();
-  std::string out;
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, AppendTo);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &out);
-  if (!post_body.empty()) curl_easy_setopt(curl, CURLOPT_POSTFIELDS, post_body.c_str());
-  const CURLcode code = curl_easy_perform(curl);
-  curl_easy_cleanup(curl);
-  EXPECT_EQ(code, CURLE_OK) << url << ": " << curl_easy_strerror(code);
-  return out;
-}
-
-// fake_s3_server.py as a child process on 127.0.0.1.
-class FakeS3 {
+// The fake, and a client of it that gives up after two attempts.
+class FakeS3 : public testing::FakeS3Server {
  public:
   // Its files go to `dir` (created); by default a directory named after the running test.
-  explicit FakeS3(std::string dir = "") {
-    static std::atomic<int> instance{0};
-    if (dir.empty()) dir = absl::StrCat(testing::TestCaseDir(), "-fake", instance++);
-    EXPECT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
-    process_ = std::make_unique<testing::ChildProcess>("/usr/bin/python3", dir);
-    const std::string port_file = dir + "/port";
-    EXPECT_TRUE(process_->Start(
-        {testing::RunfilesPath("libs/s3/testdata/fake_s3_server.py"), "--port_file=" + port_file}));
-    port_ = process_->WaitForPort(port_file, absl::Seconds(30));
-    EXPECT_GT(port_, 0) << process_->stderr_text();
-  }
+  explicit FakeS3(std::string dir = "") : FakeS3Server({}, false, std::move(dir)) {}
 
   std::shared_ptr<s3::S3Client> Client() const {
-    s3::S3ClientOptions options;
-    options.endpoint = absl::StrCat("http://127.0.0.1:", port_);
-    options.access_key = "AKIDTEST";
-    options.secret_key = "test/secret+key";
-    options.bucket = "test-bucket";
+    s3::S3ClientOptions options = ClientOptions();
     options.max_attempts = 2;
-    options.initial_backoff = absl::Milliseconds(1);
     absl::StatusOr<std::unique_ptr<s3::S3Client>> client = s3::S3Client::Create(options);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? std::shared_ptr<s3::S3Client>(*std::move(client)) : nullptr;
   }
-
-  // Injects a fault (see fake_s3_server.py) into the next matching requests.
-  void Fault(const nlohmann::json& fault) {
-    Control(absl::StrCat("http://127.0.0.1:", port_, "/_control/fault"), fault.dump());
-  }
-  // The requests served so far.
-  nlohmann::json Log() {
-    return nlohmann::json::parse(
-        Control(absl::StrCat("http://127.0.0.1:", port_, "/_control/log")));
-  }
-
- private:
-  std::unique_ptr<testing::ChildProcess> process_;
-  int port_ = 0;
 };
 
 std::unique_ptr<S3ChunkBackend> MakeBackend(std::shared_ptr<s3::S3Client> client,
