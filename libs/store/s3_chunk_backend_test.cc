@@ -268,13 +268,10 @@ TEST(S3ChunkBackendTest, AServerSendingMoreThanTheRangeIsDataLossAndNotRetried) 
   EXPECT_EQ(gets, 1 + 1);  // Create's listing, and the one ranged GET: not retried.
 }
 
-// A store on the fake, for the garbage collector's tests.
-std::unique_ptr<RocksDbCheckpointStore> OpenStoreOn(FakeS3& server, S3ChunkBackend** backend_out) {
-  std::unique_ptr<S3ChunkBackend> backend = MakeBackend(server.Client());
+// A store in `dir` (which exists) with its packs on `backend`; no grace for abandoned uploads.
+std::unique_ptr<RocksDbCheckpointStore> OpenStoreWith(std::unique_ptr<S3ChunkBackend> backend,
+                                                      const std::string& dir) {
   if (backend == nullptr) return nullptr;
-  *backend_out = backend.get();
-  const std::string dir = testing::TestCaseDir();
-  EXPECT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
   StoreOptions options;
   options.db_path = dir + "/db";
   options.abandoned_upload_grace = absl::ZeroDuration();
@@ -283,6 +280,16 @@ std::unique_ptr<RocksDbCheckpointStore> OpenStoreOn(FakeS3& server, S3ChunkBacke
       RocksDbCheckpointStore::Open(options);
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
+}
+
+// A store on the fake, for the garbage collector's tests.
+std::unique_ptr<RocksDbCheckpointStore> OpenStoreOn(FakeS3& server, S3ChunkBackend** backend_out) {
+  std::unique_ptr<S3ChunkBackend> backend = MakeBackend(server.Client());
+  if (backend == nullptr) return nullptr;
+  *backend_out = backend.get();
+  const std::string dir = testing::TestCaseDir();
+  EXPECT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
+  return OpenStoreWith(std::move(backend), dir);
 }
 
 TEST(S3StoreGcTest, ObjectsAndUploadsOfUnknownAgeAreKeptAsYoung) {
@@ -410,27 +417,17 @@ class S3Store final : public testing::StoreHarness {
 }  // namespace
 
 namespace testing {
-INSTANTIATE_TEST_SUITE_P(FakeS3, StoreConformanceTest,
-                         ::testing::Values(StoreConformanceParam{
-                             "s3_fake",
-                             [](const std::string& dir) -> std::unique_ptr<StoreHarness> {
-                               static std::atomic<int> serial{0};
-                               std::unique_ptr<S3ChunkBackend> backend =
-                                   MakeBackend(fake_s3->server().Client(),
-                                               absl::StrCat("store", serial++, "/"));
-                               if (backend == nullptr) return nullptr;
-                               StoreOptions options;
-                               options.db_path = dir + "/db";
-                               options.abandoned_upload_grace = absl::ZeroDuration();
-                               options.chunk_backend = std::move(backend);
-                               absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-                                   RocksDbCheckpointStore::Open(options);
-                               EXPECT_TRUE(store.ok()) << store.status();
-                               if (!store.ok()) return nullptr;
-                               return std::make_unique<S3Store>(*std::move(store));
-                             }}),
-                         [](const ::testing::TestParamInfo<StoreConformanceParam>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    FakeS3, StoreConformanceTest,
+    ::testing::Values(StoreConformanceParam{
+        "s3_fake",
+        [](const std::string& dir) -> std::unique_ptr<StoreHarness> {
+          static std::atomic<int> serial{0};
+          std::unique_ptr<RocksDbCheckpointStore> store = OpenStoreWith(
+              MakeBackend(fake_s3->server().Client(), absl::StrCat("store", serial++, "/")), dir);
+          if (store == nullptr) return nullptr;
+          return std::make_unique<S3Store>(std::move(store));
+        }}),
+    [](const ::testing::TestParamInfo<StoreConformanceParam>& info) { return info.param.name; });
 }  // namespace testing
 }  // namespace ckpt

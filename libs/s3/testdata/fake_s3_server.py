@@ -108,13 +108,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     # --- responses -------------------------------------------------------------------------
 
+    def cut_connection(self):
+        """Closes the connection without an answer (the client sees it reset or closed)."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def send(self, status, body=b"", headers=None, content_length=None):
         if getattr(self, "fault", {}).get("lose_response"):
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            self.cut_connection()
             return
         self.send_response(status)
         for name, value in (headers or {}).items():
@@ -176,11 +180,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if fault.get("delay_s"):
                 time.sleep(fault["delay_s"])
             if fault.get("drop"):
-                self.close_connection = True
-                try:
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                self.cut_connection()
                 return
             if fault.get("status"):
                 extra = {}
