@@ -269,8 +269,10 @@ class DownloadStream {
   // Starts the download and reads the manifest. UNAVAILABLE before the manifest arrived is
   // retried like a read-only call: nothing was consumed yet.
   static absl::StatusOr<std::unique_ptr<DownloadStream>> Open(
-      std::shared_ptr<const Connection> connection, const v1::DownloadRequest& request) {
+      std::shared_ptr<const Connection> connection, v1::DownloadRequest request) {
     const RemoteStoreOptions& options = connection->options();
+    // ReadTensor checks every chunk against the manifest, so the server need not check first.
+    request.set_client_checks_chunks(true);
     std::unique_ptr<DownloadStream> opened;
     RETURN_IF_ERROR(connection->channel().RestartOnUnavailable(
         options.stream_deadline, [&](std::unique_ptr<grpc::ClientContext> context) -> absl::Status {

@@ -207,6 +207,11 @@ absl::Status VersionReader::ReadTensorInto(const v1::TensorMeta& meta, char* des
   });
 }
 
+absl::Status VersionReader::ReadTensorIntoForCheckingReceiver(const v1::TensorMeta& meta,
+                                                              char* destination) const {
+  return ReadTensorInto(meta, destination);
+}
+
 absl::StatusOr<VersionReader::MappedBytes> VersionReader::MapTensorBytes(
     const v1::TensorMeta& meta) const {
   return MappedBytes();

@@ -155,6 +155,13 @@ class VersionReader {
   // through ReadTensorChunks; stores that can read straight into `destination` override it.
   virtual absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const;
 
+  // As ReadTensorInto, except that the chunks' xxh3 checksums may go unchecked (their lengths
+  // and locations are still checked): for a caller that hands the bytes to a receiver who checks
+  // every chunk against meta's ChunkRefs itself (a Download whose client asked for it). The
+  // default checks them anyway.
+  virtual absl::Status ReadTensorIntoForCheckingReceiver(const v1::TensorMeta& meta,
+                                                         char* destination) const;
+
   // The bytes of `meta` mapped from storage without a copy (a private, copy-on-write mapping of
   // the page cache), every chunk checked; `data` is null when this reader cannot map them. The
   // mapping lives as long as `owner`. The default maps nothing.

@@ -35,6 +35,11 @@ class RocksDbVersionReader final : public VersionReader {
     return core_->ReadTensorInto(meta, destination, snapshot_, where_);
   }
 
+  absl::Status ReadTensorIntoForCheckingReceiver(const v1::TensorMeta& meta,
+                                                 char* destination) const override {
+    return core_->ReadTensorInto(meta, destination, snapshot_, where_, /*check_xxh3=*/false);
+  }
+
   absl::StatusOr<MappedBytes> MapTensorBytes(const v1::TensorMeta& meta) const override {
     // Small tensors are copied: tools/bench measured 10,000 tensors of 4-64 KiB loading at
     // 1.2 GiB/s as mappings (a page fault per tensor at least) and 2.0 GiB/s copied.

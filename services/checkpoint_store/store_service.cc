@@ -448,13 +448,19 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
                                          ref.length(), " bytes; chunks hold 0..", kChunkBytes));
       }
       // Straight into a pooled buffer: one copy from the page cache, the only one before the
-      // socket.
+      // socket. (Sending from the store's mapped pages instead cost more on this VM: each
+      // stream's fresh mapping is page-table work, BENCHMARKS.md, R4'.)
       chunk.buffer = service_.payload_pool_->Take();
       chunk.size = static_cast<size_t>(ref.length());
       chunk.position = 0;
       chunk.tensor_index = plan_[plan_position_];
       chunk.offset = tensor_offset_;
-      absl::Status read = reader_->ReadTensorInto(one_chunk, chunk.buffer.get());
+      // A client that checks every chunk itself is sent them unchecked: one pass over every
+      // byte less here (BENCHMARKS.md, R4'). Lengths and locations are checked either way.
+      absl::Status read =
+          request_.client_checks_chunks()
+              ? reader_->ReadTensorIntoForCheckingReceiver(one_chunk, chunk.buffer.get())
+              : reader_->ReadTensorInto(one_chunk, chunk.buffer.get());
       if (!read.ok()) {
         chunk.buffer.reset();
         return ToGrpcStatus(absl::Status(

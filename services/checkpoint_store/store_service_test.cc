@@ -26,6 +26,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "gtest/gtest.h"
+#include "libs/io/xxh3.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_matchers.h"
@@ -987,6 +988,40 @@ TEST_F(CorruptDownloadTest, EveryCorruptChunkEndsTheDownloadWithDataLossBeforeIt
   std::vector<std::string> received(3);
   for (const v1::TensorData& message : data) received.at(message.tensor_index()) += message.data();
   EXPECT_TRUE(received == expected_);
+}
+
+// DownloadRequest.client_checks_chunks: the server sends a chunk as stored, unchecked, to a
+// client that checks every chunk itself, and that client's check is what catches the damage.
+TEST_F(CorruptDownloadTest, AClientThatChecksChunksIsSentTheStoredBytesUnchecked) {
+  ASSERT_OK_AND_ASSIGN(v1::Manifest stored, local_->GetManifest(Ref("m@1")));
+  ASSERT_EQ(stored.tensors(0).chunks_size(), 3);
+  const v1::ChunkRef& middle = stored.tensors(0).chunks(1);
+  const int64_t offset = stored.tensors(0).chunks(0).length();
+  const std::pair<std::string, int64_t> flipped =
+      FlipStoredChunk(expected_[0].substr(offset, middle.length()));
+  ASSERT_FALSE(flipped.first.empty());
+  v1::DownloadRequest request;
+  *request.mutable_ref() = Ref("m");
+  request.add_keys("w");
+  v1::Manifest manifest;
+  std::vector<v1::TensorData> data;
+  // Unchecked on the server, so the whole tensor arrives...
+  request.set_client_checks_chunks(true);
+  ASSERT_OK(Download(request, &manifest, &data));
+  std::string received;
+  for (const v1::TensorData& message : data) received += message.data();
+  ASSERT_EQ(received.size(), expected_[0].size());
+  // ...sound chunks intact, the damaged one as stored: its checksum is not the manifest's.
+  EXPECT_TRUE(received.substr(0, offset) == expected_[0].substr(0, offset));
+  const std::string arrived = received.substr(offset, middle.length());
+  EXPECT_FALSE(arrived == expected_[0].substr(offset, middle.length()));
+  EXPECT_NE(Xxh3(arrived), manifest.tensors(0).chunks(1).xxh3_64());
+  // The same request without the flag ends with DATA_LOSS before the damaged chunk's bytes.
+  request.set_client_checks_chunks(false);
+  data.clear();
+  EXPECT_THAT(Download(request, &manifest, &data),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("xxh3")));
+  FlipAt(flipped);
 }
 
 TEST(StoreServiceCreateTest, RejectsMissingStoreAndZeroThreads) {

@@ -404,16 +404,21 @@ class RocksDbCheckpointStore::Core {
     return absl::OkStatus();
   }
 
-  // Reads every chunk of `meta` into `destination` (byte_length bytes), checking each.
+  // Reads every chunk of `meta` into `destination` (byte_length bytes), checking each one's
+  // length and location and, with `check_xxh3`, its checksum (see
+  // VersionReader::ReadTensorIntoForCheckingReceiver for who may skip that).
   absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination,
-                              const rocksdb::Snapshot* snapshot, absl::string_view where) const {
+                              const rocksdb::Snapshot* snapshot, absl::string_view where,
+                              bool check_xxh3 = true) const {
     RETURN_IF_ERROR(CheckChunkLayout(meta));
     int64_t offset = 0;
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       absl::Status read = ReadChunkInto(chunk, snapshot, destination + offset);
       if (!read.ok()) return ChunkReadError(meta, chunk, offset, where, read);
-      RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where,
-                                      absl::string_view(destination + offset, chunk.length())));
+      if (check_xxh3) {
+        RETURN_IF_ERROR(CheckChunkBytes(meta, chunk, offset, where,
+                                        absl::string_view(destination + offset, chunk.length())));
+      }
       offset += chunk.length();
     }
     return absl::OkStatus();
