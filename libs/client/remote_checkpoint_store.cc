@@ -404,10 +404,12 @@ class DownloadStream {
           if (received - chunk_offset < ref.length()) continue;
           const uint64_t xxh3 = XXH3_64bits_digest(hash_.get());
           if (xxh3 != ref.xxh3_64()) {
-            return absl::DataLossError(
-                absl::StrCat("chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ",
-                             where, " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
-                             ") arrived with a wrong xxh3 checksum; do not use the bytes read"));
+            return absl::DataLossError(absl::StrCat(
+                "chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ", where,
+                " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
+                ") arrived with a wrong xxh3 checksum (damaged in the store or on the way: the "
+                "server does not check chunks for a client that does; `ckpt verify` "
+                "checks the store); do not use the bytes read"));
           }
           if (destination == nullptr) RETURN_IF_ERROR(callback(chunk_offset, chunk));
           chunk_offset += ref.length();

@@ -1006,16 +1006,19 @@ TEST_F(CorruptDownloadTest, AClientThatChecksChunksIsSentTheStoredBytesUnchecked
   v1::Manifest manifest;
   std::vector<v1::TensorData> data;
   // Unchecked on the server, so the whole tensor arrives...
+  // (No ASSERT before FlipAt below: the pack is restored whatever fails.)
   request.set_client_checks_chunks(true);
-  ASSERT_OK(Download(request, &manifest, &data));
+  EXPECT_OK(Download(request, &manifest, &data));
   std::string received;
   for (const v1::TensorData& message : data) received += message.data();
-  ASSERT_EQ(received.size(), expected_[0].size());
-  // ...sound chunks intact, the damaged one as stored: its checksum is not the manifest's.
-  EXPECT_TRUE(received.substr(0, offset) == expected_[0].substr(0, offset));
-  const std::string arrived = received.substr(offset, middle.length());
-  EXPECT_FALSE(arrived == expected_[0].substr(offset, middle.length()));
-  EXPECT_NE(Xxh3(arrived), manifest.tensors(0).chunks(1).xxh3_64());
+  EXPECT_EQ(received.size(), expected_[0].size());
+  if (received.size() == expected_[0].size() && manifest.tensors_size() > 0) {
+    // ...sound chunks intact, the damaged one as stored: its checksum is not the manifest's.
+    EXPECT_TRUE(received.substr(0, offset) == expected_[0].substr(0, offset));
+    const std::string arrived = received.substr(offset, middle.length());
+    EXPECT_FALSE(arrived == expected_[0].substr(offset, middle.length()));
+    EXPECT_NE(Xxh3(arrived), manifest.tensors(0).chunks(1).xxh3_64());
+  }
   // The same request without the flag ends with DATA_LOSS before the damaged chunk's bytes.
   request.set_client_checks_chunks(false);
   data.clear();
