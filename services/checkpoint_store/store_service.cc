@@ -223,9 +223,9 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
 
 // ---------------------------------------------------------------------------------------------
 // Download: the manifest, then the selected tensors' bytes, one store chunk at a time. Each chunk
-// is read (and verified) into a buffer of the service's PayloadPool on the work queue, and its
-// messages point into that buffer (no copy into a protobuf, none into gRPC's slices); the buffer
-// goes back to the pool when gRPC lets go of it.
+// is read (and verified, unless the client checks chunks itself) into a buffer of the service's
+// PayloadPool on the work queue, and its messages point into that buffer (no copy into a
+// protobuf, none into gRPC's slices); the buffer goes back to the pool when gRPC lets go of it.
 //
 // Reading and sending overlap: while the messages of chunk i are written (OnWriteDone sends the
 // next piece), chunk i+1 is read on the work queue, so neither the socket nor the reader waits
@@ -448,8 +448,9 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
                                          ref.length(), " bytes; chunks hold 0..", kChunkBytes));
       }
       // Straight into a pooled buffer: one copy from the page cache, the only one before the
-      // socket. (Sending from the store's mapped pages instead cost more on this VM: each
-      // stream's fresh mapping is page-table work, BENCHMARKS.md, R4'.)
+      // socket. (Sending from the store's mapped pages instead cost more on the benchmark's
+      // 2-vCPU virtual machine: each stream's fresh mapping is page-table work, BENCHMARKS.md,
+      // R4'.)
       chunk.buffer = service_.payload_pool_->Take();
       chunk.size = static_cast<size_t>(ref.length());
       chunk.position = 0;

@@ -991,7 +991,8 @@ TEST_F(CorruptDownloadTest, EveryCorruptChunkEndsTheDownloadWithDataLossBeforeIt
 }
 
 // DownloadRequest.client_checks_chunks: the server sends a chunk as stored, unchecked, to a
-// client that checks every chunk itself, and that client's check is what catches the damage.
+// client that checks every chunk itself, so that client's own check is what must catch the damage
+// (RemoteCheckpointStore's is tested by damaging chunks in transit).
 TEST_F(CorruptDownloadTest, AClientThatChecksChunksIsSentTheStoredBytesUnchecked) {
   ASSERT_OK_AND_ASSIGN(v1::Manifest stored, local_->GetManifest(Ref("m@1")));
   ASSERT_EQ(stored.tensors(0).chunks_size(), 3);
