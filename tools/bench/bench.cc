@@ -89,6 +89,7 @@
 #include "nlohmann/json.hpp"
 #include "services/checkpoint_store/store_service.h"
 #include "services/loader/loader_service.h"
+#include "tools/bench/grpc_baseline.h"
 #include "tools/bench/shm_workload.h"
 #include "tools/bench/stats.h"
 #include "tools/bench/workloads.h"
@@ -171,7 +172,9 @@ struct BenchOptions {
 
 // ---- The report.
 
-enum class Goal { kAtLeast, kAtMost, kClose };
+// kReference: no target; a row that says what a baseline itself reaches (a ceiling to read the
+// figures above it against).
+enum class Goal { kAtLeast, kAtMost, kClose, kReference };
 
 // The memory regime a ratio was measured in (see the file comment); kNone: not applicable.
 enum class Regime { kNone, kWarm, kCold };
@@ -247,6 +250,9 @@ class Report {
         case Goal::kClose:
           target = absl::StrFormat("~ %.4f (expected)", row.target);
           break;
+        case Goal::kReference:
+          target = "(reference)";
+          break;
       }
       bool met = false;
       switch (row.goal) {
@@ -260,10 +266,15 @@ class Report {
         case Goal::kClose:
           met = row.ratio.median <= row.target * 1.05;
           break;
+        case Goal::kReference:
+          break;
       }
       out << "| " << row.id << " | " << row.workload << " | " << RegimeName(row.regime) << " | "
           << row.what << " | " << FormatSummary(row.ratio, 3) << " | " << target << " | "
-          << (met ? "yes" : "**no**") << " | " << row.detail << " |\n";
+          << (row.goal == Goal::kReference ? "n/a"
+              : met                        ? "yes"
+                                           : "**no**")
+          << " | " << row.detail << " |\n";
     }
     out << "\n## Timings\n\n";
     out << "| Operation | Workload | Regime | Bytes | Tensors | Seconds: median [min, max] | GiB/s "
@@ -864,6 +875,19 @@ absl::StatusOr<double> TimeDownloadInto(CheckpointStore& store, const Workload& 
   return seconds;
 }
 
+// One byte tensor per tensor of `workload`, of its size, allocated and never touched: a cold
+// destination for the baselines.
+absl::StatusOr<std::vector<at::Tensor>> FreshByteTensors(const Workload& workload) {
+  std::vector<at::Tensor> fresh;
+  for (const at::Tensor& tensor : workload.tensors) {
+    ASSIGN_OR_RETURN(at::Tensor destination, CatchTorchErrors([&] {
+                       return at::empty({static_cast<int64_t>(tensor.nbytes())}, at::kByte);
+                     }));
+    fresh.push_back(std::move(destination));
+  }
+  return fresh;
+}
+
 // One Download stream from an in-process StoreService on 127.0.0.1 (the same store as R3), in
 // both regimes, against two baselines of the same bytes in the same regime: memcpy (R4: the
 // memory-bandwidth ceiling) and one loopback TCP stream without gRPC (R4': what the network
@@ -871,7 +895,9 @@ absl::StatusOr<double> TimeDownloadInto(CheckpointStore& store, const Workload& 
 // (RemoteVersionReader::ReadTensorInto, as a server refreshing its weights in place), and the
 // baselines copy / recv into that same memory. Cold: the download allocates fresh tensors
 // (RemoteCheckpointStore::LoadCheckpoint) and the baselines copy / recv into fresh allocations
-// nobody touched, all in the cold malloc regime.
+// nobody touched, all in the cold malloc regime. A third row, R4g, is a reference with no target:
+// gRPC alone (grpc_baseline.h, the same bytes with no store and no checksum) against the same TCP
+// runs, which bounds what any one-stream gRPC path reaches here, the Download included.
 absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                       const SaveLoadTimes& times, Report& report) {
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(times.kept_store));
@@ -882,10 +908,12 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                                      {{service.get(), v1::CheckpointStore::service_full_name()}}));
   struct Side {
     std::vector<double> download_s, download_faults, tcp_s, tcp_faults, memcpy_s, memcpy_faults;
+    // gRPC alone (grpc_baseline.h): the same bytes in one gRPC stream without the store.
+    std::vector<double> grpc_s, grpc_faults;
     // Process CPU seconds (all threads: the server's, gRPC's, the client's; TCP's sender thread
     // and receiver) per run: what the two paths cost, which the machine's load does not change
     // as much as their wall times.
-    std::vector<double> download_cpu_s, tcp_cpu_s;
+    std::vector<double> download_cpu_s, tcp_cpu_s, grpc_cpu_s;
   };
   Side warm, cold;
   // `timed` (one TimeWithFaults call) with the process's CPU seconds during it appended to `cpu`.
@@ -900,6 +928,7 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
     remote_options.address = server->address();
     ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> remote,
                      RemoteCheckpointStore::Connect(remote_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<GrpcBaseline> grpc_alone, GrpcBaseline::Start());
     // The warm runs first, then the cold ones: leaving the cold regime returns free heap pages
     // to the kernel (malloc_trim), which would make gRPC's own receive buffers fresh memory in a
     // warm run that followed it (perf: recvmsg into them took 28% of all page faults so).
@@ -908,6 +937,7 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
       // Allocated and written by an untimed first download, which also warms gRPC's buffers.
       std::vector<at::Tensor> destinations;
       RETURN_IF_ERROR(TimeDownloadInto(*remote, workload, destinations, /*compare=*/true).status());
+      RETURN_IF_ERROR(grpc_alone->TimeStream(workload, destinations).status());  // its buffers too.
       for (int run = 0; run < options.runs; ++run) {
         Progress(absl::StrCat(workload.name, ": gRPC download and TCP, warm, run ", run + 1, "/",
                               options.runs));
@@ -921,6 +951,10 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
         RETURN_IF_ERROR(with_cpu(warm.tcp_cpu_s, [&] {
           return TimeWithFaults([&] { return TimeLoopbackTcp(workload, destinations); },
                                 workload.bytes, warm.tcp_s, warm.tcp_faults);
+        }));
+        RETURN_IF_ERROR(with_cpu(warm.grpc_cpu_s, [&] {
+          return TimeWithFaults([&] { return grpc_alone->TimeStream(workload, destinations); },
+                                workload.bytes, warm.grpc_s, warm.grpc_faults);
         }));
       }
     }
@@ -936,17 +970,18 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
       RETURN_IF_ERROR(with_cpu(cold.tcp_cpu_s, [&] {
         return TimeWithFaults(
             [&]() -> absl::StatusOr<double> {
-              std::vector<at::Tensor> fresh;  // allocated, never touched before the recv.
-              for (const at::Tensor& tensor : workload.tensors) {
-                ASSIGN_OR_RETURN(at::Tensor destination, CatchTorchErrors([&] {
-                                   return at::empty({static_cast<int64_t>(tensor.nbytes())},
-                                                    at::kByte);
-                                 }));
-                fresh.push_back(std::move(destination));
-              }
+              ASSIGN_OR_RETURN(std::vector<at::Tensor> fresh, FreshByteTensors(workload));
               return TimeLoopbackTcp(workload, fresh);
             },
             workload.bytes, cold.tcp_s, cold.tcp_faults);
+      }));
+      RETURN_IF_ERROR(with_cpu(cold.grpc_cpu_s, [&] {
+        return TimeWithFaults(
+            [&]() -> absl::StatusOr<double> {
+              ASSIGN_OR_RETURN(std::vector<at::Tensor> fresh, FreshByteTensors(workload));
+              return grpc_alone->TimeStream(workload, fresh);
+            },
+            workload.bytes, cold.grpc_s, cold.grpc_faults);
       }));
       RETURN_IF_ERROR(TimeWithFaults([&] { return TimeMemcpy(workload, /*prefault=*/false); },
                                      workload.bytes, cold.memcpy_s, cold.memcpy_faults));
@@ -966,6 +1001,10 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
   report.AddTiming("TCP alone, 1 stream, loopback, into fresh memory (no gRPC)", workload,
                    cold.tcp_s, Regime::kCold);
   report.AddTiming("memcpy into fresh memory", workload, cold.memcpy_s, Regime::kCold);
+  report.AddTiming("gRPC alone, 1 stream, loopback, into faulted-in memory (no store, no checksum)",
+                   workload, warm.grpc_s, Regime::kWarm);
+  report.AddTiming("gRPC alone, 1 stream, loopback, into fresh memory (no store, no checksum)",
+                   workload, cold.grpc_s, Regime::kCold);
   for (const Regime regime : {Regime::kWarm, Regime::kCold}) {
     const Side& side = regime == Regime::kWarm ? warm : cold;
     const double gib = static_cast<double>(workload.bytes) / (1 << 30);
@@ -992,6 +1031,19 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
     tcp.detail = absl::StrFormat("%.2f vs %.2f GiB/s; %s", GiBps(workload.bytes, side.download_s),
                                  GiBps(workload.bytes, side.tcp_s), faults);
     report.AddFigure(std::move(tcp));
+    // What gRPC itself reaches over the same TCP, with nothing of ours on either end: no
+    // Download stream can beat it, so it says how much of R4's gap is gRPC's.
+    FigureRow alone{"R4g", workload.name,
+                    "gRPC alone, one stream (no store, no checksum) / loopback TCP (throughput)"};
+    alone.regime = regime;
+    alone.goal = Goal::kReference;
+    ASSIGN_OR_RETURN(alone.ratio, ThroughputRatio(side.grpc_s, side.tcp_s));
+    alone.detail = absl::StrFormat(
+        "%.2f vs %.2f GiB/s; faults/MiB %.0f; process CPU s/GiB %.2f; Download / gRPC alone %.3f",
+        GiBps(workload.bytes, side.grpc_s), GiBps(workload.bytes, side.tcp_s),
+        Median(side.grpc_faults), Median(side.grpc_cpu_s) / gib,
+        GiBps(workload.bytes, side.download_s) / GiBps(workload.bytes, side.grpc_s));
+    report.AddFigure(std::move(alone));
   }
   return absl::OkStatus();
 }
