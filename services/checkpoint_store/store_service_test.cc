@@ -26,6 +26,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "gtest/gtest.h"
+#include "libs/client/remote_checkpoint_store.h"
 #include "libs/io/xxh3.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/grpc_status.h"
@@ -1026,6 +1027,36 @@ TEST_F(CorruptDownloadTest, AClientThatChecksChunksIsSentTheStoredBytesUnchecked
   EXPECT_THAT(Download(request, &manifest, &data),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("xxh3")));
   FlipAt(flipped);
+}
+
+// End to end with the real client: RemoteCheckpointStore asks for chunks unchecked, so its own
+// check is what stops a chunk damaged on disk, with an error that points at the store.
+TEST_F(CorruptDownloadTest, RemoteCheckpointStoreStopsAChunkDamagedOnDiskItself) {
+  ASSERT_OK_AND_ASSIGN(v1::Manifest stored, local_->GetManifest(Ref("m@1")));
+  ASSERT_EQ(stored.tensors(0).chunks_size(), 3);
+  const int64_t offset = stored.tensors(0).chunks(0).length();
+  RemoteStoreOptions options;
+  options.address = server_->address();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> remote,
+                       RemoteCheckpointStore::Connect(options));
+  const std::pair<std::string, int64_t> flipped =
+      FlipStoredChunk(expected_[0].substr(offset, stored.tensors(0).chunks(1).length()));
+  ASSERT_FALSE(flipped.first.empty());
+  // (No ASSERT before FlipAt below: the pack is restored whatever fails.)
+  EXPECT_THAT(
+      remote->LoadCheckpoint(Ref("m")).status(),
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr("tensor 'w'"), HasSubstr(absl::StrCat("bytes ", offset, "..")),
+                     HasSubstr("wrong xxh3"), HasSubstr("ckpt verify"))));
+  // The tensors whose chunks are sound still read.
+  absl::StatusOr<at::Tensor> small = remote->ReadTensor("m", 1, "small");
+  EXPECT_OK(small.status());
+  if (small.ok()) EXPECT_EQ(TensorBytes(*small), expected_[1]);
+  FlipAt(flipped);
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint restored, remote->LoadCheckpoint(Ref("m")));
+  const at::Tensor* w = restored.contents.model.Find("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(TensorBytes(*w), expected_[0]);
 }
 
 TEST(StoreServiceCreateTest, RejectsMissingStoreAndZeroThreads) {
