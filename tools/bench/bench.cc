@@ -937,7 +937,8 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
       // Allocated and written by an untimed first download, which also warms gRPC's buffers.
       std::vector<at::Tensor> destinations;
       RETURN_IF_ERROR(TimeDownloadInto(*remote, workload, destinations, /*compare=*/true).status());
-      RETURN_IF_ERROR(grpc_alone->TimeStream(workload, destinations).status());  // its buffers too.
+      RETURN_IF_ERROR(grpc_alone->TimeStream(workload, destinations, /*prefault=*/false)
+                          .status());  // its buffers too.
       for (int run = 0; run < options.runs; ++run) {
         Progress(absl::StrCat(workload.name, ": gRPC download and TCP, warm, run ", run + 1, "/",
                               options.runs));
@@ -953,8 +954,9 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                                 workload.bytes, warm.tcp_s, warm.tcp_faults);
         }));
         RETURN_IF_ERROR(with_cpu(warm.grpc_cpu_s, [&] {
-          return TimeWithFaults([&] { return grpc_alone->TimeStream(workload, destinations); },
-                                workload.bytes, warm.grpc_s, warm.grpc_faults);
+          return TimeWithFaults(
+              [&] { return grpc_alone->TimeStream(workload, destinations, /*prefault=*/false); },
+              workload.bytes, warm.grpc_s, warm.grpc_faults);
         }));
       }
     }
@@ -979,7 +981,7 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
         return TimeWithFaults(
             [&]() -> absl::StatusOr<double> {
               ASSIGN_OR_RETURN(std::vector<at::Tensor> fresh, FreshByteTensors(workload));
-              return grpc_alone->TimeStream(workload, fresh);
+              return grpc_alone->TimeStream(workload, fresh, /*prefault=*/true);
             },
             workload.bytes, cold.grpc_s, cold.grpc_faults);
       }));

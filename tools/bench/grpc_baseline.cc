@@ -17,6 +17,7 @@
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
 #include "grpcpp/server_builder.h"
+#include "libs/io/prefault.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/status/status_macros.h"
@@ -135,10 +136,15 @@ class GrpcBaselineImpl : public GrpcBaseline {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> TimeStream(const Workload& workload,
-                                    std::vector<at::Tensor>& destinations) override {
+  absl::StatusOr<double> TimeStream(const Workload& workload, std::vector<at::Tensor>& destinations,
+                                    bool prefault) override {
     service_.set_workload(&workload);
     const auto start = std::chrono::steady_clock::now();
+    if (prefault) {
+      for (at::Tensor& destination : destinations) {
+        PrefaultForWrite(destination.data_ptr(), destination.nbytes());
+      }
+    }
     grpc::ClientContext context;
     grpc::Slice empty;
     const grpc::ByteBuffer request(&empty, 1);

@@ -7,7 +7,7 @@
 //
 // Example:
 //   ASSIGN_OR_RETURN(std::unique_ptr<GrpcBaseline> grpc, GrpcBaseline::Start());
-//   ASSIGN_OR_RETURN(double seconds, grpc->TimeStream(workload, destinations));
+//   ASSIGN_OR_RETURN(double seconds, grpc->TimeStream(workload, destinations, /*prefault=*/false));
 
 #include <memory>
 #include <vector>
@@ -29,12 +29,15 @@ class GrpcBaseline {
   // One call: the server sends every byte of `workload`'s tensors, in order, as messages of
   // 1 MiB (the Download's largest piece, kMaxTensorDataBytes), each a slice that points into the
   // tensor (no copy before gRPC's own); the caller's thread reads them and copies each into
-  // `destinations` (same sizes, in order; faulted in or fresh, as the figure needs), as a
-  // Download client places its bytes. Seconds from the call's start to the last byte placed.
-  // Like TimeLoopbackTcp, it leaves out what the store's path adds: reading the store, our
-  // message header, checksums.
+  // `destinations` (same sizes, in order), as a Download client places its bytes. With
+  // `prefault`, every destination is first mapped in one call each (PrefaultForWrite), as
+  // LoadCheckpoint does with the fresh tensors it fills; pass it for fresh destinations, so the
+  // cold regime's ceiling is not the page-fault path. Seconds from the call's start (prefaulting
+  // included) to the end of the stream. Like TimeLoopbackTcp, it leaves out what the store's path
+  // adds: reading the store, our message header, checksums. One call at a time per GrpcBaseline.
   virtual absl::StatusOr<double> TimeStream(const Workload& workload,
-                                            std::vector<at::Tensor>& destinations) = 0;
+                                            std::vector<at::Tensor>& destinations,
+                                            bool prefault) = 0;
 };
 
 }  // namespace ckpt::bench

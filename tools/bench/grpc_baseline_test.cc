@@ -39,14 +39,16 @@ TEST(GrpcBaselineTest, PlacesEveryByteInOrderOnEachCall) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<GrpcBaseline> baseline, GrpcBaseline::Start());
   const Workload workload = SmallWorkload();
   std::vector<at::Tensor> destinations = Destinations(workload);
-  for (int call = 0; call < 2; ++call) {  // the second into memory the first wrote.
-    ASSERT_OK_AND_ASSIGN(const double seconds, baseline->TimeStream(workload, destinations));
+  for (const bool prefault : {false, true}) {  // the second call into memory the first wrote.
+    for (at::Tensor& destination : destinations) destination.zero_();
+    ASSERT_OK_AND_ASSIGN(const double seconds,
+                         baseline->TimeStream(workload, destinations, prefault));
     EXPECT_GT(seconds, 0);
     for (size_t i = 0; i < workload.tensors.size(); ++i) {
       EXPECT_EQ(std::memcmp(destinations[i].data_ptr(), workload.tensors[i].data_ptr(),
                             workload.tensors[i].nbytes()),
                 0)
-          << "tensor " << i << ", call " << call;
+          << "tensor " << i << ", prefault " << prefault;
     }
   }
 }
@@ -56,7 +58,7 @@ TEST(GrpcBaselineTest, TooLittleRoomIsAnErrorNotAnOverrun) {
   const Workload workload = SmallWorkload();
   std::vector<at::Tensor> destinations = Destinations(workload);
   destinations.pop_back();
-  EXPECT_THAT(baseline->TimeStream(workload, destinations),
+  EXPECT_THAT(baseline->TimeStream(workload, destinations, /*prefault=*/false),
               StatusIs(absl::StatusCode::kInternal, "more bytes arrived"));
 }
 
