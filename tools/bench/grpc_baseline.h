@@ -3,7 +3,9 @@
 
 // gRPC alone: one server stream on 127.0.0.1 carrying a workload's bytes, with no store, no
 // checksum and no message header of ours. What gRPC itself allows here, between loopback TCP
-// (TimeLoopbackTcp) and the store's Download (R4'): the ceiling of any one-stream gRPC path.
+// (TimeLoopbackTcp) and the store's Download (R4'): it does less work than any one-stream gRPC
+// path that places the same bytes, so it is their ceiling in expectation (a single run on a
+// noisy machine may still come out below the Download's).
 //
 // Example:
 //   ASSIGN_OR_RETURN(std::unique_ptr<GrpcBaseline> grpc, GrpcBaseline::Start());
