@@ -172,8 +172,8 @@ struct BenchOptions {
 
 // ---- The report.
 
-// kReference: no target; a row that says what a baseline itself reaches (a ceiling to read the
-// figures above it against).
+// kReference: no target; a row that says what a baseline itself reaches (a reference to read
+// the figures beside it against).
 enum class Goal { kAtLeast, kAtMost, kClose, kReference };
 
 // The memory regime a ratio was measured in (see the file comment); kNone: not applicable.

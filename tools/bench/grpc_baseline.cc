@@ -14,7 +14,6 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
 #include "grpcpp/server_builder.h"
 #include "libs/io/prefault.h"
@@ -84,6 +83,17 @@ class StreamReactor : public grpc::ServerGenericBidiReactor {
   size_t offset_ = 0;
 };
 
+// Any other method: UNIMPLEMENTED, naming the one method this server has.
+class UnknownMethodReactor : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit UnknownMethodReactor(const std::string& method) {
+    Finish(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("the gRPC baseline serves only ", kStreamMethod, ", not ", method)));
+  }
+  void OnDone() override { delete this; }
+};
+
 class StreamService : public grpc::CallbackGenericService {
  public:
   void set_workload(const Workload* workload) {
@@ -93,7 +103,7 @@ class StreamService : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override {
     if (context->method() != kStreamMethod) {
-      return grpc::CallbackGenericService::CreateReactor(context);  // UNIMPLEMENTED.
+      return new UnknownMethodReactor(context->method());
     }
     absl::MutexLock lock(&mu_);
     return new StreamReactor(workload_);
@@ -164,6 +174,7 @@ class GrpcBaselineImpl : public GrpcBaseline {
         continue;
       }
       for (const grpc::Slice& slice : slices) {
+        if (!placing.ok()) break;
         const char* bytes = reinterpret_cast<const char*>(slice.begin());
         size_t left = slice.size();
         while (left > 0) {
@@ -173,7 +184,9 @@ class GrpcBaselineImpl : public GrpcBaseline {
             placed = 0;
           }
           if (destination == destinations.size()) {
-            placing = absl::InternalError("gRPC baseline: more bytes arrived than were sent");
+            placing = absl::InternalError(
+                absl::StrCat("gRPC baseline: more bytes arrived than the destinations hold (",
+                             total, " bytes)"));
             break;
           }
           at::Tensor& into = destinations[destination];
