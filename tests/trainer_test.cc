@@ -39,140 +39,26 @@
 #include "libs/train/optimizer.h"
 #include "libs/train/testing/bundle_comparison.h"
 #include "proto/ckpt/v1/trainer.grpc.pb.h"
+#include "tests/testing/trainer_process.h"
 
 namespace ckpt {
 namespace {
 
+using ::ckpt::testing::FindRank;
 using ::ckpt::testing::IsOk;
+using ::ckpt::testing::LoadLatest;
+using ::ckpt::testing::LossLines;
+using ::ckpt::testing::OpenStore;
+using ::ckpt::testing::ReadFile;
+using ::ckpt::testing::RunTrainer;
+using ::ckpt::testing::StartTrainer;
 using ::ckpt::testing::StatusIs;
+using ::ckpt::testing::TempPath;
+using ::ckpt::testing::TrainerProcess;
+using ::ckpt::testing::WaitForExit;
+using ::ckpt::testing::WaitForStep;
 
 using ::testing::HasSubstr;
-
-constexpr char kTrainer[] = "services/trainer/trainer";
-
-std::string TempPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// A trainer launcher running in the background, its stdout+stderr going to `log`.
-struct TrainerProcess {
-  pid_t pid = -1;
-  std::string log;
-};
-
-TrainerProcess StartTrainer(const std::vector<std::string>& flags, const std::string& log) {
-  TrainerProcess process;
-  process.log = log;
-  std::vector<std::string> args = {kTrainer};
-  args.insert(args.end(), flags.begin(), flags.end());
-  process.pid = fork();
-  if (process.pid == 0) {
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    execv(kTrainer, argv.data());
-    _exit(127);
-  }
-  return process;
-}
-
-// The exit status, or -1 when it is still running after `timeout` (then it is killed).
-int WaitForExit(const TrainerProcess& process, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    int status = 0;
-    if (waitpid(process.pid, &status, WNOHANG) == process.pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  kill(process.pid, SIGKILL);
-  waitpid(process.pid, nullptr, 0);
-  return -1;
-}
-
-int RunTrainer(const std::vector<std::string>& flags, const std::string& log,
-               absl::Duration timeout = absl::Seconds(120)) {
-  return WaitForExit(StartTrainer(flags, log), timeout);
-}
-
-// The child of `parent` whose environment says RANK=<rank>; -1 if none.
-pid_t FindRank(pid_t parent, int rank) {
-  DIR* proc = opendir("/proc");
-  pid_t found = -1;
-  while (dirent* entry = readdir(proc)) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
-    const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-    // "pid (comm) state ppid ...": comm may hold spaces, so split after the last ')'.
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
-    pid_t ppid = 0;
-    if (fields.size() < 2 || !absl::SimpleAtoi(fields[1], &ppid) || ppid != parent) continue;
-    std::ifstream environ_file(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
-    std::string variable;
-    while (std::getline(environ_file, variable, '\0')) {
-      if (variable == absl::StrCat("RANK=", rank)) found = pid;
-    }
-  }
-  closedir(proc);
-  return found;
-}
-
-// Waits until the log shows rank 0 at or past `step`.
-bool WaitForStep(const TrainerProcess& process, int64_t step, absl::Duration timeout) {
-  const std::regex progress(R"(step (\d+)/)");
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    const std::string log = ReadFile(process.log);
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), progress);
-         it != std::sregex_iterator(); ++it) {
-      if (std::stoll((*it)[1]) >= step) return true;
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return false;
-}
-
-// (step, loss) of every progress line rank 0 logged.
-std::vector<std::pair<int64_t, double>> LossLines(const std::string& log) {
-  std::vector<std::pair<int64_t, double>> losses;
-  const std::regex line(R"(step (\d+)/\d+  loss ([0-9.]+))");
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
-       ++it) {
-    losses.emplace_back(std::stoll((*it)[1]), std::stod((*it)[2]));
-  }
-  return losses;
-}
-
-std::unique_ptr<RocksDbCheckpointStore> OpenStore(const std::string& dir) {
-  StoreOptions options;
-  options.db_path = dir;
-  options.create_if_missing = false;
-  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-      RocksDbCheckpointStore::Open(options);
-  EXPECT_THAT(store.status(), IsOk());
-  return store.ok() ? *std::move(store) : nullptr;
-}
-
-LoadedCheckpoint LoadLatest(const std::string& dir, const std::string& model) {
-  std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir);
-  if (store == nullptr) return {};
-  absl::StatusOr<LoadedCheckpoint> loaded = store->LoadCheckpoint(*ParseVersionRef(model));
-  EXPECT_THAT(loaded.status(), IsOk());
-  return loaded.ok() ? *std::move(loaded) : LoadedCheckpoint();
-}
 
 std::vector<std::string> SmallRun(const std::string& store_dir, int ranks, int64_t batch,
                                   int64_t steps) {

@@ -13,6 +13,8 @@ packages=(
   libcurl4-openssl-dev
   # Real PyTorch as a peer in interop tests (/usr/bin/python3).
   python3-torch python3-numpy
+  # torchvision models (ResNet-18) scripted as a team would bring them to the trainer.
+  python3-torchvision
   # A Python gRPC client of the loader in tests (stubs generated with protoc and
   # /usr/bin/grpc_python_plugin from protobuf-compiler-grpc).
   python3-grpcio python3-protobuf

@@ -38,15 +38,38 @@ void DistributedDataParallel::NoSyncGuard::Release() {
   ddp_ = nullptr;
 }
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 Communicator comm, DataParallelOptions options)
-    : module_(std::move(module)), comm_(std::move(comm)), options_(options) {
-  TORCH_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
+ReplicaTensors TensorsOf(std::shared_ptr<torch::nn::Module> module) {
+  TORCH_CHECK(module != nullptr, "DistributedDataParallel: module is null");
+  ReplicaTensors replica;
+  replica.parameters = module->parameters();
+  // The closure keeps the module alive as long as the DDP object.
+  replica.buffers = [module = std::move(module)] { return module->buffers(); };
+  return replica;
+}
+
+ReplicaTensors TensorsOf(const torch::jit::Module& module) {
+  ReplicaTensors replica;
+  for (const at::Tensor& parameter : module.parameters()) replica.parameters.push_back(parameter);
+  // A jit::Module is a handle to its object: the copy shares the module's attributes.
+  replica.buffers = [module] {
+    std::vector<at::Tensor> buffers;
+    for (const at::Tensor& buffer : module.buffers()) buffers.push_back(buffer);
+    return buffers;
+  };
+  return replica;
+}
+
+DistributedDataParallel::DistributedDataParallel(ReplicaTensors replica, Communicator comm,
+                                                 DataParallelOptions options)
+    : buffers_(std::move(replica.buffers)),
+      comm_(std::move(comm)),
+      options_(options),
+      parameters_(std::move(replica.parameters)) {
+  TORCH_CHECK(buffers_ != nullptr, "DistributedDataParallel: the replica has no buffer reader");
   TORCH_CHECK(comm_.valid(), "DistributedDataParallel: the communicator has no process group");
   TORCH_CHECK(options_.bucket_cap_bytes > 0,
               "DistributedDataParallel: bucket_cap_bytes must be positive, got ",
               options_.bucket_cap_bytes);
-  parameters_ = module_->parameters();
   BuildBuckets();
   // Equal starting points first: the hooks only average gradients, they never correct
   // diverged parameters.
@@ -239,13 +262,13 @@ DistributedDataParallel::NoSyncGuard DistributedDataParallel::NoSync() { return 
 
 void DistributedDataParallel::SyncParametersAndBuffers() {
   std::vector<at::Tensor> tensors = parameters_;
-  for (const at::Tensor& buffer : module_->buffers()) tensors.push_back(buffer);
+  for (const at::Tensor& buffer : buffers_()) tensors.push_back(buffer);
   BroadcastTensors(tensors);
 }
 
 void DistributedDataParallel::PrepareForward() {
   if (!options_.broadcast_buffers) return;
-  BroadcastTensors(module_->buffers());
+  BroadcastTensors(buffers_());
 }
 
 void DistributedDataParallel::BroadcastTensors(const std::vector<at::Tensor>& tensors) {

@@ -19,8 +19,13 @@
 // the Communicator, on the group's device; the module's parameters must already be there
 // (module->to(comm.device()) for NCCL), which the constructor checks.
 //
-// Ownership: shares the module and the group. The hooks point at this object, so it is neither
-// copyable nor movable and must outlive any backward pass over the module.
+// The replica is given as its tensors (ReplicaTensors), so a torch::nn::Module and a TorchScript
+// torch::jit::Module (a model a team scripted in Python) go through the same buckets and hooks;
+// the constructors taking a module only gather its tensors.
+//
+// Ownership: shares the module (or the replica's tensors) and the group. The hooks point at this
+// object, so it is neither copyable nor movable and must outlive any backward pass over the
+// module.
 // Thread-safety: hooks run on autograd threads and are serialized by an internal mutex; the
 // public methods are meant to be called from the training thread, between backward passes.
 // Errors are thrown as c10::Error.
@@ -44,7 +49,10 @@
 #include "ATen/ATen.h"
 #include "c10/util/intrusive_ptr.h"
 #include "libs/ddp/communicator.h"
+#include <functional>
+
 #include "torch/csrc/distributed/c10d/Work.hpp"
+#include "torch/csrc/jit/api/module.h"
 #include "torch/nn/module.h"
 
 namespace ckpt::ddp {
@@ -58,13 +66,33 @@ struct DataParallelOptions {
   bool broadcast_buffers = true;
 };
 
+// One replica as DDP sees it: its parameters in the module's parameters() order (bucket indices
+// refer to it) and a way to read its buffers. Buffers are read afresh at every broadcast, because
+// a module may rebind a buffer attribute to a new tensor (TorchScript code can), where parameters
+// are fixed once their gradient hooks are registered.
+struct ReplicaTensors {
+  std::vector<at::Tensor> parameters;
+  std::function<std::vector<at::Tensor>()> buffers;
+};
+
+// The tensors of a LibTorch module, and of a TorchScript module (parameters and buffers of the
+// whole module tree, in the order its named_parameters() / named_buffers() give them).
+ReplicaTensors TensorsOf(std::shared_ptr<torch::nn::Module> module);
+ReplicaTensors TensorsOf(const torch::jit::Module& module);
+
 class DistributedDataParallel {
  public:
   // Registers gradient hooks on every parameter that requires grad and broadcasts parameters and
   // buffers from rank 0 so all ranks start equal (a collective: every rank constructs together).
   // Throws if a parameter is not on the collective device.
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Communicator comm,
+  DistributedDataParallel(ReplicaTensors replica, Communicator comm,
                           DataParallelOptions options = {});
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Communicator comm,
+                          DataParallelOptions options = {})
+      : DistributedDataParallel(TensorsOf(std::move(module)), std::move(comm), options) {}
+  DistributedDataParallel(const torch::jit::Module& module, Communicator comm,
+                          DataParallelOptions options = {})
+      : DistributedDataParallel(TensorsOf(module), std::move(comm), options) {}
   ~DistributedDataParallel();  // removes the hooks
 
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -115,11 +143,10 @@ class DistributedDataParallel {
   NoSyncGuard NoSync();
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
-  // For each bucket (in launch order), the indices into module->parameters() it holds.
+  // For each bucket (in launch order), the indices into the replica's parameters it holds.
   std::vector<std::vector<int64_t>> bucket_parameter_indices() const;
   // Bytes all-reduced so far (every launched bucket counts once), for stats.
   int64_t bytes_all_reduced() const;
-  torch::nn::Module& module() { return *module_; }
 
  private:
   struct Slot {
@@ -146,10 +173,10 @@ class DistributedDataParallel {
   void LaunchReadyBucketsLocked();
   void BroadcastTensors(const std::vector<at::Tensor>& tensors);
 
-  std::shared_ptr<torch::nn::Module> module_;
+  std::function<std::vector<at::Tensor>()> buffers_;  // the replica's, read at each broadcast
   Communicator comm_;
   DataParallelOptions options_;
-  std::vector<at::Tensor> parameters_;  // module_->parameters() at construction
+  std::vector<at::Tensor> parameters_;  // the replica's, at construction
   std::vector<Location> locations_;     // per parameter
   std::vector<unsigned> hook_handles_;  // per parameter; meaningful where it has a bucket
 

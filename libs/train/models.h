@@ -39,7 +39,13 @@
 namespace ckpt::train {
 
 struct ModelSpec {
-  std::string kind = "mlp";  // "mlp" | "cnn" | "transformer"
+  // "mlp" | "cnn" | "transformer", or "torchscript": a module a team scripted in Python, loaded
+  // from `path` (libs/train/scripted_model.h; the sizes below do not apply to it).
+  std::string kind = "mlp";
+  std::string path;  // torchscript only.
+  // torchscript only: the loss applied to forward(inputs) when the module has no loss() method
+  // ("cross_entropy" | "mse" | "bce_with_logits"; "": cross_entropy).
+  std::string loss;
   int64_t hidden = 64;       // mlp hidden width; cnn channels; transformer d_model
   int64_t layers = 2;        // transformer encoder layers (mlp: hidden layers; cnn: unused)
   int64_t heads = 4;         // transformer attention heads; must divide `hidden`

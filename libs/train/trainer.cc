@@ -17,6 +17,7 @@
 #include "ATen/Context.h"
 #include "ATen/Parallel.h"
 #include "ATen/core/grad_mode.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,6 +29,8 @@
 #include "libs/store/version_ref.h"
 #include "libs/train/async_checkpointer.h"
 #include "libs/train/lineage.h"
+#include "libs/train/scripted_model.h"
+#include "libs/train/trainable_model.h"
 #include "libs/train/trainer_state.h"
 #include "torch/nn/utils/clip_grad.h"
 #include "torch/version.h"
@@ -74,10 +77,10 @@ struct LoopState {
   int64_t target_step = 0;
 };
 
-// Copies a checkpoint's model tensors into `module` (strict: same keys, same shapes).
-absl::Status RestoreModule(const StateDict& checkpoint, torch::nn::Module& module,
-                           const std::string& version) {
-  StateDict live = ModelStateDict(module);
+// Copies a checkpoint's model tensors into `model` (strict: same keys, same shapes).
+absl::Status RestoreModel(const StateDict& checkpoint, const TrainableModel& model,
+                          const std::string& version) {
+  StateDict live = model.Weights();
   std::vector<std::string> problems;
   for (const StateDict::Entry& entry : live) {
     const at::Tensor* saved = checkpoint.Find(entry.key);
@@ -124,6 +127,26 @@ StepConsensus AgreeOnStep(const ddp::Communicator& comm, double loss,
   consensus.skip_checkpoint = sums[2] > 0;
   consensus.checkpoint_now = sums[3] > 0;
   return consensus;
+}
+
+// "<model kind>-<data kind>", e.g. "mlp-synthetic"; a scripted model goes by its file's name
+// ("/teams/vision/resnet18.ts" with shards: "resnet18-shards").
+std::string DefaultModelName(const TrainerConfig& config) {
+  const std::string data_kind = config.data.source.substr(0, config.data.source.find(':'));
+  if (config.model.kind != kTorchScriptKind) return absl::StrCat(config.model.kind, "-", data_kind);
+  std::string stem = config.model.path.substr(config.model.path.find_last_of('/') + 1);
+  if (const size_t dot = stem.rfind('.'); dot != std::string::npos && dot > 0) stem.resize(dot);
+  for (char& c : stem) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '-' && c != '.') c = '_';
+  }
+  return absl::StrCat(stem.empty() ? "model" : stem, "-", data_kind);
+}
+
+// "a tensor of shape [16, 10] and dtype Float", or "an undefined tensor", for messages.
+std::string DescribeTensor(const at::Tensor& tensor) {
+  if (!tensor.defined()) return "an undefined tensor";
+  return absl::StrCat("a tensor of shape ", c10::str(tensor.sizes()), " and dtype ",
+                      c10::toString(tensor.scalar_type()));
 }
 
 std::string FormatClock(absl::Duration duration) {
@@ -180,6 +203,10 @@ class RankRun {
  private:
   // Device, data, model, optimizer and scheduler: the same on every rank (same seed).
   absl::Status Build();
+  // The model's loss on the first training batch, in eval mode without gradients: a model that
+  // does not fit the data (shapes, dtypes, a loss that is not a scalar) is named here, before
+  // any collective and any checkpoint, with the batch it was given.
+  absl::Status CheckModelOnFirstBatch();
   // Rank 0 picks the version to resume from (the model's latest), every rank loads that one.
   absl::Status Resume();
   absl::Status RestoreFrom(const v1::VersionRef& ref);
@@ -213,7 +240,8 @@ class RankRun {
   at::Device device_{at::kCPU};
   std::unique_ptr<Dataset> data_;
   DataSplit split_;  // the sampler deals indices into split_.train.
-  std::shared_ptr<Model> model_;
+  std::unique_ptr<TrainableModel> model_;
+  ModelIdentity identity_;
   std::vector<at::Tensor> parameters_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<LrScheduler> scheduler_;
@@ -265,16 +293,64 @@ absl::Status RankRun::Build() {
   ASSIGN_OR_RETURN(data_, OpenDataset(config_.data));
   ASSIGN_OR_RETURN(split_, SplitHeldOut(data_->size(), config_.eval_fraction, config_.seed));
   at::manual_seed(config_.seed);
-  ASSIGN_OR_RETURN(model_, MakeModel(config_.model, *data_));
-  const std::string data_kind = config_.data.source.substr(0, config_.data.source.find(':'));
-  summary_.model_name = config_.model_name.empty()
-                            ? absl::StrCat(config_.model.kind, "-", data_kind)
-                            : config_.model_name;
-  summary_.python_twin = model_->PythonTwin();
-  RETURN_IF_ERROR(CatchTorchErrors([&] { model_->to(device_); }));
+  if (config_.model.kind == kTorchScriptKind) {
+    ScriptedModelOptions options;
+    options.path = config_.model.path;
+    options.loss = config_.model.loss;
+    ASSIGN_OR_RETURN(model_, LoadScriptedModel(options));
+  } else {
+    ASSIGN_OR_RETURN(model_, WrapBuiltInModel(MakeModel(config_.model, *data_)));
+  }
+  identity_ = model_->Identity();
+  summary_.model_name = config_.model_name.empty() ? DefaultModelName(config_) : config_.model_name;
+  summary_.python_twin = identity_.label == "python_twin" ? identity_.value : "";
+  summary_.model_summary = identity_.summary_line;
+  RETURN_IF_ERROR(CatchTorchErrors([&] { model_->To(device_); }));
   parameters_ = model_->parameters();
+  RETURN_IF_ERROR(CheckModelOnFirstBatch());
   ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_.optimizer, parameters_));
   ASSIGN_OR_RETURN(scheduler_, MakeScheduler(config_.scheduler, *optimizer_));
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::CheckModelOnFirstBatch() {
+  const size_t count = std::min(split_.train.size(), static_cast<size_t>(config_.batch_size));
+  if (count == 0) return absl::OkStatus();  // SetUpDataParallel names an empty data set.
+  const std::vector<int64_t> examples(split_.train.begin(), split_.train.begin() + count);
+  Batch batch;
+  ASSIGN_OR_RETURN(batch, CatchTorchErrors([&] { return data_->Get(examples); }));
+  const std::string given = absl::StrCat("inputs ", c10::str(batch.inputs.sizes()), " ",
+                                         c10::toString(batch.inputs.scalar_type()), " and targets ",
+                                         c10::str(batch.targets.sizes()), " ",
+                                         c10::toString(batch.targets.scalar_type()));
+  at::Tensor loss;
+  absl::Status ran = CatchTorchErrors([&] {
+    // Restored afterwards: the check must not shift the training's random stream.
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    at::Tensor rng_state;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      rng_state = generator.get_state();
+    }
+    {
+      at::NoGradGuard no_grad;
+      model_->SetTraining(false);
+      loss = model_->Loss(batch.inputs.to(device_), batch.targets.to(device_)).loss;
+      model_->SetTraining(true);
+    }
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng_state);
+  });
+  if (!ran.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model does not run on the data: its loss on the first batch (", given, " from ",
+        data_->Describe(), ") failed: ", TorchScriptErrorCause(std::string(ran.message()))));
+  }
+  if (!loss.defined() || loss.dim() != 0 || !at::isFloatingType(loss.scalar_type())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model's loss on the first batch (", given, ") is ", DescribeTensor(loss),
+        ", not a floating-point scalar: reduce it (e.g. .mean()) before returning it"));
+  }
   return absl::OkStatus();
 }
 
@@ -304,13 +380,16 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
   const std::string name = FormatVersionRef(ref);
   ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store_.LoadCheckpoint(ref));
   const auto& labels = loaded.manifest.metadata().labels();
-  if (auto twin = labels.find("python_twin");
-      twin != labels.end() && twin->second != summary_.python_twin) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, " holds a ", twin->second, " but this run builds a ", summary_.python_twin,
-        ". Train under another model_name, or set resume to false to start over."));
+  for (const char* label : {"python_twin", "torchscript_class"}) {
+    auto saved = labels.find(label);
+    if (saved == labels.end()) continue;
+    if (identity_.label != label || saved->second != identity_.value) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name, " holds a ", saved->second, " but this run builds a ", identity_.value,
+          ". Train under another model_name, or set resume to false to start over."));
+    }
   }
-  RETURN_IF_ERROR(RestoreModule(loaded.contents.model, *model_, name));
+  RETURN_IF_ERROR(RestoreModel(loaded.contents.model, *model_, name));
   if (!loaded.contents.optimizer || !loaded.contents.scheduler) {
     return absl::FailedPreconditionError(
         absl::StrCat(name,
@@ -443,35 +522,44 @@ absl::Status RankRun::Evaluate() {
           std::lock_guard<std::mutex> lock(generator.mutex());
           rng_state = generator.get_state();
         }
-        double loss_sum = 0, correct = 0;
+        // Accuracy where the outputs are class scores for class-id targets; a module whose own
+        // loss() computes the loss records val_loss only.
+        double loss_sum = 0, correct = 0, classified = 0;
         {
           at::NoGradGuard no_grad;
-          model_->eval();
+          model_->SetTraining(false);
           for (size_t begin = 0; begin < share.size(); begin += config_.batch_size) {
             const size_t end =
                 std::min(share.size(), begin + static_cast<size_t>(config_.batch_size));
             Batch batch =
                 data_->Get(std::vector<int64_t>(share.begin() + begin, share.begin() + end));
             const at::Tensor targets = batch.targets.to(device_);
-            const at::Tensor logits = model_->forward(batch.inputs.to(device_));
-            loss_sum += at::nll_loss(at::log_softmax(logits, 1), targets, {}, at::Reduction::Sum)
-                            .item<double>();
-            correct += logits.argmax(1).eq(targets).sum().item<double>();
+            const LossResult result = model_->Loss(batch.inputs.to(device_), targets);
+            const double examples = static_cast<double>(end - begin);
+            // The batch's mean loss weighted by its size: the mean over the held-out part.
+            loss_sum += result.loss.item<double>() * examples;
+            const at::Tensor& outputs = result.outputs;
+            if (outputs.defined() && outputs.dim() == 2 && targets.dim() == 1 &&
+                targets.scalar_type() == at::kLong && outputs.size(0) == targets.size(0)) {
+              correct += outputs.argmax(1).eq(targets).sum().item<double>();
+              classified += examples;
+            }
           }
-          model_->train();
+          model_->SetTraining(true);
         }
         {
           std::lock_guard<std::mutex> lock(generator.mutex());
           generator.set_state(rng_state);
         }
-        return group_.comm.AllReduceSum({loss_sum, correct, static_cast<double>(share.size())});
+        return group_.comm.AllReduceSum(
+            {loss_sum, correct, static_cast<double>(share.size()), classified});
       }));
   const double examples = totals[2];
   EvalMetrics metrics;
   metrics.global_step = loop_.global_step;
   metrics.examples = static_cast<int64_t>(examples);
   metrics.loss = totals[0] / examples;
-  metrics.accuracy = totals[1] / examples;
+  if (totals[3] == examples) metrics.accuracy = totals[1] / examples;
   eval_ = metrics;
   summary_.last_eval = metrics;
   return absl::OkStatus();
@@ -481,7 +569,8 @@ absl::Status RankRun::SetUpDataParallel() {
   ddp::DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = config_.bucket_cap_bytes;
   ASSIGN_OR_RETURN(data_parallel_, CatchTorchErrors([&] {
-                     return std::make_unique<ddp::DistributedDataParallel>(model_, group_.comm,
+                     return std::make_unique<ddp::DistributedDataParallel>(model_->Replica(),
+                                                                           group_.comm,
                                                                            ddp_options);
                    }));
   ASSIGN_OR_RETURN(
@@ -530,8 +619,9 @@ absl::Status RankRun::SetUpDataParallel() {
 }
 
 uint64_t RankRun::StateDigest() const {
-  std::vector<at::Tensor> tensors = model_->parameters();
-  for (const at::Tensor& buffer : model_->buffers()) tensors.push_back(buffer);
+  const ddp::ReplicaTensors replica = model_->Replica();
+  std::vector<at::Tensor> tensors = replica.parameters;
+  for (const at::Tensor& buffer : replica.buffers()) tensors.push_back(buffer);
   XXH64_hash_t digest = 0;
   for (const at::Tensor& tensor : tensors) {
     const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
@@ -542,7 +632,7 @@ uint64_t RankRun::StateDigest() const {
 
 absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>>& micro_batches) {
   return CatchTorchErrors([&] {
-    model_->train();
+    model_->SetTraining(true);
     optimizer_->zero_grad();
     double loss_sum = 0;
     const double scale = 1.0 / static_cast<double>(micro_batches.size());
@@ -554,8 +644,10 @@ absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>
       std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
       if (i + 1 < micro_batches.size()) no_sync.emplace(data_parallel_->NoSync());
       data_parallel_->PrepareForward();
-      at::Tensor logits = model_->forward(batch.inputs.to(device_));
-      at::Tensor loss = at::nll_loss(at::log_softmax(logits, 1), batch.targets.to(device_));
+      at::Tensor loss = model_->Loss(batch.inputs.to(device_), batch.targets.to(device_)).loss;
+      TORCH_CHECK(loss.defined() && loss.dim() == 0 && at::isFloatingType(loss.scalar_type()),
+                  "the loss at step ", loop_.global_step + 1, " is ", DescribeTensor(loss),
+                  ", not a floating-point scalar: reduce it (e.g. .mean()) before returning it");
       (micro_batches.size() > 1 ? loss * scale : loss).backward();
       loss_sum += loss.item<double>();
     }
@@ -612,6 +704,20 @@ absl::Status RankRun::TrainLoop() {
                        return AgreeOnStep(group_.comm, step_loss, control_.pending());
                      }));
     last_loss_ = consensus.mean_loss;
+    if (!std::isfinite(last_loss_)) {
+      // Every rank sees the same mean, so all stop here together; the state this step made is
+      // never checkpointed (an upload of an earlier step still completes).
+      const std::string latest =
+          !summary_.versions_written.empty() ? FormatVersionRef(summary_.versions_written.back())
+          : summary_.resumed_from             ? FormatVersionRef(*summary_.resumed_from)
+                                              : std::string("none");
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the loss at step %d is %f (mean over %d rank(s)): training stopped without "
+          "checkpointing that state, so the latest good version stays the model's latest (%s, "
+          "or one whose upload was in flight). Lower the learning rate, clip gradients, or check "
+          "the data for NaN / inf.",
+          loop_.global_step, last_loss_, group_.world_size, latest));
+    }
     stop = consensus.stop;
     skip_final_checkpoint_ = consensus.skip_checkpoint;
 
@@ -719,11 +825,11 @@ absl::Status RankRun::CheckpointFailed(const absl::Status& error) {
 
 absl::Status RankRun::TakeCheckpoint(bool wait) {
   CheckpointContents contents;
-  contents.model = ModelStateDict(*model_);
+  contents.model = model_->Weights();
   ASSIGN_OR_RETURN(Value optimizer_state, OptimizerStateDict(*optimizer_));
   contents.optimizer = std::move(optimizer_state);
   contents.scheduler = scheduler_->StateDict();
-  contents.optimizer_param_names = OptimizerParamNames(*model_);
+  contents.optimizer_param_names = model_->OptimizerParamNames();
   TrainerState state;
   state.epoch = loop_.epoch;
   state.sampler_position = loop_.sampler_position;
@@ -769,7 +875,10 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   metadata.set_producer(absl::StrCat("ckpt trainer on ", host));
   (*metadata.mutable_labels())["model_kind"] = config_.model.kind;
   (*metadata.mutable_labels())["data"] = config_.data.source;
-  (*metadata.mutable_labels())["python_twin"] = summary_.python_twin;
+  (*metadata.mutable_labels())[identity_.label] = identity_.value;
+  if (config_.model.kind == kTorchScriptKind) {
+    (*metadata.mutable_labels())["model_file"] = config_.model.path;
+  }
   metadata.set_description(absl::StrCat(config_.model.kind, " step ", loop_.global_step, " epoch ",
                                         loop_.epoch, " loss ", last_loss_));
   CommitOptions options;
@@ -891,8 +1000,7 @@ std::string FormatSummary(const TrainingSummary& summary) {
     absl::StrAppend(&out, "   failed checkpoints (trained past): ", summary.failed_checkpoints,
                     "; the last: ", summary.last_checkpoint_error, "\n");
   }
-  absl::StrAppend(&out, "   PyTorch twin: ", summary.python_twin,
-                  " (libs/train/python/twins.py)\n");
+  absl::StrAppend(&out, "   ", summary.model_summary, "\n");
   if (!summary.versions_written.empty()) {
     const bool remote = summary.store_location.find(':') != std::string::npos &&
                         summary.store_location.find('/') == std::string::npos;

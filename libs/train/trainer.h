@@ -146,7 +146,8 @@ struct TrainingSummary {
   int world_size = 1;
   std::string backend;
   std::string store_location;  // the directory or address.
-  std::string python_twin;
+  std::string python_twin;    // a built-in model's PyTorch twin; "" for a scripted model.
+  std::string model_summary;  // ModelIdentity::summary_line: what was trained, from where.
 };
 
 // Runs this process's rank of `group` to the end, reading and (rank 0) writing checkpoints in

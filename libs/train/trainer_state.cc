@@ -38,7 +38,9 @@ Value EncodeTrainerState(const TrainerState& state) {
       {"model", Value::Dict({{"kind", Value::String(state.model.kind)},
                              {"hidden", Value::Int(state.model.hidden)},
                              {"layers", Value::Int(state.model.layers)},
-                             {"heads", Value::Int(state.model.heads)}})},
+                             {"heads", Value::Int(state.model.heads)},
+                             {"path", Value::String(state.model.path)},
+                             {"loss", Value::String(state.model.loss)}})},
       {"data", Value::String(state.data)},
       {"eval_fraction", Value::Float(state.eval_fraction)},
   });
@@ -69,6 +71,8 @@ absl::StatusOr<TrainerState> DecodeTrainerState(const Value& extra, absl::string
     state.model.hidden = IntField(*model, "hidden", state.model.hidden);
     state.model.layers = IntField(*model, "layers", state.model.layers);
     state.model.heads = IntField(*model, "heads", state.model.heads);
+    state.model.path = StringField(*model, "path");
+    state.model.loss = StringField(*model, "loss");
   }
   state.data = StringField(*trainer, "data");
   state.eval_fraction = FloatField(*trainer, "eval_fraction", 0);

@@ -54,7 +54,7 @@ struct TrainerState {
 };
 
 // {"trainer": {epoch, sampler_position, global_step, target_step, world_size, backend, seed,
-// batch_size, accumulation_steps, model: {kind, hidden, layers, heads}, data, eval_fraction,
+// batch_size, accumulation_steps, model: {kind, hidden, layers, heads, path, loss}, data, eval_fraction,
 // rng_cpu, rng_device}}.
 Value EncodeTrainerState(const TrainerState& state);
 

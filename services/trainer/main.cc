@@ -2,6 +2,7 @@
 //
 //   bazel run //services/trainer                  # 2 CPU ranks over Gloo, ./ckpt-data store
 //   bazel run //services/trainer -- --model=cnn --steps=500 --nproc_per_node=4
+//   bazel run //services/trainer -- --model=torchscript:$PWD/net.ts --data=pt:$PWD/data.pt
 //
 // With no RANK / WORLD_SIZE in the environment this process is the launcher: it starts
 // --nproc_per_node ranks (this same binary) with the torchrun environment, supervises them and
@@ -73,7 +74,16 @@ ABSL_FLAG(int, threads_per_rank, 1,
           "Intra-op threads per rank. Default 1, which keeps runs bit-reproducible.");
 ABSL_FLAG(int, bucket_cap_mb, 25, "Gradient all-reduce bucket size in MiB. Default 25.");
 // ---- Model and data.
-ABSL_FLAG(std::string, model, "mlp", "mlp, cnn (BatchNorm) or transformer. Default mlp.");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp, cnn (BatchNorm), transformer, or torchscript:PATH: your own PyTorch model, saved "
+          "from Python with torch.jit.script(model).save(PATH) (or torch.jit.trace). It trains "
+          "with its own loss(inputs, targets) method when it has one (@torch.jit.export), else "
+          "with --loss on forward(inputs); checkpoints hold its state_dict() keys, so `ckpt "
+          "export --bundle` loads back into the Python class. Default mlp.");
+ABSL_FLAG(std::string, loss, "",
+          "For --model=torchscript:PATH without a loss() method: cross_entropy (int64 class "
+          "targets), mse or bce_with_logits (float targets), on forward(inputs). Default "
+          "cross_entropy.");
 ABSL_FLAG(int64_t, hidden, 64, "Hidden width (mlp), channels (cnn), d_model (transformer).");
 ABSL_FLAG(int64_t, layers, 2, "Hidden layers (mlp) or encoder layers (transformer).");
 ABSL_FLAG(int64_t, heads, 4, "Attention heads (transformer).");
@@ -191,11 +201,28 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   train::TrainerConfig config;
   config.model_name = absl::GetFlag(FLAGS_model_name);
   config.model.kind = absl::GetFlag(FLAGS_model);
+  if (absl::StartsWith(config.model.kind, "torchscript:")) {
+    config.model.path = config.model.kind.substr(std::string("torchscript:").size());
+    config.model.kind = "torchscript";
+    if (config.model.path.empty()) {
+      return absl::InvalidArgumentError("--model=torchscript:PATH needs the module's path");
+    }
+  } else if (config.model.kind == "torchscript") {
+    return absl::InvalidArgumentError(
+        "--model=torchscript needs the module's file: --model=torchscript:PATH");
+  }
+  config.model.loss = absl::GetFlag(FLAGS_loss);
+  if (!config.model.loss.empty() && config.model.kind != "torchscript") {
+    return absl::InvalidArgumentError(
+        "--loss applies to --model=torchscript:PATH; the built-in models train with cross "
+        "entropy");
+  }
   config.model.hidden = absl::GetFlag(FLAGS_hidden);
   config.model.layers = absl::GetFlag(FLAGS_layers);
   config.model.heads = absl::GetFlag(FLAGS_heads);
   config.data.source = absl::GetFlag(FLAGS_data);
-  config.data.model_kind = config.model.kind;
+  // A scripted model gets the image task ([1,12,12] floats, 10 classes) as synthetic data.
+  config.data.model_kind = config.model.kind == "torchscript" ? "cnn" : config.model.kind;
   config.data.synthetic_examples = absl::GetFlag(FLAGS_synthetic_examples);
   config.data.seed = absl::GetFlag(FLAGS_seed);
   config.eval_fraction = absl::GetFlag(FLAGS_eval_fraction);
