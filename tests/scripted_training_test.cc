@@ -126,10 +126,11 @@ TEST_P(ScriptedParityTest, OneRankMatchesAPlainPythonLoopAndTheBundleResumesInPy
                             " 20 1 8"));
   std::cerr << output;
   const auto [at_export, after_resume] = MaxDifferences(output);
-  // The same Debian LibTorch runs both loops' kernels on one thread; what may differ is the
-  // optimizers' own arithmetic (torch::optim against torch.optim).
-  EXPECT_LE(at_export, 1e-6);
-  EXPECT_LE(after_resume, 1e-6);
+  // Bit-equal: Debian's Python torch and the trainer run the same LibTorch kernels on one
+  // thread, and torch::optim's SGD / AdamW and clip_grad_norm_ do torch.optim's arithmetic in
+  // its order.
+  EXPECT_EQ(at_export, 0);
+  EXPECT_EQ(after_resume, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Combos, ScriptedParityTest,
@@ -148,11 +149,12 @@ TEST(ScriptedTrainingTest, TwoRanksMatchPythonsFullBatchLoop) {
       kScript, absl::StrCat("check ", Team(), " ", bundle, " sgd step 20 2 4"));
   std::cerr << output;
   const auto [at_export, after_resume] = MaxDifferences(output);
-  // DDP averages the two ranks' gradients after each rank's backward (g0 + g1) / 2, where the
-  // Python loop backpropagates (l0 + l1) / 2 in one pass: the same sums in another order, a few
-  // float32 ulps per step, carried through 20 steps of momentum.
-  EXPECT_LE(at_export, 1e-5);
-  EXPECT_LE(after_resume, 1e-5);
+  // DDP sums the two ranks' gradients and divides by 2, where the Python loop backpropagates
+  // (l0 + l1) / 2 in one pass: the same terms, but nothing promises the same rounding, so the
+  // bound is a few float32 ulps per step carried through 20 steps of momentum (1e-6 relative).
+  // On this machine's Debian torch 1.13 both came out bit-equal (the script prints it).
+  EXPECT_LE(at_export, 1e-6);
+  EXPECT_LE(after_resume, 1e-6);
 }
 
 TEST(ScriptedTrainingTest, AKilledRankResumesAndTheRunEndsBitIdentical) {
@@ -223,7 +225,7 @@ TEST(ScriptedTrainingTest, ModulesThatDoNotFitFailClearlyAndLeaveTheStoreUnchang
   const std::vector<Bad> cases = {
       {"weights.pt", {"is not a TorchScript module", "torch.jit.script(model).save(PATH)"}},
       {"flat_input.ts",
-       {"does not run on the data", "inputs [8, 1, 8, 8] Float", "8x64 and 10x5"}},
+       {"does not run on the data", "inputs [8, 1, 8, 8] Float", "(64x8 and 10x5)"}},
       {"noparams.ts", {"has no parameters that require grad"}},
       {"vector_loss.ts", {"a tensor of shape [8] and dtype Float", "not a floating-point scalar"}},
       {"missing.ts", {"no TorchScript module at"}},

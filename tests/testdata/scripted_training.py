@@ -151,14 +151,18 @@ def batch_order(world, batch, steps):
 def train_step(model, optimizer, scheduler, x, y, chunks):
     model.train()
     optimizer.zero_grad()
-    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    originals = dict(model.named_buffers())
     losses = []
-    # Ranks other than 0 first, their running statistics dropped afterwards: under DDP every
-    # forward starts from rank 0's buffers and only rank 0's updates survive the next broadcast.
-    for chunk in reversed(chunks):
-        for name, b in model.named_buffers():
-            b.copy_(buffers[name])
-        losses.append(model.loss(x[chunk], y[chunk]))
+    # Under DDP every rank's forward starts from rank 0's buffers and only rank 0's updates
+    # survive the next broadcast: the other ranks' halves run on copies that are dropped. (Copies
+    # swapped in, not restored in place: BatchNorm's backward checks its buffers' versions.)
+    # Rank 0 last, so that the module is left holding its buffers.
+    for rank in reversed(range(len(chunks))):
+        for name, buffer in originals.items():
+            owner, _, leaf = name.rpartition(".")
+            module = model.get_submodule(owner) if owner else model
+            setattr(module, leaf, buffer if rank == 0 else buffer.clone())
+        losses.append(model.loss(x[chunks[rank]], y[chunks[rank]]))
     loss = sum(losses) / len(losses)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -84,6 +84,8 @@ set(CKPT_TRAINER_SOURCES
     libs/train/models.cc
     libs/train/optimizer.cc
     libs/train/rank_supervisor.cc
+    libs/train/scripted_model.cc
+    libs/train/trainable_model.cc
     libs/train/trainer.cc
     libs/train/trainer_control.cc
     libs/train/trainer_state.cc
@@ -619,6 +621,8 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/train/models.cc
     libs/train/optimizer.cc
     libs/train/rank_supervisor.cc
+    libs/train/scripted_model.cc
+    libs/train/trainable_model.cc
     libs/train/trainer.cc
     libs/train/trainer_control.cc
     libs/train/trainer_state.cc
