@@ -25,6 +25,8 @@ TEST(TrainerStateTest, EveryFieldSurvivesEncodeAndDecode) {
   state.model.hidden = 32;
   state.model.layers = 3;
   state.model.heads = 2;
+  state.model.path = "/teams/vision/net.ts";  // as a scripted model's spec would carry
+  state.model.loss = "mse";
   state.data = "pt:/data/tokens.pt";
   state.eval_fraction = 0.125;
   state.rng_cpu = at::arange(10, at::kByte);
@@ -45,6 +47,8 @@ TEST(TrainerStateTest, EveryFieldSurvivesEncodeAndDecode) {
   EXPECT_EQ(decoded.model.hidden, 32);
   EXPECT_EQ(decoded.model.layers, 3);
   EXPECT_EQ(decoded.model.heads, 2);
+  EXPECT_EQ(decoded.model.path, "/teams/vision/net.ts");
+  EXPECT_EQ(decoded.model.loss, "mse");
   EXPECT_EQ(decoded.data, "pt:/data/tokens.pt");
   EXPECT_EQ(decoded.eval_fraction, 0.125);
   EXPECT_TRUE(at::equal(decoded.rng_cpu, state.rng_cpu));
