@@ -38,16 +38,20 @@
 #include "libs/store/version_ref.h"
 #include "libs/testing/child_process.h"
 #include "libs/train/testing/bundle_comparison.h"
+#include "tests/testing/trainer_process.h"
 
 namespace ckpt {
 namespace {
 
 using ::ckpt::testing::ChildProcess;
+using ::ckpt::testing::FindRank;
 using ::ckpt::testing::IsOk;
+using ::ckpt::testing::OpenStore;
 using ::ckpt::testing::ReadFileOrEmpty;
 using ::ckpt::testing::RunfilesPath;
 using ::ckpt::testing::RunShell;
 using ::ckpt::testing::ShellResult;
+using ::ckpt::testing::TempPath;
 using ::testing::HasSubstr;
 
 constexpr char kModel[] = "mlp-synthetic";
@@ -179,38 +183,12 @@ std::string Trainer() {
   return realpath(path.c_str(), resolved) != nullptr ? resolved : path;
 }
 
-std::string TempPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
 // The same training job for every run: a small MLP, 4 ranks in all, bit-reproducible (one thread
 // per rank), a checkpoint every 50 steps, a state digest per rank per step.
 std::vector<std::string> JobFlags(const std::string& store_dir) {
   return {"--store_dir=" + store_dir, "--hidden=64",    absl::StrCat("--steps=", kSteps),
           "--checkpoint_every=50",    "--log_every=50", "--log_state_digests",
           "--rank_exit_timeout=3s"};
-}
-
-// The child of `parent` whose environment says RANK=<rank>; -1 if none.
-pid_t FindRank(pid_t parent, int rank) {
-  DIR* proc = opendir("/proc");
-  pid_t found = -1;
-  while (dirent* entry = readdir(proc)) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
-    const std::string stat = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::vector<std::string> fields = absl::StrSplit(stat.substr(close + 2), ' ');
-    pid_t ppid = 0;
-    if (fields.size() < 2 || !absl::SimpleAtoi(fields[1], &ppid) || ppid != parent) continue;
-    const std::string environ_text = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/environ"));
-    for (absl::string_view variable : absl::StrSplit(environ_text, '\0')) {
-      if (variable == absl::StrCat("RANK=", rank)) found = pid;
-    }
-  }
-  closedir(proc);
-  return found;
 }
 
 // Waits until the log at `log_path` shows `rank`'s state digest at or past `step`.
@@ -238,16 +216,6 @@ void CollectDigests(const std::string& log, Digests& digests) {
        ++it) {
     digests[std::stoi((*it)[1])][std::stoll((*it)[2])].push_back((*it)[3]);
   }
-}
-
-std::unique_ptr<RocksDbCheckpointStore> OpenStore(const std::string& dir) {
-  StoreOptions options;
-  options.db_path = dir;
-  options.create_if_missing = false;
-  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-      RocksDbCheckpointStore::Open(options);
-  EXPECT_THAT(store.status(), IsOk()) << dir;
-  return store.ok() ? *std::move(store) : nullptr;
 }
 
 std::string Logs(const std::vector<std::pair<std::string, std::string>>& logs) {

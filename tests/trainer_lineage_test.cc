@@ -22,10 +22,12 @@
 #include "libs/store/version_ref.h"
 #include "libs/testing/child_process.h"
 #include "libs/train/testing/bundle_comparison.h"
+#include "tests/testing/trainer_process.h"
 
 namespace ckpt {
 namespace {
 
+using ::ckpt::testing::OpenStore;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -61,16 +63,6 @@ void RunTrainer(const std::vector<std::string>& flags, const std::string& name) 
   ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << name << ":\n"
       << trainer.stderr_text() << trainer.stdout_text();
-}
-
-std::unique_ptr<RocksDbCheckpointStore> OpenStore(const std::string& dir) {
-  StoreOptions options;
-  options.db_path = dir;
-  options.create_if_missing = false;
-  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
-      RocksDbCheckpointStore::Open(options);
-  EXPECT_OK(store.status());
-  return store.ok() ? *std::move(store) : nullptr;
 }
 
 v1::Manifest Manifest(CheckpointStore& store, const std::string& ref) {

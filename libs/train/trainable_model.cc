@@ -5,6 +5,7 @@
 #include "ATen/ATen.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "libs/train/optimizer.h"
 
 namespace ckpt::train {
 namespace {
@@ -17,10 +18,7 @@ class BuiltInModel final : public TrainableModel {
   ddp::ReplicaTensors Replica() const override { return ddp::TensorsOf(model_); }
   StateDict Weights() const override { return ModelStateDict(*model_); }
   std::map<int64_t, std::string> OptimizerParamNames() const override {
-    std::map<int64_t, std::string> names;
-    int64_t id = 0;
-    for (const auto& item : model_->named_parameters(/*recurse=*/true)) names[id++] = item.key();
-    return names;
+    return train::OptimizerParamNames(*model_);
   }
   void SetTraining(bool training) override { model_->train(training); }
   void To(at::Device device) override { model_->to(device); }

@@ -12,7 +12,9 @@
 //               (libs/train/trainer_state.h);
 //   metadata    epoch, global step, metrics (loss, learning_rate, samples_per_second; val_loss
 //               and val_acc when evaluating), world size, backend; labels model_kind, data,
-//               python_twin (the constructor of the model's PyTorch twin); lineage (below).
+//               and the model's identity: python_twin (the constructor of a built-in model's
+//               PyTorch twin) or torchscript_class and model_file (a scripted model,
+//               scripted_model.h), checked on resume; lineage (below).
 //
 // Lineage (v1::Lineage). Every version a run commits carries the run's id (config.run_id, or one
 // made by rank 0 when the run starts: a resumed or restarted run is a new run), the code
@@ -27,7 +29,8 @@
 // `seed`) is held out: the sampler deals only the rest, so the held-out examples are never
 // trained on. Whenever a checkpoint is due, every rank evaluates its share of the held-out part
 // (eval mode, no gradients, rank 0's buffers), the sums are all-reduced, and the version records
-// val_loss (mean cross-entropy) and val_acc (top-1 accuracy: every model here is a classifier).
+// val_loss (the model's loss, averaged over examples) and, where the outputs are class scores
+// for class-id targets, val_acc (top-1 accuracy).
 // Evaluation draws no random numbers (the global generator is restored around it, too) and
 // changes no training state, so an interrupted and resumed run still ends bit-identical to an
 // uninterrupted one.
@@ -121,7 +124,10 @@ struct EvalMetrics {
   int64_t global_step = 0;
   int64_t examples = 0;  // held-out examples evaluated (all ranks).
   double loss = 0;       // val_loss
-  double accuracy = 0;   // val_acc
+  // val_acc: top-1 accuracy, where the outputs are class scores for int64 class targets (the
+  // built-in models; a scripted model without its own loss()); none for a model whose loss()
+  // computes the loss itself.
+  std::optional<double> accuracy;
 };
 
 struct TrainingSummary {

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/testing/child_process.h"
 #include "libs/store/version_ref.h"
 
 namespace ckpt::testing {
@@ -26,12 +27,7 @@ std::string TempPath(const std::string& name) {
   return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string ReadFile(const std::string& path) { return ReadFileOrEmpty(path); }
 
 TrainerProcess StartTrainer(const std::vector<std::string>& flags, const std::string& log) {
   TrainerProcess process;

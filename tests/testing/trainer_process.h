@@ -24,7 +24,7 @@ inline constexpr char kTrainer[] = "services/trainer/trainer";
 
 // TEST_TMPDIR/name.
 std::string TempPath(const std::string& name);
-// The whole file; "" when it cannot be read.
+// The whole file; "" when it cannot be read (ReadFileOrEmpty, under the name the trainer tests use).
 std::string ReadFile(const std::string& path);
 
 // A trainer launcher running in the background, its stdout+stderr going to `log`.

@@ -1,0 +1,207 @@
+// RankRun's checkpoints: what one holds, handing it to the asynchronous checkpointer, failures
+// that training may go past and those it may not, and the final one.
+
+#include <unistd.h>
+
+#include <iostream>
+#include <mutex>
+
+#include "ATen/CPUGeneratorImpl.h"
+#include "ATen/Context.h"
+#include "libs/train/optimizer.h"
+#include "libs/train/scripted_model.h"
+#include "libs/train/trainer_state.h"
+#include "ATen/ATen.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/train/rank_run.h"
+
+namespace ckpt::train::internal {
+namespace {
+
+void AppendTensors(const Value& value, std::vector<at::Tensor>& out) {
+  if (value.is_tensor()) {
+    out.push_back(value.tensor());
+  } else if (value.is_sequence()) {
+    for (const Value& item : value.items()) AppendTensors(item, out);
+  } else if (value.is_dict()) {
+    for (const Value::Entry& entry : value.entries()) AppendTensors(entry.second, out);
+  }
+}
+
+// What optimizer.step() writes in place, in the order it writes it: each parameter with its state
+// (`optimizer_state`'s "state" entry under the parameter's id). A checkpoint copies these on the
+// upload thread in this order while the next forward and backward passes run, and TrainStep waits
+// for that copy right before the step (AsyncCheckpointer::SubmitOverlapped). The forward pass
+// writes only buffers (BatchNorm statistics), which are not here: those are copied at once.
+std::vector<at::Tensor> StepWrites(const torch::optim::Optimizer& optimizer,
+                                   const Value& optimizer_state) {
+  std::vector<at::Tensor> writes;
+  const Value* state = optimizer_state.Find("state");
+  int64_t id = 0;
+  for (const torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+    for (const at::Tensor& parameter : group.params()) {
+      writes.push_back(parameter);
+      const Value* own = state != nullptr && state->is_dict() ? state->Find(id) : nullptr;
+      if (own != nullptr) AppendTensors(*own, writes);
+      ++id;
+    }
+  }
+  return writes;
+}
+
+}  // namespace
+
+void RankRun::RecordCommitted() {
+  std::optional<CommitResult> last = checkpointer_->stats().last_commit;
+  if (!last) return;
+  if (summary_.versions_written.empty() ||
+      summary_.versions_written.back().version() != last->version.version()) {
+    summary_.versions_written.push_back(last->version);
+    consecutive_failed_checkpoints_ = 0;
+  }
+}
+
+absl::Status RankRun::CheckpointFailed(const absl::Status& error) {
+  ++summary_.failed_checkpoints;
+  ++consecutive_failed_checkpoints_;
+  summary_.last_checkpoint_error = error.ToString();
+  last_checkpoint_error_ = error;
+  if (consecutive_failed_checkpoints_ >= config_.max_consecutive_failed_checkpoints) {
+    return absl::Status(error.code(),
+                        absl::StrCat(consecutive_failed_checkpoints_,
+                                     " checkpoints in a row failed, the last: ", error.message(),
+                                     "; stopping rather than training on with nothing saved "
+                                     "(max_failed_checkpoints)"));
+  }
+  std::cerr << "trainer: a checkpoint failed (" << consecutive_failed_checkpoints_
+            << " in a row; training goes on, the next one retries): " << error << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::TakeCheckpoint(bool wait) {
+  CheckpointContents contents;
+  contents.model = model_->Weights();
+  ASSIGN_OR_RETURN(Value optimizer_state, OptimizerStateDict(*optimizer_));
+  contents.optimizer = std::move(optimizer_state);
+  contents.scheduler = scheduler_->StateDict();
+  contents.optimizer_param_names = model_->OptimizerParamNames();
+  TrainerState state;
+  state.epoch = loop_.epoch;
+  state.sampler_position = loop_.sampler_position;
+  state.global_step = loop_.global_step;
+  state.target_step = loop_.target_step;
+  state.world_size = group_.world_size;
+  state.backend = group_.backend;
+  state.seed = config_.seed;
+  state.batch_size = config_.batch_size;
+  state.accumulation_steps = config_.accumulation_steps;
+  state.model = config_.model;
+  state.data = config_.data.source;
+  state.eval_fraction = config_.eval_fraction;
+  ASSIGN_OR_RETURN(state.rng_cpu, CatchTorchErrors([&] {
+                     at::Generator generator = at::detail::getDefaultCPUGenerator();
+                     std::lock_guard<std::mutex> lock(generator.mutex());
+                     return generator.get_state();
+                   }));
+  if (device_.type() != at::kCPU) {
+    ASSIGN_OR_RETURN(state.rng_device, CatchTorchErrors([&] {
+                       at::Generator generator = at::globalContext().defaultGenerator(device_);
+                       std::lock_guard<std::mutex> lock(generator.mutex());
+                       return generator.get_state();
+                     }));
+  }
+  contents.extra = EncodeTrainerState(state);
+  v1::VersionMetadata& metadata = contents.metadata;
+  metadata.set_epoch(loop_.epoch);
+  metadata.set_global_step(loop_.global_step);
+  (*metadata.mutable_metrics())["loss"] = last_loss_;
+  (*metadata.mutable_metrics())["samples_per_second"] = samples_per_second_;
+  (*metadata.mutable_metrics())["learning_rate"] = CurrentLearningRate(*optimizer_);
+  if (eval_) {
+    (*metadata.mutable_metrics())["val_loss"] = eval_->loss;
+    if (eval_->accuracy) (*metadata.mutable_metrics())["val_acc"] = *eval_->accuracy;
+  }
+  *metadata.mutable_lineage() = lineage_;
+  metadata.set_world_size(group_.world_size);
+  metadata.set_backend(group_.backend);
+  metadata.set_source_format("trainer");
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  metadata.set_producer(absl::StrCat("ckpt trainer on ", host));
+  (*metadata.mutable_labels())["model_kind"] = config_.model.kind;
+  (*metadata.mutable_labels())["data"] = config_.data.source;
+  (*metadata.mutable_labels())[identity_.label] = identity_.value;
+  if (config_.model.kind == kTorchScriptKind) {
+    (*metadata.mutable_labels())["model_file"] = config_.model.path;
+  }
+  metadata.set_description(absl::StrCat(config_.model.kind, " step ", loop_.global_step, " epoch ",
+                                        loop_.epoch, " loss ", last_loss_));
+  CommitOptions options;
+  options.attribution.reason = absl::StrCat("checkpoint at epoch ", loop_.epoch, " step ",
+                                            loop_.global_step, " of run ", summary_.run_id);
+  // The previous upload first (Submit would wait for it as well, and the stall counts it just
+  // the same): its failure is that checkpoint's, reported before this one is taken.
+  const absl::Time join_start = absl::Now();
+  const absl::Status previous = checkpointer_->Wait().status();
+  upload_waits_ += absl::Now() - join_start;
+  RecordCommitted();
+  if (!previous.ok()) RETURN_IF_ERROR(CheckpointFailed(previous));
+  // Parameters and optimizer state are copied while the next step's forward and backward passes
+  // run; TrainStep's guard waits for them before the optimizer writes them.
+  const std::vector<at::Tensor> step_writes = StepWrites(*optimizer_, *contents.optimizer);
+  if (absl::Status submitted =
+          checkpointer_->SubmitOverlapped(contents, std::move(options), step_writes);
+      !submitted.ok()) {
+    failed_checkpoint_step_ = loop_.global_step;
+    return CheckpointFailed(submitted);
+  }
+  if (wait) {
+    const absl::Time wait_start = absl::Now();
+    const absl::Status uploaded = checkpointer_->Wait().status();
+    if (config_.synchronous_checkpoints) upload_waits_ += absl::Now() - wait_start;
+    RecordCommitted();
+    if (!uploaded.ok()) {
+      failed_checkpoint_step_ = loop_.global_step;
+      return CheckpointFailed(uploaded);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankRun::Finish() {
+  std::optional<v1::VersionRef> final_version;
+  // e.g. a zero-step leg; known on every rank, which all evaluate for it.
+  const bool final_due = last_checkpoint_step_ != loop_.global_step && !skip_final_checkpoint_;
+  if (final_due) RETURN_IF_ERROR(Evaluate());
+  if (leader_) {
+    if (final_due) {
+      RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));
+      if (failed_checkpoint_step_ == loop_.global_step) {
+        return absl::Status(last_checkpoint_error_.code(),
+                            absl::StrCat("the final checkpoint at step ", loop_.global_step,
+                                         " failed: ", last_checkpoint_error_.message()));
+      }
+    }
+    ASSIGN_OR_RETURN(std::optional<CommitResult> last, checkpointer_->Wait());
+    RecordCommitted();
+    if (!skip_final_checkpoint_ && last) final_version = last->version;
+    summary_.checkpoint_stall = checkpointer_->stats().total_stall + upload_waits_;
+  }
+  // Nobody leaves before rank 0's store has committed: the other ranks may still be reading it.
+  RETURN_IF_ERROR(CatchTorchErrors([&] { group_.comm.Barrier(); }));
+  status_.set_state(v1::TrainerStatus::STATE_FINISHED);
+  control_.SetStatus(status_);
+  control_.Finished(final_version);
+
+  summary_.final_step = loop_.global_step;
+  summary_.final_epoch = loop_.epoch;
+  summary_.stopped_early = loop_.global_step < loop_.target_step;
+  summary_.wall_time = absl::Now() - start_;
+  summary_.samples_per_second = samples_per_second_;
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt::train::internal
