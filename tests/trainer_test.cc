@@ -505,8 +505,15 @@ TEST(TrainerTest, BadFlagsExitTwoWithAClearMessage) {
   EXPECT_THAT(ReadFile(log), HasSubstr("resnet9000"));
   EXPECT_EQ(RunTrainer({"--batch_size=0"}, log), 2);
   EXPECT_THAT(ReadFile(log), HasSubstr("--batch_size"));
+  EXPECT_EQ(RunTrainer({"--model=torchscript"}, log), 2);
+  EXPECT_THAT(ReadFile(log), HasSubstr("--model=torchscript:PATH"));
+  EXPECT_EQ(RunTrainer({"--model=torchscript:net.ts", "--loss=hinge"}, log), 2);
+  EXPECT_THAT(ReadFile(log), HasSubstr("unknown loss 'hinge'"));
+  EXPECT_EQ(RunTrainer({"--loss=mse"}, log), 2);
+  EXPECT_THAT(ReadFile(log), HasSubstr("--loss applies to --model=torchscript:PATH"));
   EXPECT_EQ(RunTrainer({"--help"}, log), 1);  // Abseil's --help exits 1 after printing usage.
   EXPECT_THAT(ReadFile(log), HasSubstr("--nproc_per_node"));
+  EXPECT_THAT(ReadFile(log), HasSubstr("torchscript:PATH"));
 }
 
 }  // namespace

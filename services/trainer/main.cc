@@ -40,6 +40,8 @@
 #include "libs/status/torch_status.h"
 #include "libs/train/lineage.h"
 #include "libs/train/rank_supervisor.h"
+#include "libs/train/scripted_model.h"
+#include "libs/train/trainable_model.h"
 #include "libs/train/trainer.h"
 #include "libs/train/trainer_control.h"
 #include "services/trainer/node_rendezvous.h"
@@ -201,28 +203,33 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   train::TrainerConfig config;
   config.model_name = absl::GetFlag(FLAGS_model_name);
   config.model.kind = absl::GetFlag(FLAGS_model);
-  if (absl::StartsWith(config.model.kind, "torchscript:")) {
-    config.model.path = config.model.kind.substr(std::string("torchscript:").size());
-    config.model.kind = "torchscript";
+  const std::string scripted_prefix = absl::StrCat(train::kTorchScriptKind, ":");
+  if (absl::StartsWith(config.model.kind, scripted_prefix)) {
+    config.model.path = config.model.kind.substr(scripted_prefix.size());
+    config.model.kind = train::kTorchScriptKind;
     if (config.model.path.empty()) {
       return absl::InvalidArgumentError("--model=torchscript:PATH needs the module's path");
     }
-  } else if (config.model.kind == "torchscript") {
+  } else if (config.model.kind == train::kTorchScriptKind) {
     return absl::InvalidArgumentError(
         "--model=torchscript needs the module's file: --model=torchscript:PATH");
   }
   config.model.loss = absl::GetFlag(FLAGS_loss);
-  if (!config.model.loss.empty() && config.model.kind != "torchscript") {
-    return absl::InvalidArgumentError(
-        "--loss applies to --model=torchscript:PATH; the built-in models train with cross "
-        "entropy");
+  if (!config.model.loss.empty()) {
+    if (config.model.kind != train::kTorchScriptKind) {
+      return absl::InvalidArgumentError(
+          "--loss applies to --model=torchscript:PATH; the built-in models train with cross "
+          "entropy");
+    }
+    RETURN_IF_ERROR(train::ParseLossKind(config.model.loss).status());
   }
   config.model.hidden = absl::GetFlag(FLAGS_hidden);
   config.model.layers = absl::GetFlag(FLAGS_layers);
   config.model.heads = absl::GetFlag(FLAGS_heads);
   config.data.source = absl::GetFlag(FLAGS_data);
   // A scripted model gets the image task ([1,12,12] floats, 10 classes) as synthetic data.
-  config.data.model_kind = config.model.kind == "torchscript" ? "cnn" : config.model.kind;
+  config.data.model_kind =
+      config.model.kind == train::kTorchScriptKind ? "cnn" : config.model.kind;
   config.data.synthetic_examples = absl::GetFlag(FLAGS_synthetic_examples);
   config.data.seed = absl::GetFlag(FLAGS_seed);
   config.eval_fraction = absl::GetFlag(FLAGS_eval_fraction);
