@@ -56,7 +56,7 @@ std::string FormatClock(absl::Duration duration);
 std::string DescribeTensor(const at::Tensor& tensor);
 
 // "<model kind>-<data kind>", e.g. "mlp-synthetic"; a scripted model goes by its file's name
-// ("/teams/vision/resnet18.ts" with shards: "resnet18-shards").
+// ("/teams/vision/resnet18.ts" with --data=pt:FILE: "resnet18-pt").
 std::string DefaultModelName(const TrainerConfig& config);
 
 // Saves the CPU generator's state and puts it back when it goes out of scope, so that work done

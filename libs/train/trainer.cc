@@ -16,20 +16,18 @@
 namespace ckpt::train {
 namespace internal {
 
+// Declared, with what they return, in rank_run.h.
 std::string FormatClock(absl::Duration duration) {
   const int64_t seconds = absl::ToInt64Seconds(duration);
   return absl::StrFormat("%d:%02d:%02d", seconds / 3600, (seconds / 60) % 60, seconds % 60);
 }
 
-// "a tensor of shape [16, 10] and dtype Float", or "an undefined tensor", for messages.
 std::string DescribeTensor(const at::Tensor& tensor) {
   if (!tensor.defined()) return "an undefined tensor";
   return absl::StrCat("a tensor of shape ", c10::str(tensor.sizes()), " and dtype ",
                       c10::toString(tensor.scalar_type()));
 }
 
-// "<model kind>-<data kind>", e.g. "mlp-synthetic"; a scripted model goes by its file's name
-// ("/teams/vision/resnet18.ts" with shards: "resnet18-shards").
 std::string DefaultModelName(const TrainerConfig& config) {
   const std::string data_kind = config.data.source.substr(0, config.data.source.find(':'));
   if (config.model.kind != kTorchScriptKind) return absl::StrCat(config.model.kind, "-", data_kind);
