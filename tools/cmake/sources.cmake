@@ -83,6 +83,9 @@ set(CKPT_TRAINER_SOURCES
     libs/train/lr_scheduler.cc
     libs/train/models.cc
     libs/train/optimizer.cc
+    libs/train/rank_run_checkpoint.cc
+    libs/train/rank_run_loop.cc
+    libs/train/rank_run_setup.cc
     libs/train/rank_supervisor.cc
     libs/train/scripted_model.cc
     libs/train/trainable_model.cc
@@ -620,6 +623,9 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/train/lr_scheduler.cc
     libs/train/models.cc
     libs/train/optimizer.cc
+    libs/train/rank_run_checkpoint.cc
+    libs/train/rank_run_loop.cc
+    libs/train/rank_run_setup.cc
     libs/train/rank_supervisor.cc
     libs/train/scripted_model.cc
     libs/train/trainable_model.cc
