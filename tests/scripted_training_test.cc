@@ -42,7 +42,9 @@ using ::ckpt::testing::WaitForStep;
 using ::testing::HasSubstr;
 
 constexpr char kScript[] = "tests/testdata/scripted_training.py";
-constexpr char kModel[] = "net-pt";  // the default name: the file's stem and the data's kind.
+// The default names: the file's stem and the data's kind.
+constexpr char kModel[] = "net-pt";
+constexpr char kShardsModel[] = "net-shards";
 
 // The team's side, written once for the whole binary.
 const std::string& Team() {
@@ -54,12 +56,13 @@ const std::string& Team() {
   return *dir;
 }
 
-// The flags scripted_training.py's reference loop matches.
+// The flags scripted_training.py's reference loop matches. `data`: "pt" (data.pt) or "shards"
+// (the same examples in four shard files).
 std::vector<std::string> Flags(const std::string& store_dir, const std::string& module, int ranks,
-                               int64_t batch, int64_t steps) {
+                               int64_t batch, int64_t steps, const std::string& data = "pt") {
   return {"--store_dir=" + store_dir,
           "--model=torchscript:" + Team() + "/" + module,
-          "--data=pt:" + Team() + "/data.pt",
+          data == "pt" ? "--data=pt:" + Team() + "/data.pt" : "--data=shards:" + Team() + "/shards",
           absl::StrCat("--nproc_per_node=", ranks),
           absl::StrCat("--batch_size=", batch),
           absl::StrCat("--steps=", steps),
@@ -76,9 +79,10 @@ std::vector<std::string> Flags(const std::string& store_dir, const std::string& 
 }
 
 // `ckpt export MODEL OUT --bundle` against the store in `store_dir`; its output.
-std::string ExportBundle(const std::string& store_dir, const std::string& out) {
+std::string ExportBundle(const std::string& store_dir, const std::string& out,
+                         const std::string& model = kModel) {
   const std::string command = absl::StrCat("tools/ckpt/ckpt --store_dir=", store_dir, " export ",
-                                           kModel, " ", out, " --bundle 2>&1");
+                                           model, " ", out, " --bundle 2>&1");
   std::string output;
   FILE* pipe = popen(command.c_str(), "r");
   char buffer[4096];
@@ -137,16 +141,19 @@ INSTANTIATE_TEST_SUITE_P(Combos, ScriptedParityTest,
                          ::testing::Values(ParityCase{"sgd", "step"}, ParityCase{"adamw", "cosine"}),
                          [](const auto& info) { return info.param.optimizer; });
 
-TEST(ScriptedTrainingTest, TwoRanksMatchPythonsFullBatchLoop) {
+// Two ranks reading shard files, against Python's full-batch loop over the shard-by-shard order
+// the trainer documents: the same examples, batches and updates.
+TEST(ScriptedTrainingTest, TwoRanksOnShardsMatchPythonsFullBatchLoop) {
   const std::string dir = TempPath("two_ranks");
-  std::vector<std::string> flags = Flags(dir, "net.ts", 2, 4, 20);
+  std::vector<std::string> flags = Flags(dir, "net.ts", 2, 4, 20, "shards");
   flags.push_back("--optimizer=sgd");
   flags.push_back("--scheduler=step");
   ASSERT_EQ(RunTrainer(flags, dir + ".log"), 0) << ReadFile(dir + ".log");
+  EXPECT_THAT(ReadFile(dir + ".log"), HasSubstr("/shards: 4 file(s), 96 examples of [1,8,8]"));
   const std::string bundle = dir + "_bundle.pt";
-  ExportBundle(dir, bundle);
+  ExportBundle(dir, bundle, kShardsModel);
   const std::string output = ckpt::testing::RunPythonOrAddFailure(
-      kScript, absl::StrCat("check ", Team(), " ", bundle, " sgd step 20 2 4"));
+      kScript, absl::StrCat("check ", Team(), " ", bundle, " sgd step 20 2 4 shards"));
   std::cerr << output;
   const auto [at_export, after_resume] = MaxDifferences(output);
   // DDP sums the two ranks' gradients and divides by 2, where the Python loop backpropagates
@@ -157,10 +164,12 @@ TEST(ScriptedTrainingTest, TwoRanksMatchPythonsFullBatchLoop) {
   EXPECT_LE(after_resume, 1e-6);
 }
 
+// Shard data: the resumed ranks continue the epoch's shard-by-shard order where the checkpoint
+// left it.
 TEST(ScriptedTrainingTest, AKilledRankResumesAndTheRunEndsBitIdentical) {
   const std::string clean = TempPath("scripted_clean"), killed = TempPath("scripted_killed");
   auto long_run = [](const std::string& dir) {
-    std::vector<std::string> flags = Flags(dir, "net.ts", 2, 4, 600);
+    std::vector<std::string> flags = Flags(dir, "net.ts", 2, 4, 600, "shards");
     flags.back() = "--checkpoint_every=50";
     flags.push_back("--log_every=10");
     return flags;
@@ -181,7 +190,7 @@ TEST(ScriptedTrainingTest, AKilledRankResumesAndTheRunEndsBitIdentical) {
   ASSERT_THAT(log, HasSubstr("restarting all ranks"));
   std::smatch resumed;
   ASSERT_TRUE(std::regex_search(log, resumed,
-                                std::regex(R"(resuming net-pt@(\d+) from step (\d+) to 600)")))
+                                std::regex(R"(resuming net-shards@(\d+) from step (\d+) to 600)")))
       << log;
   EXPECT_GE(std::stoll(resumed[2]), 100);
 
@@ -189,13 +198,13 @@ TEST(ScriptedTrainingTest, AKilledRankResumesAndTheRunEndsBitIdentical) {
   std::unique_ptr<RocksDbCheckpointStore> killed_store = OpenStore(killed);
   ASSERT_TRUE(clean_store && killed_store);
   ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> clean_versions,
-                       clean_store->ListVersions(kModel));
+                       clean_store->ListVersions(kShardsModel));
   ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> killed_versions,
-                       killed_store->ListVersions(kModel));
+                       killed_store->ListVersions(kShardsModel));
   ASSERT_EQ(killed_versions.size(), clean_versions.size());
   ASSERT_GT(clean_versions.size(), 10u);
   for (size_t i = 0; i < clean_versions.size(); ++i) {
-    const v1::VersionRef ref = MakeVersionRef(kModel, clean_versions[i].version());
+    const v1::VersionRef ref = MakeVersionRef(kShardsModel, clean_versions[i].version());
     EXPECT_EQ(killed_versions[i].metadata().global_step(),
               clean_versions[i].metadata().global_step());
     // Model, optimizer, scheduler, the trainer's state and RNG, bit for bit.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ATen/ATen.h"
@@ -44,6 +45,25 @@ void DistributedSampler::set_position(int64_t consumed) {
   position_ = consumed;
 }
 
+void DistributedSampler::set_block_sizes(std::vector<int64_t> block_sizes) {
+  int64_t sum = 0;
+  for (int64_t size : block_sizes) {
+    TORCH_CHECK(size >= 0, "DistributedSampler: a block size must be >= 0, got ", size);
+    sum += size;
+  }
+  TORCH_CHECK(block_sizes.empty() || sum == dataset_size_,
+              "DistributedSampler: the block sizes sum to ", sum, ", not the dataset size ",
+              dataset_size_);
+  block_sizes_ = std::move(block_sizes);
+  position_ = 0;
+  ComputeIndices();
+}
+
+std::vector<int64_t> DistributedSampler::Peek(int64_t count) const {
+  const int64_t end = std::min(num_samples_, position_ + std::max<int64_t>(count, 0));
+  return std::vector<int64_t>(indices_.begin() + position_, indices_.begin() + end);
+}
+
 std::vector<int64_t> DistributedSampler::NextBatch(int64_t batch_size) {
   TORCH_CHECK(batch_size >= 1, "DistributedSampler: batch_size must be >= 1, got ", batch_size);
   const int64_t end = std::min(num_samples_, position_ + batch_size);
@@ -54,7 +74,25 @@ std::vector<int64_t> DistributedSampler::NextBatch(int64_t batch_size) {
 
 void DistributedSampler::ComputeIndices() {
   std::vector<int64_t> all(static_cast<size_t>(dataset_size_));
-  if (shuffle_) {
+  if (shuffle_ && !block_sizes_.empty()) {
+    // The order of the blocks, then each block's own permutation, from one generator.
+    at::Generator generator =
+        at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch_));
+    const auto options = at::TensorOptions().dtype(at::kLong);
+    const int64_t blocks = static_cast<int64_t>(block_sizes_.size());
+    std::vector<int64_t> starts(block_sizes_.size(), 0);
+    for (size_t b = 1; b < block_sizes_.size(); ++b) {
+      starts[b] = starts[b - 1] + block_sizes_[b - 1];
+    }
+    const at::Tensor block_order = at::randperm(blocks, generator, options);
+    auto out = all.begin();
+    for (int64_t i = 0; i < blocks; ++i) {
+      const auto b = static_cast<size_t>(block_order.data_ptr<int64_t>()[i]);
+      const at::Tensor within = at::randperm(block_sizes_[b], generator, options);
+      const int64_t* offsets = within.data_ptr<int64_t>();
+      for (int64_t k = 0; k < block_sizes_[b]; ++k) *out++ = starts[b] + offsets[k];
+    }
+  } else if (shuffle_) {
     // torch.Generator().manual_seed(seed + epoch); torch.randperm(n, generator=g): the same CPU
     // generator and kernel, so the permutation is Python's to the element.
     at::Generator generator =

@@ -32,6 +32,21 @@ class DistributedSampler {
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
 
+  // Shuffles in blocks, for data read in shards: block_sizes (summing to dataset_size) cut the
+  // index range into consecutive blocks, and each epoch's order is the blocks in
+  // torch.randperm(len(block_sizes)) order, each block's indices in a torch.randperm of its own,
+  // all drawn in that sequence from the one generator seeded with seed + epoch. Padding and the
+  // rank's stride are unchanged, so a rank reads the blocks one after another (two at a time at
+  // most at a boundary) while each epoch still covers every index once. Python gives the same
+  // indices as
+  //   g = torch.Generator().manual_seed(seed + epoch); start = cumulative block starts
+  //   order = [i for b in torch.randperm(len(sizes), generator=g).tolist()
+  //              for i in (torch.randperm(sizes[b], generator=g) + start[b]).tolist()]
+  //   [order[p] for p in DistributedSampler(range(n), world, rank, shuffle=False, ...)]
+  // Without shuffle the order is 0..n-1 as before. Empty: no blocks (a plain randperm). Rewinds
+  // position() to 0; throws c10::Error when the sizes are negative or do not sum to the size.
+  void set_block_sizes(std::vector<int64_t> block_sizes);
+
   // Samples per rank per epoch, and num_samples() * world_size, as PyTorch computes them.
   int64_t num_samples() const { return num_samples_; }
   int64_t total_size() const { return num_samples_ * world_size_; }
@@ -50,6 +65,10 @@ class DistributedSampler {
   // the end of the epoch. batch_size must be >= 1.
   std::vector<int64_t> NextBatch(int64_t batch_size);
 
+  // The next min(count, num_samples() - position()) indices without advancing: what a reader
+  // should prefetch.
+  std::vector<int64_t> Peek(int64_t count) const;
+
  private:
   void ComputeIndices();
 
@@ -62,7 +81,8 @@ class DistributedSampler {
   int64_t num_samples_;
   int64_t epoch_ = 0;
   int64_t position_ = 0;
-  std::vector<int64_t> indices_;  // this rank's indices for epoch_
+  std::vector<int64_t> block_sizes_;  // empty: one randperm over the whole range.
+  std::vector<int64_t> indices_;      // this rank's indices for epoch_
 };
 
 }  // namespace ckpt::ddp

@@ -26,12 +26,13 @@ struct Config {
   uint64_t seed;
   int64_t epoch;
   bool drop_last;
+  std::vector<int64_t> blocks = {};  // set_block_sizes; empty: none.
 };
 
 std::string Describe(const Config& c) {
   std::ostringstream out;
   out << "n=" << c.n << " world=" << c.world << " shuffle=" << c.shuffle << " seed=" << c.seed
-      << " epoch=" << c.epoch << " drop_last=" << c.drop_last;
+      << " epoch=" << c.epoch << " drop_last=" << c.drop_last << " blocks=" << c.blocks.size();
   return out.str();
 }
 
@@ -66,12 +67,22 @@ TEST(DistributedSamplerTest, IndicesEqualPyTorchDistributedSamplerForEveryRank) 
       {7, 2, false, 0, 5, true},     // no shuffle, drop_last
       {1, 1, true, 123, 9, false},   // single rank, single sample
       {0, 2, true, 0, 0, false},     // empty dataset
+      // Shuffled by blocks (shards): uneven blocks, an empty one, padding, drop_last, 1 block.
+      {23, 2, true, 5, 0, false, {7, 0, 9, 4, 3}},
+      {23, 3, true, 5, 2, true, {7, 0, 9, 4, 3}},
+      {10, 3, false, 0, 0, false, {4, 6}},
+      {300, 4, true, 9, 1, false, {100, 100, 100}},
+      {6, 2, true, 1, 0, false, {6}},
   };
   std::string args;
   for (const Config& c : configs) {
     args += std::to_string(c.n) + "," + std::to_string(c.world) + "," + std::to_string(c.shuffle) +
             "," + std::to_string(c.seed) + "," + std::to_string(c.epoch) + "," +
-            std::to_string(c.drop_last) + " ";
+            std::to_string(c.drop_last);
+    for (size_t b = 0; b < c.blocks.size(); ++b) {
+      args += (b == 0 ? "," : "+") + std::to_string(c.blocks[b]);
+    }
+    args += " ";
   }
   const auto reference = ParseReference(ckpt::testing::RunPythonOrAddFailure(
       "libs/ddp/testdata/distributed_sampler_reference.py", args));
@@ -82,6 +93,7 @@ TEST(DistributedSamplerTest, IndicesEqualPyTorchDistributedSamplerForEveryRank) 
       auto it = reference.find({static_cast<int>(i), rank});
       ASSERT_NE(it, reference.end()) << "no Python output for " << Describe(c) << " rank " << rank;
       DistributedSampler sampler(c.n, rank, c.world, c.shuffle, c.seed, c.drop_last);
+      if (!c.blocks.empty()) sampler.set_block_sizes(c.blocks);
       sampler.set_epoch(c.epoch);
       EXPECT_EQ(sampler.EpochIndices(), it->second) << Describe(c) << " rank " << rank;
       EXPECT_EQ(sampler.num_samples(), static_cast<int64_t>(it->second.size())) << Describe(c);
@@ -148,6 +160,29 @@ TEST(DistributedSamplerTest, SetPositionOnAFreshSamplerResumesWithTheSameRemaini
   }
 }
 
+TEST(DistributedSamplerTest, ABlockShuffleKeepsEachRanksBlocksTogether) {
+  // 4 blocks of 50: a rank's 100 indices change block at most 3 times (4 runs), each block's
+  // indices once per epoch across the ranks.
+  for (int rank = 0; rank < 2; ++rank) {
+    DistributedSampler sampler(200, rank, 2, /*shuffle=*/true, /*seed=*/3);
+    sampler.set_block_sizes({50, 50, 50, 50});
+    sampler.set_epoch(1);
+    const std::vector<int64_t> indices = sampler.EpochIndices();
+    int runs = 1;
+    for (size_t i = 1; i < indices.size(); ++i) runs += indices[i] / 50 != indices[i - 1] / 50;
+    EXPECT_EQ(runs, 4) << "rank " << rank;
+  }
+}
+
+TEST(DistributedSamplerTest, PeekShowsTheNextBatchWithoutTakingIt) {
+  DistributedSampler sampler(10, 0, 2, /*shuffle=*/false);
+  EXPECT_THAT(sampler.Peek(2), ElementsAre(0, 2));
+  EXPECT_THAT(sampler.NextBatch(2), ElementsAre(0, 2));
+  EXPECT_THAT(sampler.Peek(9), ElementsAre(4, 6, 8));
+  sampler.set_position(5);
+  EXPECT_THAT(sampler.Peek(1), IsEmpty());
+}
+
 TEST(DistributedSamplerTest, RejectsInvalidArguments) {
   DistributedSampler sampler(10, 0, 2);
   try {
@@ -161,6 +196,8 @@ TEST(DistributedSamplerTest, RejectsInvalidArguments) {
   EXPECT_THROW(DistributedSampler(10, 2, 2), c10::Error);
   EXPECT_THROW(DistributedSampler(10, 0, 0), c10::Error);
   EXPECT_THROW(DistributedSampler(-1, 0, 1), c10::Error);
+  EXPECT_THROW(sampler.set_block_sizes({5, 4}), c10::Error);   // sums to 9, not 10
+  EXPECT_THROW(sampler.set_block_sizes({11, -1}), c10::Error);  // negative
 }
 
 }  // namespace

@@ -16,10 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "libs/format/torch_reader.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
-#include "libs/tensor/value.h"
+#include "libs/train/shard_dataset.h"
 
 namespace ckpt::train {
 namespace {
@@ -74,8 +73,13 @@ class InMemoryDataset final : public Dataset {
 
   std::string Describe() const override {
     std::string out =
-        absl::StrCat(parts_.name, ": ", size(), " examples of ", ShapeString(example_shape()), ", ",
-                     parts_.num_classes, " classes");
+        absl::StrCat(parts_.name, ": ", size(), " examples of ", ShapeString(example_shape()), ", ");
+    if (parts_.targets.scalar_type() == at::kLong) {
+      absl::StrAppend(&out, parts_.num_classes, " classes");
+    } else {
+      at::IntArrayRef target_shape = parts_.targets.sizes().slice(1);
+      absl::StrAppend(&out, "float targets ", ShapeString(target_shape.vec()));
+    }
     if (parts_.kind == InputKind::kTokens) absl::StrAppend(&out, ", vocab ", parts_.vocab_size);
     return out;
   }
@@ -244,71 +248,16 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenMnist(const std::string& dir_name) 
 
 // --- torch.save {'x': ..., 'y': ...} -----------------------------------------------------------
 
-bool IsIntegral(at::ScalarType type) { return at::isIntegralType(type, /*includeBool=*/false); }
-
 absl::StatusOr<std::unique_ptr<Dataset>> OpenPt(const std::string& path) {
-  ASSIGN_OR_RETURN(TorchFile file, ReadTorchFile(path));
-  if (!file.root.is_dict()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pt:", path, ": expected a dict {'x': tensor, 'y': tensor}, found ",
-                     file.root.DebugString().substr(0, 80)));
-  }
-  const Value* x = file.root.Find("x");
-  const Value* y = file.root.Find("y");
-  for (const auto& [name, value] : {std::pair{"x", x}, std::pair{"y", y}}) {
-    if (value == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": the dict has no '", name,
-                                                     "' (expected {'x': inputs, 'y': "
-                                                     "int64 class ids})"));
-    }
-    if (!value->is_tensor()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pt:", path, ": '", name, "' is not a tensor"));
-    }
-  }
-  at::Tensor inputs = x->tensor().detach();
-  at::Tensor targets = y->tensor().detach();
-  if (inputs.dim() < 1 || inputs.size(0) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": 'x' has shape ",
-                                                   ShapeString(inputs.sizes().vec()),
-                                                   "; expected [N, ...] with N > 0"));
-  }
-  if (targets.dim() != 1 || !IsIntegral(targets.scalar_type())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pt:", path, ": 'y' must be a 1-D integer tensor of class ids, found ",
-                     at::toString(targets.scalar_type()), " ", ShapeString(targets.sizes().vec())));
-  }
-  if (targets.size(0) != inputs.size(0)) {
-    return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": 'x' has ", inputs.size(0),
-                                                   " rows but 'y' has ", targets.size(0),
-                                                   " labels"));
-  }
+  // The reader's own errors (e.g. NOT_FOUND for the path) already name the file.
+  ASSIGN_OR_RETURN(internal::Examples examples, internal::ReadShard(path));
   InMemoryDataset::Parts parts;
   parts.name = absl::StrCat("pt:", path);
-  parts.targets = targets.to(at::kLong).contiguous();
-  const int64_t min_label = parts.targets.min().item<int64_t>();
-  if (min_label < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pt:", path, ": 'y' holds label ", min_label, "; class ids must be >= 0"));
-  }
-  parts.num_classes = parts.targets.max().item<int64_t>() + 1;
-  if (at::isFloatingType(inputs.scalar_type())) {
-    parts.inputs = inputs.to(at::kFloat).contiguous();
-    parts.kind = InputKind::kFeatures;
-  } else if (IsIntegral(inputs.scalar_type())) {
-    parts.inputs = inputs.to(at::kLong).contiguous();
-    parts.kind = InputKind::kTokens;
-    const int64_t min_token = parts.inputs.min().item<int64_t>();
-    if (min_token < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("pt:", path, ": 'x' holds token id ",
-                                                     min_token, "; token ids must be >= 0"));
-    }
-    parts.vocab_size = parts.inputs.max().item<int64_t>() + 1;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pt:", path, ": 'x' has dtype ", at::toString(inputs.scalar_type()),
-                     "; expected a floating dtype (features) or an integer dtype (token ids)"));
-  }
+  parts.inputs = std::move(examples.inputs);
+  parts.targets = std::move(examples.targets);
+  parts.kind = examples.kind;
+  parts.num_classes = examples.num_classes;
+  parts.vocab_size = examples.vocab_size;
   return std::unique_ptr<Dataset>(std::make_unique<InMemoryDataset>(std::move(parts)));
 }
 
@@ -316,12 +265,15 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDatasetOrThrow(const DataSpec& spec
   const std::string& source = spec.source;
   if (source == "synthetic") return OpenSynthetic(spec);
   if (absl::StartsWith(source, "mnist:") && source.size() > 6) return OpenMnist(source.substr(6));
-  if (absl::StartsWith(source, "pt:") && source.size() > 3) {
-    // The reader's own errors (e.g. NOT_FOUND for the path) already name the file.
-    return OpenPt(source.substr(3));
+  if (absl::StartsWith(source, "pt:") && source.size() > 3) return OpenPt(source.substr(3));
+  if (absl::StartsWith(source, "shards:") && source.size() > 7) {
+    ASSIGN_OR_RETURN(std::unique_ptr<internal::ShardedDataset> shards,
+                     internal::ShardedDataset::Open(source.substr(7)));
+    return std::unique_ptr<Dataset>(std::move(shards));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown data source '", source,
-                                                 "' (expected synthetic, mnist:DIR or pt:FILE)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data source '", source,
+                   "' (expected synthetic, mnist:DIR, pt:FILE, shards:DIR or shards:GLOB)"));
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 #define CKPT_LIBS_TRAIN_DATASET_H_
 
 // Training data for the trainer: a deterministic synthetic task (the default, learnable in a
-// few hundred steps so loss visibly falls), MNIST IDX files, or a {'x': ..., 'y': ...} dict
-// written by Python's torch.save.
+// few hundred steps so loss visibly falls), MNIST IDX files, a {'x': ..., 'y': ...} dict
+// written by Python's torch.save, or a directory of such files (or safetensors files) read a
+// shard at a time.
 //
-// Every Dataset is immutable once opened and holds its examples in memory (MNIST's 60000 images
-// are 47 MB as uint8), so Get() is const, deterministic and safe to call from several threads.
+// Every Dataset is immutable once opened: Get() is const, deterministic and safe to call from
+// several threads. The one-file sources hold their examples in memory (MNIST's 60000 images are
+// 47 MB as uint8); shards keep at most two files resident.
 //
 // Example:
 //   DataSpec spec;
@@ -26,14 +28,14 @@ namespace ckpt::train {
 
 struct Batch {
   at::Tensor inputs;   // [N, example_shape...]: float32 features or int64 token ids.
-  at::Tensor targets;  // int64 class ids [N].
+  at::Tensor targets;  // int64 class ids [N], or float32 targets [N, ...] (mse, bce losses).
 };
 
 // Float features (images, vectors) versus int64 token ids (for the transformer).
 enum class InputKind { kFeatures, kTokens };
 
 struct DataSpec {
-  // "synthetic" | "mnist:DIR" | "pt:FILE".
+  // "synthetic" | "mnist:DIR" | "pt:FILE" | "shards:DIR" | "shards:GLOB".
   std::string source = "synthetic";
   // Synthetic data is generated in the form this model needs: mlp / cnn get float images
   // [1,12,12]; transformer gets int64 tokens [16] over a vocabulary of 32. Ignored by files.
@@ -68,6 +70,14 @@ class Dataset {
   virtual int64_t vocab_size() const { return 0; }
   // One line for logs: "synthetic: 4096 examples of [1,12,12], 10 classes".
   virtual std::string Describe() const = 0;
+
+  // For data read in shards: the number of examples in each, in index order (the first shard
+  // holds indices [0, sizes[0]), and so on), so a sampler can keep a rank's reads within one
+  // shard at a time (DistributedSampler::set_block_sizes). Empty for data held in memory.
+  virtual std::vector<int64_t> shard_sizes() const { return {}; }
+  // A hint that `indices` come next: sharded data starts reading their shard in the background.
+  // Never required for correctness; a no-op for data held in memory.
+  virtual void Prefetch(const std::vector<int64_t>& indices) const {}
 };
 
 // Opens `spec.source`:
@@ -76,11 +86,18 @@ class Dataset {
 //                train-images.idx3-ubyte spelling), uncompressed; pixels scaled to [0,1],
 //                inputs [1,28,28];
 //   "pt:FILE"    a torch.save dict with tensor 'x' (floating: features, converted to float32;
-//                integer: token ids) and int64 'y' (class ids, one per row of x);
-//                num_classes = max(y) + 1.
+//                integer: token ids) and 'y' (integer: class ids, one per row of x,
+//                num_classes = max(y) + 1; floating: targets [N, ...] for mse or
+//                bce_with_logits, converted to float32). 'inputs' and 'targets' / 'labels' are
+//                accepted for 'x' and 'y';
+//   "shards:DIR" every *.pt, *.pth and *.safetensors file in DIR in name order, each holding
+//                x and y as above (safetensors: tensors of those names), agreeing in example
+//                shape and dtypes; "shards:GLOB" the files a pattern matches. Read a shard at
+//                a time (shard_dataset.h has the details).
 // Errors: INVALID_ARGUMENT for an unknown source or model kind, a malformed file (bad IDX magic,
 // trailing bytes, counts that differ between images and labels, a pt file without 'x' / 'y',
-// lengths that differ, labels or token ids out of range); DATA_LOSS for an IDX file shorter than
+// lengths that differ, labels or token ids out of range, shards that disagree, an empty shard
+// directory, each naming the file); DATA_LOSS for an IDX file shorter than
 // its header says (truncated); NOT_FOUND for a missing directory or file; errors of the
 // torch.save reader as it reports them.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DataSpec& spec);

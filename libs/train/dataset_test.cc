@@ -305,7 +305,8 @@ torch.save({'x': torch.zeros(2, 2), 'y': torch.tensor([0, -1])}, ')",
 )"));
   DataSpec spec;
   spec.source = "pt:" + no_y;
-  EXPECT_THAT(OpenDataset(spec), StatusIs(absl::StatusCode::kInvalidArgument, "no 'y'"));
+  EXPECT_THAT(OpenDataset(spec), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              "no targets (a tensor named 'y' or 'targets'"));
   spec.source = "pt:" + short_y;
   EXPECT_THAT(OpenDataset(spec),
               StatusIs(absl::StatusCode::kInvalidArgument, "'x' has 3 rows but 'y' has 2"));

@@ -115,9 +115,13 @@ class RankRun {
   // The run id (rank 0's, so every rank reports the same) and the lineage every version carries.
   absl::Status SetUpLineage();
   absl::Status SetUpDataParallel();
+  // How many of split_.train's examples each shard of the data holds, in shard order.
+  std::vector<int64_t> TrainingExamplesPerShard(const std::vector<int64_t>& shard_sizes) const;
   absl::Status TrainLoop();
-  // One optimizer step over `micro_batches`; the mean loss of this rank.
-  absl::StatusOr<double> TrainStep(const std::vector<std::vector<int64_t>>& micro_batches);
+  // One optimizer step over `micro_batches`; the mean loss of this rank. `upcoming`: the next
+  // step's first examples, for the data to prefetch.
+  absl::StatusOr<double> TrainStep(const std::vector<std::vector<int64_t>>& micro_batches,
+                                   const std::vector<int64_t>& upcoming);
   // XXH3 over the bytes of every parameter and buffer, in the module's order.
   uint64_t StateDigest() const;
   // Rank 0: the progress line and status after a step, then a checkpoint when one is due.

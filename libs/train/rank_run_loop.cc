@@ -144,7 +144,8 @@ uint64_t RankRun::StateDigest() const {
   return digest;
 }
 
-absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>>& micro_batches) {
+absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>>& micro_batches,
+                                          const std::vector<int64_t>& upcoming) {
   return CatchTorchErrors([&] {
     model_->SetTraining(true);
     optimizer_->zero_grad();
@@ -155,6 +156,9 @@ absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>
       examples.reserve(micro_batches[i].size());
       for (int64_t index : micro_batches[i]) examples.push_back(split_.train[index]);
       Batch batch = data_->Get(examples);
+      // Sharded data reads the next step's shard while this one computes (after this step's
+      // last read, so the shard it evicts is not one this step still needs).
+      if (i + 1 == micro_batches.size()) data_->Prefetch(upcoming);
       std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
       if (i + 1 < micro_batches.size()) no_sync.emplace(data_parallel_->NoSync());
       data_parallel_->PrepareForward();
@@ -198,7 +202,9 @@ absl::Status RankRun::TrainLoop() {
       sampler_->set_position(0);
       continue;
     }
-    ASSIGN_OR_RETURN(const double step_loss, TrainStep(micro_batches));
+    std::vector<int64_t> upcoming = sampler_->Peek(config_.batch_size);
+    for (int64_t& index : upcoming) index = split_.train[index];
+    ASSIGN_OR_RETURN(const double step_loss, TrainStep(micro_batches, upcoming));
     ++loop_.global_step;
     if (config_.log_state_digests) {
       ASSIGN_OR_RETURN(const uint64_t digest, CatchTorchErrors([&] { return StateDigest(); }));

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <mutex>
 
@@ -252,6 +253,21 @@ absl::Status RankRun::SetUpLineage() {
   return absl::OkStatus();
 }
 
+std::vector<int64_t> RankRun::TrainingExamplesPerShard(
+    const std::vector<int64_t>& shard_sizes) const {
+  // split_.train is ascending, so each shard's training examples are one run of it.
+  std::vector<int64_t> counts;
+  auto from = split_.train.begin();
+  int64_t shard_end = 0;
+  for (int64_t size : shard_sizes) {
+    shard_end += size;
+    auto to = std::lower_bound(from, split_.train.end(), shard_end);
+    counts.push_back(static_cast<int64_t>(to - from));
+    from = to;
+  }
+  return counts;
+}
+
 absl::Status RankRun::SetUpDataParallel() {
   ddp::DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = config_.bucket_cap_bytes;
@@ -265,6 +281,10 @@ absl::Status RankRun::SetUpDataParallel() {
         auto sampler = std::make_unique<ddp::DistributedSampler>(
             static_cast<int64_t>(split_.train.size()), group_.rank, group_.world_size,
             config_.shuffle, config_.seed, config_.drop_last);
+        // Data in shards: each rank reads a shard at a time (the sampler shuffles the training
+        // examples of each shard as a block, and the blocks' order).
+        const std::vector<int64_t> shard_sizes = data_->shard_sizes();
+        if (!shard_sizes.empty()) sampler->set_block_sizes(TrainingExamplesPerShard(shard_sizes));
         sampler->set_epoch(loop_.epoch);
         sampler->set_position(std::min(loop_.sampler_position, sampler->num_samples()));
         return sampler;

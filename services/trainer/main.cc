@@ -90,8 +90,11 @@ ABSL_FLAG(int64_t, hidden, 64, "Hidden width (mlp), channels (cnn), d_model (tra
 ABSL_FLAG(int64_t, layers, 2, "Hidden layers (mlp) or encoder layers (transformer).");
 ABSL_FLAG(int64_t, heads, 4, "Attention heads (transformer).");
 ABSL_FLAG(std::string, data, "synthetic",
-          "synthetic (a learnable generated task), mnist:DIR (IDX files), or pt:FILE (a "
-          "torch.save'd {'x': inputs, 'y': int64 labels}). Default synthetic.");
+          "synthetic (a learnable generated task), mnist:DIR (IDX files), pt:FILE (a "
+          "torch.save'd {'x': inputs, 'y': int64 labels or float targets}), or shards:DIR / "
+          "shards:GLOB (every .pt, .pth and .safetensors file of DIR, or those GLOB matches, "
+          "in name order, each holding x and y as pt:FILE does; read a shard at a time, at most "
+          "two resident per rank, shuffled shard by shard). Default synthetic.");
 ABSL_FLAG(int64_t, synthetic_examples, 4096, "Examples in the synthetic data set.");
 // ---- Optimization.
 ABSL_FLAG(std::string, optimizer, "adamw", "sgd (momentum), adam or adamw. Default adamw.");
@@ -451,8 +454,8 @@ int Launch(int argc, char** argv) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Data-parallel training (LibTorch c10d DDP) with checkpoints in the ckpt store.\n"
-      "  trainer [--nproc_per_node=2] [--model=mlp|cnn|transformer] [--data=synthetic|mnist:DIR|"
-      "pt:FILE]\n"
+      "  trainer [--nproc_per_node=2] [--model=mlp|cnn|transformer|torchscript:PATH] [--data=synthetic|mnist:DIR|"
+      "pt:FILE|shards:DIR]\n"
       "          [--steps=300] [--checkpoint_every=100] [--store_dir=ckpt-data | "
       "--store=HOST:PORT]\n"
       "          [--max_restarts=0] [--control_listen=HOST:PORT] [--eval_fraction=0.1]\n"

@@ -6,10 +6,14 @@
                 state_dict), DIR/data.pt ({'x': [96,1,8,8] float32, 'y': int64 in [0,5)}), and
                 the bad modules: vector_loss.ts (loss() returns one value per example),
                 flat_input.ts (expects [N, 10] inputs), noparams.ts, nan_after.ts (its loss
-                turns NaN at the 9th training call), weights.pt (a torch.save state dict).
-  check DIR BUNDLE OPTIMIZER SCHEDULER STEPS WORLD BATCH
+                turns NaN at the 9th training call), weights.pt (a torch.save state dict), and
+                DIR/shards/: data.pt's examples in four shards of 30, 30, 20 and 16
+                (part-0.pt, part-1.pt, part-2.pth by torch.save; part-3.safetensors by the
+                format's spec, as the safetensors package writes it).
+  check DIR BUNDLE OPTIMIZER SCHEDULER STEPS WORLD BATCH [shards]
                 trains Net in a plain Python loop from init.pt over the batches the C++ trainer
-                took (DistributedSampler order, WORLD ranks of BATCH each; with WORLD 2 the full
+                took (DistributedSampler order, or with `shards` the shard-by-shard shuffle
+                --data=shards: documents, WORLD ranks of BATCH each; with WORLD 2 the full
                 batch with each rank's half through BatchNorm on its own, as DDP does, and rank
                 0's running statistics kept), then loads BUNDLE (`ckpt export --bundle` of the
                 trainer's final version) into a fresh Net with load_state_dict(strict=True) and
@@ -20,8 +24,10 @@
 The trainer's flags that match: --lr=0.05 --weight_decay=0.01 --momentum=0.9 --clip_grad_norm=1
 --seed=1234, --scheduler=step --step_size=7 --gamma=0.5, or --scheduler=cosine --warmup_steps=5.
 """
+import json
 import math
 import os
+import struct
 import sys
 
 import torch
@@ -35,6 +41,7 @@ MOMENTUM = 0.9
 STEP_SIZE, GAMMA = 7, 0.5
 WARMUP = 5
 EXAMPLES, CLASSES = 96, 5
+SHARDS = [30, 30, 20, 16]
 
 
 class Net(nn.Module):
@@ -107,7 +114,34 @@ def make(out):
     torch.jit.script(NoParams()).save(os.path.join(out, "noparams.ts"))
     torch.jit.script(NanAfter()).save(os.path.join(out, "nan_after.ts"))
     torch.save(net.state_dict(), os.path.join(out, "weights.pt"))
+    shards = os.path.join(out, "shards")
+    os.makedirs(shards, exist_ok=True)
+    names = ["part-0.pt", "part-1.pt", "part-2.pth", "part-3.safetensors"]
+    start = 0
+    for name, size in zip(names, SHARDS):
+        part = {"x": x[start:start + size].clone(), "y": y[start:start + size].clone()}
+        if name.endswith(".safetensors"):
+            write_safetensors(os.path.join(shards, name), part)
+        else:
+            torch.save(part, os.path.join(shards, name))
+        start += size
     print("OK")
+
+
+def write_safetensors(path, tensors):
+    """safetensors' layout: u64 header length, JSON header, the tensors' little-endian bytes."""
+    names = {torch.float32: "F32", torch.int64: "I64"}
+    header, blobs, offset = {}, [], 0
+    for key, tensor in tensors.items():
+        blob = tensor.contiguous().numpy().tobytes()
+        header[key] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape),
+                       "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
 
 
 def cosine_factor(epoch, total):
@@ -131,10 +165,20 @@ def make_training(model, optimizer_kind, scheduler_kind, total):
     return optimizer, scheduler
 
 
-def batch_order(world, batch, steps):
+def shard_order(epoch):
+    """--data=shards:'s epoch order: the shards in a random order, each shuffled on its own."""
+    generator = torch.Generator().manual_seed(SEED + epoch)
+    starts = [sum(SHARDS[:b]) for b in range(len(SHARDS))]
+    order = []
+    for b in torch.randperm(len(SHARDS), generator=generator).tolist():
+        order += (torch.randperm(SHARDS[b], generator=generator) + starts[b]).tolist()
+    return order
+
+
+def batch_order(world, batch, steps, shards=False):
     """The indices each rank trains on at each step, as the trainer's DistributedSampler deals."""
     samplers = [torch.utils.data.DistributedSampler(range(EXAMPLES), num_replicas=world, rank=r,
-                                                    shuffle=True, seed=SEED)
+                                                    shuffle=not shards, seed=SEED)
                 for r in range(world)]
     order, epoch = [], 0
     while len(order) < steps:
@@ -142,6 +186,9 @@ def batch_order(world, batch, steps):
         for sampler in samplers:
             sampler.set_epoch(epoch)
             indices = list(sampler)
+            if shards:  # the same dealing of positions in the shard-by-shard order
+                epoch_order = shard_order(epoch)
+                indices = [epoch_order[p] for p in indices]
             per_rank.append([indices[i:i + batch] for i in range(0, len(indices), batch)])
         order.extend(zip(*per_rank))
         epoch += 1
@@ -180,15 +227,16 @@ def compare(name, ours, theirs, report):
         assert torch.equal(ours, theirs), (name, ours, theirs)
 
 
-def check(out, bundle_path, optimizer_kind, scheduler_kind, steps, world, batch):
+def check(out, bundle_path, optimizer_kind, scheduler_kind, steps, world, batch, data="pt"):
     steps, world, batch = int(steps), int(world), int(batch)
+    shards = data == "shards"
     torch.set_num_threads(1)
     data = torch.load(os.path.join(out, "data.pt"))
     x, y = data["x"], data["y"]
     model = Net()
     model.load_state_dict(torch.load(os.path.join(out, "init.pt")), strict=True)
     optimizer, scheduler = make_training(model, optimizer_kind, scheduler_kind, steps)
-    for chunks in batch_order(world, batch, steps):
+    for chunks in batch_order(world, batch, steps, shards):
         train_step(model, optimizer, scheduler, x, y, list(chunks))
 
     bundle = torch.load(bundle_path)
