@@ -8,7 +8,7 @@ packages=(
   bazel-bootstrap default-jdk-headless
   # C++ libraries the code links against (libgloo-dev: headers that c10d's ProcessGroupGloo.hpp includes).
   libtorch-dev libgloo-dev librocksdb-dev libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
-  libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev libssl-dev nlohmann-json3-dev
+  libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev zlib1g-dev libssl-dev nlohmann-json3-dev
   # HTTP(S) for the S3 client in libs/s3 (the OpenSSL flavour, like the rest of the TLS code).
   libcurl4-openssl-dev
   # Real PyTorch as a peer in interop tests (/usr/bin/python3).

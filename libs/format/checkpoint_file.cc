@@ -129,6 +129,8 @@ absl::string_view CheckpointFormatName(CheckpointFormat format) {
       return "torch_legacy";
     case CheckpointFormat::kSafetensors:
       return "safetensors";
+    case CheckpointFormat::kTorchScript:
+      return "torchscript";
   }
   return "unknown";
 }
@@ -185,6 +187,7 @@ absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
     file.metadata = std::move(safetensors.header.metadata);
   } else {
     ASSIGN_OR_RETURN(TorchFile torch, ReadTorchSource(*source));
+    if (torch.format == "torchscript") file.format = CheckpointFormat::kTorchScript;
     file.root = std::move(torch.root);
     file.warnings = std::move(torch.warnings);
     // safetensors has no strides: each of its tensors is exactly the bytes the file stores.

@@ -2,7 +2,7 @@
 #define CKPT_LIBS_FORMAT_CHECKPOINT_FILE_H_
 
 // Reads a checkpoint file of any format ckpt understands -- torch.save zip, legacy torch.save,
-// safetensors -- into one shape: the file's root value plus the checkpoint bundle found in it
+// safetensors, a TorchScript archive's weights -- into one shape: the file's root value plus the checkpoint bundle found in it
 // (model state dict, optimizer, scheduler, epoch / step, everything else). The format is sniffed
 // from the bytes, never taken from the file name.
 //
@@ -22,12 +22,15 @@
 
 namespace ckpt {
 
-enum class CheckpointFormat { kTorchZip, kTorchLegacy, kSafetensors };
+// kTorchScript: a torch.jit.save archive, read as its module's state_dict() (torch_reader.h).
+enum class CheckpointFormat { kTorchZip, kTorchLegacy, kSafetensors, kTorchScript };
 
-// "torch_zip", "torch_legacy", "safetensors" (the names VersionMetadata.source_format uses).
+// "torch_zip", "torch_legacy", "safetensors", "torchscript" (the names
+// VersionMetadata.source_format uses).
 absl::string_view CheckpointFormatName(CheckpointFormat format);
 
-// Sniffs the format from the first bytes. INVALID_ARGUMENT naming the file when it is none of them.
+// Sniffs the format from the first bytes (a TorchScript archive sniffs as kTorchZip: the two differ
+// only inside the zip). INVALID_ARGUMENT naming the file when it is none of them.
 absl::StatusOr<CheckpointFormat> DetectCheckpointFormat(const ByteSource& source);
 
 struct ReadCheckpointOptions {

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
 #include "absl/container/flat_hash_map.h"
@@ -18,10 +20,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "c10/core/Storage.h"
 #include "libs/format/internal/torch_hooks.h"
 #include "libs/format/pickle_reader.h"
+#include "libs/format/torchscript_archive.h"
 #include "libs/format/zip_reader.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -45,6 +49,8 @@ constexpr absl::string_view kLegacyMagic = "119547037146038801333356";
 constexpr int64_t kLegacyProtocolVersion = 1001;
 // data.pkl is read whole; a bigger one is not a checkpoint this reader should trust.
 constexpr uint64_t kMaxPickleBytes = uint64_t{4} << 30;
+// One TorchScript source file (code/...py) or extra file; a ResNet-50's largest is ~20 KB.
+constexpr uint64_t kMaxTorchScriptSourceBytes = uint64_t{64} << 20;
 // Newest "version" record this reader was written against (PyTorch 1.13 writes 3).
 constexpr int64_t kNewestKnownZipVersion = 3;
 
@@ -120,6 +126,40 @@ class ZipHooks : public TorchHooks {
   absl::flat_hash_map<std::string, Stored> storages_;
 };
 
+// The state dict of the TorchScript module `module` read from the archive `zip` (entries under
+// `prefix`): its classes' parameter and buffer lists come from the code/ sources, and the
+// optional extra/state_dict_keys.txt selects the persistent keys.
+absl::StatusOr<Value> TorchScriptWeights(const ZipReader& zip, const std::string& prefix,
+                                         const std::string& name, const Value& module) {
+  TorchScriptClasses classes;
+  for (const ZipEntry& entry : zip.entries()) {
+    absl::string_view path = entry.name;
+    if (!absl::ConsumePrefix(&path, prefix) || !absl::StartsWith(path, "code/") ||
+        !absl::EndsWith(path, ".py")) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::string text, zip.ReadToString(entry, kMaxTorchScriptSourceBytes));
+    if (absl::Status added = AddTorchScriptClasses(path, text, &classes); !added.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", added.message()));
+    }
+  }
+  std::optional<std::vector<std::string>> keys;
+  if (const ZipEntry* listed = zip.Find(prefix + "extra/state_dict_keys.txt")) {
+    ASSIGN_OR_RETURN(std::string text, zip.ReadToString(*listed, kMaxTorchScriptSourceBytes));
+    keys.emplace();
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+      keys->emplace_back(absl::StripAsciiWhitespace(line));
+    }
+  }
+  absl::StatusOr<Value> state_dict =
+      TorchScriptStateDict(module, classes, keys ? &*keys : nullptr);
+  if (!state_dict.ok()) {
+    return absl::Status(state_dict.status().code(),
+                        absl::StrCat(name, ": TorchScript archive: ", state_dict.status().message()));
+  }
+  return state_dict;
+}
+
 absl::StatusOr<TorchFile> ReadZipCheckpoint(const ByteSource& source) {
   ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(&source));
   const ZipEntry* pickle = nullptr;
@@ -141,13 +181,7 @@ absl::StatusOr<TorchFile> ReadZipCheckpoint(const ByteSource& source) {
       prefix = entry.name.substr(0, slash + 1);
     }
   }
-  if (!torchscript_markers.empty()) {
-    return absl::UnimplementedError(
-        absl::StrCat(source.name(), " is a TorchScript archive (torch.jit.save; it has '",
-                     torchscript_markers.front(),
-                     "'), not a torch.save checkpoint; load it with torch.jit.load and save its "
-                     "state_dict() with torch.save"));
-  }
+  const bool torchscript = !torchscript_markers.empty();
   if (pickle == nullptr) {
     std::vector<std::string> names;
     for (const ZipEntry& entry : zip.entries()) {
@@ -202,6 +236,23 @@ absl::StatusOr<TorchFile> ReadZipCheckpoint(const ByteSource& source) {
   PickleOptions options;
   options.name = pickle_name;
   ASSIGN_OR_RETURN(PickleResult result, ReadPickle(*pickle_source, 0, options, &hooks));
+  if (torchscript) {
+    // The pickle is the module as objects of its TorchScript classes; what a checkpoint reader
+    // wants is its state_dict(), which the classes' declarations in code/ define.
+    ASSIGN_OR_RETURN(file.root, TorchScriptWeights(zip, prefix, source.name(), result.value));
+    file.format = "torchscript";
+    for (std::string& warning : result.warnings) {
+      // Every module class is an opaque object to the pickle reader; that is expected here.
+      if (!absl::StrContains(warning, "__torch__.")) file.warnings.push_back(std::move(warning));
+    }
+    file.warnings.push_back(absl::StrCat(
+        source.name(), ": a TorchScript archive of ", result.value.opaque_class_name(), ": read ",
+        file.root.entries().size(), " parameters and buffers as its state_dict() without running "
+        "its code", zip.Find(prefix + "extra/state_dict_keys.txt") != nullptr
+            ? " (keys as its extra/state_dict_keys.txt lists them)"
+            : " (like torch.jit.load's state_dict(), it includes any non-persistent buffers)"));
+    return file;
+  }
   file.root = std::move(result.value);
   for (std::string& warning : result.warnings) file.warnings.push_back(std::move(warning));
   return file;

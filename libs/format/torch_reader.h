@@ -10,8 +10,10 @@
 //   "torch_legacy"  _use_new_zipfile_serialization=False: magic-number pickle, protocol version
 //                   pickle, sys_info pickle, the main pickle, the storage-key list pickle, then
 //                   each storage as an 8-byte element count and its raw bytes.
-// TorchScript archives (torch.jit.save), the tar format of PyTorch < 0.4 and non-torch files are
-// recognised and refused with a message saying what the file is.
+// A TorchScript archive (torch.jit.save; format "torchscript") reads as its module's
+// state_dict(), without running its code (torchscript_archive.h). The tar format of
+// PyTorch < 0.4 and non-torch files are recognised and refused with a message saying what the
+// file is.
 //
 // The result is the pickled object as a Value tree (pickle_reader.h): dicts, lists, numbers and
 // Value::Tensor for every tensor and nn.Parameter. Tensors:
@@ -53,7 +55,7 @@ namespace ckpt {
 struct TorchFile {
   // What torch.load would return, as data.
   Value root;
-  // "torch_zip" or "torch_legacy".
+  // "torch_zip", "torch_legacy" or "torchscript".
   std::string format;
   // Things the reader kept as data or dropped (opaque classes, tensor-subclass state, unusual
   // versions), one line each, in the order met.
@@ -65,7 +67,7 @@ struct TorchFile {
 //   INVALID_ARGUMENT               not a torch.save file, or a malformed one (the zip, record or
 //                                  pickle offset and what was expected vs found),
 //   DATA_LOSS                      CRC-32 mismatch, or the file ends before its structures do,
-//   UNIMPLEMENTED                  TorchScript archives, tar-format files, compressed records,
+//   UNIMPLEMENTED                  tar-format files, records compressed other than deflate,
 //   RESOURCE_EXHAUSTED             pickle nesting / size limits.
 absl::StatusOr<TorchFile> ReadTorchFile(const std::string& path);
 

@@ -192,9 +192,32 @@ TEST(ReadTorchFileTest, ReadsFromMemoryToo) {
   ExpectMatchesPython("views.pt", file.root);
 }
 
-TEST(ReadTorchFileTest, RefusesTorchScriptArchives) {
-  EXPECT_THAT(ReadTorchFile(Fixtures().Path("torchscript.pt")),
-              StatusIs(absl::StatusCode::kUnimplemented, "is a TorchScript archive"));
+// A TorchScript archive reads as its module's state_dict(): every tensor torch.jit.load's
+// state_dict() has, in its order, none of its code run.
+TEST(ReadTorchFileTest, ReadsATorchScriptArchiveAsItsStateDict) {
+  for (const std::string name :
+       {"torchscript.pt", "torchscript_nokeys.pt", "torchscript_traced.pt",
+        "torchscript_keys.pt"}) {
+    absl::StatusOr<TorchFile> read = ReadTorchFile(Fixtures().Path(name));
+    ASSERT_TRUE(read.ok()) << read.status();
+    const TorchFile& file = *read;
+    EXPECT_EQ(file.format, "torchscript");
+    ExpectMatchesPython(name, file.root);
+    std::vector<std::string> expected_keys;
+    for (const ExpectedTensor& tensor : Fixtures().TensorsOf(name)) {
+      expected_keys.push_back(absl::StrCat("'", tensor.path, "'"));
+    }
+    EXPECT_EQ(DictKeys(file.root), expected_keys) << name;
+    ASSERT_FALSE(file.warnings.empty());
+    EXPECT_THAT(file.warnings.back(), HasSubstr("without running its code")) << name;
+  }
+  // Without state_dict_keys.txt the non-persistent buffer is there, as in torch.jit.load's
+  // state_dict(); the plain tensor attribute never is.
+  ASSERT_OK_AND_ASSIGN(TorchFile nokeys, ReadTorchFile(Fixtures().Path("torchscript_nokeys.pt")));
+  EXPECT_NE(nokeys.root.Find("mask"), nullptr);
+  EXPECT_EQ(nokeys.root.Find("plain"), nullptr);
+  ASSERT_OK_AND_ASSIGN(TorchFile keys, ReadTorchFile(Fixtures().Path("torchscript_keys.pt")));
+  EXPECT_EQ(keys.root.Find("mask"), nullptr);
 }
 
 TEST(ReadTorchFileTest, RefusesTarFormatFiles) {

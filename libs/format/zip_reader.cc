@@ -8,6 +8,7 @@
 #include "libs/format/crc32.h"
 #include "libs/format/zip_format.h"
 #include "libs/status/status_macros.h"
+#include "zlib.h"
 
 namespace ckpt {
 namespace {
@@ -331,16 +332,66 @@ absl::StatusOr<uint64_t> ZipReader::DataOffset(const ZipEntry& entry) const {
   return data_offset;
 }
 
+absl::Status ZipReader::CheckSizeClaim(const ZipEntry& entry) const {
+  if (entry.method == kMethodStored) {
+    if (entry.uncompressed_size > source_->size()) {
+      return absl::DataLossError(absl::StrCat(Where(entry), " claims ", entry.uncompressed_size,
+                                              " bytes but the file has only ", source_->size()));
+    }
+  } else if (entry.uncompressed_size / kMaxDeflateRatio > entry.compressed_size) {
+    // Checked before anything is allocated for it: a few bytes cannot claim gigabytes.
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(entry), " claims ", entry.uncompressed_size, " bytes from ", entry.compressed_size,
+        " compressed ones, more than deflate can expand (", kMaxDeflateRatio, ":1)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZipReader::Inflate(const ZipEntry& entry, uint64_t offset,
+                                absl::Span<char> dst) const {
+  if (entry.compressed_size > kMaxInflateBytes || dst.size() > kMaxInflateBytes) {
+    return absl::UnimplementedError(absl::StrCat(
+        Where(entry), " is a deflated entry of ", entry.compressed_size, " -> ", dst.size(),
+        " bytes; deflated entries are read up to ", kMaxInflateBytes, " bytes"));
+  }
+  std::string compressed(entry.compressed_size, '\0');
+  RETURN_IF_ERROR(source_->ReadAt(offset, absl::MakeSpan(compressed)));
+  z_stream stream{};
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) {  // raw deflate: zip has no zlib header
+    return absl::InternalError("zlib: inflateInit2 failed");
+  }
+  stream.next_in = reinterpret_cast<Bytef*>(compressed.data());
+  stream.avail_in = static_cast<uInt>(compressed.size());
+  stream.next_out = reinterpret_cast<Bytef*>(dst.data());
+  stream.avail_out = static_cast<uInt>(dst.size());
+  const int result = inflate(&stream, Z_FINISH);
+  const std::string message = stream.msg != nullptr ? stream.msg : "";
+  const uint64_t produced = stream.total_out;
+  inflateEnd(&stream);
+  if (result == Z_STREAM_END && produced == dst.size()) return absl::OkStatus();
+  if (result == Z_DATA_ERROR) {
+    return absl::DataLossError(absl::StrCat(Where(entry), ": corrupt deflate data (", message, ")"));
+  }
+  if (result == Z_BUF_ERROR && stream.avail_out == 0) {
+    return absl::DataLossError(absl::StrCat(Where(entry), " inflates to more than the ",
+                                            dst.size(), " bytes the directory claims"));
+  }
+  return absl::DataLossError(absl::StrCat(Where(entry), " inflates to ", produced,
+                                          " bytes, not the ", dst.size(),
+                                          " the directory claims (truncated?)"));
+}
+
 absl::Status ZipReader::Read(const ZipEntry& entry, absl::Span<char> dst) const {
   if (entry.flags & 0x1) {
     return absl::UnimplementedError(absl::StrCat(Where(entry), " is encrypted"));
   }
-  if (entry.method != 0) {
+  if (entry.method != kMethodStored && entry.method != kMethodDeflate) {
     return absl::UnimplementedError(
-        absl::StrCat(Where(entry), " is compressed (method ", entry.method,
-                     "); only stored entries are supported, which is what torch.save writes"));
+        absl::StrCat(Where(entry), " is compressed with method ", entry.method,
+                     "; only stored entries (what torch.save writes) and deflated ones (the "
+                     "code of a TorchScript archive) are supported"));
   }
-  if (entry.compressed_size != entry.uncompressed_size) {
+  if (entry.method == kMethodStored && entry.compressed_size != entry.uncompressed_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(entry), ": stored entry with compressed size ", entry.compressed_size,
                      " != uncompressed size ", entry.uncompressed_size));
@@ -349,8 +400,13 @@ absl::Status ZipReader::Read(const ZipEntry& entry, absl::Span<char> dst) const 
     return absl::InvalidArgumentError(absl::StrCat(Where(entry), " holds ", entry.uncompressed_size,
                                                    " bytes; the buffer has ", dst.size()));
   }
+  RETURN_IF_ERROR(CheckSizeClaim(entry));
   ASSIGN_OR_RETURN(uint64_t offset, DataOffset(entry));
-  RETURN_IF_ERROR(source_->ReadAt(offset, dst));
+  if (entry.method == kMethodDeflate) {
+    RETURN_IF_ERROR(Inflate(entry, offset, dst));
+  } else {
+    RETURN_IF_ERROR(source_->ReadAt(offset, dst));
+  }
   const uint32_t crc = Crc32(0, absl::string_view(dst.data(), dst.size()));
   if (crc != entry.crc32) {
     return absl::DataLossError(
@@ -367,10 +423,7 @@ absl::StatusOr<std::string> ZipReader::ReadToString(const ZipEntry& entry,
     return absl::ResourceExhaustedError(absl::StrCat(Where(entry), " has ", entry.uncompressed_size,
                                                      " bytes, more than the limit of ", max_size));
   }
-  if (entry.uncompressed_size > source_->size()) {
-    return absl::DataLossError(absl::StrCat(Where(entry), " claims ", entry.uncompressed_size,
-                                            " bytes but the file has only ", source_->size()));
-  }
+  RETURN_IF_ERROR(CheckSizeClaim(entry));
   std::string out(entry.uncompressed_size, '\0');
   RETURN_IF_ERROR(Read(entry, absl::MakeSpan(out)));
   return out;

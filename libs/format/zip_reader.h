@@ -6,8 +6,10 @@
 // It parses the end-of-central-directory record (ZIP64 too: torch writes ZIP64 records for big
 // checkpoints), bounds-checks the central directory against the file, and reads an entry's bytes
 // straight into a caller buffer after checking its local header, then verifies the entry's CRC-32.
-// Only stored entries (method 0, what torch.save writes) are readable; other methods and encrypted
-// entries give UNIMPLEMENTED naming the entry.
+// Stored entries (method 0, what torch.save writes) and deflated ones (method 8: the code/ files
+// of a TorchScript archive, inflated with zlib, at most 1 GiB each) are readable; other methods
+// and encrypted entries give UNIMPLEMENTED naming the entry. A deflated entry that claims more
+// than deflate's 1032:1 expansion of its compressed size is refused before any allocation.
 //
 // The reader keeps a pointer to its ByteSource, which must outlive it. After Open, all methods are
 // const and safe to call from several threads at once.
@@ -65,8 +67,8 @@ class ZipReader {
   absl::StatusOr<uint64_t> DataOffset(const ZipEntry& entry) const;
 
   // Reads all of `entry` into `dst` (dst.size() must be entry.uncompressed_size, else
-  // INVALID_ARGUMENT) and checks its CRC-32: DATA_LOSS on a mismatch or a short file,
-  // UNIMPLEMENTED for compressed or encrypted entries.
+  // INVALID_ARGUMENT), inflating a deflated one, and checks its CRC-32: DATA_LOSS on a mismatch,
+  // a short file or corrupt deflate data; UNIMPLEMENTED for other methods or encrypted entries.
   absl::Status Read(const ZipEntry& entry, absl::Span<char> dst) const;
 
   // Read into a new string; RESOURCE_EXHAUSTED if the entry is larger than `max_size`.
@@ -78,6 +80,17 @@ class ZipReader {
   ZipReader(const ByteSource* source, std::vector<ZipEntry> entries, uint64_t directory_offset);
 
   std::string Where(const ZipEntry& entry) const;
+  // DATA_LOSS / INVALID_ARGUMENT when `entry` claims more bytes than its data can hold.
+  absl::Status CheckSizeClaim(const ZipEntry& entry) const;
+  // Inflates the deflated `entry`, whose data starts at `offset`, into `dst`.
+  absl::Status Inflate(const ZipEntry& entry, uint64_t offset, absl::Span<char> dst) const;
+
+  static constexpr uint16_t kMethodStored = 0;
+  static constexpr uint16_t kMethodDeflate = 8;
+  // Deflate's largest expansion (258-byte matches coded in ~2 bits): 1032:1.
+  static constexpr uint64_t kMaxDeflateRatio = 1032;
+  // zlib's counters are 32-bit; TorchScript sources are kilobytes.
+  static constexpr uint64_t kMaxInflateBytes = uint64_t{1} << 30;
 
   const ByteSource* source_;
   std::vector<ZipEntry> entries_;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -192,12 +193,52 @@ TEST(ZipReaderTest, DuplicateNamesAreRejected) {
               StatusIs(absl::StatusCode::kInvalidArgument, "duplicate entry 'same'"));
 }
 
-TEST(ZipReaderTest, CompressedEntriesAreUnimplemented) {
+TEST(ZipReaderTest, MethodsOtherThanStoredAndDeflateAreUnimplemented) {
   ZipBuilder zip = TwoEntries();
   std::string archive = zip.Finish();
-  Poke16(archive, zip.layout().directory_offset + 10, 8);
+  Poke16(archive, zip.layout().directory_offset + 10, 12);  // bzip2
   EXPECT_THAT(ReadAll(archive, "archive/data.pkl"),
-              StatusIs(absl::StatusCode::kUnimplemented, "compressed (method 8)"));
+              StatusIs(absl::StatusCode::kUnimplemented, "compressed with method 12"));
+}
+
+// TorchScript archives deflate their code/ entries: a deflated entry written by Python's zipfile
+// reads back, and one whose data or sizes are damaged is an error, never a crash or a huge
+// allocation.
+TEST(ZipReaderTest, ReadsDeflatedEntriesAndRefusesDamagedOnes) {
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string path = dir + "/deflated.zip";
+  const std::string python = std::getenv("PYTHON") ? std::getenv("PYTHON") : "/usr/bin/python3";
+  const std::string script_path = dir + "/write_deflated.py";
+  std::ofstream(script_path) << absl::StrCat(
+      "import zipfile\n"
+      "with zipfile.ZipFile('", path, "', 'w', zipfile.ZIP_DEFLATED) as z:\n"
+      "  z.writestr('a/code/__torch__.py', b'class Net(Module):\\n' * 5000)\n");
+  ASSERT_EQ(std::system((python + " " + script_path).c_str()), 0);
+  std::ifstream in(path, std::ios::binary);
+  const std::string archive((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_OK_AND_ASSIGN(std::string code, ReadAll(archive, "a/code/__torch__.py"));
+  EXPECT_EQ(code.size(), 19u * 5000);
+  EXPECT_EQ(code.substr(0, 19), "class Net(Module):\n");
+
+  const size_t directory = archive.find("PK\x01\x02");
+  ASSERT_NE(directory, std::string::npos);
+  std::string damaged = archive;
+  damaged[40] ^= 0x55;  // inside the deflate stream (the local header is 30 + 19 bytes)
+  EXPECT_FALSE(ReadAll(damaged, "a/code/__torch__.py").ok());
+  // A directory claiming a megabyte from a few hundred bytes: refused before allocating it.
+  std::string bomb = archive;
+  Poke32(bomb, directory + 24, (1u << 20) - 1);
+  EXPECT_THAT(ReadAll(bomb, "a/code/__torch__.py"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "more than deflate can expand"));
+  // Claiming a little more than the stream holds: the stream ends short.
+  std::string longer = archive;
+  Poke32(longer, directory + 24, 19u * 5000 + 7);
+  EXPECT_THAT(ReadAll(longer, "a/code/__torch__.py"),
+              StatusIs(absl::StatusCode::kDataLoss, "inflates to 95000 bytes, not the 95007"));
+  std::string shorter = archive;
+  Poke32(shorter, directory + 24, 19u * 5000 - 7);
+  EXPECT_THAT(ReadAll(shorter, "a/code/__torch__.py"),
+              StatusIs(absl::StatusCode::kDataLoss, "inflates to more than the 94993 bytes"));
 }
 
 TEST(ZipReaderTest, MissingZip64RecordIsRejected) {

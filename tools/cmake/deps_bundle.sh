@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs the Debian 12 libraries, headers and code generators that the CMake build needs besides
-# LibTorch (gRPC, protobuf, Abseil, RocksDB, xxHash, zstd, OpenSSL, nlohmann-json, Gloo's headers,
+# LibTorch (gRPC, protobuf, Abseil, RocksDB, xxHash, zstd, zlib, OpenSSL, nlohmann-json, Gloo's headers,
 # protoc and grpc_cpp_plugin, with every shared library they load) into one tarball, for a machine that has a
 # CUDA PyTorch but none of Debian's -dev packages and no network: the GPU machine.
 #
@@ -85,7 +85,7 @@ done
 # Headers: the folders and files our sources and these libraries' public headers include.
 # gloo: a pip wheel ships no Gloo headers; CMake checks that these fit its ProcessGroupGloo.hpp.
 for entry in absl google grpc grpcpp grpc++ rocksdb nlohmann openssl "$multiarch/openssl" "$multiarch/curl" gloo \
-  xxhash.h zstd.h zstd_errors.h zdict.h; do
+  xxhash.h zstd.h zstd_errors.h zdict.h zlib.h zconf.h; do
   if [[ ! -e "/usr/include/$entry" ]]; then
     echo "deps_bundle: /usr/include/$entry is missing: run tools/install_deps.sh first" >&2
     exit 1

@@ -37,7 +37,9 @@ set(CKPT_TRAINER_SOURCES
     libs/format/internal/torch_hooks.cc
     libs/format/pickle_reader.cc
     libs/format/pickle_reader_objects.cc
+    libs/format/safetensors.cc
     libs/format/torch_reader.cc
+    libs/format/torchscript_archive.cc
     libs/format/zip_reader.cc
     libs/io/atomic_file.cc
     libs/io/parallel_copy.cc
@@ -88,6 +90,7 @@ set(CKPT_TRAINER_SOURCES
     libs/train/rank_run_setup.cc
     libs/train/rank_supervisor.cc
     libs/train/scripted_model.cc
+    libs/train/shard_dataset.cc
     libs/train/trainable_model.cc
     libs/train/trainer.cc
     libs/train/trainer_control.cc
@@ -156,6 +159,7 @@ set(CKPT_TRAINER_SYSTEM_LIBRARIES
     protobuf
     rocksdb
     xxhash
+    z
 )
 set(CKPT_TRAINER_LINK_OPTIONS)
 
@@ -183,6 +187,7 @@ set(CKPT_CLI_SOURCES
     libs/format/safetensors.cc
     libs/format/torch_reader.cc
     libs/format/torch_writer.cc
+    libs/format/torchscript_archive.cc
     libs/format/zip_reader.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
@@ -284,6 +289,7 @@ set(CKPT_CLI_SYSTEM_LIBRARIES
     protobuf
     rocksdb
     xxhash
+    z
 )
 set(CKPT_CLI_LINK_OPTIONS)
 
@@ -556,6 +562,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/format/safetensors.cc
     libs/format/torch_reader.cc
     libs/format/torch_writer.cc
+    libs/format/torchscript_archive.cc
     libs/format/zip_reader.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
@@ -628,6 +635,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/train/rank_run_setup.cc
     libs/train/rank_supervisor.cc
     libs/train/scripted_model.cc
+    libs/train/shard_dataset.cc
     libs/train/trainable_model.cc
     libs/train/trainer.cc
     libs/train/trainer_control.cc

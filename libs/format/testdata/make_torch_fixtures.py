@@ -92,6 +92,22 @@ class FixtureTensor(torch.Tensor):
     """A tensor subclass whose class does not exist where the file is read."""
 
 
+class ScriptedNet(nn.Module):
+    """Parameters, buffers (one non-persistent), a plain tensor attribute and nested modules."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.register_buffer('mask', torch.ones(3), persistent=False)
+        self.plain = torch.zeros(2)  # an attribute, not a buffer: not in state_dict()
+        self.features = nn.Sequential(nn.Conv2d(1, 2, 3, bias=False), nn.BatchNorm2d(2),
+                                      nn.ReLU())
+        self.head = nn.Linear(2, 3)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3))) * self.scale * self.mask
+
+
 def mlp():
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
 
@@ -201,7 +217,21 @@ def make_basic():
     save(misc, 'misc.pt')
     emit_tensors('misc.pt', {'subclass': misc['subclass'], 'tagged_param': tagged})
 
-    torch.jit.script(model).save(os.path.join(OUT, 'torchscript.pt'))
+    # TorchScript archives: what torch.jit.load(...).state_dict() gives (non-persistent buffers
+    # included, as TorchScript does not record persistence), and with state_dict_keys.txt what
+    # the Python module's state_dict() gives; scripted and traced.
+    def jit_save(module, file, **kwargs):
+        module.save(os.path.join(OUT, file), **kwargs)
+        emit_tensors(file, torch.jit.load(os.path.join(OUT, file)).state_dict())
+
+    jit_save(torch.jit.script(model), 'torchscript.pt')
+    net = ScriptedNet()
+    jit_save(torch.jit.script(net), 'torchscript_nokeys.pt')
+    jit_save(torch.jit.trace(net, torch.zeros(1, 1, 5, 5)), 'torchscript_traced.pt')
+    net.eval()
+    torch.jit.script(net).save(os.path.join(OUT, 'torchscript_keys.pt'), _extra_files={
+        'state_dict_keys.txt': '\n'.join(net.state_dict().keys())})
+    emit_tensors('torchscript_keys.pt', net.state_dict())
 
     # A big-endian copy of plain.pt: same pickle, byteswapped float32 records, byteorder "big".
     with zipfile.ZipFile(os.path.join(OUT, 'plain.pt')) as src, \
