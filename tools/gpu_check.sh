@@ -8,7 +8,10 @@
 #       uninterrupted run of the same config (the whole bundle, via ckpt export);
 #   (d) the trainer's checkpoint stall with asynchronous uploads (the default) against the same
 #       run with --sync_checkpoints (every upload waited for in the loop);
-#   (e) a load through the loader service onto cuda:1 (two GPUs), or onto the CPU otherwise.
+#   (e) a load through the loader service onto cuda:1 (two GPUs), or onto the CPU otherwise;
+#   (f) a team's TorchScript model (tests/testdata/scripted_training.py's Net, scripted by
+#       $PYTHON's torch) trained on shard files with nccl/cuda (gloo/cpu always), a rank
+#       SIGKILLed and restarted, ending bit-identical to an uninterrupted run, as (c).
 # It writes one report (markdown) with every figure and a PASS / FAIL / NOT RUN line per check,
 # prints its path, and exits 0 only if every check that ran passed. A machine without a GPU or a
 # CUDA PyTorch runs the gloo/CPU half and says what it could not run.
@@ -32,7 +35,7 @@ ddp_only=0
 report=""
 build_dir=""
 jobs="$(nproc)"
-only="abcde"
+only="abcdef"
 deps_tarball=""
 
 usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -385,22 +388,28 @@ wait_for_step() {
 # compare_stores A B OUT: exports both stores' latest bundle and compares them with
 # tools/soak/compare_bundles.py (shared with the soak's trainer_kill): every tensor bitwise, every
 # plain value. Prints "equal N" or "differ N MAX_ABS_DIFF FIRST_PATH WHAT".
+# The model is $resume_model (mlp-synthetic unless (f) sets it).
 compare_stores() {
   local a="$1" b="$2" out="$3"
   {
-    timeout 120 "$bin/ckpt" --store_dir="$a" export mlp-synthetic@latest "$out-a.pt" --bundle
-    timeout 120 "$bin/ckpt" --store_dir="$b" export mlp-synthetic@latest "$out-b.pt" --bundle
+    timeout 120 "$bin/ckpt" --store_dir="$a" export "$resume_model@latest" "$out-a.pt" --bundle
+    timeout 120 "$bin/ckpt" --store_dir="$b" export "$resume_model@latest" "$out-b.pt" --bundle
   } >>"$out.log" 2>&1
   timeout 120 "$python" "$repo/tools/soak/compare_bundles.py" "$out-a.pt" "$out-b.pt" 2>>"$out.log"
 }
 
-# resume_check NAME BACKEND DEVICE RANKS KILL_RANK STEPS: the kill comes past step 400 (after the
-# checkpoint at 400), so STEPS must leave the run time to get there before it ends.
+# The run resume_check trains: the model's store name, its flags, and the step the kill waits for
+# (past a checkpoint, so STEPS must leave the run time to get there before it ends).
+resume_model=mlp-synthetic
+resume_model_flags=(--hidden=128)
+resume_kill_step=400
+
+# resume_check NAME BACKEND DEVICE RANKS KILL_RANK STEPS
 resume_check() {
   local name="$1" backend="$2" device="$3" ranks="$4" kill_rank="$5" steps="$6"
-  local tag="$backend-$ranks" flags
+  local tag="$backend-$ranks-$resume_model" flags
   flags=(--backend="$backend" --device="$device" --nproc_per_node="$ranks" --steps="$steps"
-    --checkpoint_every=100 --log_every=20 --hidden=128)
+    --checkpoint_every=100 --log_every=20 "${resume_model_flags[@]}")
   local clean="$work/resume-$tag-clean" killed="$work/resume-$tag-killed"
   timed timeout 300 "$bin/trainer" "${flags[@]}" --store_dir="$clean" >"$clean.log" 2>&1
   local clean_seconds="$last_seconds"
@@ -420,7 +429,7 @@ resume_check() {
     [[ -n "$launcher" ]] && break
     sleep 0.05
   done
-  if [[ -n "$launcher" ]] && wait_for_step "$killed.log" 400 "$timeout_pid"; then
+  if [[ -n "$launcher" ]] && wait_for_step "$killed.log" "$resume_kill_step" "$timeout_pid"; then
     victim="$(rank_pid "$launcher" "$kill_rank")"
   fi
   if [[ -z "$victim" ]]; then
@@ -439,13 +448,13 @@ resume_check() {
   local killed_seconds
   killed_seconds="$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')"
   if [[ "$status" != 0 ]] || ! grep -q 'restarting all ranks' "$killed.log" ||
-    ! grep -q 'resuming mlp-synthetic@' "$killed.log"; then
+    ! grep -q "resuming $resume_model@" "$killed.log"; then
     attach "$killed.log" 30
     result "$name" FAIL "killed rank $kill_rank (pid $victim) at ${killed_at%/}; the run exited $status without a restart and resume (log above)"
     return
   fi
   local resumed verdict
-  resumed="$(grep -oE 'resuming mlp-synthetic@[0-9]+[^)]*\)?' "$killed.log" | head -1)"
+  resumed="$(grep -oE "resuming $resume_model@[0-9]+[^)]*\\)?" "$killed.log" | head -1)"
   verdict="$(compare_stores "$clean" "$killed" "$work/resume-$tag-compare" || true)"
   local figures="uninterrupted ${clean_seconds} s; killed rank $kill_rank (pid $victim, signal 9) at ${killed_at%/}, $resumed, finished in ${killed_seconds} s"
   case "$verdict" in
@@ -482,6 +491,38 @@ check_resume() {
   fi
   needs_gloo "(c) kill + resume, gloo cpu 2 ranks" || return 0
   resume_check "(c) kill + resume, gloo cpu 2 ranks" gloo cpu 2 1 1500
+}
+
+# ---- (f) a team's TorchScript model on shard files: train, kill, exact resume ----------------
+
+check_scripted() {
+  say "## (f) A scripted model (--model=torchscript:) on shards: a rank SIGKILLed, exact resume"
+  needs_full_build "(f) scripted model" trainer || return 0
+  local team="$work/scripted-team"
+  if ! timeout 300 "$python" "$repo/tests/testdata/scripted_training.py" make "$team" \
+    >"$work/scripted-make.log" 2>&1; then
+    attach "$work/scripted-make.log" 20
+    result "(f) scripted model" FAIL "$python could not script the model (log above)"
+    return
+  fi
+  # 96 examples in 4 shards, batch 4 per rank: 12 steps an epoch per 2 ranks, checkpoints every 100.
+  resume_model=net-shards
+  resume_model_flags=(--model=torchscript:"$team/net.ts" --data=shards:"$team/shards" --batch_size=4
+    --optimizer=sgd --scheduler=step --step_size=7)
+  resume_kill_step=150
+  if [[ "$gpus" -gt 1 ]]; then
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 resume_check "(f) scripted model, nccl cuda 2 ranks" nccl cuda 2 1 600
+  elif [[ "$gpus" == 1 ]]; then
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 resume_check "(f) scripted model, nccl cuda 1 rank" nccl cuda 1 0 600
+  else
+    result "(f) scripted model on GPU" NOT_RUN "$gpu_reason"
+  fi
+  if needs_gloo "(f) scripted model, gloo cpu 2 ranks"; then
+    resume_check "(f) scripted model, gloo cpu 2 ranks" gloo cpu 2 1 600
+  fi
+  resume_model=mlp-synthetic
+  resume_model_flags=(--hidden=128)
+  resume_kill_step=400
 }
 
 # ---- (d) checkpoint stall: asynchronous uploads against --sync_checkpoints -------------------
@@ -624,6 +665,7 @@ main() {
     [[ "$only" == *c* ]] && check_resume
     [[ "$only" == *d* ]] && check_stall
     [[ "$only" == *e* ]] && check_load
+    [[ "$only" == *f* ]] && check_scripted
   else
     result "everything" FAIL "$gpu_reason"
   fi

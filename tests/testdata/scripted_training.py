@@ -133,7 +133,7 @@ def write_safetensors(path, tensors):
     names = {torch.float32: "F32", torch.int64: "I64"}
     header, blobs, offset = {}, [], 0
     for key, tensor in tensors.items():
-        blob = tensor.contiguous().numpy().tobytes()
+        blob = bytes(tensor.contiguous().reshape(-1).view(torch.uint8).tolist())  # no numpy needed
         header[key] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape),
                        "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
