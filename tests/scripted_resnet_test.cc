@@ -28,14 +28,7 @@ using ::testing::HasSubstr;
 constexpr char kScript[] = "tests/testdata/scripted_resnet.py";
 
 // The team's side, written once for the whole binary.
-const std::string& Team() {
-  static const std::string* dir = [] {
-    auto* path = new std::string(TempPath("team"));
-    ckpt::testing::RunPythonOrAddFailure(kScript, "make " + *path);
-    return path;
-  }();
-  return *dir;
-}
+const std::string& Team() { return ckpt::testing::TeamDir(kScript); }
 
 TEST(ScriptedResNetTest, CkptReadsTheArchiveAsItsStateDictWithoutRunningIt) {
   const std::string archive = Team() + "/resnet18.ts";
@@ -55,17 +48,16 @@ TEST(ScriptedResNetTest, CkptReadsTheArchiveAsItsStateDictWithoutRunningIt) {
 
 TEST(ScriptedResNetTest, TwoRanksTrainItOnShardsAndItLoadsBackIntoTorchvision) {
   const std::string store = TempPath("store");
-  const std::vector<std::string> flags = {
-      "--store_dir=" + store,
-      "--model=torchscript:" + Team() + "/resnet18.ts",
-      "--data=shards:" + Team() + "/shards",
-      "--nproc_per_node=2",
-      "--batch_size=8",
-      "--steps=24",
-      "--optimizer=adamw",
-      "--lr=0.001",
-      "--log_every=4",
-      "--checkpoint_every=0"};
+  const std::vector<std::string> flags = {"--store_dir=" + store,
+                                          "--model=torchscript:" + Team() + "/resnet18.ts",
+                                          "--data=shards:" + Team() + "/shards",
+                                          "--nproc_per_node=2",
+                                          "--batch_size=8",
+                                          "--steps=24",
+                                          "--optimizer=adamw",
+                                          "--lr=0.001",
+                                          "--log_every=4",
+                                          "--checkpoint_every=0"};
   ASSERT_EQ(RunTrainer(flags, store + ".log"), 0) << ReadFile(store + ".log");
   const std::string log = ReadFile(store + ".log");
   const std::vector<std::pair<int64_t, double>> losses = LossLines(log);
@@ -74,8 +66,8 @@ TEST(ScriptedResNetTest, TwoRanksTrainItOnShardsAndItLoadsBackIntoTorchvision) {
   EXPECT_LT(losses.back().second, 0.5 * losses.front().second) << log;
 
   const std::string exported = TempPath("resnet18_trained.pt");
-  const ShellResult result = RunShell(absl::StrCat(
-      "tools/ckpt/ckpt --store_dir=", store, " export resnet18-shards ", exported, " 2>&1"));
+  const ShellResult result = RunShell(absl::StrCat("tools/ckpt/ckpt --store_dir=", store,
+                                                   " export resnet18-shards ", exported, " 2>&1"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   std::cerr << ckpt::testing::RunPythonOrAddFailure(
       kScript, absl::StrCat("check-export ", Team(), " ", exported));

@@ -47,14 +47,7 @@ constexpr char kModel[] = "net-pt";
 constexpr char kShardsModel[] = "net-shards";
 
 // The team's side, written once for the whole binary.
-const std::string& Team() {
-  static const std::string* dir = [] {
-    auto* path = new std::string(TempPath("team"));
-    ckpt::testing::RunPythonOrAddFailure(kScript, "make " + *path);
-    return path;
-  }();
-  return *dir;
-}
+const std::string& Team() { return ckpt::testing::TeamDir(kScript); }
 
 // The flags scripted_training.py's reference loop matches. `data`: "pt" (data.pt) or "shards"
 // (the same examples in four shard files).

@@ -196,7 +196,7 @@ TEST(DistributedSamplerTest, RejectsInvalidArguments) {
   EXPECT_THROW(DistributedSampler(10, 2, 2), c10::Error);
   EXPECT_THROW(DistributedSampler(10, 0, 0), c10::Error);
   EXPECT_THROW(DistributedSampler(-1, 0, 1), c10::Error);
-  EXPECT_THROW(sampler.set_block_sizes({5, 4}), c10::Error);   // sums to 9, not 10
+  EXPECT_THROW(sampler.set_block_sizes({5, 4}), c10::Error);    // sums to 9, not 10
   EXPECT_THROW(sampler.set_block_sizes({11, -1}), c10::Error);  // negative
 }
 

@@ -2,9 +2,9 @@
 #define CKPT_LIBS_FORMAT_CHECKPOINT_FILE_H_
 
 // Reads a checkpoint file of any format ckpt understands -- torch.save zip, legacy torch.save,
-// safetensors, a TorchScript archive's weights -- into one shape: the file's root value plus the checkpoint bundle found in it
-// (model state dict, optimizer, scheduler, epoch / step, everything else). The format is sniffed
-// from the bytes, never taken from the file name.
+// safetensors, a TorchScript archive's weights -- into one shape: the file's root value plus the
+// checkpoint bundle found in it (model state dict, optimizer, scheduler, epoch / step, everything
+// else). The format is sniffed from the bytes, never taken from the file name.
 //
 // Example:
 //   ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile("ddp_cuda1.pt"));

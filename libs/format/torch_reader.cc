@@ -151,11 +151,11 @@ absl::StatusOr<Value> TorchScriptWeights(const ZipReader& zip, const std::string
       keys->emplace_back(absl::StripAsciiWhitespace(line));
     }
   }
-  absl::StatusOr<Value> state_dict =
-      TorchScriptStateDict(module, classes, keys ? &*keys : nullptr);
+  absl::StatusOr<Value> state_dict = TorchScriptStateDict(module, classes, keys ? &*keys : nullptr);
   if (!state_dict.ok()) {
-    return absl::Status(state_dict.status().code(),
-                        absl::StrCat(name, ": TorchScript archive: ", state_dict.status().message()));
+    return absl::Status(
+        state_dict.status().code(),
+        absl::StrCat(name, ": TorchScript archive: ", state_dict.status().message()));
   }
   return state_dict;
 }
@@ -247,8 +247,10 @@ absl::StatusOr<TorchFile> ReadZipCheckpoint(const ByteSource& source) {
     }
     file.warnings.push_back(absl::StrCat(
         source.name(), ": a TorchScript archive of ", result.value.opaque_class_name(), ": read ",
-        file.root.entries().size(), " parameters and buffers as its state_dict() without running "
-        "its code", zip.Find(prefix + "extra/state_dict_keys.txt") != nullptr
+        file.root.entries().size(),
+        " parameters and buffers as its state_dict() without running "
+        "its code",
+        zip.Find(prefix + "extra/state_dict_keys.txt") != nullptr
             ? " (keys as its extra/state_dict_keys.txt lists them)"
             : " (like torch.jit.load's state_dict(), it includes any non-persistent buffers)"));
     return file;

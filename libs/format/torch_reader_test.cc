@@ -195,9 +195,8 @@ TEST(ReadTorchFileTest, ReadsFromMemoryToo) {
 // A TorchScript archive reads as its module's state_dict(): every tensor torch.jit.load's
 // state_dict() has, in its order, none of its code run.
 TEST(ReadTorchFileTest, ReadsATorchScriptArchiveAsItsStateDict) {
-  for (const std::string name :
-       {"torchscript.pt", "torchscript_nokeys.pt", "torchscript_traced.pt",
-        "torchscript_keys.pt"}) {
+  for (const std::string name : {"torchscript.pt", "torchscript_nokeys.pt", "torchscript_traced.pt",
+                                 "torchscript_keys.pt"}) {
     absl::StatusOr<TorchFile> read = ReadTorchFile(Fixtures().Path(name));
     ASSERT_TRUE(read.ok()) << read.status();
     const TorchFile& file = *read;

@@ -42,36 +42,37 @@ absl::StatusOr<std::vector<std::string>> ParseNameList(absl::string_view list,
 absl::Status AddEntries(const Value& module, const std::string& prefix,
                         const TorchScriptClasses& classes, int depth,
                         std::vector<Value::Entry>* out) {
-  const std::string where = prefix.empty() ? std::string("the module")
-                                           : absl::StrCat("module '", prefix.substr(0, prefix.size() - 1), "'");
+  const std::string where =
+      prefix.empty() ? std::string("the module")
+                     : absl::StrCat("module '", prefix.substr(0, prefix.size() - 1), "'");
   if (depth > kMaxModuleDepth) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": modules nested more than ", kMaxModuleDepth, " deep"));
   }
   if (!module.is_opaque()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " is not a TorchScript object but ", module.DebugString().substr(0, 80)));
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not a TorchScript object but ",
+                                                   module.DebugString().substr(0, 80)));
   }
   auto found = classes.find(module.opaque_class_name());
   if (found == classes.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " is of class ", module.opaque_class_name(),
-        ", which the archive's code/ does not declare as a module"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is of class ", module.opaque_class_name(),
+                     ", which the archive's code/ does not declare as a module"));
   }
   const Value& attributes = module.opaque_state();
   if (!attributes.is_dict()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " (", module.opaque_class_name(),
-                                                   ") has no attribute dict"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " (", module.opaque_class_name(), ") has no attribute dict"));
   }
-  for (const std::vector<std::string>* names : {&found->second.parameters,
-                                                &found->second.buffers}) {
+  for (const std::vector<std::string>* names :
+       {&found->second.parameters, &found->second.buffers}) {
     for (const std::string& name : *names) {
       const Value* value = attributes.Find(name);
       if (value == nullptr || value->is_none()) continue;  // e.g. bias=False
       if (!value->is_tensor()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": '", name,
-                                                       "' is declared a parameter or buffer but is ",
-                                                       value->DebugString().substr(0, 80)));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": '", name, "' is declared a parameter or buffer but is ",
+                         value->DebugString().substr(0, 80)));
       }
       // Detached, as state_dict() gives them (a parameter's requires_grad is not kept).
       out->emplace_back(absl::StrCat(prefix, name),
@@ -140,8 +141,9 @@ absl::StatusOr<Value> TorchScriptStateDict(const Value& module, const TorchScrip
   }
   for (const std::string& key : *keys) {
     if (present.count(key) == 0) {
-      return absl::NotFoundError(absl::StrCat(
-          "state_dict_keys.txt names '", key, "', which the module has no parameter or buffer for"));
+      return absl::NotFoundError(
+          absl::StrCat("state_dict_keys.txt names '", key,
+                       "', which the module has no parameter or buffer for"));
     }
   }
   return Value::OrderedDict(std::move(kept));

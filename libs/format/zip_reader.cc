@@ -370,11 +370,12 @@ absl::Status ZipReader::Inflate(const ZipEntry& entry, uint64_t offset,
   inflateEnd(&stream);
   if (result == Z_STREAM_END && produced == dst.size()) return absl::OkStatus();
   if (result == Z_DATA_ERROR) {
-    return absl::DataLossError(absl::StrCat(Where(entry), ": corrupt deflate data (", message, ")"));
+    return absl::DataLossError(
+        absl::StrCat(Where(entry), ": corrupt deflate data (", message, ")"));
   }
   if (result == Z_BUF_ERROR && stream.avail_out == 0) {
-    return absl::DataLossError(absl::StrCat(Where(entry), " inflates to more than the ",
-                                            dst.size(), " bytes the directory claims"));
+    return absl::DataLossError(absl::StrCat(Where(entry), " inflates to more than the ", dst.size(),
+                                            " bytes the directory claims"));
   }
   return absl::DataLossError(absl::StrCat(Where(entry), " inflates to ", produced,
                                           " bytes, not the ", dst.size(),

@@ -211,7 +211,9 @@ TEST(ZipReaderTest, ReadsDeflatedEntriesAndRefusesDamagedOnes) {
   const std::string script_path = dir + "/write_deflated.py";
   std::ofstream(script_path) << absl::StrCat(
       "import zipfile\n"
-      "with zipfile.ZipFile('", path, "', 'w', zipfile.ZIP_DEFLATED) as z:\n"
+      "with zipfile.ZipFile('",
+      path,
+      "', 'w', zipfile.ZIP_DEFLATED) as z:\n"
       "  z.writestr('a/code/__torch__.py', b'class Net(Module):\\n' * 5000)\n");
   ASSERT_EQ(std::system((python + " " + script_path).c_str()), 0);
   std::ifstream in(path, std::ios::binary);

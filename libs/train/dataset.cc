@@ -72,8 +72,8 @@ class InMemoryDataset final : public Dataset {
   int64_t vocab_size() const override { return parts_.vocab_size; }
 
   std::string Describe() const override {
-    std::string out =
-        absl::StrCat(parts_.name, ": ", size(), " examples of ", ShapeString(example_shape()), ", ");
+    std::string out = absl::StrCat(parts_.name, ": ", size(), " examples of ",
+                                   ShapeString(example_shape()), ", ");
     if (parts_.targets.scalar_type() == at::kLong) {
       absl::StrAppend(&out, parts_.num_classes, " classes");
     } else {

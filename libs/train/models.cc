@@ -159,10 +159,10 @@ absl::StatusOr<std::shared_ptr<Model>> MakeModelOrThrow(const ModelSpec& spec,
   const std::vector<int64_t> shape = data.example_shape();
   const int64_t num_classes = data.num_classes();
   if (num_classes <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kind, ": the built-in models classify, and the data has no class ids (",
-                     data.Describe(), "); train a model of your own (--model=torchscript:PATH) "
-                     "on float targets"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        kind, ": the built-in models classify, and the data has no class ids (", data.Describe(),
+        "); train a model of your own (--model=torchscript:PATH) "
+        "on float targets"));
   }
   const bool tokens = data.input_kind() == InputKind::kTokens;
   if (kind == "mlp") {

@@ -8,17 +8,17 @@
 #include <iostream>
 #include <mutex>
 
+#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/core/grad_mode.h"
-#include "libs/store/version_ref.h"
-#include "libs/train/scripted_model.h"
-#include "torch/nn/utils/clip_grad.h"
-#include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/version_ref.h"
 #include "libs/train/rank_run.h"
+#include "libs/train/scripted_model.h"
+#include "torch/nn/utils/clip_grad.h"
 
 namespace ckpt::train::internal {
 namespace {
@@ -227,10 +227,10 @@ absl::Status RankRun::TrainLoop() {
     if (!std::isfinite(last_loss_)) {
       // Every rank sees the same mean, so all stop here together; the state this step made is
       // never checkpointed (an upload of an earlier step still completes).
-      const std::string latest =
-          !summary_.versions_written.empty() ? FormatVersionRef(summary_.versions_written.back())
-          : summary_.resumed_from             ? FormatVersionRef(*summary_.resumed_from)
-                                              : std::string("none");
+      const std::string latest = !summary_.versions_written.empty()
+                                     ? FormatVersionRef(summary_.versions_written.back())
+                                 : summary_.resumed_from ? FormatVersionRef(*summary_.resumed_from)
+                                                         : std::string("none");
       return absl::FailedPreconditionError(absl::StrFormat(
           "the loss at step %d is %f (mean over %d rank(s)): training stopped without "
           "checkpointing that state, so the latest good version stays the model's latest (%s, "

@@ -7,23 +7,23 @@
 #include <iostream>
 #include <mutex>
 
+#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/Context.h"
 #include "ATen/Parallel.h"
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/lineage.h"
+#include "libs/train/rank_run.h"
 #include "libs/train/scripted_model.h"
 #include "libs/train/trainer_state.h"
 #include "torch/version.h"
-#include "ATen/ATen.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "libs/status/status_macros.h"
-#include "libs/status/torch_status.h"
-#include "libs/train/rank_run.h"
 
 namespace ckpt::train::internal {
 namespace {
@@ -134,9 +134,9 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
     auto saved = labels.find(label);
     if (saved == labels.end()) continue;
     if (identity_.label != label || saved->second != identity_.value) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          name, " holds a ", saved->second, " but this run builds a ", identity_.value,
-          ". Train under another model_name, or set resume to false to start over."));
+      return absl::FailedPreconditionError(
+          absl::StrCat(name, " holds a ", saved->second, " but this run builds a ", identity_.value,
+                       ". Train under another model_name, or set resume to false to start over."));
     }
   }
   RETURN_IF_ERROR(RestoreModel(loaded.contents.model, *model_, name));
@@ -272,9 +272,8 @@ absl::Status RankRun::SetUpDataParallel() {
   ddp::DataParallelOptions ddp_options;
   ddp_options.bucket_cap_bytes = config_.bucket_cap_bytes;
   ASSIGN_OR_RETURN(data_parallel_, CatchTorchErrors([&] {
-                     return std::make_unique<ddp::DistributedDataParallel>(model_->Replica(),
-                                                                           group_.comm,
-                                                                           ddp_options);
+                     return std::make_unique<ddp::DistributedDataParallel>(
+                         model_->Replica(), group_.comm, ddp_options);
                    }));
   ASSIGN_OR_RETURN(
       sampler_, CatchTorchErrors([&] {

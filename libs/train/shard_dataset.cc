@@ -93,9 +93,9 @@ absl::StatusOr<Examples> CheckExamplesOrThrow(const std::string& name, const at:
   Examples examples;
   if (IsIntegral(targets.scalar_type())) {
     if (targets.dim() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": integer targets are class ids and must be 1-D [N], found ",
-          ShapeString(targets.sizes()), " (store multi-label targets as floats)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": integer targets are class ids and must be 1-D [N], found ",
+                       ShapeString(targets.sizes()), " (store multi-label targets as floats)"));
     }
     examples.targets = targets.to(at::kLong).contiguous();
     const int64_t min_label = examples.targets.min().item<int64_t>();
@@ -119,8 +119,8 @@ absl::StatusOr<Examples> CheckExamplesOrThrow(const std::string& name, const at:
     examples.kind = InputKind::kTokens;
     const int64_t min_token = examples.inputs.min().item<int64_t>();
     if (min_token < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": 'x' holds token id ", min_token,
-                                                     "; token ids must be >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": 'x' holds token id ", min_token, "; token ids must be >= 0"));
     }
     examples.vocab_size = examples.inputs.max().item<int64_t>() + 1;
   } else {
@@ -153,9 +153,9 @@ absl::StatusOr<Examples> ReadShard(const std::string& path) {
     }
     std::vector<std::string> quoted;
     for (const char* name : names) quoted.push_back(absl::StrCat("'", name, "'"));
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": no ", role, " (a tensor named ", absl::StrJoin(quoted, " or "),
-        "); it holds ", found_keys.empty() ? std::string("nothing") : found_keys));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no ", role, " (a tensor named ", absl::StrJoin(quoted, " or "),
+                     "); it holds ", found_keys.empty() ? std::string("nothing") : found_keys));
   };
   at::Tensor inputs, targets;
   if (absl::EndsWith(path, ".safetensors")) {
@@ -218,20 +218,19 @@ absl::StatusOr<std::unique_ptr<ShardedDataset>> ShardedDataset::Open(const std::
       auto describe = [](const std::vector<int64_t>& input, at::ScalarType input_type,
                          const std::vector<int64_t>& target, at::ScalarType target_type) {
         return absl::StrCat("inputs ", ShapeString(input), " ", at::toString(input_type),
-                            " and targets ", ShapeString(target), " ",
-                            at::toString(target_type));
+                            " and targets ", ShapeString(target), " ", at::toString(target_type));
       };
       if (shape != data->example_shape_ || examples.inputs.scalar_type() != first_input_type ||
           target_shape != data->target_shape_ ||
           examples.targets.scalar_type() != data->target_type_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "shards:", location, ": ", path, " has examples of ",
-            describe(shape, examples.inputs.scalar_type(), target_shape,
-                     examples.targets.scalar_type()),
-            " but ", first_path, " has ",
-            describe(data->example_shape_, first_input_type, data->target_shape_,
-                     data->target_type_),
-            " (as read: floating inputs become float32, integer ones int64)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("shards:", location, ": ", path, " has examples of ",
+                         describe(shape, examples.inputs.scalar_type(), target_shape,
+                                  examples.targets.scalar_type()),
+                         " but ", first_path, " has ",
+                         describe(data->example_shape_, first_input_type, data->target_shape_,
+                                  data->target_type_),
+                         " (as read: floating inputs become float32, integer ones int64)"));
       }
     }
     data->num_classes_ = std::max(data->num_classes_, examples.num_classes);
@@ -275,10 +274,10 @@ std::shared_ptr<const Examples> ShardedDataset::Load(size_t shard) const {
                                    examples->inputs.sizes().end());
   if (examples->inputs.size(0) != expected.size || shape != example_shape_ ||
       examples->targets.scalar_type() != target_type_) {
-    ThrowAsC10Error(absl::FailedPreconditionError(absl::StrCat(
-        expected.path, " changed since the run started: it held ", expected.size,
-        " examples of ", ShapeString(example_shape_), " and now holds ",
-        examples->inputs.size(0), " of ", ShapeString(shape))));
+    ThrowAsC10Error(absl::FailedPreconditionError(
+        absl::StrCat(expected.path, " changed since the run started: it held ", expected.size,
+                     " examples of ", ShapeString(example_shape_), " and now holds ",
+                     examples->inputs.size(0), " of ", ShapeString(shape))));
   }
   return std::make_shared<const Examples>(*std::move(examples));
 }
@@ -292,9 +291,8 @@ std::shared_future<std::shared_ptr<const Examples>> ShardedDataset::Acquire(size
   }
   while (cache_.size() >= kResidentShards) cache_.pop_back();
   ++loads_;
-  cache_.push_front(Resident{shard, std::async(std::launch::async, [this, shard] {
-                                      return Load(shard);
-                                    }).share()});
+  cache_.push_front(Resident{
+      shard, std::async(std::launch::async, [this, shard] { return Load(shard); }).share()});
   return cache_.front().examples;
 }
 
@@ -302,8 +300,7 @@ Batch ShardedDataset::Get(const std::vector<int64_t>& indices) const {
   for (int64_t index : indices) {
     if (index < 0 || index >= size_) {
       std::fprintf(stderr, "Dataset::Get: index %lld out of range [0, %lld) in shards:%s\n",
-                   static_cast<long long>(index), static_cast<long long>(size_),
-                   location_.c_str());
+                   static_cast<long long>(index), static_cast<long long>(size_), location_.c_str());
       std::abort();
     }
   }

@@ -63,7 +63,8 @@ def shard(path, first, count):
     ids = torch.arange(first, first + count, dtype=torch.float64).unsqueeze(1)
     torch.save({'x': torch.cat([ids, ids + 0.5], 1), 'y': torch.arange(first, first + count) % 3},
                path)
-d = ')", dir_, R"('
+d = ')",
+                                                  dir_, R"('
 shard(d + '/part-2.pt', 8, 4)
 shard(d + '/part-0.pt', 0, 5)
 shard(d + '/part-1.pth', 5, 3)
@@ -130,8 +131,9 @@ torch.save({'x': torch.zeros(2, 3), 'y': torch.tensor([0, 1])}, ')",
                                                    dir_, "/part-4.pt')\n"));
   EXPECT_THAT(ShardedDataset::Open(dir_).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       absl::StrCat(dir_, "/part-4.pt has examples of inputs [3] Float and "
-                                          "targets [] Long but ",
+                       absl::StrCat(dir_,
+                                    "/part-4.pt has examples of inputs [3] Float and "
+                                    "targets [] Long but ",
                                     dir_, "/part-0.pt has inputs [2] Float")));
 }
 
@@ -142,8 +144,9 @@ torch.save({'x': torch.zeros(2, 2), 'weights': torch.ones(2)}, ')",
                                                     dir_, "/part-5.pt')\n"));
   EXPECT_THAT(ShardedDataset::Open(dir_).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       absl::StrCat(dir_, "/part-5.pt: no targets (a tensor named 'y' or "
-                                          "'targets' or 'labels'); it holds 'x', 'weights'")));
+                       absl::StrCat(dir_,
+                                    "/part-5.pt: no targets (a tensor named 'y' or "
+                                    "'targets' or 'labels'); it holds 'x', 'weights'")));
 }
 
 TEST_F(ShardsTest, AShardThatChangesUnderTheRunFailsTheBatchThatReadsIt) {
@@ -155,8 +158,9 @@ TEST_F(ShardsTest, AShardThatChangesUnderTheRunFailsTheBatchThatReadsIt) {
     ADD_FAILURE() << "a changed shard was read";
   } catch (const c10::Error& error) {
     EXPECT_THAT(error.what_without_backtrace(),
-                HasSubstr(absl::StrCat(dir_, "/part-3.safetensors changed since the run started: "
-                                             "it held 2 examples")));
+                HasSubstr(absl::StrCat(dir_,
+                                       "/part-3.safetensors changed since the run started: "
+                                       "it held 2 examples")));
   }
 }
 

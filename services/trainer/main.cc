@@ -231,8 +231,7 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   config.model.heads = absl::GetFlag(FLAGS_heads);
   config.data.source = absl::GetFlag(FLAGS_data);
   // A scripted model gets the image task ([1,12,12] floats, 10 classes) as synthetic data.
-  config.data.model_kind =
-      config.model.kind == train::kTorchScriptKind ? "cnn" : config.model.kind;
+  config.data.model_kind = config.model.kind == train::kTorchScriptKind ? "cnn" : config.model.kind;
   config.data.synthetic_examples = absl::GetFlag(FLAGS_synthetic_examples);
   config.data.seed = absl::GetFlag(FLAGS_seed);
   config.eval_fraction = absl::GetFlag(FLAGS_eval_fraction);
@@ -454,8 +453,8 @@ int Launch(int argc, char** argv) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Data-parallel training (LibTorch c10d DDP) with checkpoints in the ckpt store.\n"
-      "  trainer [--nproc_per_node=2] [--model=mlp|cnn|transformer|torchscript:PATH] [--data=synthetic|mnist:DIR|"
-      "pt:FILE|shards:DIR]\n"
+      "  trainer [--nproc_per_node=2] [--model=mlp|cnn|transformer|torchscript:PATH]\n"
+      "          [--data=synthetic|mnist:DIR|pt:FILE|shards:DIR]\n"
       "          [--steps=300] [--checkpoint_every=100] [--store_dir=ckpt-data | "
       "--store=HOST:PORT]\n"
       "          [--max_restarts=0] [--control_listen=HOST:PORT] [--eval_fraction=0.1]\n"

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -18,8 +19,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
-#include "libs/testing/child_process.h"
 #include "libs/store/version_ref.h"
+#include "libs/testing/child_process.h"
+#include "libs/testing/python_runner.h"
 
 namespace ckpt::testing {
 
@@ -28,6 +30,17 @@ std::string TempPath(const std::string& name) {
 }
 
 std::string ReadFile(const std::string& path) { return ReadFileOrEmpty(path); }
+
+const std::string& TeamDir(const std::string& python_script) {
+  static auto* dirs = new std::map<std::string, std::string>();
+  auto it = dirs->find(python_script);
+  if (it == dirs->end()) {
+    const std::string dir = TempPath(absl::StrCat("team", dirs->size()));
+    RunPythonOrAddFailure(python_script, "make " + dir);
+    it = dirs->emplace(python_script, dir).first;
+  }
+  return it->second;
+}
 
 TrainerProcess StartTrainer(const std::vector<std::string>& flags, const std::string& log) {
   TrainerProcess process;
@@ -131,6 +144,5 @@ LoadedCheckpoint LoadLatest(const std::string& dir, const std::string& model) {
   EXPECT_THAT(loaded.status(), IsOk());
   return loaded.ok() ? *std::move(loaded) : LoadedCheckpoint();
 }
-
 
 }  // namespace ckpt::testing

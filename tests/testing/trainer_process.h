@@ -24,6 +24,9 @@ inline constexpr char kTrainer[] = "services/trainer/trainer";
 
 // TEST_TMPDIR/name.
 std::string TempPath(const std::string& name);
+// The directory `python_script make DIR` filled with a team's files (a scripted model, its data),
+// made on the first call for that script and reused by the binary's later tests.
+const std::string& TeamDir(const std::string& python_script);
 // The whole file; "" when it cannot be read (ReadFileOrEmpty, under the name the trainer tests use).
 std::string ReadFile(const std::string& path);
 

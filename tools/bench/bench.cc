@@ -91,6 +91,7 @@
 #include "services/checkpoint_store/store_service.h"
 #include "services/loader/loader_service.h"
 #include "tools/bench/grpc_baseline.h"
+#include "tools/bench/run_command.h"
 #include "tools/bench/scripted_training_bench.h"
 #include "tools/bench/shm_workload.h"
 #include "tools/bench/stats.h"
@@ -574,21 +575,6 @@ struct PythonTimes {
   std::vector<double> cold_load_s, cold_load_faults_per_mib;
   std::string torch_version;
 };
-
-absl::StatusOr<std::string> RunCommand(const std::string& command) {
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return ErrnoError("popen " + command);
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  if (status != 0) {
-    return absl::InternalError(
-        absl::StrCat("`", command, "` exited with status ", status, "; output: ", output));
-  }
-  return output;
-}
 
 // Python's torch.save / torch.load of the same tensors: written once to a .pt by libs/format's
 // torch writer (untimed), loaded by Python, then saved `runs` times and loaded `runs` times in

@@ -10,28 +10,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "libs/status/status_macros.h"
+#include "tools/bench/run_command.h"
 
 namespace ckpt::bench {
 namespace {
 
 constexpr int kWorldSize = 2;
 
-// Runs `command` (stderr joined to stdout); its output, or INTERNAL with it.
+// `command` with its stderr joined to its stdout (the trainer logs to stderr).
 absl::StatusOr<std::string> Run(const std::string& command) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("cannot run " + command);
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  if (status != 0) {
-    return absl::InternalError(absl::StrCat("`", command, "` exited with status ", status,
-                                            "; output: ", output.substr(output.size() > 4000
-                                                                            ? output.size() - 4000
-                                                                            : 0)));
-  }
-  return output;
+  return RunCommand(command + " 2>&1");
 }
 
 }  // namespace
@@ -88,28 +76,28 @@ absl::StatusOr<ScriptedTrainingSamples> MeasureScriptedTraining(
     std::filesystem::remove_all(store);
     ASSIGN_OR_RETURN(
         const std::string log,
-        Run(absl::StrCat(options.environment, " ", options.trainer, " --model=torchscript:", team, "/resnet18.ts",
-                         " --data=shards:", team, "/shards --nproc_per_node=", kWorldSize,
-                         " --batch_size=", options.batch_per_rank, " --steps=", total_steps,
-                         " --threads_per_rank=", options.threads_per_rank,
-                         // What the Python loop does: AdamW, no gradient clipping.
-                         " --optimizer=adamw --lr=0.001 --clip_grad_norm=0",
-                         " --log_every=1 --checkpoint_every=0",
-                         " --eval_fraction=0 --store_dir=", store)));
+        Run(absl::StrCat(
+            options.environment, " ", options.trainer, " --model=torchscript:", team,
+            "/resnet18.ts", " --data=shards:", team, "/shards --nproc_per_node=", kWorldSize,
+            " --batch_size=", options.batch_per_rank, " --steps=", total_steps,
+            " --threads_per_rank=", options.threads_per_rank,
+            // What the Python loop does: AdamW, no gradient clipping.
+            " --optimizer=adamw --lr=0.001 --clip_grad_norm=0",
+            " --log_every=1 --checkpoint_every=0", " --eval_fraction=0 --store_dir=", store)));
     ASSIGN_OR_RETURN(const double trainer,
                      TrainerSamplesPerSecond(log, options.warmup_steps, total_steps));
     samples.trainer_samples_per_s.push_back(trainer);
 
-    ASSIGN_OR_RETURN(const std::string printed,
-                     Run(absl::StrCat(options.environment, " ", options.python, " ",
-                                      options.baseline_script, " ddp ", team,
-                                      " ", options.warmup_steps, " ", options.timed_steps, " ",
-                                      options.batch_per_rank, " ", options.threads_per_rank)));
+    ASSIGN_OR_RETURN(
+        const std::string printed,
+        Run(absl::StrCat(options.environment, " ", options.python, " ", options.baseline_script,
+                         " ddp ", team, " ", options.warmup_steps, " ", options.timed_steps, " ",
+                         options.batch_per_rank, " ", options.threads_per_rank)));
     std::smatch match;
     static const std::regex kFigure(R"(samples_per_s ([0-9.]+))");
     double python = 0;
-    if (!std::regex_search(printed, match, kFigure) ||
-        !absl::SimpleAtod(match[1].str(), &python) || python <= 0) {
+    if (!std::regex_search(printed, match, kFigure) || !absl::SimpleAtod(match[1].str(), &python) ||
+        python <= 0) {
       return absl::InternalError("R9's Python side printed no samples_per_s: " + printed);
     }
     samples.python_samples_per_s.push_back(python);

@@ -25,9 +25,9 @@ TEST(TrainerSamplesPerSecondTest, RecoversTheRateBetweenTwoProgressLines) {
 }
 
 TEST(TrainerSamplesPerSecondTest, AMissingStepIsAnError) {
-  EXPECT_THAT(TrainerSamplesPerSecond("trainer: epoch 0  step 5/35  loss 2  lr 1  32 samples/s\n",
-                                      5, 35),
-              StatusIs(absl::StatusCode::kInvalidArgument, "no samples/s at steps 5 and 35"));
+  EXPECT_THAT(
+      TrainerSamplesPerSecond("trainer: epoch 0  step 5/35  loss 2  lr 1  32 samples/s\n", 5, 35),
+      StatusIs(absl::StatusCode::kInvalidArgument, "no samples/s at steps 5 and 35"));
 }
 
 }  // namespace
