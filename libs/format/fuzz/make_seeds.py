@@ -1,5 +1,6 @@
 """Writes seed files for the parser fuzzers into DIR: files real PyTorch (/usr/bin/python3,
-Debian's torch) writes, plus a spec-following safetensors file and bare pickles."""
+Debian's torch) writes (torch.save, legacy, a TorchScript archive), plus a spec-following
+safetensors file and bare pickles."""
 import collections
 import io
 import json
@@ -24,6 +25,8 @@ opt.step()
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
 torch.save({"epoch": 1, "model": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
            f"{out}/bundle.pt")
+# A TorchScript archive: the module pickled as __torch__ objects, code/ deflated.
+torch.jit.script(model).save(f"{out}/scripted.ts")
 base = torch.arange(12.0).reshape(3, 4)
 torch.save({"t": base.t(), "s": base[1:, 2], "h": torch.ones(2, dtype=torch.float16),
             "b": torch.tensor([True, False]), "i8": torch.tensor([-1, 2], dtype=torch.int8)},
