@@ -3,6 +3,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -89,6 +90,20 @@ absl::StatusOr<Examples> CheckExamplesOrThrow(const std::string& name, const at:
         name, ": 'x' has ", inputs.size(0), " rows but 'y' has ",
         targets.dim() < 1 ? std::string("none (a scalar)") : absl::StrCat(targets.size(0)),
         targets.dim() == 1 ? " labels" : " rows"));
+  }
+  // Converting makes each tensor contiguous: one whose shape claims more bytes than its storage
+  // holds (an expanded or overlapping view, e.g. torch.zeros(1).expand(10**12)) would be
+  // materialized at its claimed size. Data files hold plain tensors; refuse such a view.
+  for (const auto& [role, tensor] : {std::pair{"x", &inputs}, std::pair{"y", &targets}}) {
+    const uint64_t claimed =
+        static_cast<uint64_t>(tensor->numel()) * static_cast<uint64_t>(tensor->element_size());
+    const uint64_t stored = tensor->storage().nbytes();
+    if (claimed > stored) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": '", role, "' ", ShapeString(tensor->sizes()), " claims ", claimed,
+                       " bytes from a storage of ", stored,
+                       " (an expanded or overlapping view); save ", role, ".contiguous() instead"));
+    }
   }
   Examples examples;
   if (IsIntegral(targets.scalar_type())) {

@@ -30,8 +30,9 @@ struct Examples {
 
 // Checks `inputs` and `targets` read from `name` (the messages start with it): N > 0 rows each;
 // inputs of a floating dtype (converted to float32) or an integer one (token ids >= 0, to int64);
-// targets an integer [N] of class ids >= 0 (to int64) or floating [N, ...] (to float32).
-// INVALID_ARGUMENT saying what was found otherwise.
+// targets an integer [N] of class ids >= 0 (to int64) or floating [N, ...] (to float32); neither
+// a view that claims more bytes than its storage holds (an expanded tensor, which converting
+// would materialize). INVALID_ARGUMENT saying what was found otherwise.
 absl::StatusOr<Examples> CheckExamples(const std::string& name, const at::Tensor& inputs,
                                        const at::Tensor& targets);
 

@@ -190,6 +190,12 @@ TEST(CheckExamplesTest, FloatTargetsAreKeptAndIntegerOnesMustBeClassIds) {
               StatusIs(absl::StatusCode::kInvalidArgument, "'y' has dtype Bool"));
   EXPECT_THAT(CheckExamples("f", at::zeros({0, 3}), at::zeros({0}, at::kLong)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "N > 0"));
+  // An expanded view would be materialized at its claimed size: refused before converting.
+  EXPECT_THAT(
+      CheckExamples("f", at::zeros({1}).expand({1000000, 1000}), at::zeros({1000000}, at::kLong))
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               "'x' [1000000,1000] claims 4000000000 bytes from a storage of 4"));
 }
 
 }  // namespace
