@@ -242,8 +242,12 @@ absl::StatusOr<TorchFile> ReadZipCheckpoint(const ByteSource& source) {
     ASSIGN_OR_RETURN(file.root, TorchScriptWeights(zip, prefix, source.name(), result.value));
     file.format = "torchscript";
     for (std::string& warning : result.warnings) {
-      // Every module class is an opaque object to the pickle reader; that is expected here.
-      if (!absl::StrContains(warning, "__torch__.")) file.warnings.push_back(std::move(warning));
+      // Every module class is an opaque object to the pickle reader, and TorchScript's typed
+      // containers (torch.jit._pickle.build_intlist, ...) hold plain attributes: expected here.
+      if (!absl::StrContains(warning, "__torch__.") &&
+          !absl::StrContains(warning, "torch.jit._pickle.")) {
+        file.warnings.push_back(std::move(warning));
+      }
     }
     file.warnings.push_back(absl::StrCat(
         source.name(), ": a TorchScript archive of ", result.value.opaque_class_name(), ": read ",
