@@ -14,9 +14,9 @@
 // and asserts nothing about time. The exit status is non-zero only when a measurement fails
 // (an error from the store, a wrong byte count after a round trip), never for a missed target.
 //
-// Each figure is one function below (FigureR1 ... FigureR9, FigureD1, FigureM1, FigureM2);
-// --figures=R5,R8 measures only those (and what they need). R9 (the trainer on a scripted
-// ResNet-18 against Python DDP) is measured in scripted_training_bench.cc.
+// Each figure is one function (FigureR1 ... FigureR7, FigureD1, FigureM1, FigureM2 below; the
+// training figures R8 and R9 in training_figures.cc); --figures=R5,R8 measures only those (and
+// what they need). report.h has the options, the report and the memory regimes they share.
 //
 // Memory regimes: a ratio whose sides put bytes into memory is printed twice, once *warm* (the
 // destination memory was faulted in before the timed run, on both sides) and once *cold* (fresh
@@ -91,14 +91,12 @@
 #include "services/checkpoint_store/store_service.h"
 #include "services/loader/loader_service.h"
 #include "tools/bench/grpc_baseline.h"
+#include "tools/bench/report.h"
 #include "tools/bench/run_command.h"
-#include "tools/bench/scripted_training_bench.h"
 #include "tools/bench/shm_workload.h"
 #include "tools/bench/stats.h"
+#include "tools/bench/training_figures.h"
 #include "tools/bench/workloads.h"
-#include "torch/nn/module.h"
-#include "torch/nn/modules/linear.h"
-#include "torch/optim/sgd.h"
 #include "torch/serialize.h"
 
 ABSL_FLAG(bool, quick, false,
@@ -144,170 +142,6 @@ namespace ckpt::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr int64_t kMiB = int64_t{1} << 20;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-void Progress(const std::string& message) { std::cerr << "[bench] " << message << std::endl; }
-
-struct BenchOptions {
-  bool quick = false;
-  int runs = 3;
-  std::string work_dir;  // a fresh directory of this run, removed at the end.
-  int64_t large_param_bytes = 0;
-  int small_tensors = 0;
-  int64_t backbone_bytes = 0;
-  int64_t head_bytes = 0;
-  std::string python;
-  std::string python_script;
-  std::string self_exe;
-  std::vector<std::string> figures;  // empty: all.
-  int r8_steps = 200;
-  int64_t r8_bucket_cap_bytes = int64_t{25} << 20;
-  int64_t m2_tensor_bytes = int64_t{64} << 20;
-  int r9_steps = 30;
-  std::string r9_script;  // scripted_training_baseline.py
-  std::string trainer;    // the //services/trainer binary
-
-  bool Wants(const std::string& figure) const {
-    return figures.empty() || std::find(figures.begin(), figures.end(), figure) != figures.end();
-  }
-};
-
-// ---- The report.
-
-// kReference: no target; a row that says what a baseline itself reaches (a reference to read
-// the figures beside it against).
-enum class Goal { kAtLeast, kAtMost, kClose, kReference };
-
-// The memory regime a ratio was measured in (see the file comment); kNone: not applicable.
-enum class Regime { kNone, kWarm, kCold };
-
-std::string RegimeName(Regime regime) {
-  switch (regime) {
-    case Regime::kWarm:
-      return "warm";
-    case Regime::kCold:
-      return "cold";
-    case Regime::kNone:
-      break;
-  }
-  return "n/a";
-}
-
-struct FigureRow {
-  std::string id;
-  std::string workload;
-  std::string what;
-  Summary ratio;
-  Goal goal = Goal::kAtLeast;
-  double target = 0;
-  std::string detail;  // measured vs baseline, in words and units.
-  Regime regime = Regime::kNone;
-};
-
-struct TimingRow {
-  std::string operation;
-  std::string workload;
-  int64_t bytes = 0;
-  int64_t tensors = 0;
-  Summary seconds;
-  Regime regime = Regime::kNone;
-};
-
-class Report {
- public:
-  void AddTiming(std::string operation, const Workload& workload, const std::vector<double>& s,
-                 Regime regime = Regime::kNone) {
-    AddTiming(std::move(operation), workload.name, workload.bytes,
-              static_cast<int64_t>(workload.tensors.size()), s, regime);
-  }
-  void AddTiming(std::string operation, std::string workload, int64_t bytes, int64_t tensors,
-                 const std::vector<double>& seconds, Regime regime = Regime::kNone) {
-    timings_.push_back(
-        {std::move(operation), std::move(workload), bytes, tensors, Summarize(seconds), regime});
-    const TimingRow& row = timings_.back();
-    Progress(absl::StrFormat("  %s (%s, %s): %s s, %.2f GiB/s", row.operation, row.workload,
-                             RegimeName(row.regime), FormatSummary(row.seconds, 3),
-                             row.seconds.median > 0 ? row.bytes / kGiB / row.seconds.median : 0));
-  }
-  void AddFigure(FigureRow row) {
-    Progress(absl::StrFormat("  %s %s (%s): %s", row.id, row.workload, RegimeName(row.regime),
-                             FormatSummary(row.ratio, 3)));
-    figures_.push_back(std::move(row));
-  }
-
-  void Print(std::ostream& out, const std::string& setup) const {
-    out << "## Figures\n\n" << setup << "\n\n";
-    out << "| Figure | Workload | Regime | What | Ratio: median [min, max] | Target | Met | Detail "
-           "|\n";
-    out << "|---|---|---|---|---|---|---|---|\n";
-    for (const FigureRow& row : figures_) {
-      std::string target;
-      switch (row.goal) {
-        case Goal::kAtLeast:
-          target = absl::StrFormat(">= %g", row.target);
-          break;
-        case Goal::kAtMost:
-          target = absl::StrFormat("<= %g", row.target);
-          break;
-        case Goal::kClose:
-          target = absl::StrFormat("~ %.4f (expected)", row.target);
-          break;
-        case Goal::kReference:
-          target = "(reference)";
-          break;
-      }
-      bool met = false;
-      switch (row.goal) {
-        case Goal::kAtLeast:
-          met = row.ratio.median >= row.target;
-          break;
-        case Goal::kAtMost:
-          met = row.ratio.median <= row.target;
-          break;
-        // Within 5% of the ideal: dedup stores each distinct chunk once, plus nothing.
-        case Goal::kClose:
-          met = row.ratio.median <= row.target * 1.05;
-          break;
-        case Goal::kReference:
-          break;
-      }
-      out << "| " << row.id << " | " << row.workload << " | " << RegimeName(row.regime) << " | "
-          << row.what << " | " << FormatSummary(row.ratio, 3) << " | " << target << " | "
-          << (row.goal == Goal::kReference ? "n/a"
-              : met                        ? "yes"
-                                           : "**no**")
-          << " | " << row.detail << " |\n";
-    }
-    out << "\n## Timings\n\n";
-    out << "| Operation | Workload | Regime | Bytes | Tensors | Seconds: median [min, max] | GiB/s "
-           "(median) |\n";
-    out << "|---|---|---|---|---|---|---|\n";
-    for (const TimingRow& row : timings_) {
-      out << "| " << row.operation << " | " << row.workload << " | " << RegimeName(row.regime)
-          << " | " << row.bytes << " | " << row.tensors << " | " << FormatSummary(row.seconds, 3)
-          << " | "
-          << absl::StrFormat("%.2f",
-                             row.seconds.median > 0 ? row.bytes / kGiB / row.seconds.median : 0.0)
-          << " |\n";
-    }
-  }
-
- private:
-  std::vector<FigureRow> figures_;
-  std::vector<TimingRow> timings_;
-};
-
-double GiBps(int64_t bytes, const std::vector<double>& seconds) {
-  const Summary s = Summarize(seconds);
-  return s.median > 0 ? bytes / kGiB / s.median : 0;
-}
 
 // Ratio of throughputs = inverse ratio of times, run by run.
 absl::StatusOr<Summary> ThroughputRatio(const std::vector<double>& operation_s,
@@ -315,59 +149,6 @@ absl::StatusOr<Summary> ThroughputRatio(const std::vector<double>& operation_s,
   ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(baseline_s, operation_s));
   return Summarize(ratios);
 }
-
-// ---- Memory regimes.
-//
-// glibc's malloc decides whether freed memory stays in the process (the next allocation of that
-// size reuses pages already faulted in) or goes back to the kernel (the next one faults fresh
-// pages in). By default it adapts: freeing a mapping raises the mmap threshold (up to 32 MiB), so
-// whether a load landed in reused or fresh memory depended on what ran before it, and Python's
-// second torch.load reused its first one's heap while our loads mapped fresh memory. Each regime
-// sets malloc explicitly on both sides, with the same values: this process through mallopt,
-// Python through glibc's MALLOC_*_ environment variables.
-//   warm: mmap threshold at glibc's maximum (32 MiB) and no trimming, plus one untimed run
-//         before the timed ones: freed memory stays and is reused, faulted in.
-//   cold: every allocation of 128 KiB or more is a fresh mapping, unmapped when freed, and free
-//         heap pages are returned first (malloc_trim): every timed run faults its memory in.
-// Allocations over 32 MiB are always fresh mappings in glibc, whatever the regime (the benchmark's
-// tensors are at most 16 MiB; the fault counts show it).
-
-constexpr int kMallocMaxMmapThreshold = 32 << 20;
-constexpr int kMallocColdThreshold = 128 << 10;
-
-// The environment that puts a Python child into `regime` (see above).
-std::string PythonMallocEnvironment(Regime regime) {
-  if (regime == Regime::kWarm) {
-    return absl::StrCat("MALLOC_MMAP_THRESHOLD_=", kMallocMaxMmapThreshold,
-                        " MALLOC_TRIM_THRESHOLD_=", std::numeric_limits<size_t>::max());
-  }
-  return absl::StrCat("MALLOC_MMAP_THRESHOLD_=", kMallocColdThreshold,
-                      " MALLOC_TRIM_THRESHOLD_=", kMallocColdThreshold);
-}
-
-// Sets this process's malloc to `regime` while it lives. On exit, free memory goes back to the
-// kernel and malloc keeps the settings its own adaptation reaches after freeing a 32 MiB mapping,
-// so the measurements outside any regime run as they did before regimes existed.
-class ScopedMallocRegime {
- public:
-  explicit ScopedMallocRegime(Regime regime) {
-    if (regime == Regime::kWarm) {
-      ::mallopt(M_MMAP_THRESHOLD, kMallocMaxMmapThreshold);
-      ::mallopt(M_TRIM_THRESHOLD, -1);  // glibc reads it as a size_t: never trim.
-    } else {
-      ::mallopt(M_MMAP_THRESHOLD, kMallocColdThreshold);
-      ::mallopt(M_TRIM_THRESHOLD, kMallocColdThreshold);
-      ::malloc_trim(0);
-    }
-  }
-  ~ScopedMallocRegime() {
-    ::mallopt(M_MMAP_THRESHOLD, kMallocMaxMmapThreshold);
-    ::mallopt(M_TRIM_THRESHOLD, 2 * kMallocMaxMmapThreshold);
-    ::malloc_trim(0);
-  }
-  ScopedMallocRegime(const ScopedMallocRegime&) = delete;
-  ScopedMallocRegime& operator=(const ScopedMallocRegime&) = delete;
-};
 
 // CPU seconds (user + system) this process has used, all threads.
 double ProcessCpuSeconds() {
@@ -405,8 +186,6 @@ absl::Status TimeWithFaults(const std::function<absl::StatusOr<double>()>& opera
   seconds.push_back(taken);
   return absl::OkStatus();
 }
-
-double Median(const std::vector<double>& values) { return Summarize(values).median; }
 
 // ---- Measurements shared by several figures.
 
@@ -1275,173 +1054,6 @@ absl::Status FigureR5(const BenchOptions& options, const Workload& workload,
         GiBps(workload.bytes, shm.shm_s), GiBps(workload.bytes, shm.local_s),
         static_cast<double>(shm.in_place_bytes) / kMiB,
         static_cast<double>(shm.copied_bytes) / kMiB);
-    report.AddFigure(std::move(row));
-  }
-  return absl::OkStatus();
-}
-
-// ---- R8: data-parallel scaling. Each rank is this binary re-executed (--r8_rank) by
-// ddp::RunLocalRanks, one intra-op thread per rank, training the same MLP on synthetic batches.
-
-struct BenchMlp : torch::nn::Module {
-  BenchMlp()
-      : fc1(register_module("fc1", torch::nn::Linear(512, 1024))),
-        fc2(register_module("fc2", torch::nn::Linear(1024, 1024))),
-        fc3(register_module("fc3", torch::nn::Linear(1024, 10))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-
-constexpr int64_t kR8Batch = 64;
-constexpr int kR8WarmupSteps = 5;
-
-// Runs in a rank process: trains `steps` timed steps (after a warm-up) and writes its samples/s
-// to "<out>.<rank>".
-absl::Status RunR8Rank(const std::string& mode, const std::string& out, int steps,
-                       int64_t bucket_cap_bytes) {
-  return CatchTorchErrors([&] {
-    at::set_num_threads(1);
-    at::manual_seed(0);
-    auto model = std::make_shared<BenchMlp>();
-    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01));
-    std::optional<ddp::ProcessGroupHandle> pg;
-    std::unique_ptr<ddp::DistributedDataParallel> data_parallel;
-    int rank = 0;
-    if (mode == "ddp") {
-      std::optional<ddp::RendezvousOptions> rendezvous = ddp::RendezvousOptionsFromEnvironment();
-      TORCH_CHECK(rendezvous.has_value(), "R8 ddp rank started without RANK / WORLD_SIZE");
-      pg = ddp::InitProcessGroup(*rendezvous);
-      rank = pg->rank;
-      ddp::DataParallelOptions data_parallel_options;
-      data_parallel_options.bucket_cap_bytes = bucket_cap_bytes;
-      data_parallel =
-          std::make_unique<ddp::DistributedDataParallel>(model, pg->comm, data_parallel_options);
-    } else {
-      TORCH_CHECK(mode == "single", "--r8_rank must be 'ddp' or 'single', got '", mode, "'");
-      // Several single ranks may run at once (R8's pair without communication): one file each.
-      if (const char* env_rank = std::getenv("RANK")) rank = std::atoi(env_rank);
-    }
-    const at::Tensor inputs = at::randn({kR8Batch, 512});
-    const at::Tensor targets = at::randint(0, 10, {kR8Batch}, at::kLong);
-    Clock::time_point start;
-    for (int step = 0; step < kR8WarmupSteps + steps; ++step) {
-      if (step == kR8WarmupSteps) {
-        if (pg.has_value()) pg->comm.Barrier();
-        start = Clock::now();
-      }
-      optimizer.zero_grad();
-      if (data_parallel) data_parallel->PrepareForward();
-      at::Tensor loss = at::nll_loss(at::log_softmax(model->forward(inputs), 1), targets);
-      loss.backward();
-      if (data_parallel) data_parallel->FinishGradientSync();
-      optimizer.step();
-    }
-    const double samples_per_s = steps * kR8Batch / SecondsSince(start);
-    std::ofstream(absl::StrCat(out, ".", rank)) << samples_per_s << "\n";
-  });
-}
-
-absl::StatusOr<double> RunR8Job(const BenchOptions& options, const std::string& mode,
-                                int world_size) {
-  const std::string out = absl::StrCat(options.work_dir, "/r8-", mode);
-  ASSIGN_OR_RETURN(std::vector<int> exits, CatchTorchErrors([&] {
-                     return ddp::RunLocalRanks(
-                         {absl::StrCat("--r8_rank=", mode), absl::StrCat("--r8_out=", out),
-                          absl::StrCat("--r8_steps=", options.r8_steps),
-                          absl::StrCat("--r8_bucket_cap_mib=",
-                                       static_cast<double>(options.r8_bucket_cap_bytes) / kMiB)},
-                         world_size, ddp::PickFreeLoopbackPort(), {},
-                         std::chrono::milliseconds(300000));
-                   }));
-  double total = 0;
-  for (int rank = 0; rank < world_size; ++rank) {
-    if (exits[rank] != 0) {
-      return absl::InternalError(
-          absl::StrCat("R8 ", mode, " rank ", rank, " exited with ", exits[rank]));
-    }
-    const std::string path = absl::StrCat(out, ".", rank);
-    std::ifstream in(path);
-    double samples_per_s = 0;
-    if (!(in >> samples_per_s) || samples_per_s <= 0) {
-      return absl::InternalError("R8 rank wrote no samples/s to " + path);
-    }
-    fs::remove(path);
-    total += samples_per_s;
-  }
-  return total;
-}
-
-// Besides the figure, two single ranks run at the same time with no process group: what two
-// processes training side by side reach on this machine with no communication at all (shared
-// memory bandwidth and caches, the kernel and other processes on 2 vCPUs), the ceiling the DDP
-// pair is read against in the detail.
-absl::Status FigureR8(const BenchOptions& options, Report& report) {
-  std::vector<double> ddp_total;
-  std::vector<double> twice_single;
-  std::vector<double> pair_total;
-  for (int run = 0; run < options.runs; ++run) {
-    Progress(absl::StrCat("R8 run ", run + 1, "/", options.runs,
-                          ": one rank alone, two without communication, then 2 DDP ranks"));
-    ASSIGN_OR_RETURN(double single, RunR8Job(options, "single", 1));
-    ASSIGN_OR_RETURN(double pair, RunR8Job(options, "single", 2));
-    ASSIGN_OR_RETURN(double two, RunR8Job(options, "ddp", 2));
-    twice_single.push_back(2 * single);
-    pair_total.push_back(pair);
-    ddp_total.push_back(two);
-  }
-  ASSIGN_OR_RETURN(std::vector<double> pair_ratios, PairedRatios(pair_total, twice_single));
-  ASSIGN_OR_RETURN(std::vector<double> ddp_of_pair, PairedRatios(ddp_total, pair_total));
-  FigureRow row{"R8", "MLP 512-1024-1024-10, batch 64/rank",
-                "2-rank Gloo DDP samples/s / (2 x one rank alone)"};
-  ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(ddp_total, twice_single));
-  row.ratio = Summarize(ratios);
-  row.target = 0.9;
-  row.detail = absl::StrFormat(
-      "%.0f vs 2 x %.0f samples/s (medians), %d steps, 1 thread/rank; two ranks at once without "
-      "communication %.0f samples/s (%.3f of 2 x alone); DDP / that pair %.3f",
-      Median(ddp_total), Median(twice_single) / 2, options.r8_steps, Median(pair_total),
-      Median(pair_ratios), Median(ddp_of_pair));
-  report.AddFigure(std::move(row));
-  return absl::OkStatus();
-}
-
-// ---- R9: a team's scripted ResNet-18 trained by the C++ trainer, against Python's DDP loop,
-// both sides in the same memory regime (warm; cold too in a full run): left to malloc's
-// defaults, Python's loop faulted fresh memory in every step here and ran 5x slower than in the
-// warm regime, which made a 3x "win" that was only the regime.
-absl::Status FigureR9(const BenchOptions& options, Report& report) {
-  ScriptedTrainingOptions r9;
-  r9.python = options.python;
-  r9.baseline_script = options.r9_script;
-  r9.trainer = options.trainer;
-  r9.work_dir = options.work_dir;
-  r9.runs = options.runs;
-  r9.warmup_steps = options.quick ? 3 : 5;
-  r9.timed_steps = options.r9_steps;
-  r9.batch_per_rank = options.quick ? 16 : 32;
-  std::vector<Regime> regimes = {Regime::kWarm};
-  if (!options.quick) regimes.push_back(Regime::kCold);
-  for (const Regime regime : regimes) {
-    r9.environment = PythonMallocEnvironment(regime);
-    Progress(absl::StrCat("R9, ", RegimeName(regime), " regime"));
-    ASSIGN_OR_RETURN(ScriptedTrainingSamples samples, MeasureScriptedTraining(r9));
-    ASSIGN_OR_RETURN(std::vector<double> ratios, PairedRatios(samples.trainer_samples_per_s,
-                                                              samples.python_samples_per_s));
-    FigureRow row{"R9",
-                  absl::StrFormat("scripted ResNet-18, 32x32, batch %d/rank", r9.batch_per_rank),
-                  "C++ trainer samples/s / Python DDP loop (2 Gloo ranks)"};
-    row.regime = regime;
-    row.ratio = Summarize(ratios);
-    row.target = 1.0;
-    row.detail = absl::StrFormat(
-        "%.1f vs %.1f samples/s (medians), %d timed steps after %d warm-up, 1 thread/rank, "
-        "AdamW, no clipping; trainer: torch.jit.script'ed torchvision resnet18 read from 4 .pt shards; "
-        "Python: eager torchvision resnet18 in torch.nn.parallel.DistributedDataParallel, data "
-        "in memory; both under %s",
-        Median(samples.trainer_samples_per_s), Median(samples.python_samples_per_s),
-        r9.timed_steps, r9.warmup_steps, r9.environment);
     report.AddFigure(std::move(row));
   }
   return absl::OkStatus();
