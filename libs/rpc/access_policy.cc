@@ -149,27 +149,6 @@ Role RequiredRole(absl::string_view method) {
   return Role::kAdmin;
 }
 
-bool ModelPatternMatches(absl::string_view pattern, absl::string_view name) {
-  // Iterative glob with one backtrack point: linear enough for model names.
-  size_t p = 0, n = 0, star = absl::string_view::npos, resume = 0;
-  while (n < name.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
-      ++p;
-      ++n;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      resume = n;
-    } else if (star != absl::string_view::npos) {
-      p = star + 1;
-      n = ++resume;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
-
 absl::StatusOr<std::vector<IdentityEntry>> ParseIdentities(absl::string_view json,
                                                            absl::string_view source) {
   const nlohmann::json root = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
@@ -356,6 +335,18 @@ absl::StatusOr<Caller> AccessPolicy::Authenticate(const grpc::ServerContextBase&
   return caller;
 }
 
+std::string AccessPolicy::UnauthenticatedCallerName(const grpc::ServerContextBase& context) {
+  absl::StatusOr<std::optional<std::string>> token = BearerToken(context);
+  if (!token.ok()) return "unknown (malformed authorization metadata)";
+  if (token->has_value()) {
+    return absl::StrCat(
+        "unknown (token sha256:", absl::BytesToHexString(Sha256(**token)).substr(0, 8), ")");
+  }
+  const std::vector<std::string> names = CertificateNames(context);
+  if (!names.empty()) return absl::StrCat("unknown (certificate ", names.front(), ")");
+  return "unknown (no credentials)";
+}
+
 absl::Status AccessPolicy::Authorize(const Caller& caller, absl::string_view method,
                                      absl::string_view model) {
   const Role needed = RequiredRole(method);
@@ -364,14 +355,11 @@ absl::Status AccessPolicy::Authorize(const Caller& caller, absl::string_view met
         absl::StrCat("identity '", caller.identity, "' (role ", RoleName(caller.role),
                      ") may not call ", method, ": it needs the ", RoleName(needed), " role"));
   }
-  if (caller.models.empty() || model.empty()) return absl::OkStatus();
-  for (const std::string& pattern : caller.models) {
-    if (ModelPatternMatches(pattern, model)) return absl::OkStatus();
-  }
+  const ModelScope scope(caller.models);
+  if (model.empty() || scope.Covers(model)) return absl::OkStatus();
   return absl::PermissionDeniedError(
       absl::StrCat("identity '", caller.identity, "' may not call ", method, " on model '", model,
-                   "': its ", RoleName(caller.role), " role covers only models matching ",
-                   absl::StrJoin(caller.models, ", ")));
+                   "': its ", RoleName(caller.role), " role covers only ", scope.Describe()));
 }
 
 absl::StatusOr<Caller> AccessPolicy::Check(const grpc::ServerContextBase& context,

@@ -48,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
+#include "libs/store/model_scope.h"
 
 namespace ckpt {
 
@@ -72,9 +73,6 @@ struct Caller {
   // Where the call came from, as gRPC writes it ("ipv4:10.0.0.7:51234").
   std::string peer;
 };
-
-// Shell-style match of `name` against `pattern` ('*' any run, '?' one character).
-bool ModelPatternMatches(absl::string_view pattern, absl::string_view name);
 
 struct IdentityEntry {
   std::string name;
@@ -111,6 +109,12 @@ class AccessPolicy {
   // when neither names a known identity.
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase& context,
                                       absl::string_view service) const;
+
+  // How the audit log names a caller Authenticate refused: "unknown (token sha256:1a2b3c4d)" (the
+  // first 8 hex digits of the presented token's SHA-256, enough to tell tokens apart, useless
+  // for guessing one), "unknown (certificate <its first SAN or CN>)", or "unknown (no
+  // credentials)".
+  static std::string UnauthenticatedCallerName(const grpc::ServerContextBase& context);
 
   // OK when `caller` may call `method` (short name) on `model` (empty: the call names none);
   // PERMISSION_DENIED naming the identity, the method and the role or model scope it lacks.

@@ -13,20 +13,6 @@ using ::ckpt::testing::StatusIs;
 constexpr char kReaderHash[] = "0d0e4b2ecb21e8b0b0d7fa1b1e1b1b7d4d2bd3b0bbf1d8bde1b0b4f5a6c7d8e9";
 constexpr char kWriterHash[] = "1d0e4b2ecb21e8b0b0d7fa1b1e1b1b7d4d2bd3b0bbf1d8bde1b0b4f5a6c7d8e9";
 
-TEST(ModelPatternTest, GlobsMatchWholeNames) {
-  EXPECT_TRUE(ModelPatternMatches("team-a/*", "team-a/resnet"));
-  EXPECT_TRUE(ModelPatternMatches("team-a/*", "team-a/"));
-  EXPECT_FALSE(ModelPatternMatches("team-a/*", "team-b/resnet"));
-  EXPECT_FALSE(ModelPatternMatches("team-a/*", "xteam-a/resnet"));
-  EXPECT_TRUE(ModelPatternMatches("*-prod", "ranker-prod"));
-  EXPECT_FALSE(ModelPatternMatches("*-prod", "ranker-prod2"));
-  EXPECT_TRUE(ModelPatternMatches("m?", "m1"));
-  EXPECT_FALSE(ModelPatternMatches("m?", "m12"));
-  EXPECT_TRUE(ModelPatternMatches("*a*b*", "xxaxxbxx"));
-  EXPECT_TRUE(ModelPatternMatches("exact", "exact"));
-  EXPECT_FALSE(ModelPatternMatches("exact", "exactly"));
-}
-
 TEST(RequiredRoleTest, EachMethodNeedsItsRoleAndUnknownMethodsNeedAdmin) {
   EXPECT_EQ(RequiredRole("GetManifest"), Role::kReader);
   EXPECT_EQ(RequiredRole("Export"), Role::kReader);

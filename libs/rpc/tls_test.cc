@@ -34,6 +34,11 @@ class WhoAmI final : public v1::Trainer::Service {
     status->set_model(caller->identity);
     return grpc::Status::OK;
   }
+  // Needs the writer role; answers nothing else.
+  grpc::Status CheckpointNow(grpc::ServerContext* context, const v1::CheckpointNowRequest*,
+                             v1::CheckpointNowResponse*) override {
+    return ToGrpcStatus(policy_->Check(*context, "trainer", "CheckpointNow", "").status());
+  }
 
  private:
   const AccessPolicy* policy_;
@@ -77,6 +82,16 @@ class TlsTest : public ::testing::Test {
     absl::StatusOr<std::string> who = Call(options);
     if (!who.ok()) std::cerr << "call failed: " << who.status() << "\n";
     return who;
+  }
+  // CheckpointNow (a writer's call) as `options`' identity.
+  absl::Status CheckpointNowAs(const ClientOptions& options) const {
+    ASSIGN_OR_RETURN(std::shared_ptr<ClientChannel> channel,
+                     ClientChannel::Open(options, {"ckpt.v1.Trainer", "trainer", {}}));
+    auto stub = v1::Trainer::NewStub(channel->channel());
+    auto context = channel->NewContext(absl::Now() + absl::Seconds(10));
+    v1::CheckpointNowResponse response;
+    return channel->FromCall(
+        stub->CheckpointNow(context.get(), v1::CheckpointNowRequest(), &response));
   }
   absl::StatusOr<std::string> Call(const ClientOptions& options) const {
     ASSIGN_OR_RETURN(std::shared_ptr<ClientChannel> channel,
@@ -125,6 +140,62 @@ TEST_F(TlsTest, MutualTlsRefusesNoCertificateAForeignOneAndAnExpiredOne) {
               StatusIs(absl::StatusCode::kUnavailable, "cannot connect"));
   // The server still serves good clients after refusing those.
   EXPECT_EQ(WhoAmIAs(Client(&certs_->client)).value_or("error"), "team-a");
+}
+
+TEST_F(TlsTest, ATrustedCertificateNotListedInTheIdentitiesFileIsUnauthenticated) {
+  const std::string path = *dir_ + "/only-ops.json";
+  ckpt::testing::WriteTextFile(path, R"({"identities": [
+      {"name": "ops", "certificate": "ops", "role": "admin"}]})");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<AccessPolicy> policy,
+                       AccessPolicy::FromIdentitiesFile(path));
+  Serve(policy.get(), /*mutual=*/true);
+  // The CA signed it, so TLS admits it; but no identity is listed for it.
+  EXPECT_THAT(WhoAmIAs(Client(&certs_->client)),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       "no identity is listed for the certificate of team-a.example"));
+  EXPECT_EQ(WhoAmIAs(Client(&certs_->ops)).value_or("error"), "ops");
+}
+
+TEST_F(TlsTest, ACertificateIdentityIsHeldToItsRoleLikeAToken) {
+  const std::string path = *dir_ + "/reader-cert.json";
+  ckpt::testing::WriteTextFile(path, R"({"identities": [
+      {"name": "team-a", "certificate": "team-a.example", "role": "reader"},
+      {"name": "ops", "certificate": "ops", "role": "admin"}]})");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<AccessPolicy> policy,
+                       AccessPolicy::FromIdentitiesFile(path));
+  Serve(policy.get(), /*mutual=*/true);
+  EXPECT_EQ(WhoAmIAs(Client(&certs_->client)).value_or("error"), "team-a");
+  EXPECT_THAT(CheckpointNowAs(Client(&certs_->client)),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       "identity 'team-a' (role reader) may not call CheckpointNow: it needs the "
+                       "writer role"));
+  EXPECT_OK(CheckpointNowAs(Client(&certs_->ops)));
+}
+
+TEST_F(TlsTest, AnIdentityRemovedFromTheFileIsRefusedWithinTheReloadIntervalWithoutARestart) {
+  const std::string path = *dir_ + "/revoked.json";
+  ckpt::testing::WriteTextFile(path, R"({"identities": [
+      {"name": "team-a", "certificate": "team-a.example", "role": "writer"},
+      {"name": "ops", "certificate": "ops", "role": "admin"}]})");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<AccessPolicy> policy,
+                       AccessPolicy::FromIdentitiesFile(path));
+  Serve(policy.get(), /*mutual=*/true);
+  ASSERT_EQ(WhoAmIAs(Client(&certs_->client)).value_or("error"), "team-a");
+  // Revoked: written to a temporary file and renamed over, as an operator's tooling would.
+  ckpt::testing::WriteTextFile(path + ".new", R"({"identities": [
+      {"name": "ops", "certificate": "ops", "role": "admin"}]})");
+  std::filesystem::rename(path + ".new", path);
+  const absl::Time revoked = absl::Now();
+  absl::Status refused;
+  while (absl::Now() - revoked < absl::Seconds(5)) {
+    refused = WhoAmIAs(Client(&certs_->client)).status();
+    if (!refused.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnauthenticated));
+  // The reload is checked at most once a second: refused within about that, never later.
+  EXPECT_LT(absl::Now() - revoked, absl::Seconds(2.5));
+  EXPECT_EQ(WhoAmIAs(Client(&certs_->ops)).value_or("error"), "ops");
 }
 
 TEST_F(TlsTest, ServerTlsWithoutClientCertificatesAuthenticatesByToken) {

@@ -228,12 +228,18 @@ inline constexpr absl::string_view kAuditUpdateModel = "update_model";
 inline constexpr absl::string_view kAuditRenameModel = "rename_model";
 inline constexpr absl::string_view kAuditDeleteModel = "delete_model";
 inline constexpr absl::string_view kAuditAnnotate = "annotate";
+// A call access control refused (RefusedCallLog): nothing changed; the record's outcome is FAILED
+// with the refusal, its detail the method.
+inline constexpr absl::string_view kAuditRefused = "refused";
+// How many refused calls went unrecorded because more came than the log records a second.
+inline constexpr absl::string_view kAuditRefusalsDropped = "refusals_dropped";
 
 // Every kAudit* action above.
 inline constexpr absl::string_view kAuditActions[] = {
     kAuditCommit,         kAuditSetAlias,       kAuditDeleteAlias, kAuditDeleteVersion,
     kAuditApplyRetention, kAuditGarbageCollect, kAuditCreateModel, kAuditUpdateModel,
-    kAuditRenameModel,    kAuditDeleteModel,    kAuditAnnotate};
+    kAuditRenameModel,    kAuditDeleteModel,    kAuditAnnotate,    kAuditRefused,
+    kAuditRefusalsDropped};
 
 // Whether `action` is one of kAuditActions.
 inline bool IsAuditAction(absl::string_view action) {

@@ -19,6 +19,9 @@
 #include "libs/status/status_macros.h"
 #include "libs/store/audited_store.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/model_scope.h"
+#include "libs/store/refused_call_log.h"
+#include "libs/store/scoped_store.h"
 #include "libs/store/version_ref.h"
 #include "services/checkpoint_store/internal/requests.h"
 #include "services/checkpoint_store/internal/work_queue.h"
@@ -140,13 +143,17 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
           return absl::InvalidArgumentError("the Upload stream sent a second UploadHeader");
         }
         const v1::UploadHeader& header = request_.header();
-        RETURN_IF_ERROR(AccessPolicy::Authorize(caller_, "Upload", header.model()));
+        absl::Status allowed = AccessPolicy::Authorize(caller_, "Upload", header.model());
+        service_.NoteRefusal(caller_, "Upload", header.model(), allowed);
+        RETURN_IF_ERROR(allowed);
         CommitOptions options;
         options.expected_latest_version = header.expected_latest_version();
         options.aliases.assign(header.aliases().begin(), header.aliases().end());
         options.attribution.reason = header.reason();
-        // The session keeps the store, not this AuditedStore; its Commit is audited.
-        AuditedStore audited(service_.store_, ActorOf(caller_));
+        // The session keeps scoped_, not this AuditedStore; its Commit is audited.
+        scoped_ = std::make_unique<ScopedStore>(service_.store_, ModelScope(caller_.models),
+                                                Who(caller_));
+        AuditedStore audited(*scoped_, ActorOf(caller_));
         ASSIGN_OR_RETURN(session_, audited.BeginUpload(header.model(), header.manifest(), options));
         aliases_ = std::set<std::string>(header.aliases().begin(), header.aliases().end());
         accepted_header = true;
@@ -215,6 +222,8 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
   grpc::ByteBuffer received_;  // the message just read, not parsed yet.
   int64_t messages_ = 0;       // read so far, for messages about them.
   v1::UploadRequest request_;
+  // The caller's view of the store, made at the header; the session (destroyed first) uses it.
+  std::unique_ptr<ScopedStore> scoped_;
   std::unique_ptr<UploadSession> session_;
   std::set<std::string> aliases_;
   Caller caller_;  // who opened the stream (the model scope is checked at the header).
@@ -247,8 +256,12 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
       : service_(*service), context_(*context) {
     service_.StreamStarted();
     absl::Status ready = ParseFromByteBuffer(*request, "DownloadRequest", &request_);
-    if (ready.ok())
-      ready = service_.Authorize(context_, "Download", request_.ref().model()).status();
+    if (ready.ok()) {
+      absl::StatusOr<Caller> caller =
+          service_.Authorize(context_, "Download", request_.ref().model());
+      ready = caller.status();
+      if (caller.ok()) caller_ = *std::move(caller);
+    }
     if (!ready.ok()) {
       Finish(ToGrpcStatus(ready));
       return;
@@ -365,7 +378,8 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
                                                      "; use 0 for the default (1 MiB)"));
     }
     piece_bytes_ = StreamedPieceBytes(request_.max_message_bytes(), kMaxTensorDataBytes);
-    ASSIGN_OR_RETURN(reader_, service_.store_.OpenVersion(request_.ref()));
+    ScopedStore scoped(service_.store_, ModelScope(caller_.models), Who(caller_));
+    ASSIGN_OR_RETURN(reader_, scoped.OpenVersion(request_.ref()));
     const v1::Manifest& manifest = reader_->manifest();
     const std::string where = FormatVersionRef(manifest.model(), manifest.version());
     const absl::flat_hash_set<std::string> keys(request_.keys().begin(), request_.keys().end());
@@ -497,6 +511,7 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
   StoreService& service_;
   grpc::CallbackServerContext& context_;
   v1::DownloadRequest request_;  // set in the constructor, read-only after.
+  Caller caller_;                // likewise.
   std::atomic<bool> cancelled_{false};
   std::unique_ptr<VersionReader> reader_;
   int piece_bytes_ = kMaxTensorDataBytes;
@@ -542,6 +557,11 @@ StoreService::StoreService(CheckpointStore* store, StoreServiceOptions options)
       options_(std::move(options)),
       access_(AccessPolicy::Resolve(options_.access, options_.auth_token)),
       payload_pool_(PayloadPool::Create(kChunkBytes, /*max_idle=*/4)),
+      refused_(std::make_unique<RefusedCallLog>(
+          store_,
+          RefusedCallLog::Options{
+              options_.refused_calls_per_second, options_.refused_calls_burst,
+              [this](std::function<void()> write) { Schedule(std::move(write)); }})),
       work_queue_(std::make_unique<WorkQueue>(options_.worker_threads)) {}
 
 StoreService::~StoreService() {
@@ -556,7 +576,22 @@ StoreService::~StoreService() {
 absl::StatusOr<Caller> StoreService::Authorize(const grpc::CallbackServerContext& context,
                                                absl::string_view method,
                                                absl::string_view model) const {
-  return access_->Check(context, "checkpoint store", method, model);
+  absl::StatusOr<Caller> caller = access_->Authenticate(context, "checkpoint store");
+  if (!caller.ok()) {
+    refused_->Record({AccessPolicy::UnauthenticatedCallerName(context), context.peer(),
+                      std::string(method), std::string(model), caller.status()});
+    return caller.status();
+  }
+  const absl::Status allowed = AccessPolicy::Authorize(*caller, method, model);
+  NoteRefusal(*caller, method, model, allowed);
+  RETURN_IF_ERROR(allowed);
+  return caller;
+}
+
+void StoreService::NoteRefusal(const Caller& caller, absl::string_view method,
+                               absl::string_view model, const absl::Status& status) const {
+  if (!absl::IsPermissionDenied(status) && !absl::IsUnauthenticated(status)) return;
+  refused_->Record({caller.identity, caller.peer, std::string(method), std::string(model), status});
 }
 
 void StoreService::Schedule(std::function<void()> work) { work_queue_->Schedule(std::move(work)); }
@@ -573,20 +608,25 @@ void StoreService::StreamDone() {
 
 grpc::ServerUnaryReactor* StoreService::RunUnary(
     grpc::CallbackServerContext* context, absl::string_view method, absl::string_view model,
-    std::function<absl::Status(const Caller& caller)> work) {
+    std::function<absl::Status(const Caller& caller, CheckpointStore& store)> work) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<Caller> caller = Authorize(*context, method, model);
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  Schedule([context, reactor, caller = *std::move(caller), work = std::move(work)] {
+  Schedule([this, context, reactor, caller = *std::move(caller), method = std::string(method),
+            model = std::string(model), work = std::move(work)] {
     // A call whose deadline passed while it waited in the queue is not run at all.
     if (context->IsCancelled()) {
       reactor->Finish(Cancelled());
       return;
     }
-    reactor->Finish(ToGrpcStatus(work(caller)));
+    ScopedStore scoped(store_, ModelScope(caller.models), Who(caller));
+    const absl::Status status = work(caller, scoped);
+    // The scoped store's refusals (a call naming no model that its scope limits) are refusals too.
+    NoteRefusal(caller, method, model, status);
+    reactor->Finish(ToGrpcStatus(status));
   });
   return reactor;
 }
@@ -605,9 +645,9 @@ grpc::ServerUnaryReactor* StoreService::FindMissingChunks(
     grpc::CallbackServerContext* context, const v1::FindMissingChunksRequest* request,
     v1::FindMissingChunksResponse* response) {
   return RunUnary(context, "FindMissingChunks", "",
-                  [this, request, response](const Caller&) -> absl::Status {
+                  [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
                     ASSIGN_OR_RETURN(std::vector<std::string> missing,
-                                     store_.FindMissingChunks(std::vector<std::string>(
+                                     store.FindMissingChunks(std::vector<std::string>(
                                          request->sha256().begin(), request->sha256().end())));
                     for (std::string& sha256 : missing)
                       response->add_missing_sha256(std::move(sha256));
@@ -619,7 +659,8 @@ grpc::ServerUnaryReactor* StoreService::ListModels(grpc::CallbackServerContext* 
                                                    const v1::ListModelsRequest* request,
                                                    v1::ListModelsResponse* response) {
   return RunUnary(
-      context, "ListModels", "", [this, request, response](const Caller&) -> absl::Status {
+      context, "ListModels", "",
+      [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
         ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
         // The token is the last model name of the previous page: models created or deleted between
         // pages neither repeat nor shift the listing.
@@ -628,7 +669,7 @@ grpc::ServerUnaryReactor* StoreService::ListModels(grpc::CallbackServerContext* 
           return absl::InvalidArgumentError(
               absl::StrCat("page_token '", after, "' is not one that ListModels returned"));
         }
-        ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store_.ListModels());
+        ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store.ListModels());
         std::sort(models.begin(), models.end(), [](const v1::ModelInfo& a, const v1::ModelInfo& b) {
           return a.name() < b.name();
         });
@@ -653,7 +694,7 @@ grpc::ServerUnaryReactor* StoreService::ListVersions(grpc::CallbackServerContext
                                                      v1::ListVersionsResponse* response) {
   return RunUnary(
       context, "ListVersions", request->model(),
-      [this, request, response](const Caller&) -> absl::Status {
+      [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
         ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
         int64_t after = 0;  // The last version of the previous page.
         if (!request->page_token().empty() &&
@@ -663,8 +704,8 @@ grpc::ServerUnaryReactor* StoreService::ListVersions(grpc::CallbackServerContext
         }
         ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions,
                          request->has_filter()
-                             ? store_.FindVersions(request->model(), request->filter())
-                             : store_.ListVersions(request->model()));
+                             ? store.FindVersions(request->model(), request->filter())
+                             : store.ListVersions(request->model()));
         std::sort(versions.begin(), versions.end(),
                   [](const v1::VersionInfo& a, const v1::VersionInfo& b) {
                     return a.version() < b.version();
@@ -687,8 +728,8 @@ grpc::ServerUnaryReactor* StoreService::GetManifest(grpc::CallbackServerContext*
                                                     const v1::GetManifestRequest* request,
                                                     v1::Manifest* response) {
   return RunUnary(context, "GetManifest", request->ref().model(),
-                  [this, request, response](const Caller&) -> absl::Status {
-                    ASSIGN_OR_RETURN(*response, store_.GetManifest(request->ref()));
+                  [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
+                    ASSIGN_OR_RETURN(*response, store.GetManifest(request->ref()));
                     return absl::OkStatus();
                   });
 }
@@ -698,8 +739,8 @@ grpc::ServerUnaryReactor* StoreService::SetAlias(grpc::CallbackServerContext* co
                                                  v1::SetAliasResponse* response) {
   return RunUnary(
       context, "SetAlias", request->model(),
-      [this, request, response](const Caller& caller) -> absl::Status {
-        AuditedStore audited(store_, ActorOf(caller));
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
         ASSIGN_OR_RETURN(
             const int64_t previous,
             audited.SetAlias(request->model(), request->alias(), request->version(),
@@ -713,8 +754,8 @@ grpc::ServerUnaryReactor* StoreService::DeleteAlias(grpc::CallbackServerContext*
                                                     const v1::DeleteAliasRequest* request,
                                                     v1::DeleteAliasResponse*) {
   return RunUnary(context, "DeleteAlias", request->model(),
-                  [this, request](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
+                  [this, request](const Caller& caller, CheckpointStore& store) -> absl::Status {
+                    AuditedStore audited(store, ActorOf(caller));
                     return audited.DeleteAlias(request->model(), request->alias(),
                                                Because(request->reason()));
                   });
@@ -723,49 +764,50 @@ grpc::ServerUnaryReactor* StoreService::DeleteAlias(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* StoreService::DeleteVersion(grpc::CallbackServerContext* context,
                                                       const v1::DeleteVersionRequest* request,
                                                       v1::DeleteVersionResponse* response) {
-  return RunUnary(context, "DeleteVersion", request->model(),
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(
-                        const int64_t released,
-                        audited.DeleteVersion(request->model(), request->version(),
-                                              request->force(), Because(request->reason())));
-                    response->set_bytes_released(released);
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "DeleteVersion", request->model(),
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
+        ASSIGN_OR_RETURN(const int64_t released,
+                         audited.DeleteVersion(request->model(), request->version(),
+                                               request->force(), Because(request->reason())));
+        response->set_bytes_released(released);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::ApplyRetention(grpc::CallbackServerContext* context,
                                                        const v1::ApplyRetentionRequest* request,
                                                        v1::ApplyRetentionResponse* response) {
-  return RunUnary(context, "ApplyRetention", request->model(),
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(*response, audited.ApplyRetention(
-                                                    request->model(), request->policy(),
-                                                    request->dry_run(), {"", request->reason()}));
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "ApplyRetention", request->model(),
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
+        ASSIGN_OR_RETURN(*response,
+                         audited.ApplyRetention(request->model(), request->policy(),
+                                                request->dry_run(), {"", request->reason()}));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::GarbageCollect(grpc::CallbackServerContext* context,
                                                        const v1::GarbageCollectRequest* request,
                                                        v1::GarbageCollectResponse* response) {
-  return RunUnary(context, "GarbageCollect", "",
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(*response, audited.GarbageCollect(request->dry_run()));
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "GarbageCollect", "",
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
+        ASSIGN_OR_RETURN(*response, audited.GarbageCollect(request->dry_run()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::Verify(grpc::CallbackServerContext* context,
                                                const v1::VerifyRequest* request,
                                                v1::VerifyResponse* response) {
   return RunUnary(context, "Verify", request->model(),
-                  [this, request, response](const Caller&) -> absl::Status {
-                    ASSIGN_OR_RETURN(*response,
-                                     store_.Verify(request->model(), request->version()));
+                  [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
+                    ASSIGN_OR_RETURN(*response, store.Verify(request->model(), request->version()));
                     return absl::OkStatus();
                   });
 }
@@ -773,10 +815,11 @@ grpc::ServerUnaryReactor* StoreService::Verify(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* StoreService::GetStats(grpc::CallbackServerContext* context,
                                                  const v1::GetStatsRequest*,
                                                  v1::StoreStats* response) {
-  return RunUnary(context, "GetStats", "", [this, response](const Caller&) -> absl::Status {
-    ASSIGN_OR_RETURN(*response, store_.GetStats());
-    return absl::OkStatus();
-  });
+  return RunUnary(context, "GetStats", "",
+                  [this, response](const Caller&, CheckpointStore& store) -> absl::Status {
+                    ASSIGN_OR_RETURN(*response, store.GetStats());
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::ListAudit(grpc::CallbackServerContext* context,
@@ -784,7 +827,7 @@ grpc::ServerUnaryReactor* StoreService::ListAudit(grpc::CallbackServerContext* c
                                                   v1::ListAuditResponse* response) {
   return RunUnary(
       context, "ListAudit", request->model(),
-      [this, request, response](const Caller&) -> absl::Status {
+      [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
         ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
         if (request->after_sequence() < 0) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -798,7 +841,7 @@ grpc::ServerUnaryReactor* StoreService::ListAudit(grpc::CallbackServerContext* c
         query.after_sequence = request->after_sequence();
         // One more than the page: whether it comes back says whether another page follows.
         query.limit = int64_t{page_size} + 1;
-        ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, store_.ListAudit(query));
+        ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, store.ListAudit(query));
         const bool more = static_cast<int64_t>(records.size()) > page_size;
         if (more) {
           records.resize(page_size);
@@ -811,6 +854,10 @@ grpc::ServerUnaryReactor* StoreService::ListAudit(grpc::CallbackServerContext* c
 
 AuditedStore::Actor StoreService::ActorOf(const Caller& caller) {
   return {caller.identity, caller.peer};
+}
+
+std::string StoreService::Who(const Caller& caller) {
+  return absl::StrCat("identity '", caller.identity, "'");
 }
 
 }  // namespace ckpt

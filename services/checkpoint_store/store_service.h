@@ -55,6 +55,13 @@
 // it (the caller's identity, see below), from where (gRPC's peer, e.g.
 // "ipv4:127.0.0.1:50312"), what it asked and how it ended; a commit's producer becomes that
 // identity. A call whose audit record cannot be written is refused. Reads are not recorded.
+// Calls refused by access control (UNAUTHENTICATED, PERMISSION_DENIED) are recorded, rate-limited,
+// through a RefusedCallLog (libs/store/refused_call_log.h) written on the work queue.
+//
+// Scope: every call runs against a ScopedStore (libs/store/scoped_store.h) of the caller's model
+// scope, which filters the calls that name no model (ListModels, ListAudit, Verify, GetStats,
+// FindMissingChunks, a commit's new_bytes) and refuses the whole-store ones (GarbageCollect,
+// history and watches of every model) for a scoped caller. README "Access" has the table.
 //
 // Access: every call is checked by the service's AccessPolicy (libs/rpc/access_policy.h) --
 // who is calling (a token or a client certificate), whether its role allows the method, and
@@ -64,12 +71,13 @@
 // sits at the top of each method / reactor rather than in a server interceptor: gRPC's C++
 // interceptor API is experimental and cannot see the model a request names, and here the
 // standard grpc.health.v1 and reflection services (registered by GrpcServer) stay open.
-// Model scope of the registry calls: RenameModel checks the new name too (a scoped caller may not
-// move a model out of its scope). ListHistory and Watch read events of many models at once, so a
-// scoped caller must name its models (ListHistoryRequest.model; every WatchRequest.models entry
-// in scope): a request for all models is PERMISSION_DENIED for it rather than silently narrowed,
-// so it never mistakes a partial view for the whole registry. (A watch of a model in scope does
-// see a rename of another model to a watched name, with the old name.)
+// Model scope of the registry calls (ScopedStore): RenameModel checks the new name too (a scoped
+// caller may not move a model out of its scope). ListHistory and Watch read events of many models
+// at once, so a scoped caller must name its models (ListHistoryRequest.model; every
+// WatchRequest.models entry in scope): a request for all models is PERMISSION_DENIED for it
+// rather than silently narrowed, so it never mistakes a partial view for the whole registry. (A
+// watch of a model in scope does see a rename of another model to a watched name, with the old
+// name.)
 // The request's `reason` goes with each change into the history (ChangeAttribution::reason).
 //
 // Threading: gRPC's callback threads only parse, check auth and hand off. Every store call runs on
@@ -110,6 +118,7 @@
 #include "libs/rpc/wire_constants.h"
 #include "libs/store/audited_store.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/refused_call_log.h"
 #include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
 
 namespace ckpt {
@@ -138,6 +147,11 @@ struct StoreServiceOptions {
   // A watch whose writes were held by flow control and that is more than this many history
   // events behind ends with RESOURCE_EXHAUSTED naming its resume token. Default 10000.
   int64_t watch_max_lag = 10000;
+  // Refused calls (UNAUTHENTICATED, PERMISSION_DENIED) written to the audit log: at most this
+  // many a second once `refused_calls_burst` were written at once; beyond, they are counted and
+  // summarized in one record (libs/store/refused_call_log.h).
+  double refused_calls_per_second = 20;
+  int64_t refused_calls_burst = 200;
 
   // Tests only (never set by main.cc): damage in transit, so that a client's own arrival check
   // can be tested. Called with every chunk a Download is about to send, after the store read and
@@ -243,18 +257,25 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Upl
   StoreService(CheckpointStore* store, StoreServiceOptions options);
 
   // The caller, when it may call `method` on `model` (AccessPolicy::Check); UNAUTHENTICATED or
-  // PERMISSION_DENIED otherwise.
+  // PERMISSION_DENIED otherwise, which goes to the audit log (RefusedCallLog).
   absl::StatusOr<Caller> Authorize(const grpc::CallbackServerContext& context,
                                    absl::string_view method, absl::string_view model) const;
+  // Audits `status` as a refusal of `caller`'s call when it is PERMISSION_DENIED or
+  // UNAUTHENTICATED.
+  void NoteRefusal(const Caller& caller, absl::string_view method, absl::string_view model,
+                   const absl::Status& status) const;
 
   // Who the audit log names for a call: its identity and gRPC's peer address.
   static AuditedStore::Actor ActorOf(const Caller& caller);
+  // Who refusals name: "identity 'team-a'".
+  static std::string Who(const Caller& caller);
 
-  // Runs `work` (given the caller) on the work queue and finishes the call with its status, after
-  // checking that the caller may call `method` on `model` ("" when it names none).
-  grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, absl::string_view method,
-                                     absl::string_view model,
-                                     std::function<absl::Status(const Caller& caller)> work);
+  // Runs `work` on the work queue and finishes the call with its status, after checking that the
+  // caller may call `method` on `model` ("" when it names none). `work` gets the caller and the
+  // store as the caller may see it: a ScopedStore of its model scope.
+  grpc::ServerUnaryReactor* RunUnary(
+      grpc::CallbackServerContext* context, absl::string_view method, absl::string_view model,
+      std::function<absl::Status(const Caller& caller, CheckpointStore& store)> work);
 
   void Schedule(std::function<void()> work);
   void StreamStarted();
@@ -271,6 +292,8 @@ class StoreService final : public v1::CheckpointStore::WithRawCallbackMethod_Upl
 
   // Chunk buffers of Download streams, which gRPC may hold past a write (see PayloadPool).
   const std::shared_ptr<PayloadPool> payload_pool_;
+  // Writes refused calls to the audit log on the work queue; destroyed after it (drained).
+  const std::unique_ptr<RefusedCallLog> refused_;
 
   mutable absl::Mutex mu_;
   int active_streams_ ABSL_GUARDED_BY(mu_) = 0;  // Upload / Download / Watch reactors not done.

@@ -17,6 +17,8 @@
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/audited_store.h"
+#include "libs/store/model_scope.h"
+#include "libs/store/scoped_store.h"
 #include "services/checkpoint_store/internal/requests.h"
 #include "services/checkpoint_store/store_service.h"
 
@@ -36,84 +38,72 @@ constexpr absl::Duration kHeldWrite = absl::Milliseconds(2);
 // that reads steadily but too slowly holds each write only as long as it takes to read one.
 constexpr absl::Duration kHeldWritesBeforeLagCheck = absl::Milliseconds(100);
 
-// A scoped caller must name the models it reads events of: a request for every model would
-// either leak other models' events or be silently narrowed to a partial view.
-absl::Status RequireModelsForScopedCaller(const Caller& caller, absl::string_view method,
-                                          absl::string_view field) {
-  if (caller.models.empty()) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat("identity '", caller.identity, "' may not call ", method,
-                   " on every model: its role covers only models matching ",
-                   absl::StrJoin(caller.models, ", "), "; name them in ", field));
-}
-
 }  // namespace
 
 grpc::ServerUnaryReactor* StoreService::CreateModel(grpc::CallbackServerContext* context,
                                                     const v1::CreateModelRequest* request,
                                                     v1::ModelInfo* response) {
-  return RunUnary(context, "CreateModel", request->model(),
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(*response,
-                                     audited.CreateModel(request->model(), request->details(),
-                                                         Because(request->reason())));
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "CreateModel", request->model(),
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
+        ASSIGN_OR_RETURN(*response, audited.CreateModel(request->model(), request->details(),
+                                                        Because(request->reason())));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::UpdateModel(grpc::CallbackServerContext* context,
                                                     const v1::UpdateModelRequest* request,
                                                     v1::ModelInfo* response) {
-  return RunUnary(context, "UpdateModel", request->model(),
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(*response,
-                                     audited.UpdateModel(request->model(), request->change(),
-                                                         Because(request->reason())));
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "UpdateModel", request->model(),
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
+        ASSIGN_OR_RETURN(*response, audited.UpdateModel(request->model(), request->change(),
+                                                        Because(request->reason())));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::RenameModel(grpc::CallbackServerContext* context,
                                                     const v1::RenameModelRequest* request,
                                                     v1::RenameModelResponse*) {
-  return RunUnary(
-      context, "RenameModel", request->model(),
-      [this, request](const Caller& caller) -> absl::Status {
-        // The new name must be in the caller's scope too, or a rename would move a
-        // model out of it.
-        RETURN_IF_ERROR(AccessPolicy::Authorize(caller, "RenameModel", request->new_name()));
-        AuditedStore audited(store_, ActorOf(caller));
-        return audited.RenameModel(request->model(), request->new_name(),
-                                   Because(request->reason()));
-      });
+  return RunUnary(context, "RenameModel", request->model(),
+                  [this, request](const Caller& caller, CheckpointStore& store) -> absl::Status {
+                    // The scoped store checks the new name too: a rename must not move a model out
+                    // of the caller's scope.
+                    AuditedStore audited(store, ActorOf(caller));
+                    return audited.RenameModel(request->model(), request->new_name(),
+                                               Because(request->reason()));
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::DeleteModel(grpc::CallbackServerContext* context,
                                                     const v1::DeleteModelRequest* request,
                                                     v1::DeleteModelResponse* response) {
-  return RunUnary(context, "DeleteModel", request->model(),
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(*response,
-                                     audited.DeleteModel(request->model(), request->force(),
-                                                         Because(request->reason())));
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "DeleteModel", request->model(),
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
+        ASSIGN_OR_RETURN(*response, audited.DeleteModel(request->model(), request->force(),
+                                                        Because(request->reason())));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::AnnotateVersion(grpc::CallbackServerContext* context,
                                                         const v1::AnnotateVersionRequest* request,
                                                         v1::VersionAnnotations* response) {
-  return RunUnary(context, "AnnotateVersion", request->model(),
-                  [this, request, response](const Caller& caller) -> absl::Status {
-                    AuditedStore audited(store_, ActorOf(caller));
-                    ASSIGN_OR_RETURN(*response, audited.AnnotateVersion(
-                                                    request->model(), request->version(),
-                                                    request->change(), Because(request->reason())));
-                    return absl::OkStatus();
-                  });
+  return RunUnary(
+      context, "AnnotateVersion", request->model(),
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
+        AuditedStore audited(store, ActorOf(caller));
+        ASSIGN_OR_RETURN(*response,
+                         audited.AnnotateVersion(request->model(), request->version(),
+                                                 request->change(), Because(request->reason())));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* StoreService::ListHistory(grpc::CallbackServerContext* context,
@@ -121,10 +111,7 @@ grpc::ServerUnaryReactor* StoreService::ListHistory(grpc::CallbackServerContext*
                                                     v1::ListHistoryResponse* response) {
   return RunUnary(
       context, "ListHistory", request->model(),
-      [this, request, response](const Caller& caller) -> absl::Status {
-        if (request->model().empty()) {
-          RETURN_IF_ERROR(RequireModelsForScopedCaller(caller, "ListHistory", "model"));
-        }
+      [this, request, response](const Caller& caller, CheckpointStore& store) -> absl::Status {
         ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
         if (request->after_sequence() < 0) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -139,7 +126,7 @@ grpc::ServerUnaryReactor* StoreService::ListHistory(grpc::CallbackServerContext*
         }
         // One more than the page: whether it comes back says whether another page follows.
         query.limit = int64_t{page_size} + 1;
-        ASSIGN_OR_RETURN(std::vector<v1::RegistryEvent> events, store_.ListHistory(query));
+        ASSIGN_OR_RETURN(std::vector<v1::RegistryEvent> events, store.ListHistory(query));
         if (static_cast<int64_t>(events.size()) > page_size) {
           events.resize(page_size);
           response->set_next_after_sequence(events.back().sequence());
@@ -197,19 +184,22 @@ class StoreService::WatchReactor final : public grpc::ServerWriteReactor<v1::Wat
  private:
   absl::Status Start(const v1::WatchRequest& request) {
     ASSIGN_OR_RETURN(caller_, service_.Authorize(context_, "Watch", ""));
-    if (request.models().empty()) {
-      RETURN_IF_ERROR(RequireModelsForScopedCaller(caller_, "Watch", "WatchRequest.models"));
+    // The scope's refusals (every model watched, or one outside it) come before a watch slot is
+    // taken. The store's watch it returns needs nothing of the scoped view, and starts reading
+    // only at its first Next.
+    ScopedStore scoped(service_.store_, ModelScope(caller_.models), Who(caller_));
+    absl::StatusOr<std::unique_ptr<RegistryWatch>> watch = scoped.Watch(request);
+    if (!watch.ok()) {
+      service_.NoteRefusal(caller_, "Watch", absl::StrJoin(request.models(), ","), watch.status());
+      return watch.status();
     }
-    for (const std::string& model : request.models()) {
-      RETURN_IF_ERROR(AccessPolicy::Authorize(caller_, "Watch", model));
-    }
+    watch_ = *std::move(watch);
     RETURN_IF_ERROR(service_.WatchStarted());
     counted_ = true;
     what_ = absl::StrCat("identity '", caller_.identity, "' at ", caller_.peer, " watching ",
                          request.models().empty() ? std::string("every model")
                                                   : absl::StrJoin(request.models(), ", "));
     sent_token_ = request.resume_token();
-    ASSIGN_OR_RETURN(watch_, service_.store_.Watch(request));
     return absl::OkStatus();
   }
 

@@ -66,11 +66,14 @@ set(CKPT_TRAINER_SOURCES
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
+    libs/store/model_scope.cc
+    libs/store/refused_call_log.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
+    libs/store/scoped_store.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
     libs/tensor/dtype.cc
@@ -338,6 +341,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
+    libs/store/model_scope.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
@@ -607,6 +611,8 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/internal/failpoint.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
+    libs/store/model_scope.cc
+    libs/store/refused_call_log.cc
     libs/store/repair.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
@@ -614,6 +620,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
     libs/store/s3_chunk_backend.cc
+    libs/store/scoped_store.cc
     libs/store/version_diff.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
