@@ -253,8 +253,12 @@ bool ServingSync::SleepUnlessStopped(absl::Duration duration) {
 
 void ServingSync::RemoveTemporaries() {
   std::error_code error;
+  // Our .tmp- export directories, and AtomicFileWriter's "CURRENT.tmp-XXXXXX" of a CURRENT whose
+  // write was cut short.
+  const std::string current_temporary = absl::StrCat(kCurrentFile, ".tmp-");
   for (const fs::directory_entry& entry : fs::directory_iterator(model_dir_, error)) {
-    if (absl::StartsWith(entry.path().filename().string(), kTemporaryPrefix)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, kTemporaryPrefix) || absl::StartsWith(name, current_temporary)) {
       RemoveTree(entry.path().string());
     }
   }

@@ -21,7 +21,7 @@
 // mismatch is DATA_LOSS and nothing is renamed), files and directory are fsynced, and only then
 // is it renamed to DIR/<model>/<version>/. CURRENT is replaced atomically after that, so a server
 // that follows CURRENT never sees a version whose files are incomplete. Killing the process at
-// any point is safe: the next start removes what it left in .tmp- directories.
+// any point is safe: the next start removes what it left in .tmp- directories and CURRENT.tmp-*.
 //
 // Version directories beyond `keep` are removed, oldest version numbers first, never the one
 // CURRENT names (each is renamed into .tmp- first, so a reader never sees half a directory).

@@ -223,6 +223,8 @@ TEST_F(ServingSyncTest, KeepsTheNewestVersionsAndNeverTheCurrentOneAndRemovesSta
   for (int i = 1; i <= 4; ++i) Commit(i);
   fs::create_directories(serving_ + "/m/.tmp-3-deadbeef");
   std::ofstream(serving_ + "/m/.tmp-3-deadbeef/model.safetensors") << "half";
+  // A sync killed while it wrote CURRENT leaves AtomicFileWriter's temporary beside it.
+  std::ofstream(serving_ + "/m/CURRENT.tmp-abcdef") << "3";
   ServingSyncOptions options = Options();
   options.keep = 2;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ServingSync> sync,
