@@ -197,6 +197,10 @@ absl::Status PackDirectory::Remove(uint64_t pack_id, uint64_t generation) {
     return ErrnoToStatus(errno, "removing pack file", path);
   }
   CKPT_RECORD_FILE_REMOVED(path);
+  // The unlink is durable only once the directory is: without this, a power cut after GC
+  // returned brings the pack back and the space GC reported reclaimed with it
+  // (rocksdb_checkpoint_store_power_cut_test).
+  if (absl::Status synced = SyncDirectory(dir_); !synced.ok()) return synced;
   absl::MutexLock lock(&mu_);
   removed_.emplace_back(pack_id, generation);
   // Evicted meanwhile? Keep this descriptor instead.

@@ -6,7 +6,8 @@
 // operation with one failpoint armed: a fourth commit, or a delete followed by GarbageCollect. The
 // failpoint kills it with SIGKILL in the middle. The parent then looks at the store twice:
 //   - killed: a copy of it as the kill left it (the page cache keeps every write, synced or not);
-//   - power cut: the store itself after every file is cut back to what the child had synced
+//   - power cut: the store itself after every file is cut back to what the child had synced, and
+//     every name created, renamed or removed back to what its directory had synced
 //     (testing/sync_recording_fs.h), as a power failure would leave it;
 // and asserts each time: every version acknowledged before the interrupted operation is listed and
 // reads back byte for byte; the interrupted version is either absent or listed and whole; Verify
@@ -18,42 +19,37 @@
 // unsynced commit batch (power cut: acknowledged versions are lost), a commit batch split in two
 // writes (a failpoint between them: the version is listed but its chunks have no location), and an
 // unsynced GC batch (power cut at gc.after_pack_removal: the chunks come back, their pack does
-// not, and committing the same bytes again deduplicates against them).
+// not, and committing the same bytes again deduplicates against them). Since directory entries are
+// modelled (issue #36), PackWriter::Sync without its directory sync fails every scenario: the
+// name of an acknowledged version's pack was never synced, so the cut removes the pack.
+//
+// rocksdb_checkpoint_store_power_cut_test cuts power before every durability call of GC's pack
+// compaction and of an audited SetAlias, without failpoints.
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "libs/status/status_macros.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/testing/seeded_checkpoints.h"
 #include "libs/store/testing/sync_recording_fs.h"
 #include "libs/store/version_ref.h"
-#include "proto/ckpt/v1/checkpoint_store.pb.h"
-
-extern char** environ;
 
 namespace ckpt {
 namespace {
@@ -65,10 +61,6 @@ constexpr char kChildOperationEnv[] = "CKPT_CRASH_CHILD_OPERATION";
 
 constexpr char kModel[] = "crash";
 constexpr int kCommitsBefore = 3;
-// One chunk shared by every version (frozen layers: deduplicated), two chunks of each version's
-// own, and an 8-byte tensor naming the version's seed.
-constexpr int64_t kFrozenElements = ((int64_t{1} << 20) + 4096) / 4;
-constexpr int64_t kWeightElements = ((int64_t{4} << 20) + (64 << 10)) / 4;
 
 enum class Operation { kCommit, kCollect };
 
@@ -95,94 +87,6 @@ constexpr int64_t kDeletedVersion = 2;
 // The commit operation's version.
 constexpr int64_t kInterruptedSeed = kCommitsBefore + 1;
 
-// ---- Checkpoint contents: a pure function of a seed.
-
-std::string Int32Bytes(int64_t elements, uint32_t seed) {
-  std::string bytes(static_cast<size_t>(elements) * 4, '\0');
-  for (int64_t i = 0; i < elements; ++i) {
-    const uint32_t value = seed * 2654435761u + static_cast<uint32_t>(i);
-    std::memcpy(&bytes[static_cast<size_t>(i) * 4], &value, 4);
-  }
-  return bytes;
-}
-
-// Key -> bytes of checkpoint `seed`, in manifest order.
-std::vector<std::pair<std::string, std::string>> Contents(int64_t seed) {
-  std::string step(8, '\0');
-  std::memcpy(step.data(), &seed, 8);
-  return {{"frozen", Int32Bytes(kFrozenElements, 0)},
-          {"weight", Int32Bytes(kWeightElements, static_cast<uint32_t>(seed))},
-          {"step", step}};
-}
-
-absl::StatusOr<int64_t> Commit(CheckpointStore& store, int64_t seed) {
-  v1::Manifest header;
-  header.set_model(kModel);
-  header.mutable_metadata()->set_global_step(seed);
-  const auto contents = Contents(seed);
-  for (const auto& [key, bytes] : contents) {
-    v1::TensorMeta* meta = header.add_tensors();
-    meta->set_key(key);
-    const bool step = key == "step";
-    meta->set_dtype(step ? v1::DTYPE_INT64 : v1::DTYPE_INT32);
-    meta->add_shape(static_cast<int64_t>(bytes.size()) / (step ? 8 : 4));
-    meta->set_byte_length(static_cast<int64_t>(bytes.size()));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
-                   store.BeginUpload(kModel, std::move(header), CommitOptions()));
-  for (size_t i = 0; i < contents.size(); ++i) {
-    RETURN_IF_ERROR(session->AddTensorData(static_cast<int>(i), 0, contents[i].second));
-  }
-  ASSIGN_OR_RETURN(CommitResult result, session->Commit());
-  return result.version.version();
-}
-
-// OK when MODEL@version holds exactly checkpoint `seed`, every byte read back.
-absl::Status CheckVersion(CheckpointStore& store, int64_t version, int64_t seed) {
-  const std::string where = FormatVersionRef(kModel, version);
-  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader,
-                   store.OpenVersion(MakeVersionRef(kModel, version)));
-  const auto contents = Contents(seed);
-  const v1::Manifest& manifest = reader->manifest();
-  if (manifest.tensors_size() != static_cast<int>(contents.size())) {
-    return absl::DataLossError(absl::StrCat(where, " has ", manifest.tensors_size(),
-                                            " tensors, expected ", contents.size()));
-  }
-  for (size_t i = 0; i < contents.size(); ++i) {
-    const v1::TensorMeta& meta = manifest.tensors(static_cast<int>(i));
-    const auto& [key, expected] = contents[i];
-    if (meta.key() != key || meta.byte_length() != static_cast<int64_t>(expected.size())) {
-      return absl::DataLossError(absl::StrCat(where, " tensor ", i, " is '", meta.key(), "' of ",
-                                              meta.byte_length(), " bytes, expected '", key,
-                                              "' of ", expected.size()));
-    }
-    std::string bytes(expected.size(), '\0');
-    RETURN_IF_ERROR(reader->ReadTensorInto(meta, bytes.data()));
-    if (bytes != expected) {
-      return absl::DataLossError(
-          absl::StrCat(where, " tensor '", key, "' differs from checkpoint ", seed));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::set<int64_t>> ListedVersions(CheckpointStore& store) {
-  ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> infos, store.ListVersions(kModel));
-  std::set<int64_t> versions;
-  for (const v1::VersionInfo& info : infos) versions.insert(info.version());
-  return versions;
-}
-
-absl::Status VerifyWholeStore(CheckpointStore& store) {
-  ASSIGN_OR_RETURN(v1::VerifyResponse verified, store.Verify("", 0));
-  if (verified.problems_size() == 0) return absl::OkStatus();
-  std::string problems;
-  for (const v1::VerifyProblem& problem : verified.problems()) {
-    absl::StrAppend(&problems, "\n  ", problem.message());
-  }
-  return absl::DataLossError(absl::StrCat("Verify found problems:", problems));
-}
-
 // ---- The child.
 
 // Commits 1..3, then the interrupted operation; the armed failpoint should kill it there.
@@ -199,14 +103,14 @@ int RunChild(const std::string& store_dir, const std::string& operation) {
       RocksDbCheckpointStore::Open(options);
   if (!store.ok()) return fail("opening the store", store.status());
   for (int64_t seed = 1; seed <= kCommitsBefore; ++seed) {
-    absl::StatusOr<int64_t> version = Commit(**store, seed);
+    absl::StatusOr<int64_t> version = testing::CommitSeeded(**store, kModel, seed);
     if (!version.ok()) return fail(absl::StrCat("commit ", seed), version.status());
     if (*version != seed) {
       return fail("commit", absl::InternalError(absl::StrCat("got version ", *version)));
     }
   }
   if (operation == "commit") {
-    absl::StatusOr<int64_t> version = Commit(**store, kInterruptedSeed);
+    absl::StatusOr<int64_t> version = testing::CommitSeeded(**store, kModel, kInterruptedSeed);
     if (!version.ok()) return fail("the interrupted commit", version.status());
   } else if (operation == "collect") {
     absl::StatusOr<int64_t> freed = (*store)->DeleteVersion(kModel, kDeletedVersion, false);
@@ -222,68 +126,15 @@ int RunChild(const std::string& store_dir, const std::string& operation) {
 
 // ---- The parent.
 
-struct ChildResult {
-  int wait_status = 0;
-  std::string stderr_text;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // Runs this binary as the child of `scenario` in `dir`, waits for it (60 s at most).
-ChildResult RunChildProcess(const Scenario& scenario, const std::string& dir) {
-  std::vector<std::string> env;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    const absl::string_view text = *entry;
-    // The child must not write the parent's test.xml or premature-exit marker.
-    if (absl::StartsWith(text, "XML_OUTPUT_FILE=") || absl::StartsWith(text, "GTEST_OUTPUT=") ||
-        absl::StartsWith(text, "TEST_PREMATURE_EXIT_FILE=")) {
-      continue;
-    }
-    env.emplace_back(text);
-  }
-  env.push_back(absl::StrCat(kChildStoreEnv, "=", dir, "/store"));
-  env.push_back(absl::StrCat(kChildOperationEnv, "=",
-                             scenario.operation == Operation::kCommit ? "commit" : "collect"));
-  env.push_back(absl::StrCat("CKPT_FAILPOINT=", scenario.failpoint, ":", scenario.hit));
-  env.push_back(absl::StrCat("CKPT_SYNC_LOG=", dir, "/sync.log"));
-  std::vector<char*> envp;
-  for (std::string& entry : env) envp.push_back(entry.data());
-  envp.push_back(nullptr);
-  std::string self = "/proc/self/exe";
-  char* argv[] = {self.data(), nullptr};
-
-  const std::string stderr_path = dir + "/child.stderr";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (dir + "/child.stdout").c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  const int error = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv, envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  ChildResult result;
-  if (error != 0) {
-    ADD_FAILURE() << "posix_spawn: " << std::strerror(error);
-    return result;
-  }
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (waitpid(pid, &result.wait_status, WNOHANG) == 0) {
-    if (absl::Now() > deadline) {
-      ::kill(pid, SIGKILL);
-      waitpid(pid, &result.wait_status, 0);
-      ADD_FAILURE() << "the child ran for over 60 s";
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(5));  // polling a child process; nothing to wait on.
-  }
-  result.stderr_text = ReadFile(stderr_path);
-  return result;
+testing::ChildResult RunChildProcess(const Scenario& scenario, const std::string& dir) {
+  return testing::RunThisBinaryAsChild(
+      {absl::StrCat(kChildStoreEnv, "=", dir, "/store"),
+       absl::StrCat(kChildOperationEnv, "=",
+                    scenario.operation == Operation::kCommit ? "commit" : "collect"),
+       absl::StrCat("CKPT_FAILPOINT=", scenario.failpoint, ":", scenario.hit),
+       absl::StrCat("CKPT_SYNC_LOG=", dir, "/sync.log")},
+      dir, absl::Seconds(60));
 }
 
 // After the child died in `scenario`: the store at `store_dir` (opened here for the first time
@@ -306,16 +157,16 @@ void CheckRecovered(const Scenario& scenario, const std::string& store_dir) {
     again_seed = kDeletedVersion;
   }
 
-  ASSERT_OK_AND_ASSIGN(std::set<int64_t> listed, ListedVersions(*store));
+  ASSERT_OK_AND_ASSIGN(std::set<int64_t> listed, testing::ListedVersions(*store, kModel));
   for (const auto& [version, seed] : acknowledged) {
     EXPECT_TRUE(listed.count(version) == 1)
         << FormatVersionRef(kModel, version) << " was acknowledged but is not listed";
-    EXPECT_OK(CheckVersion(*store, version, seed));
+    EXPECT_OK(testing::CheckSeeded(*store, kModel, version, seed));
   }
   for (int64_t version : listed) {
     if (acknowledged.count(version) == 1) continue;
     if (scenario.operation == Operation::kCommit && version == kInterruptedSeed) {
-      EXPECT_OK(CheckVersion(*store, version, kInterruptedSeed))
+      EXPECT_OK(testing::CheckSeeded(*store, kModel, version, kInterruptedSeed))
           << "the interrupted commit is listed, so it must be whole";
     } else {
       ADD_FAILURE() << FormatVersionRef(kModel, version) << " is listed but should not be";
@@ -326,20 +177,21 @@ void CheckRecovered(const Scenario& scenario, const std::string& store_dir) {
                 testing::StatusIs(absl::StatusCode::kNotFound))
         << "the interrupted commit is not listed, but something of it is there";
   }
-  EXPECT_OK(VerifyWholeStore(*store));
+  EXPECT_OK(testing::VerifyWholeStore(*store));
 
   // The interrupted operation's content again: its chunks now deduplicate against whatever the
   // crash left (refcounts, locations, packs), which must all agree.
-  ASSERT_OK_AND_ASSIGN(const int64_t again, Commit(*store, again_seed));
-  EXPECT_OK(CheckVersion(*store, again, again_seed)) << "the commit after the crash";
+  ASSERT_OK_AND_ASSIGN(const int64_t again, testing::CommitSeeded(*store, kModel, again_seed));
+  EXPECT_OK(testing::CheckSeeded(*store, kModel, again, again_seed))
+      << "the commit after the crash";
   ASSERT_OK(store->GarbageCollect(false).status());
-  EXPECT_OK(VerifyWholeStore(*store)) << "after GC";
-  ASSERT_OK_AND_ASSIGN(listed, ListedVersions(*store));
+  EXPECT_OK(testing::VerifyWholeStore(*store)) << "after GC";
+  ASSERT_OK_AND_ASSIGN(listed, testing::ListedVersions(*store, kModel));
   for (int64_t version : listed) {
     const int64_t seed = version == again                   ? again_seed
                          : acknowledged.count(version) == 1 ? acknowledged[version]
                                                             : kInterruptedSeed;
-    EXPECT_OK(CheckVersion(*store, version, seed)) << "after GC";
+    EXPECT_OK(testing::CheckSeeded(*store, kModel, version, seed)) << "after GC";
   }
 }
 
@@ -353,7 +205,7 @@ TEST_P(CrashConsistencyTest, AcknowledgedVersionsSurviveAndTheInterruptedOneIsWh
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
 
-  const ChildResult child = RunChildProcess(scenario, dir);
+  const testing::ChildResult child = RunChildProcess(scenario, dir);
   // The failpoint, not something else, must have ended the child: otherwise nothing was cut.
   ASSERT_TRUE(WIFSIGNALED(child.wait_status) && WTERMSIG(child.wait_status) == SIGKILL)
       << "wait status " << child.wait_status << "; the child's stderr:\n"
@@ -377,7 +229,7 @@ TEST_P(CrashConsistencyTest, AcknowledgedVersionsSurviveAndTheInterruptedOneIsWh
   ASSERT_GT(cut.files_tracked, 0) << "the child recorded no file: the sync log is not written";
   if (absl::string_view(scenario.failpoint) == "commit.before_pack_sync") {
     // Not vacuous: the interrupted upload's pack was never synced, so the cut takes all of it.
-    EXPECT_GE(cut.bytes_dropped, kWeightElements * 4);
+    EXPECT_GE(cut.bytes_dropped, testing::kWeightElements * 4);
   }
   {
     SCOPED_TRACE("power cut");
