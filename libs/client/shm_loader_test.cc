@@ -43,6 +43,7 @@
 #include "libs/tensor/device.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/value.h"
+#include "libs/testing/requirements.h"
 #include "services/loader/loader_service.h"
 
 namespace ckpt {
@@ -477,7 +478,7 @@ TEST_F(SharedMemoryLoaderTest, SlowLorisDoesNotBlockAGoodClient) {
 // Whoever holds the socket path decides every byte served, so the client checks the server's
 // uid: a socket served by another (untrusted) uid is refused before anything is sent.
 TEST_F(SharedMemoryLoaderTest, SocketServedByAnUntrustedUidIsRefused) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to serve a socket as another uid";
+  CKPT_REQUIRE(geteuid() == 0, "root, to serve a socket as another uid (65534)");
   const std::string dir = dir_.path() + "/open";
   ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);  // mkdtemp's 0700 would shut the impostor out
   ASSERT_EQ(mkdir(dir.c_str(), 0777), 0);

@@ -1,6 +1,7 @@
 // S3Client against a real S3 server: Debian's Ceph (mon, memstore OSD, radosgw) started on
-// 127.0.0.1 by tools/ceph/single_node.sh and stopped after. Tagged manual (CI machines lack the
-// Ceph packages): bazel test //libs/s3:s3_client_ceph_test --config=ci
+// 127.0.0.1 by tools/ceph/single_node.sh and stopped after. Where Ceph is not installed the tests
+// are skipped, and fail in CI (CKPT_REQUIRE, libs/testing/requirements.h); tools/install_deps.sh
+// installs it.
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "libs/s3/s3_client.h"
 #include "libs/status/status_matchers.h"
 #include "libs/testing/child_process.h"
+#include "libs/testing/requirements.h"
 
 namespace ckpt::s3 {
 namespace {
@@ -34,10 +36,7 @@ std::string Bytes(size_t size, int seed) {
 class CephS3Test : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (access("/usr/bin/radosgw", X_OK) != 0 || access("/usr/bin/ceph-mon", X_OK) != 0) {
-      skip_reason_ = new std::string("Ceph is not installed (ceph-mon, ceph-osd, radosgw)");
-      return;
-    }
+    if (!CephInstalled()) return;  // SetUp skips or fails each test.
     script_ = new std::string(testing::RunfilesPath("tools/ceph/single_node.sh"));
     ASSERT_EQ(access(script_->c_str(), R_OK), 0) << "no tools/ceph/single_node.sh at " << *script_;
     // Short: Ceph's admin sockets live under the directory and unix socket paths are limited to
@@ -77,21 +76,24 @@ class CephS3Test : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (skip_reason_ != nullptr) GTEST_SKIP() << *skip_reason_;
+    CKPT_REQUIRE(CephInstalled(), "Ceph (ceph-mon, ceph-osd, radosgw)");
     ASSERT_NE(options_, nullptr) << "Ceph did not start (see the suite's setup failure)";
     absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(*options_);
     ASSERT_TRUE(client.ok()) << client.status();
     s3_ = *std::move(client);
   }
 
-  static std::string* skip_reason_;
+  static bool CephInstalled() {
+    return access("/usr/bin/radosgw", X_OK) == 0 && access("/usr/bin/ceph-mon", X_OK) == 0 &&
+           access("/usr/bin/ceph-osd", X_OK) == 0;
+  }
+
   static std::string* dir_;
   static std::string* script_;
   static S3ClientOptions* options_;
   std::unique_ptr<S3Client> s3_;
 };
 
-std::string* CephS3Test::skip_reason_ = nullptr;
 std::string* CephS3Test::dir_ = nullptr;
 std::string* CephS3Test::script_ = nullptr;
 S3ClientOptions* CephS3Test::options_ = nullptr;
