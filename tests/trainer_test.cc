@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -173,6 +174,16 @@ TEST(TrainerTest, KilledRankIsRestartedAndTheRunEndsBitIdenticalToAnUninterrupte
   const int64_t resumed_version = std::stoll(resumed[1]), resumed_step = std::stoll(resumed[2]);
   // --checkpoint_every=100 and the kill came after step 400, so step 300 at least was committed.
   EXPECT_GE(resumed_step, 300);
+  // Each start of the ranks logs its run id, which every version it commits carries in its
+  // lineage: the killed one's and the restarted one's.
+  std::vector<std::string> run_ids;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::ConsumePrefix(&line, "trainer: run ")) {
+      run_ids.emplace_back(line.substr(0, line.find(',')));
+    }
+  }
+  ASSERT_EQ(run_ids.size(), 2u) << log;
+  ASSERT_NE(run_ids[0], run_ids[1]);
   const size_t restart = log.find("restarting all ranks");
   std::vector<std::pair<int64_t, double>> after_restart = LossLines(log.substr(restart));
   ASSERT_FALSE(after_restart.empty()) << log;
@@ -188,6 +199,26 @@ TEST(TrainerTest, KilledRankIsRestartedAndTheRunEndsBitIdenticalToAnUninterrupte
                        clean_store->ListVersions("mlp-synthetic"));
   ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> killed_versions,
                        killed_store->ListVersions("mlp-synthetic"));
+  // The restart resumed from the last checkpoint acknowledged before the kill: the newest version
+  // the killed ranks committed (an upload in flight at the kill counts once the store holds it),
+  // at its step; and the restarted ranks' first version comes right after it.
+  int64_t last_acknowledged = 0, last_acknowledged_step = -1, first_after_restart = 0;
+  for (const v1::VersionInfo& info : killed_versions) {
+    const std::string& run_id = info.metadata().lineage().run_id();
+    if (run_id == run_ids[0] && info.version() > last_acknowledged) {
+      last_acknowledged = info.version();
+      last_acknowledged_step = info.metadata().global_step();
+    }
+    if (run_id == run_ids[1] && first_after_restart == 0) first_after_restart = info.version();
+    EXPECT_TRUE(run_id == run_ids[0] || run_id == run_ids[1])
+        << "@" << info.version() << " was committed by run '" << run_id << "'";
+  }
+  EXPECT_EQ(resumed_version, last_acknowledged)
+      << "the restart resumed from @" << resumed_version << ", but the last checkpoint the killed "
+      << "ranks committed is @" << last_acknowledged << " (step " << last_acknowledged_step << ")";
+  EXPECT_EQ(resumed_step, last_acknowledged_step);
+  EXPECT_EQ(first_after_restart, last_acknowledged + 1);
+
   // The same versions at the same steps (every 100 and each epoch end) in both: a retrain would
   // have written the steps before the kill twice.
   ASSERT_GT(clean_versions.size(), 25u);

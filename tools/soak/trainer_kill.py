@@ -11,12 +11,23 @@ from the latest version. At the end the run's latest version (model + optimizer 
 exported with `ckpt export --bundle`) is compared with the reference's by compare_bundles.py:
 every tensor bitwise and every plain value (steps, lr, scheduler counters, trainer state).
 
+The final state alone cannot tell a resume from the latest checkpoint from a resume from an older
+one (or from step 0): training is deterministic, so both end bit-exact. So every restart's resume
+point is checked too. Each incarnation of the ranks logs its run id ("trainer: run ID") and where
+it starts ("trainer: resuming MODEL@V from step S" or "starting fresh"), and stamps every version
+it commits with that run id (lineage.run_id). After the run, the versions the store holds (read
+through the checkpoint_store service) say which checkpoints the killed incarnations committed: the
+restart must resume from the newest of them, @V at its step S, the last checkpoint acknowledged
+before the kill (a commit still in flight at the kill counts once the store holds it).
+
 trials = kills made; detected = restarts the launcher reported for them; silent = runs that ended
 with a final state differing from the reference (counted once per run); crashes = runs that did
 not exit 0 (or a rank that died of a signal nobody sent, reported by the launcher); lost = runs
-that ended without a final version at the last step.
+that ended without a final version at the last step, and restarts that resumed from another
+checkpoint than the last one acknowledged before them (each counted).
 """
 
+import collections
 import os
 import re
 import shutil
@@ -90,6 +101,53 @@ def read(path):
         return ""
 
 
+# One start of the ranks, as its log header names it.
+Incarnation = collections.namedtuple("Incarnation", "run_id resumed_version resumed_step")
+
+RUN_LINE = re.compile(r"^trainer: run (\S+?)(?:,|$)")
+START_LINE = re.compile(r"^trainer: (?:resuming \S+@(\d+)|starting fresh) from step (\d+) to ")
+
+
+def incarnations(text):
+    """Every start of the ranks in a launcher's log, in order: Incarnation(run_id, version it
+    resumed from or None, step it started at)."""
+    found = []
+    run_id = None
+    for line in text.splitlines():
+        match = RUN_LINE.match(line)
+        if match:
+            run_id = match.group(1)
+            continue
+        match = START_LINE.match(line)
+        if match and run_id is not None:
+            version = int(match.group(1)) if match.group(1) else None
+            found.append(Incarnation(run_id, version, int(match.group(2))))
+            run_id = None
+    return found
+
+
+def check_resumes(starts, versions):
+    """Problems with where each restart resumed: `starts` from incarnations(), `versions`
+    {version: (run_id, global_step)} as the store holds them. Restart k must resume from the
+    newest version an earlier incarnation committed, at that version's step."""
+    problems = []
+    earlier = set()
+    for k, start in enumerate(starts):
+        if k > 0:
+            committed = [v for v, (run_id, _) in versions.items() if run_id in earlier]
+            expected = max(committed) if committed else None
+            expected_step = versions[expected][1] if expected is not None else 0
+            if start.resumed_version != expected or start.resumed_step != expected_step:
+                where = (f"@{start.resumed_version}" if start.resumed_version is not None
+                         else "nothing (fresh)")
+                last = f"@{expected}" if expected is not None else "none"
+                problems.append(f"restart {k} resumed from {where} at step {start.resumed_step}, "
+                                f"but the last checkpoint acknowledged before it was {last} at "
+                                f"step {expected_step}")
+        earlier.add(start.run_id)
+    return problems
+
+
 def export(lib, store_dir, out):
     result = lib.ckpt(["export", f"{MODEL}@latest", out, "--bundle"], store_dir=store_dir,
                       timeout=300)
@@ -100,10 +158,12 @@ class Campaign:
     def __init__(self, args, lib):
         self.args = args
         self.lib = lib
-        self.table = soak_lib.Table("trainer_kill", extra_columns=["runs", "exact runs"])
+        self.table = soak_lib.Table("trainer_kill",
+                                    extra_columns=["runs", "exact runs", "resumes checked"])
         self.row = self.table.row(ROW)
         self.runs = 0
         self.exact = 0
+        self.resumes_checked = 0
 
     def reference(self):
         store = os.path.join(self.lib.work_dir, "reference")
@@ -118,6 +178,43 @@ class Campaign:
             raise RuntimeError(f"exporting the reference failed: {exported.describe()}")
         self.reference_seconds = result.seconds
         return out
+
+    def stored_versions(self, store):
+        """{version: (lineage.run_id, global_step)} of MODEL in the store at `store`, through the
+        checkpoint_store service."""
+        pb = self.lib.stubs()
+        grpc = __import__("grpc")
+        service = self.lib.start_store(store)
+        versions = {}
+        try:
+            with grpc.insecure_channel(service.address) as channel:
+                stub = pb.checkpoint_store_pb2_grpc.CheckpointStoreStub(channel)
+                token = ""
+                while True:
+                    response = stub.ListVersions(
+                        pb.checkpoint_store_pb2.ListVersionsRequest(model=MODEL, page_token=token),
+                        timeout=120)
+                    for info in response.versions:
+                        versions[info.version] = (info.metadata.lineage.run_id,
+                                                  info.metadata.global_step)
+                    token = response.next_page_token
+                    if not token:
+                        return versions
+        finally:
+            service.stop()
+
+    def check_resume_points(self, index, text, restarts, store):
+        """Counts a restart that resumed from another checkpoint than the last one acknowledged
+        before it as lost."""
+        starts = incarnations(text)
+        if len(starts) != restarts + 1:
+            self.row.fail("crashes", f"run {index}: {restarts} restarts but {len(starts)} starts "
+                                     f"of the ranks in the log")
+            return
+        problems = check_resumes(starts, self.stored_versions(store))
+        for problem in problems:
+            self.row.fail("lost", f"run {index}: {problem}")
+        self.resumes_checked += restarts - len(problems)
 
     def killed_run(self, index, kills, reference):
         lib, rng, row = self.lib, self.lib.rng, self.row
@@ -178,6 +275,7 @@ class Campaign:
         if not final or int(final.group(1)) != self.args.train_steps:
             row.fail("lost", f"run {index}: did not finish at step {self.args.train_steps}")
             return
+        self.check_resume_points(index, text, restarts, store)
         out = os.path.join(lib.work_dir, f"run{index}.pt")
         exported = export(lib, store, out)
         row.saw_rss(exported.max_rss_mib)
@@ -218,11 +316,14 @@ class Campaign:
                   f"{self.lib.elapsed_seconds():.0f} s", flush=True)
         self.row.extra["runs"] = self.runs
         self.row.extra["exact runs"] = self.exact
+        self.row.extra["resumes checked"] = self.resumes_checked
         self.table.note(
             f"Config: {' '.join(config_flags(args, 'DIR'))}; {args.kills_per_run} kills (and "
             f"--max_restarts) per run; the uninterrupted reference took "
             f"{self.reference_seconds:.0f} s. 'exact runs': runs whose final model + optimizer"
-            f" + scheduler state is bit-identical to the reference's.")
+            f" + scheduler state is bit-identical to the reference's. 'resumes checked': restarts"
+            f" that resumed from the last checkpoint acknowledged before them (lineage.run_id"
+            f" of the stored versions).")
         return self.table
 
 
