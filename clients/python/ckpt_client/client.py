@@ -16,6 +16,11 @@ from .errors import (FailedPrecondition, IntegrityError, InvalidArgument, Protoc
 # Large enough for a 1 MiB TensorData piece and a manifest of many tensors (the servers' own
 # default limit is 16 MiB).
 _MAX_MESSAGE_BYTES = 64 << 20
+# A channel's reconnect backoff (first, most) in ms: ClientChannel's (libs/rpc/client_channel.cc).
+_RECONNECT_BACKOFF_MS = (100, 5000)
+# Seconds watch() waits for the store's channel to connect before each resume (ClientOptions'
+# connect_timeout).
+_CONNECT_TIMEOUT = 10.0
 
 WatchUpdate = collections.namedtuple("WatchUpdate", ["state", "event", "resume_token"])
 WatchUpdate.__doc__ = """One message of a watch: exactly one of ``state`` (a ckpt.v1.WatchState:
@@ -117,7 +122,11 @@ class Client:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout = timeout
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                   # Reconnect about as fast as watch() resumes, as the C++ client does
+                   # (libs/rpc/client_channel.cc); gRPC's own default backoff grows to 120 s.
+                   ("grpc.initial_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[0]),
+                   ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[1])]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         credentials = None
@@ -137,7 +146,9 @@ class Client:
         self._store = self._loader = None
         if store is not None:
             self._channels.append(channel(store))
-            self._store = self._pb.checkpoint_store_pb2_grpc.CheckpointStoreStub(self._channels[-1])
+            self._store_channel = self._channels[-1]
+            self._store = self._pb.checkpoint_store_pb2_grpc.CheckpointStoreStub(
+                self._store_channel)
         if loader is not None:
             self._channels.append(channel(loader))
             self._loader = self._pb.loader_pb2_grpc.LoaderStub(self._channels[-1])
@@ -434,11 +445,13 @@ class Client:
 
         With resume_token=0 the first update is the current state, then each change as it
         commits. When the connection drops (UNAVAILABLE; RESOURCE_EXHAUSTED or CANCELLED from
-        the server cutting off a slow reader or shutting down), the watch reconnects with the
-        last resume token it yielded, backing off 0.1 s doubling up to ``max_backoff`` seconds
-        (with jitter; reset after each update): the caller misses nothing and sees nothing
-        twice. ``max_reconnects`` consecutive failed reconnects (None: no limit) raise the last
-        error. Other errors raise at once.
+        the server cutting off a slow reader or shutting down), the watch backs off 0.1 s
+        doubling up to ``max_backoff`` seconds (with jitter; reset after each update), waits up
+        to 10 s for the store's channel to connect, and reconnects with the last resume token it
+        yielded, as RemoteCheckpointStore::Watch does: the caller misses nothing, sees nothing
+        twice, and sees a change made as soon as a restarted store is back.
+        ``max_reconnects`` consecutive failed reconnects (None: no limit) raise the last error.
+        Other errors raise at once.
         Close the iterator (or break out of the loop), or close the Client, to stop.
         """
         if isinstance(models, str):
@@ -486,6 +499,32 @@ class Client:
             if self._closed:
                 return
             backoff = min(backoff * 2, max_backoff)
+            # Resume once the channel is connected, as RemoteWatch does (WaitUntilConnected;
+            # issue #36). Resuming at once was a fail-fast call into a channel still in
+            # TRANSIENT_FAILURE after the restart, and between those calls no thread polled the
+            # channel: its reconnect to the restarted store was read only by gRPC's client-channel
+            # backup poller (every 5 s), so the watch saw a move made right after the restart only
+            # seconds later (with gRPC's default reconnect backoff, minutes after a longer outage)
+            # while a C++ watch saw it at once. Waiting on the channel's state polls the channel.
+            self._await_store_channel(_CONNECT_TIMEOUT)
+            if self._closed:
+                return
+
+    def _await_store_channel(self, timeout):
+        """Asks the store's channel to connect and waits up to `timeout` seconds (less once
+        close() is called) until it is. A wait that runs out is no error here: the resume that
+        follows fails fast and counts as a failed reconnect."""
+        ready = grpc.channel_ready_future(self._store_channel)
+        deadline = time.monotonic() + timeout
+        try:
+            while not self._closed and time.monotonic() < deadline:
+                try:
+                    ready.result(timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+                    return
+                except grpc.FutureTimeoutError:
+                    pass
+        finally:
+            ready.cancel()
 
 
 def _umask():

@@ -28,6 +28,10 @@ CKPT_BIN = os.path.join(ROOT, "tools/ckpt/ckpt")
 TMP = os.environ.get("TEST_TMPDIR") or "/tmp/ckpt_client_test"
 MODEL = "team-a.net"
 TOKEN = "s3cret-token"
+# Store restarts in the watch-resume test, and how soon after a move made right after each one the
+# watch must see it (RemoteWatch sees it within a fraction of this).
+RESTARTS = 2
+RESUME_WITHIN = 2.0
 
 
 class Net(nn.Module):
@@ -375,6 +379,68 @@ class RegistryTest(unittest.TestCase):
             found = client.versions(MODEL, tags=["eval=imagenet-v2"], where=["val_acc>=0.9"])
             self.assertEqual([v.version for v in found], [1])
             self.assertEqual(client.versions(MODEL, where=["val_acc>=0.95"]), [])
+
+    def test_watch_across_a_sigterm_restart_with_a_second_watcher_resumes_for_a_move_right_after(
+            self):
+        """The Python watch across a SIGTERM restart with a second watcher connected (a `ckpt
+        sync`) and a move right after the restart (issue #36): every move arrives once, in order,
+        and a move made as soon as the store is back arrives within RESUME_WITHIN seconds, as it
+        does for RemoteWatch (C++), which waits for its channel before resuming. The watch runs
+        with its default backoff, as a serving process would."""
+        alias, serving = "serving-36", os.path.join(TMP, "serving-36")
+        with plain_client() as client, \
+                open(os.path.join(TMP, "sync-36.log"), "ab") as sync_log:
+            kinds = client.messages.registry_pb2.RegistryEvent
+            client.set_alias(f"{MODEL}@1", alias, reason="serve v1")
+            updates = queue.Queue()
+
+            def follow():
+                try:
+                    for update in client.watch(MODEL, alias=alias):
+                        updates.put((time.monotonic(), update))
+                except ckpt_client.CkptError as error:  # the client closing ends it
+                    updates.put((time.monotonic(), error))
+
+            threading.Thread(target=follow, daemon=True).start()
+            _, first = updates.get(timeout=20)
+            self.assertIsNotNone(first.state, first)
+            self.assertEqual(first.state.models[0].aliases[alias], 1)
+            sync = subprocess.Popen([CKPT_BIN, "sync", f"{MODEL}@{alias}", serving,
+                                     f"--store={PLAIN_STORE.address}"],
+                                    stdout=sync_log, stderr=subprocess.STDOUT)
+            self.addCleanup(sync.wait)
+            self.addCleanup(sync.terminate)
+            current = os.path.join(serving, MODEL, "CURRENT")
+            deadline = time.monotonic() + 30
+            while _read_text(current) != "1":  # the second watcher is following the alias
+                self.assertLess(time.monotonic(), deadline, "ckpt sync never served version 1")
+                time.sleep(0.05)
+
+            moves, late, version, previous = [], [], 2, first.resume_token
+            for restart in range(RESTARTS):
+                PLAIN_STORE.restart()
+                # Another client moves the alias at once (a rollback by an operator).
+                reason = f"move right after restart {restart}"
+                run(CKPT_BIN, "promote", f"{MODEL}@{version}", alias, "--reason", reason,
+                    f"--store={PLAIN_STORE.address}")
+                made = time.monotonic()
+                moves.append((version, reason))
+                arrived, update = updates.get(timeout=60)
+                self.assertNotIsInstance(update, Exception)
+                if arrived - made > RESUME_WITHIN:
+                    late.append(f"restart {restart}: {arrived - made:.1f} s")
+                self.assertIsNone(update.state, "a second state after a resume")
+                event = update.event
+                self.assertEqual((event.kind, event.alias, event.version),
+                                 (kinds.ALIAS_SET, alias, version))
+                self.assertIn(reason, event.reason)
+                self.assertGreater(event.sequence, previous, "an event seen twice or out of order")
+                previous = event.sequence
+                version = 3 - version
+            self.assertEqual(late, [], f"the watch saw a move made right after a restart more than "
+                             f"{RESUME_WITHIN} s after it was made ({len(moves)} moves)")
+            time.sleep(0.5)
+            self.assertTrue(updates.empty(), "nothing seen twice, nothing else sent")
 
     def test_watch_sees_alias_moves_across_a_store_restart(self):
         with plain_client() as client:
