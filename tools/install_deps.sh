@@ -20,6 +20,8 @@ packages=(
   python3-grpcio python3-protobuf
   # XXH3-64, for the Python client's check of every Export piece (ExportResponse.xxh3_64).
   python3-xxhash
+  # `pip install ./clients/python` into a venv, offline (clients/python:install_test).
+  python3-venv python3-pip python3-setuptools python3-wheel
   # The openssl command line: tests make their TLS certificates with it.
   openssl
   # A real S3 server for the S3 client's tests: Debian's Ceph (a monitor, one memstore OSD and

@@ -11,6 +11,9 @@
 See clients/python/README.md. The gRPC modules are generated, never committed (ckpt_client._stubs
 says where they come from).
 """
+# The package's version: MAJOR is the wire API's (ckpt.v1), MINOR grows with compatible additions.
+__version__ = "1.0.0"
+
 from .client import Client, WatchUpdate, parse_ref
 from .errors import (AlreadyExists, Cancelled, CkptError, DataLoss, DeadlineExceeded,
                      FailedPrecondition, IntegrityError, InvalidArgument, NotFound,

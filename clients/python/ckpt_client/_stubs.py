@@ -5,10 +5,12 @@ The generated code is never committed: it must match the protobuf runtime it run
 
 1. ``$CKPT_CLIENT_PROTO_DIR``: a directory holding plain ``protoc --python_out --grpc_python_out``
    output of the ckpt .proto files (``DIR/proto/ckpt/v1/*_pb2.py``).
-2. The Bazel genrule ``//clients/python:ckpt_v1_py_codegen`` output, which sits beside the
+2. ``ckpt_client/_generated/``: what ``pip install ./clients/python`` generated at build time
+   (``setup.py`` calls ``run_protoc`` below), so an installed client needs no ``protoc``.
+3. The Bazel genrule ``//clients/python:ckpt_v1_py_codegen`` output, which sits beside the
    package in the runfiles of anything that depends on ``//clients/python:ckpt_client``
    (``clients/python/gen/proto/ckpt/v1``).
-3. A per-user cache, ``$XDG_CACHE_HOME/ckpt_client/<hash>/`` (``~/.cache/...``), filled on first
+4. A per-user cache, ``$XDG_CACHE_HOME/ckpt_client/<hash>/`` (``~/.cache/...``), filled on first
    use by running ``protoc`` with ``grpc_python_plugin`` over the .proto files; ``<hash>`` covers
    the .proto contents and the protoc version, so a changed API regenerates. The .proto files are
    looked up in ``$CKPT_CLIENT_PROTO_ROOT`` (a directory holding ``proto/ckpt/v1/``), else in the
@@ -82,8 +84,27 @@ def _cache_home():
     return os.path.join(base, "ckpt_client")
 
 
-def _generate(proto_root):
-    """Runs protoc into the per-user cache (once per API and protoc version); returns the dir."""
+def proto_sources():
+    """The .proto files, relative to the proto root, in dependency order."""
+    return [os.path.join("proto", "ckpt", "v1", name + ".proto") for name in PROTO_FILES]
+
+
+def run_protoc(proto_root, out_dir):
+    """Generates the ckpt.v1 modules of ``proto_root``'s .proto files into ``out_dir``
+    (``out_dir/proto/ckpt/v1/``). Also setup.py's build step."""
+    protoc, plugin = _tools()
+    result = subprocess.run(
+        [protoc, "-I.", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
+         f"--plugin=protoc-gen-grpc_python={plugin}"] + proto_sources(),
+        cwd=proto_root, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise StubsUnavailableError(
+            f"protoc failed generating ckpt_client's modules from {proto_root}: "
+            f"{result.stderr.strip()}")
+
+
+def _tools():
+    """protoc and grpc_python_plugin, or StubsUnavailableError saying how to get them."""
     protoc = _find_tool("protoc", "/usr/bin/protoc")
     plugin = _find_tool("grpc_python_plugin", "/usr/bin/grpc_python_plugin")
     missing = [tool for tool, path in (("protoc", protoc), ("grpc_python_plugin", plugin))
@@ -94,10 +115,15 @@ def _generate(proto_root):
             f"(Debian / Ubuntu: apt-get install {_PROTOC_PACKAGE}), or set CKPT_CLIENT_PROTO_DIR "
             "to a directory of generated modules (protoc --python_out --grpc_python_out over "
             "proto/ckpt/v1/*.proto)")
+    return protoc, plugin
+
+
+def _generate(proto_root):
+    """Runs protoc into the per-user cache (once per API and protoc version); returns the dir."""
+    protoc, _ = _tools()
     version = subprocess.run([protoc, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(version.encode())
-    sources = [os.path.join("proto", "ckpt", "v1", name + ".proto") for name in PROTO_FILES]
-    for source in sources:
+    for source in proto_sources():
         with open(os.path.join(proto_root, source), "rb") as f:
             digest.update(source.encode() + b"\0" + f.read() + b"\0")
     target = os.path.join(_cache_home(), digest.hexdigest()[:16])
@@ -107,14 +133,7 @@ def _generate(proto_root):
     # Generate beside the target and rename: concurrent first imports never see half a directory.
     scratch = tempfile.mkdtemp(prefix=".generating-", dir=_cache_home())
     try:
-        result = subprocess.run(
-            [protoc, "-I.", f"--python_out={scratch}", f"--grpc_python_out={scratch}",
-             f"--plugin=protoc-gen-grpc_python={plugin}"] + sources,
-            cwd=proto_root, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise StubsUnavailableError(
-                f"protoc failed generating ckpt_client's modules from {proto_root}: "
-                f"{result.stderr.strip()}")
+        run_protoc(proto_root, scratch)
         try:
             os.rename(scratch, target)
         except OSError:
@@ -133,6 +152,9 @@ def _locate():
                 f"CKPT_CLIENT_PROTO_DIR={explicit} does not hold the generated ckpt.v1 modules "
                 f"(expected {', '.join(m + '.py' for m in _MODULES)} under proto/ckpt/v1/)")
         return explicit
+    installed = os.path.join(_package_dir(), "_generated")
+    if _has_modules(installed):
+        return installed
     bazel = os.path.normpath(os.path.join(_package_dir(), "..", "gen"))
     if _has_modules(bazel):
         return bazel
