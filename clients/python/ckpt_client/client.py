@@ -1,9 +1,12 @@
 """Client: the ckpt checkpoint store and loader, from Python."""
+from __future__ import annotations
+
 import collections
 import os
 import random
 import tempfile
 import time
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 import torch
@@ -59,7 +62,11 @@ def _check_piece(ref, response, at, xxh3_64):
             "nothing was written", offset=at)
 
 
-def parse_ref(text):
+# A torch.device or what torch.device() takes ("cpu", "cuda:1").
+Device = Union[str, torch.device]
+
+
+def parse_ref(text: str) -> Tuple[str, Optional[int], Optional[str]]:
     """"MODEL" / "MODEL@latest" / "MODEL@7" / "MODEL@best" -> (model, version or None, alias or
     None); a plain "MODEL" means alias "latest". Model names never contain '@'."""
     if not isinstance(text, str) or not text:
@@ -102,8 +109,11 @@ class Client:
     Use as a context manager (or call close()) to close the channels.
     """
 
-    def __init__(self, store=None, loader=None, token=None, token_file=None, ca_file=None,
-                 cert_file=None, key_file=None, server_name=None, timeout=60):
+    def __init__(self, store: Optional[str] = None, loader: Optional[str] = None,
+                 token: Optional[str] = None, token_file: Optional[str] = None,
+                 ca_file: Optional[str] = None, cert_file: Optional[str] = None,
+                 key_file: Optional[str] = None, server_name: Optional[str] = None,
+                 timeout: float = 60) -> None:
         if store is None and loader is None:
             raise InvalidArgument("Client needs store='HOST:PORT' and / or loader='HOST:PORT'")
         if token is not None and token_file is not None:
@@ -155,21 +165,21 @@ class Client:
 
     # ---- plumbing
 
-    def close(self):
+    def close(self) -> None:
         """Closes the channels; calls in progress end (a watch() iteration just stops)."""
         self._closed = True
         for channel in self._channels:
             channel.close()
         self._channels = []
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     @property
-    def messages(self):
+    def messages(self) -> Any:
         """The generated ckpt.v1 modules (types_pb2, checkpoint_store_pb2, registry_pb2,
         loader_pb2, ...), for calls this class does not wrap."""
         return self._pb
@@ -198,7 +208,7 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error, method) from error
 
-    def version_ref(self, ref):
+    def version_ref(self, ref: str) -> Any:
         """A ckpt.v1.VersionRef for "MODEL[@N|@ALIAS]"."""
         model, version, alias = parse_ref(ref)
         message = self._pb.types_pb2.VersionRef(model=model)
@@ -210,21 +220,25 @@ class Client:
 
     # ---- reading versions
 
-    def resolve(self, ref):
+    def resolve(self, ref: str) -> int:
         """The version number "MODEL@ALIAS" (or "MODEL", meaning latest) points at now."""
         manifest = self._call("store", "GetManifest",
                               self._pb.checkpoint_store_pb2.GetManifestRequest(
                                   ref=self.version_ref(ref)))
         return manifest.version
 
-    def manifest(self, ref):
+    def manifest(self, ref: str) -> Any:
         """The stored ckpt.v1.Manifest of a version (metadata, tensors, annotations)."""
         return self._call("store", "GetManifest",
                           self._pb.checkpoint_store_pb2.GetManifestRequest(
                               ref=self.version_ref(ref)))
 
-    def load_state_dict(self, ref, device="cpu", dtype=None, keys=None, prefixes=None,
-                        verify=True, timeout=None):
+    def load_state_dict(self, ref: str, device: Device = "cpu",
+                        dtype: Optional[torch.dtype] = None,
+                        keys: Optional[Iterable[str]] = None,
+                        prefixes: Optional[Iterable[str]] = None, verify: bool = True,
+                        timeout: Optional[float] = None
+                        ) -> collections.OrderedDict[str, torch.Tensor]:
         """A version's model state dict: an OrderedDict of tensors under canonical keys (no
         "module." prefix), in the producer's order, ready for ``module.load_state_dict(sd,
         strict=True)``.
@@ -292,8 +306,11 @@ class Client:
             return True
         return key in keys or any(key.startswith(prefix) for prefix in prefixes)
 
-    def export(self, ref, path, format="pt", dtype=None, keys=None, prefixes=None,
-               include_optimizer=False, include_scheduler=False, verify=True, timeout=None):
+    def export(self, ref: str, path: str, format: str = "pt",
+               dtype: Optional[torch.dtype] = None, keys: Optional[Iterable[str]] = None,
+               prefixes: Optional[Iterable[str]] = None, include_optimizer: bool = False,
+               include_scheduler: bool = False, verify: bool = True,
+               timeout: Optional[float] = None) -> Any:
         """Writes a version as a file through the loader's Export: ``format="pt"`` (torch.save
         zip that torch.load(weights_only=True) reads) or ``"safetensors"``. With
         include_optimizer / include_scheduler (pt only) the file is the whole training bundle as
@@ -365,7 +382,8 @@ class Client:
 
     # ---- the registry
 
-    def history(self, model, alias=None, after_sequence=0, since_unix_micros=0):
+    def history(self, model: str, alias: Optional[str] = None, after_sequence: int = 0,
+                since_unix_micros: int = 0) -> list:
         """Every registry event of `model` (or only `alias`'s moves and deletes), oldest first, as
         ckpt.v1.RegistryEvent messages: commits, alias moves with who / when / why, annotations,
         deletes. Pages are fetched until the end."""
@@ -381,8 +399,10 @@ class Client:
                 return events
             after = response.next_after_sequence
 
-    def annotate(self, ref, metrics=None, tags=None, description=None, reason=None,
-                 remove_metrics=(), remove_tags=()):
+    def annotate(self, ref: str, metrics: Optional[Mapping[str, float]] = None,
+                 tags: Optional[Mapping[str, str]] = None, description: Optional[str] = None,
+                 reason: Optional[str] = None, remove_metrics: Sequence[str] = (),
+                 remove_tags: Sequence[str] = ()) -> Any:
         """Adds (or changes) metrics, tags and the description of a committed version; returns
         its ckpt.v1.VersionAnnotations after the change. ``ref`` may be an alias: it is resolved
         first, and the annotation goes to that version number."""
@@ -400,7 +420,8 @@ class Client:
                           self._pb.checkpoint_store_pb2.AnnotateVersionRequest(
                               model=model, version=version, change=change, reason=reason or ""))
 
-    def set_alias(self, ref, alias, reason=None, expected_current_version=0):
+    def set_alias(self, ref: str, alias: str, reason: Optional[str] = None,
+                  expected_current_version: int = 0) -> int:
         """Points `alias` at the version `ref` names; returns the version it pointed at before (0
         when new)."""
         model, version, _ = parse_ref(ref)
@@ -411,8 +432,9 @@ class Client:
             expected_current_version=expected_current_version))
         return response.previous_version
 
-    def versions(self, model, tags=(), labels=(), where=(), created_after_unix_micros=0,
-                 created_before_unix_micros=0):
+    def versions(self, model: str, tags: Sequence[str] = (), labels: Sequence[str] = (),
+                 where: Sequence[str] = (), created_after_unix_micros: int = 0,
+                 created_before_unix_micros: int = 0) -> list:
         """The versions of `model` (ckpt.v1.VersionInfo, oldest first) that match every filter:
         ``tags`` / ``labels`` as "key=value" or bare "key"; ``where`` metric conditions such as
         "val_acc>=0.9", "loss<=0.2", "val_acc==0.93" (annotation metrics over commit-time ones)."""
@@ -438,8 +460,9 @@ class Client:
             if not token:
                 return infos
 
-    def watch(self, models=None, alias=None, resume_token=0, max_backoff=10.0,
-              max_reconnects=None):
+    def watch(self, models: Union[str, Sequence[str], None] = None, alias: Optional[str] = None,
+              resume_token: int = 0, max_backoff: float = 10.0,
+              max_reconnects: Optional[int] = None) -> Iterator[WatchUpdate]:
         """Iterates over registry updates (WatchUpdate) of `models` (a name, a list, or None for
         every model), only `alias`'s moves when given, forever.
 
