@@ -14,15 +14,17 @@ says where they come from).
 # The package's version: MAJOR is the wire API's (ckpt.v1), MINOR grows with compatible additions.
 __version__ = "1.0.0"
 
-from .client import Client, WatchUpdate, parse_ref
+from .client import Bundle, Client, WatchUpdate, parse_ref
 from .errors import (AlreadyExists, Cancelled, CkptError, DataLoss, DeadlineExceeded,
                      FailedPrecondition, IntegrityError, InvalidArgument, NotFound,
                      PermissionDenied, ProtocolError, ResourceExhausted, ServerError,
                      Unauthenticated, Unavailable, Unimplemented)
 from ._stubs import StubsUnavailableError
+from ._values import Opaque
 
 __all__ = [
-    "Client", "WatchUpdate", "parse_ref", "CkptError", "IntegrityError", "ProtocolError",
+    "Bundle", "Client", "WatchUpdate", "parse_ref", "Opaque", "CkptError", "IntegrityError",
+    "ProtocolError",
     "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied", "Unauthenticated",
     "FailedPrecondition", "ResourceExhausted", "Unavailable", "DeadlineExceeded", "Cancelled",
     "Unimplemented", "DataLoss", "ServerError", "StubsUnavailableError",

@@ -13,6 +13,7 @@ import torch
 
 from . import _stubs
 from ._tensors import StreamAssembler, to_tensor, torch_dtypes
+from ._values import Opaque, decode_value
 from .errors import (FailedPrecondition, IntegrityError, InvalidArgument, ProtocolError,
                      from_rpc_error)
 
@@ -24,6 +25,12 @@ _RECONNECT_BACKOFF_MS = (100, 5000)
 # Seconds watch() waits for the store's channel to connect before each resume (ClientOptions'
 # connect_timeout).
 _CONNECT_TIMEOUT = 10.0
+
+Bundle = collections.namedtuple("Bundle", ["version", "model", "optimizer", "scheduler", "extra"])
+Bundle.__doc__ = """A stored training bundle (Client.load_bundle): the version number, the model's
+state dict (canonical keys), the optimizer's and the scheduler's state dicts as their producer
+saved them (None when the version holds none), and ``extra``: everything else of the bundle
+(epoch, step, RNG states, user entries; None when nothing), as plain Python values."""
 
 WatchUpdate = collections.namedtuple("WatchUpdate", ["state", "event", "resume_token"])
 WatchUpdate.__doc__ = """One message of a watch: exactly one of ``state`` (a ckpt.v1.WatchState:
@@ -300,6 +307,80 @@ class Client:
             state[meta.key] = tensor
         return state
 
+    def load_bundle(self, ref: str, model: Optional[torch.nn.Module] = None,
+                    optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
+                    strict: bool = True, verify: bool = True,
+                    timeout: Optional[float] = None) -> Bundle:
+        """Resumes from a stored version: the model's weights, the optimizer's and the
+        scheduler's state and the rest of the bundle, read from the store (Download with its
+        state) and verified as load_state_dict's are.
+
+        Given ``model``, ``optimizer`` and / or ``scheduler``, restores each in place with its
+        own ``load_state_dict`` (``strict`` for the model): the weights are copied onto the
+        model's parameters where they are, and torch's Optimizer.load_state_dict puts each
+        state tensor on its parameter's device. Returns the Bundle either way, whose ``extra``
+        holds epoch, step and whatever else the producer saved beside the three. A restore asked
+        for state the version does not hold raises FailedPrecondition naming what is missing.
+        """
+        pb = self._pb.checkpoint_store_pb2
+        request = pb.DownloadRequest(ref=self.version_ref(ref), include_state=True)
+        manifest = None
+        assembler = None
+        for response in self._stream("store", "Download", request, timeout):
+            if response.HasField("manifest"):
+                if manifest is not None:
+                    raise ProtocolError(f"{ref}: the stream sent a second manifest")
+                manifest = response.manifest
+                metas = list(manifest.tensors) + list(manifest.state_tensors)
+                assembler = StreamAssembler(metas, range(len(metas)), verify)
+            elif assembler is None:
+                raise ProtocolError(f"{ref}: tensor bytes arrived before the manifest")
+            else:
+                assembler.add(response.data)
+        if manifest is None:
+            raise ProtocolError(f"{ref}: the stream ended without a manifest")
+        buffers = assembler.finish()
+        weights = collections.OrderedDict()
+        state_tensors = {}
+        for index, buffer in buffers.items():
+            if index < len(manifest.tensors):
+                meta = manifest.tensors[index]
+                weights[meta.key] = to_tensor(meta, buffer, self._dtypes)
+            else:
+                meta = manifest.state_tensors[index - len(manifest.tensors)]
+                state_tensors[meta.key] = to_tensor(meta, buffer, self._dtypes)
+
+        def state(field):
+            if not manifest.HasField(field):
+                return None
+            return decode_value(getattr(manifest, field), state_tensors)
+
+        bundle = Bundle(manifest.version, weights, state("optimizer_state"),
+                        state("scheduler_state"), state("extra_state"))
+        where = f"{manifest.model}@{manifest.version}"
+        for target, held, what in ((optimizer, bundle.optimizer, "optimizer"),
+                                   (scheduler, bundle.scheduler, "scheduler")):
+            if target is not None and held is None:
+                raise FailedPrecondition(f"{where} holds no {what} state to restore")
+        if model is not None:
+            model.load_state_dict(weights, strict=strict)
+        if optimizer is not None:
+            opaque = _opaque_paths(bundle.optimizer, "optimizer")
+            if opaque:
+                raise FailedPrecondition(
+                    f"{where}: the optimizer state holds pickled objects ckpt does not rebuild "
+                    f"(it runs no pickled code): {', '.join(opaque)}")
+            optimizer.load_state_dict(bundle.optimizer)
+        if scheduler is not None:
+            # A scheduler's state dict may hold what its constructor made (OneCycleLR's
+            # anneal_func, a bound method pickled by reference): torch.load would run the pickle
+            # to rebuild it, ckpt never does. The scheduler made here already holds its own, so
+            # such entries are left as they are and every plain value is restored.
+            scheduler.load_state_dict(
+                {key: value for key, value in bundle.scheduler.items()
+                 if not _opaque_paths(value, key)})
+        return bundle
+
     @staticmethod
     def _selected(key, keys, prefixes):
         if not keys and not prefixes:
@@ -548,6 +629,17 @@ class Client:
                     pass
         finally:
             ready.cancel()
+
+
+def _opaque_paths(value, path):
+    """Where in `value` an Opaque (a pickled object kept as a description) sits: ["a.b", ...]."""
+    if isinstance(value, Opaque):
+        return [path]
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _opaque_paths(item, f"{path}.{key}")]
+    if isinstance(value, (list, tuple)):
+        return [p for i, item in enumerate(value) for p in _opaque_paths(item, f"{path}[{i}]")]
+    return []
 
 
 def _umask():

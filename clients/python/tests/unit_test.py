@@ -1,5 +1,6 @@
 """ckpt_client without servers: references, metric conditions, the stream verifier (real chunk
 and content hashes, tampered bytes), and generating the gRPC modules from the .proto files."""
+import collections
 import hashlib
 import inspect
 import os
@@ -83,6 +84,35 @@ class TypeHintsTest(unittest.TestCase):
         self.assertIn("return", typing.get_type_hints(ckpt_client.parse_ref))
         self.assertTrue(os.path.isfile(os.path.join(os.path.dirname(ckpt_client.__file__),
                                                     "py.typed")))
+
+
+class ValuesTest(unittest.TestCase):
+    def test_decodes_every_kind_keeping_int_keys_order_tuples_and_tensors(self):
+        from ckpt_client._values import decode_value
+        pb = _stubs.load().types_pb2
+        tensor = torch.arange(3.0)
+        value = pb.Value(dict_value=pb.ValueDict(ordered=True, entries=[
+            pb.DictEntry(int_key=0, value=pb.Value(tensor_value=pb.TensorRef(key="t"))),
+            pb.DictEntry(string_key="none", value=pb.Value(none_value=pb.NoneValue())),
+            pb.DictEntry(string_key="flag", value=pb.Value(bool_value=False)),
+            pb.DictEntry(string_key="betas", value=pb.Value(tuple_value=pb.ValueList(items=[
+                pb.Value(float_value=0.9), pb.Value(int_value=2)]))),
+            pb.DictEntry(string_key="list", value=pb.Value(list_value=pb.ValueList(items=[
+                pb.Value(string_value="s"), pb.Value(bytes_value=b"b")]))),
+            pb.DictEntry(string_key="fn", value=pb.Value(opaque_value=pb.OpaqueObject(
+                class_name="builtins.getattr"))),
+        ]))
+        decoded = decode_value(value, {"t": tensor})
+        self.assertIsInstance(decoded, collections.OrderedDict)
+        self.assertEqual(list(decoded), [0, "none", "flag", "betas", "list", "fn"])
+        self.assertIs(decoded[0], tensor)
+        self.assertIsNone(decoded["none"])
+        self.assertIs(decoded["flag"], False)
+        self.assertEqual(decoded["betas"], (0.9, 2))
+        self.assertEqual(decoded["list"], ["s", b"b"])
+        self.assertEqual(decoded["fn"], ckpt_client.Opaque("builtins.getattr", None, None))
+        with self.assertRaisesRegex(ckpt_client.ProtocolError, "tensor 'missing'"):
+            decode_value(pb.Value(tensor_value=pb.TensorRef(key="missing")), {})
 
 
 class VerifierTest(unittest.TestCase):
