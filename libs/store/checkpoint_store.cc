@@ -264,32 +264,42 @@ absl::StatusOr<at::Tensor> VersionReader::ReadTensor(absl::string_view key) cons
       "no tensor '", key, "' in ", FormatVersionRef(manifest().model(), manifest().version())));
 }
 
+absl::Status NormalizeHeaderKeys(v1::Manifest& header) {
+  std::vector<std::string> original_keys;
+  original_keys.reserve(header.tensors_size());
+  for (const v1::TensorMeta& meta : header.tensors()) original_keys.push_back(meta.key());
+  ASSIGN_OR_RETURN(NormalizedKeys normalized, NormalizeKeys(original_keys));
+  if (normalized.normalization.changed_keys() || !header.metadata().has_key_normalization()) {
+    *header.mutable_metadata()->mutable_key_normalization() = normalized.normalization.ToProto();
+  }
+  absl::flat_hash_map<std::string, std::string> canonical_of;
+  for (int i = 0; i < header.tensors_size(); ++i) {
+    v1::TensorMeta& meta = *header.mutable_tensors(i);
+    meta.set_original_key(original_keys[i]);
+    meta.set_key(normalized.keys[i]);
+    canonical_of.emplace(original_keys[i], normalized.keys[i]);
+  }
+  for (auto& [index, name] : *header.mutable_optimizer_param_names()) {
+    auto it = canonical_of.find(name);
+    if (it != canonical_of.end()) name = it->second;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view model,
                                                                const CheckpointContents& contents,
                                                                const CommitOptions& options) {
   v1::Manifest header;
   *header.mutable_metadata() = contents.metadata;
 
-  // Canonical keys, and the producer's key for each.
-  std::vector<std::string> original_keys = contents.model.keys();
-  std::vector<std::string> keys = original_keys;
-  if (options.normalize_keys) {
-    ASSIGN_OR_RETURN(NormalizedKeys normalized, NormalizeKeys(original_keys));
-    keys = std::move(normalized.keys);
-    if (normalized.normalization.changed_keys() || !header.metadata().has_key_normalization()) {
-      *header.mutable_metadata()->mutable_key_normalization() = normalized.normalization.ToProto();
-    }
-  }
-  absl::flat_hash_map<std::string, std::string> canonical_of;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const StateDict::Entry& entry = contents.model.entry(i);
+  // The producer's keys; NormalizeHeaderKeys makes them canonical below.
+  for (const StateDict::Entry& entry : contents.model) {
     v1::TensorMeta* meta = header.add_tensors();
-    meta->set_key(keys[i]);
+    meta->set_key(entry.key);
     meta->set_original_key(entry.key);
     meta->set_original_device(entry.original_device.empty() ? entry.tensor.device().str()
                                                             : entry.original_device);
     RETURN_IF_ERROR(DescribeTensor(entry.tensor, *meta));
-    canonical_of.emplace(entry.key, keys[i]);
   }
 
   StateTensorTable state;
@@ -308,9 +318,9 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
     *header.mutable_bundle_layout() = contents.bundle_layout;
   }
   for (const auto& [index, name] : contents.optimizer_param_names) {
-    auto it = canonical_of.find(name);
-    (*header.mutable_optimizer_param_names())[index] = it == canonical_of.end() ? name : it->second;
+    (*header.mutable_optimizer_param_names())[index] = name;
   }
+  if (options.normalize_keys) RETURN_IF_ERROR(NormalizeHeaderKeys(header));
 
   ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
                    BeginUpload(model, std::move(header), options));

@@ -216,6 +216,14 @@ struct LoadedCheckpoint {
   CheckpointContents contents;
 };
 
+// Puts `header`'s model tensors under canonical keys (libs/tensor NormalizeKeys: "module.",
+// "_orig_mod.", ... stripped), keeping each TensorMeta.key it finds as original_key; records the
+// normalization in metadata.key_normalization (when keys changed, or none was recorded) and maps
+// optimizer_param_names to the canonical keys. What CommitCheckpoint does with normalize_keys, and
+// the store service with an UploadHeader's normalize_keys: the one place keys are normalized on
+// the way in. INVALID_ARGUMENT when two keys would become one.
+absl::Status NormalizeHeaderKeys(v1::Manifest& header);
+
 // AuditRecord.action of each kind of change.
 inline constexpr absl::string_view kAuditCommit = "commit";
 inline constexpr absl::string_view kAuditSetAlias = "set_alias";

@@ -154,7 +154,10 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
         scoped_ = std::make_unique<ScopedStore>(service_.store_, ModelScope(caller_.models),
                                                 Who(caller_));
         AuditedStore audited(*scoped_, ActorOf(caller_));
-        ASSIGN_OR_RETURN(session_, audited.BeginUpload(header.model(), header.manifest(), options));
+        v1::Manifest manifest = header.manifest();
+        if (header.normalize_keys()) RETURN_IF_ERROR(NormalizeHeaderKeys(manifest));
+        ASSIGN_OR_RETURN(session_,
+                         audited.BeginUpload(header.model(), std::move(manifest), options));
         aliases_ = std::set<std::string>(header.aliases().begin(), header.aliases().end());
         accepted_header = true;
         return absl::OkStatus();
