@@ -199,3 +199,34 @@ def to_tensor(meta, buffer, dtypes):
         return torch.empty(shape, dtype=dtype)
     flat = torch.frombuffer(buffer, dtype=torch.uint8)
     return flat.view(dtype).reshape(shape)
+
+
+def describe_tensor(key, tensor, types_pb2, dtypes):
+    """The TensorMeta of `tensor` under `key` (dtype, shape, byte length, device, requires_grad),
+    as the C++ store describes one; `dtypes` is torch_dtypes(). InvalidArgument naming the key
+    for a tensor the store cannot keep as dense bytes."""
+    from .errors import InvalidArgument  # noqa: PLC0415 (errors imports nothing from here)
+    if tensor.layout != torch.strided:
+        raise InvalidArgument(f"tensor '{key}' has layout {tensor.layout}; the store keeps dense "
+                              "tensors (convert with to_dense())")
+    if tensor.is_quantized:
+        raise InvalidArgument(f"tensor '{key}' is quantized; the Python client saves dense "
+                              "tensors only (ckpt import reads quantized torch.save files)")
+    wire = {dtype: enum for enum, dtype in dtypes.items()}.get(tensor.dtype)
+    if wire is None:
+        raise InvalidArgument(f"tensor '{key}' has dtype {tensor.dtype}, which ckpt does not store")
+    return types_pb2.TensorMeta(
+        key=key, original_key=key, dtype=wire, shape=list(tensor.shape),
+        byte_length=tensor.numel() * tensor.element_size(), original_device=str(tensor.device),
+        requires_grad=tensor.requires_grad)
+
+
+def host_bytes(tensor):
+    """`tensor`'s bytes, little-endian and C-ordered, as a memoryview over a CPU tensor (a copy
+    when the tensor is elsewhere or not contiguous)."""
+    if sys.byteorder != "little":
+        raise NotImplementedError("ckpt tensor bytes are little-endian; this host is not")
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())

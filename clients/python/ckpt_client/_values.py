@@ -1,4 +1,4 @@
-"""ckpt.v1.Value trees (optimizer, scheduler and extra state) back into Python objects.
+"""ckpt.v1.Value trees (optimizer, scheduler and extra state) to and from Python objects.
 
 The store keeps a bundle's non-model state as Value trees (proto/ckpt/v1/types.proto) whose
 tensors point by key into Manifest.state_tensors. Decoding never runs code: a pickled object the
@@ -6,7 +6,9 @@ store kept as an OpaqueObject comes back as an ``Opaque`` description, not an in
 """
 import collections
 
-from .errors import ProtocolError
+import torch
+
+from .errors import InvalidArgument, ProtocolError
 
 Opaque = collections.namedtuple("Opaque", ["class_name", "args", "state"])
 Opaque.__doc__ = """An object of class ``class_name`` that the producer pickled and ckpt keeps as a
@@ -44,3 +46,72 @@ def decode_value(value, tensors):
                       decode_value(opaque.args, tensors) if opaque.HasField("args") else None,
                       decode_value(opaque.state, tensors) if opaque.HasField("state") else None)
     raise ProtocolError(f"a state value of unknown kind '{kind}'")
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class StateTensors:
+    """The tensor table of a manifest being built (Manifest.state_tensors): each tensor of a
+    value tree gets a unique key "<part>/<path>" (as the C++ store names them) and a TensorMeta
+    made by ``describe(key, tensor)``."""
+
+    def __init__(self, describe):
+        self._describe = describe
+        self.metas = []
+        self.tensors = []
+        self._keys = set()
+
+    def add(self, path, tensor):
+        key, suffix = path, 2
+        while key in self._keys:  # int key 0 and string key "0" print alike
+            key, suffix = f"{path}#{suffix}", suffix + 1
+        self._keys.add(key)
+        meta = self._describe(key, tensor)
+        meta.original_key = path
+        self.metas.append(meta)
+        self.tensors.append(tensor)
+        return key
+
+
+def encode_value(obj, path, table, types_pb2):
+    """A ckpt.v1.Value for `obj`, whose tensors go into `table` (StateTensors); `path` ("optimizer",
+    "optimizer/state/0") names it in errors and state-tensor keys. InvalidArgument naming the path
+    for what ckpt cannot store without pickling (functions, objects of user classes...)."""
+    pb = types_pb2
+    if obj is None:
+        return pb.Value(none_value=pb.NoneValue())
+    if isinstance(obj, bool):
+        return pb.Value(bool_value=obj)
+    if isinstance(obj, int):
+        if not _INT64[0] <= obj <= _INT64[1]:
+            raise InvalidArgument(f"cannot store {path}: {obj} does not fit in 64 bits")
+        return pb.Value(int_value=obj)
+    if isinstance(obj, float):
+        return pb.Value(float_value=obj)
+    if isinstance(obj, str):
+        return pb.Value(string_value=obj)
+    if isinstance(obj, (bytes, bytearray)):
+        return pb.Value(bytes_value=bytes(obj))
+    if isinstance(obj, torch.Tensor):
+        return pb.Value(tensor_value=pb.TensorRef(key=table.add(path, obj)))
+    if isinstance(obj, (list, tuple)):
+        items = [encode_value(item, f"{path}/{i}", table, types_pb2) for i, item in enumerate(obj)]
+        if isinstance(obj, tuple):
+            return pb.Value(tuple_value=pb.ValueList(items=items))
+        return pb.Value(list_value=pb.ValueList(items=items))
+    if isinstance(obj, dict):
+        entries = []
+        for key, item in obj.items():
+            if isinstance(key, bool) or not isinstance(key, (int, str)):
+                raise InvalidArgument(f"cannot store {path}: its key {key!r} is a "
+                                      f"{type(key).__name__}; ckpt keeps str and int keys")
+            value = encode_value(item, f"{path}/{key}", table, types_pb2)
+            entries.append(pb.DictEntry(int_key=key, value=value) if isinstance(key, int)
+                           else pb.DictEntry(string_key=key, value=value))
+        return pb.Value(dict_value=pb.ValueDict(
+            entries=entries, ordered=isinstance(obj, collections.OrderedDict)))
+    raise InvalidArgument(
+        f"cannot store {path}: a {type(obj).__module__}.{type(obj).__qualname__}; ckpt stores "
+        "tensors, numbers, strings, bytes, None and lists, tuples and dicts of them, and never "
+        "pickles (save what rebuilds it instead)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import random
 import tempfile
@@ -12,8 +13,8 @@ import grpc
 import torch
 
 from . import _stubs
-from ._tensors import StreamAssembler, to_tensor, torch_dtypes
-from ._values import Opaque, decode_value
+from ._tensors import StreamAssembler, describe_tensor, host_bytes, to_tensor, torch_dtypes
+from ._values import Opaque, StateTensors, decode_value, encode_value
 from .errors import (FailedPrecondition, IntegrityError, InvalidArgument, ProtocolError,
                      from_rpc_error)
 
@@ -31,6 +32,14 @@ Bundle.__doc__ = """A stored training bundle (Client.load_bundle): the version n
 state dict (canonical keys), the optimizer's and the scheduler's state dicts as their producer
 saved them (None when the version holds none), and ``extra``: everything else of the bundle
 (epoch, step, RNG states, user entries; None when nothing), as plain Python values."""
+
+Saved = collections.namedtuple("Saved", ["version", "logical_bytes", "new_bytes", "warnings"])
+Saved.__doc__ = """What Client.save committed: the version number, the tensor bytes it holds, those
+the store did not hold before (after deduplication; for a scoped identity, new to its scope),
+and the store's validation warnings."""
+
+# Tensor bytes per TensorData message of an Upload (the store's maximum: wire_constants.h).
+_UPLOAD_PIECE_BYTES = 1 << 20
 
 WatchUpdate = collections.namedtuple("WatchUpdate", ["state", "event", "resume_token"])
 WatchUpdate.__doc__ = """One message of a watch: exactly one of ``state`` (a ckpt.v1.WatchState:
@@ -380,6 +389,129 @@ class Client:
                 {key: value for key, value in bundle.scheduler.items()
                  if not _opaque_paths(value, key)})
         return bundle
+
+    def save(self, model_name: str, state: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
+             *, optimizer: Any = None, scheduler: Any = None, epoch: Optional[int] = None,
+             step: Optional[int] = None, extra: Optional[Mapping[str, Any]] = None,
+             metrics: Optional[Mapping[str, float]] = None,
+             lineage: Optional[Mapping[str, Any]] = None, alias: Optional[str] = None,
+             reason: Optional[str] = None, expected_latest_version: int = 0,
+             timeout: Optional[float] = None) -> Saved:
+        """Commits one version of `model_name` through the store's Upload: visible only once
+        whole (a save that fails or is killed leaves nothing), keys normalized by the store as
+        `ckpt import` normalizes them ("module.", "_orig_mod." stripped), tensors from any
+        device copied to the host, content-addressed and deduplicated by the store.
+
+        Args:
+          state: an nn.Module (its state_dict()) or a state dict of tensors.
+          optimizer, scheduler: torch.optim objects or their state_dict()s.
+          epoch, step: kept in the version's metadata and, with `extra` (plain values and
+            tensors, never pickled), in the bundle: `ckpt export --bundle` gives back
+            torch.save's {"model", "optimizer", "scheduler", "epoch", "step", **extra}, and
+            load_bundle resumes it.
+          metrics: name -> number; lineage: run_id, parent ("MODEL@N"), parent_relation,
+            code_revision, dataset, producer_info (a dict of strings).
+          alias: moved to the new version in the same commit; expected_latest_version: if > 0,
+            FailedPrecondition unless the model's latest version is still that one.
+
+        InvalidArgument names the key of anything it cannot store. Returns Saved.
+        """
+        types = self._pb.types_pb2
+        pb = self._pb.checkpoint_store_pb2
+        module = state if isinstance(state, torch.nn.Module) else None
+        weights = module.state_dict() if module is not None else state
+        if not isinstance(weights, Mapping):
+            raise InvalidArgument("state must be an nn.Module or a state dict (a mapping of "
+                                  f"key -> tensor), not a {type(state).__name__}")
+        manifest = pb.Manifest(model=model_name)
+        tensors = []
+        for key, tensor in weights.items():
+            if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
+                raise InvalidArgument(
+                    f"cannot store state['{key}']: the model's state dict holds tensors under "
+                    f"str keys (got a {type(tensor).__name__}); put other values in extra")
+            manifest.tensors.append(describe_tensor(key, tensor, types, self._dtypes))
+            tensors.append(tensor)
+        table = StateTensors(lambda key, t: describe_tensor(key, t, types, self._dtypes))
+        layout = types.BundleLayout()
+        root = collections.OrderedDict()
+        position = 1  # the model sits at 0
+
+        def part(value, name, field, enum):
+            nonlocal position
+            if value is None:
+                return
+            if hasattr(value, "state_dict") and callable(value.state_dict):
+                value = value.state_dict()
+            if name == "scheduler" and isinstance(value, Mapping):
+                # Some schedulers' state dicts hold their own bound methods (OneCycleLR's
+                # anneal_func in torch < 2.2), which torch.save pickles by reference. They are the
+                # scheduler's behaviour, which its constructor rebuilds (load_bundle keeps the
+                # restored scheduler's own); ckpt never pickles, so they are left out.
+                value = {key: item for key, item in value.items() if not inspect.ismethod(item)}
+            getattr(manifest, field).CopyFrom(encode_value(value, name, table, types))
+            layout.placements.add(part=enum, path=[types.PathKey(string_key=name)],
+                                  position=position)
+            position += 1
+
+        part(optimizer, "optimizer", "optimizer_state", types.BundleLayout.PART_OPTIMIZER)
+        part(scheduler, "scheduler", "scheduler_state", types.BundleLayout.PART_SCHEDULER)
+        if epoch is not None:
+            root["epoch"] = epoch
+            manifest.metadata.epoch = epoch
+        if step is not None:
+            root["step"] = step
+            manifest.metadata.global_step = step
+        for key, value in (extra or {}).items():
+            if key in ("model", "optimizer", "scheduler", "epoch", "step"):
+                raise InvalidArgument(f"extra['{key}'] would hide the bundle's own '{key}'")
+            root[key] = value
+        if len(layout.placements) > 0 or root:
+            layout.placements.add(part=types.BundleLayout.PART_MODEL,
+                                  path=[types.PathKey(string_key="model")], position=0)
+            manifest.extra_state.CopyFrom(encode_value(dict(root), "extra", table, types))
+            manifest.bundle_layout.CopyFrom(layout)
+        if module is not None and optimizer is not None and hasattr(optimizer, "param_groups"):
+            # torch numbers an optimizer's parameters in param_groups order.
+            names = {id(p): name for name, p in module.named_parameters()}
+            index = 0
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    if id(parameter) in names:
+                        manifest.optimizer_param_names[index] = names[id(parameter)]
+                    index += 1
+        manifest.state_tensors.extend(table.metas)
+        tensors.extend(table.tensors)
+        metadata = manifest.metadata
+        metadata.source_format = "python_client"
+        for name, value in (metrics or {}).items():
+            metadata.metrics[name] = float(value)
+        for field, value in (lineage or {}).items():
+            if field == "producer_info":
+                metadata.lineage.producer_info.update({str(k): str(v) for k, v in value.items()})
+            elif field in ("run_id", "parent", "parent_relation", "code_revision", "dataset"):
+                setattr(metadata.lineage, field, str(value))
+            else:
+                raise InvalidArgument(f"lineage has no field '{field}' (run_id, parent, "
+                                      "parent_relation, code_revision, dataset, producer_info)")
+        aliases = [alias] if alias else []
+        header = pb.UploadHeader(model=model_name, manifest=manifest, aliases=aliases,
+                                 reason=reason or "", normalize_keys=True,
+                                 expected_latest_version=expected_latest_version)
+
+        def requests():
+            yield pb.UploadRequest(header=header)
+            for index, tensor in enumerate(tensors):
+                data = host_bytes(tensor)
+                for offset in range(0, len(data), _UPLOAD_PIECE_BYTES):
+                    yield pb.UploadRequest(data=pb.TensorData(
+                        tensor_index=index, offset=offset,
+                        data=bytes(data[offset:offset + _UPLOAD_PIECE_BYTES])))
+            yield pb.UploadRequest(commit=pb.UploadCommit(aliases=aliases))
+
+        response = self._call("store", "Upload", requests(), timeout)
+        return Saved(response.version.version, response.logical_bytes, response.new_bytes,
+                     list(response.warnings))
 
     @staticmethod
     def _selected(key, keys, prefixes):

@@ -12,6 +12,8 @@ import queue
 import signal
 import struct
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 import unittest
@@ -385,6 +387,119 @@ class BundleTest(unittest.TestCase):
             self.assertIsNone(bundle.optimizer)
             for key, tensor in V1.items():
                 self.assertTrue(torch.equal(model.state_dict()[key], tensor), key)
+
+
+class SaveTest(unittest.TestCase):
+    @staticmethod
+    def make():
+        model = nn.Sequential(nn.Linear(1024, 64), nn.ReLU(), nn.Linear(64, 10))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=6)
+        return model, optimizer, scheduler
+
+    @staticmethod
+    def step(model, optimizer, scheduler, batch):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+        optimizer.step()
+        scheduler.step()
+
+    def test_save_from_a_python_loop_then_resume_bit_exactly_and_export_the_bundle(self):
+        torch.manual_seed(12)
+        data = [(torch.randn(8, 1024), torch.randint(0, 10, (8,))) for _ in range(6)]
+        model, optimizer, scheduler = self.make()
+        wrapped = nn.DataParallel(model)  # keys "module.0.weight", as a DDP/DP job saves them
+        for batch in data[:3]:
+            self.step(wrapped, optimizer, scheduler, batch)
+        with plain_client() as client:
+            saved = client.save("team-a.saved", wrapped, optimizer=optimizer, scheduler=scheduler,
+                                epoch=1, step=3, extra={"best_acc": 0.5},
+                                metrics={"loss": 1.25}, alias="candidate", reason="from python",
+                                lineage={"run_id": "run-7", "dataset": "synthetic"})
+            self.assertEqual(saved.version, 1)
+            self.assertEqual(client.resolve("team-a.saved@candidate"), 1)
+            manifest = client.manifest("team-a.saved@1")
+            self.assertEqual([t.key for t in manifest.tensors],
+                             ["0.weight", "0.bias", "2.weight", "2.bias"])
+            self.assertEqual(manifest.tensors[0].original_key, "module.0.weight")
+            self.assertEqual(manifest.metadata.key_normalization.stripped_prefix, "module.")
+            self.assertEqual((manifest.metadata.epoch, manifest.metadata.global_step), (1, 3))
+            self.assertEqual(manifest.metadata.metrics["loss"], 1.25)
+            self.assertEqual(manifest.metadata.lineage.run_id, "run-7")
+            self.assertEqual(dict(manifest.optimizer_param_names),
+                             {0: "0.weight", 1: "0.bias", 2: "2.weight", 3: "2.bias"})
+
+            resumed = self.make()
+            bundle = client.load_bundle("team-a.saved@candidate", *resumed)
+            self.assertEqual(bundle.extra, {"epoch": 1, "step": 3, "best_acc": 0.5})
+            # The same weights again: the store holds every chunk already.
+            again = client.save("team-a.saved", model)
+            self.assertEqual((again.version, again.new_bytes), (2, 0))
+        for batch in data[3:]:
+            self.step(model, optimizer, scheduler, batch)
+            self.step(*resumed, batch)
+        for (key, a), b in zip(model.state_dict().items(), resumed[0].state_dict().values()):
+            self.assertTrue(torch.equal(a, b), f"{key} after resuming")
+
+        # `ckpt export --bundle` gives torch.save's dict back, as the loop would have saved it.
+        path = os.path.join(TMP, "saved_bundle.pt")
+        run(CKPT_BIN, "export", "team-a.saved@1", path, "--bundle",
+            f"--store={PLAIN_STORE.address}")
+        exported = torch.load(path)
+        self.assertEqual(list(exported), ["model", "optimizer", "scheduler", "epoch", "step",
+                                          "best_acc"])
+        self.assertEqual(exported["step"], 3)
+        # Under canonical keys, as every ckpt export writes them (strict=True into the model).
+        self.assertEqual(list(exported["model"]), list(bundle.model))
+        fresh = self.make()[0]
+        fresh.load_state_dict(exported["model"], strict=True)
+
+    def test_save_refuses_what_it_cannot_store_and_commits_nothing(self):
+        model, optimizer, _ = self.make()
+        with plain_client() as client:
+            with self.assertRaisesRegex(ckpt_client.InvalidArgument, "extra/hook"):
+                client.save("team-a.refused", model, optimizer=optimizer,
+                            extra={"hook": lambda: 1})
+            with self.assertRaisesRegex(ckpt_client.InvalidArgument, r"state\['w'\]"):
+                client.save("team-a.refused", {"w": [1.0, 2.0]})
+            with self.assertRaises(ckpt_client.NotFound):
+                client.resolve("team-a.refused")
+
+    def test_save_to_a_dead_store_is_unavailable(self):
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        with ckpt_client.Client(store=f"127.0.0.1:{port}", timeout=5) as client:
+            with self.assertRaises(ckpt_client.Unavailable):
+                client.save("team-a.nowhere", nn.Linear(4, 4))
+
+    def test_a_saver_killed_mid_upload_leaves_no_version_and_the_next_save_commits(self):
+        # The child uploads 64 MiB slowly (its piece reader is slowed here, in the child only)
+        # and says when the upload is under way; it is SIGKILLed then.
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time, torch, ckpt_client
+            from ckpt_client import client as client_module
+            real = client_module.host_bytes
+            def slow(tensor):
+                print("uploading", flush=True)
+                time.sleep(0.5)
+                return real(tensor)
+            client_module.host_bytes = slow
+            state = {{f"w{{i}}": torch.full((1 << 20,), float(i)) for i in range(16)}}
+            with ckpt_client.Client(store={PLAIN_STORE.address!r}) as c:
+                c.save("team-a.killed", state)
+            print("committed", flush=True)
+        """)], stdout=subprocess.PIPE, text=True)
+        self.assertEqual(child.stdout.readline().strip(), "uploading")
+        time.sleep(0.7)  # header accepted, the first tensors sent
+        child.kill()
+        child.wait()
+        with plain_client() as client:
+            with self.assertRaises(ckpt_client.NotFound):
+                client.resolve("team-a.killed")
+            saved = client.save("team-a.killed", {"w0": torch.zeros(4)})
+            self.assertEqual(saved.version, 1)
 
 
 class TlsTest(unittest.TestCase):

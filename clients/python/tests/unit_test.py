@@ -115,6 +115,31 @@ class ValuesTest(unittest.TestCase):
             decode_value(pb.Value(tensor_value=pb.TensorRef(key="missing")), {})
 
 
+class EncodeTest(unittest.TestCase):
+    def test_round_trips_an_optimizer_state_dict_and_refuses_what_needs_pickling(self):
+        from ckpt_client._values import StateTensors, decode_value, encode_value
+        from ckpt_client._tensors import describe_tensor
+        pb = _stubs.load().types_pb2
+        dtypes = torch_dtypes(pb)
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+        state = optimizer.state_dict()
+        table = StateTensors(lambda key, t: describe_tensor(key, t, pb, dtypes))
+        value = encode_value(state, "optimizer", table, pb)
+        self.assertEqual([m.key for m in table.metas][:3],
+                         ["optimizer/state/0/step", "optimizer/state/0/exp_avg",
+                          "optimizer/state/0/exp_avg_sq"])
+        decoded = decode_value(value, dict(zip((m.key for m in table.metas), table.tensors)))
+        self.assertEqual(decoded["param_groups"], state["param_groups"])
+        self.assertEqual(list(decoded["state"]), [0, 1])
+        self.assertTrue(torch.equal(decoded["state"][1]["exp_avg"], state["state"][1]["exp_avg"]))
+        for bad, where in (({"f": len}, "x/f"), ({1.5: 0}, "its key 1.5"), ([object()], "x/0")):
+            with self.assertRaisesRegex(ckpt_client.InvalidArgument, where):
+                encode_value(bad, "x", table, pb)
+
+
 class VerifierTest(unittest.TestCase):
     def setUp(self):
         torch.manual_seed(0)
