@@ -288,23 +288,11 @@ class Client:
             pb = self._pb.checkpoint_store_pb2
             request = pb.DownloadRequest(ref=version_ref, keys=keys, key_prefixes=prefixes)
             stream = self._stream("store", "Download", request, timeout)
-        manifest = None
-        assembler = None
-        for response in stream:
-            if response.HasField("manifest"):
-                if manifest is not None:
-                    raise ProtocolError(f"{ref}: the stream sent a second manifest")
-                manifest = response.manifest
-                selected = [index for index, meta in enumerate(manifest.tensors)
-                            if self._selected(meta.key, keys, prefixes)]
-                assembler = StreamAssembler(list(manifest.tensors), selected, verify)
-            elif assembler is None:
-                raise ProtocolError(f"{ref}: tensor bytes arrived before the manifest")
-            else:
-                assembler.add(response.data)
-        if manifest is None:
-            raise ProtocolError(f"{ref}: the stream ended without a manifest")
-        buffers = assembler.finish()
+        manifest, buffers = self._receive(
+            ref, stream, verify,
+            lambda manifest: (list(manifest.tensors),
+                              [index for index, meta in enumerate(manifest.tensors)
+                               if self._selected(meta.key, keys, prefixes)]))
         state = collections.OrderedDict()
         for index, buffer in buffers.items():
             meta = manifest.tensors[index]
@@ -333,22 +321,12 @@ class Client:
         """
         pb = self._pb.checkpoint_store_pb2
         request = pb.DownloadRequest(ref=self.version_ref(ref), include_state=True)
-        manifest = None
-        assembler = None
-        for response in self._stream("store", "Download", request, timeout):
-            if response.HasField("manifest"):
-                if manifest is not None:
-                    raise ProtocolError(f"{ref}: the stream sent a second manifest")
-                manifest = response.manifest
-                metas = list(manifest.tensors) + list(manifest.state_tensors)
-                assembler = StreamAssembler(metas, range(len(metas)), verify)
-            elif assembler is None:
-                raise ProtocolError(f"{ref}: tensor bytes arrived before the manifest")
-            else:
-                assembler.add(response.data)
-        if manifest is None:
-            raise ProtocolError(f"{ref}: the stream ended without a manifest")
-        buffers = assembler.finish()
+        def everything(manifest):
+            metas = list(manifest.tensors) + list(manifest.state_tensors)
+            return metas, range(len(metas))
+
+        manifest, buffers = self._receive(
+            ref, self._stream("store", "Download", request, timeout), verify, everything)
         weights = collections.OrderedDict()
         state_tensors = {}
         for index, buffer in buffers.items():
@@ -512,6 +490,28 @@ class Client:
         response = self._call("store", "Upload", requests(), timeout)
         return Saved(response.version.version, response.logical_bytes, response.new_bytes,
                      list(response.warnings))
+
+    @staticmethod
+    def _receive(ref, stream, verify, choose):
+        """Reads a Load / Download stream: its manifest first, then the TensorData of the tensors
+        ``choose(manifest)`` picks (``(metas as TensorData.tensor_index counts them, selected
+        indices)``), each verified; returns ``(manifest, {index: bytearray})``."""
+        manifest = None
+        assembler = None
+        for response in stream:
+            if response.HasField("manifest"):
+                if manifest is not None:
+                    raise ProtocolError(f"{ref}: the stream sent a second manifest")
+                manifest = response.manifest
+                metas, selected = choose(manifest)
+                assembler = StreamAssembler(metas, selected, verify)
+            elif assembler is None:
+                raise ProtocolError(f"{ref}: tensor bytes arrived before the manifest")
+            else:
+                assembler.add(response.data)
+        if manifest is None:
+            raise ProtocolError(f"{ref}: the stream ended without a manifest")
+        return manifest, assembler.finish()
 
     @staticmethod
     def _selected(key, keys, prefixes):
