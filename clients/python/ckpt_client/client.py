@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import inspect
 import os
 import random
 import tempfile
+import threading
 import time
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
@@ -169,6 +171,10 @@ class Client:
 
         self._channels = []
         self._closed = False
+        # save_async's one upload thread (made on first use) and its last upload.
+        self._saver = None
+        self._last_save = None
+        self._saver_lock = threading.Lock()
         self._store = self._loader = None
         if store is not None:
             self._channels.append(channel(store))
@@ -182,7 +188,10 @@ class Client:
     # ---- plumbing
 
     def close(self) -> None:
-        """Closes the channels; calls in progress end (a watch() iteration just stops)."""
+        """Waits for a save_async upload still in flight, then closes the channels; calls in
+        progress end (a watch() iteration just stops)."""
+        if self._saver is not None:
+            self._saver.shutdown(wait=True)
         self._closed = True
         for channel in self._channels:
             channel.close()
@@ -491,6 +500,40 @@ class Client:
         return Saved(response.version.version, response.logical_bytes, response.new_bytes,
                      list(response.warnings))
 
+    def save_async(self, model_name: str,
+                   state: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
+                   **kwargs: Any) -> concurrent.futures.Future:
+        """save() with the upload on a background thread, for a training loop that must not
+        wait for the network: the snapshot is taken here (every tensor of the model, optimizer
+        and scheduler state copied to host memory, so the loop may step on at once), the upload
+        runs after. At most one upload is in flight: a call made while the previous one still
+        uploads waits for it first (so host memory holds at most two snapshots). The previous
+        upload's error, if it failed, is raised by the next call as well as by its future's
+        result(). Returns a Future of Saved. Arguments as save()."""
+        with self._saver_lock:
+            if self._saver is None:
+                self._saver = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="ckpt-save")
+            previous, self._last_save = self._last_save, None
+        if previous is not None:
+            error = previous.exception()
+            if error is not None:
+                raise error
+        weights = state.state_dict() if isinstance(state, torch.nn.Module) else state
+        snapshot = _to_host(weights)
+        for part in ("optimizer", "scheduler"):
+            value = kwargs.get(part)
+            if value is not None and hasattr(value, "state_dict") and callable(value.state_dict):
+                value = value.state_dict()
+            if value is not None:
+                kwargs[part] = _to_host(value)
+        if kwargs.get("extra") is not None:
+            kwargs["extra"] = _to_host(kwargs["extra"])
+        future = self._saver.submit(self.save, model_name, snapshot, **kwargs)
+        with self._saver_lock:
+            self._last_save = future
+        return future
+
     @staticmethod
     def _receive(ref, stream, verify, choose):
         """Reads a Load / Download stream: its manifest first, then the TensorData of the tensors
@@ -761,6 +804,22 @@ class Client:
                     pass
         finally:
             ready.cancel()
+
+
+def _to_host(value):
+    """`value` with every tensor copied to host memory (a copy even of a CPU tensor, so the
+    caller may change its own at once); containers rebuilt, everything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        copied = collections.OrderedDict() if isinstance(value, collections.OrderedDict) else {}
+        for key, item in value.items():
+            copied[key] = _to_host(item)
+        return copied
+    if isinstance(value, (list, tuple)):
+        items = [_to_host(item) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def _opaque_paths(value, path):

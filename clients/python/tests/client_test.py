@@ -454,6 +454,28 @@ class SaveTest(unittest.TestCase):
         fresh = self.make()[0]
         fresh.load_state_dict(exported["model"], strict=True)
 
+    def test_save_async_snapshots_at_the_call_and_surfaces_errors_on_the_next(self):
+        model, optimizer, scheduler = self.make()
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        with plain_client() as client:
+            future = client.save_async("team-a.async", model, optimizer=optimizer,
+                                       scheduler=scheduler, step=1)
+            with torch.no_grad():  # the loop steps on while the upload runs
+                for parameter in model.parameters():
+                    parameter.add_(1.0)
+            self.assertEqual(future.result(timeout=60).version, 1)
+            stored = client.load_state_dict("team-a.async@1")
+            for key, tensor in expected.items():
+                self.assertTrue(torch.equal(stored[key], tensor), f"{key}: not the snapshot")
+            # An upload that fails raises from its future and from the next call.
+            failed = client.save_async("team-a.async", model, extra={"hook": lambda: 1})
+            self.assertIsInstance(failed.exception(timeout=60), ckpt_client.InvalidArgument)
+            with self.assertRaisesRegex(ckpt_client.InvalidArgument, "extra/hook"):
+                client.save_async("team-a.async", model)
+            # And then it saves again.
+            self.assertEqual(client.save_async("team-a.async", model).result(timeout=60).version,
+                             2)
+
     def test_save_refuses_what_it_cannot_store_and_commits_nothing(self):
         model, optimizer, _ = self.make()
         with plain_client() as client:
