@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import inspect
 import os
 import random
 import tempfile
@@ -15,8 +14,8 @@ import grpc
 import torch
 
 from . import _stubs
-from ._tensors import StreamAssembler, describe_tensor, host_bytes, to_tensor, torch_dtypes
-from ._values import Opaque, StateTensors, decode_value, encode_value
+from ._tensors import StreamAssembler, host_bytes, to_tensor, torch_dtypes
+from ._bundles import Bundle, build_manifest, param_names_of, restore_bundle, to_host
 from .errors import (FailedPrecondition, IntegrityError, InvalidArgument, ProtocolError,
                      from_rpc_error)
 
@@ -28,12 +27,6 @@ _RECONNECT_BACKOFF_MS = (100, 5000)
 # Seconds watch() waits for the store's channel to connect before each resume (ClientOptions'
 # connect_timeout).
 _CONNECT_TIMEOUT = 10.0
-
-Bundle = collections.namedtuple("Bundle", ["version", "model", "optimizer", "scheduler", "extra"])
-Bundle.__doc__ = """A stored training bundle (Client.load_bundle): the version number, the model's
-state dict (canonical keys), the optimizer's and the scheduler's state dicts as their producer
-saved them (None when the version holds none), and ``extra``: everything else of the bundle
-(epoch, step, RNG states, user entries; None when nothing), as plain Python values."""
 
 Saved = collections.namedtuple("Saved", ["version", "logical_bytes", "new_bytes", "warnings"])
 Saved.__doc__ = """What Client.save committed: the version number, the tensor bytes it holds, those
@@ -330,52 +323,15 @@ class Client:
         """
         pb = self._pb.checkpoint_store_pb2
         request = pb.DownloadRequest(ref=self.version_ref(ref), include_state=True)
+
         def everything(manifest):
             metas = list(manifest.tensors) + list(manifest.state_tensors)
             return metas, range(len(metas))
 
         manifest, buffers = self._receive(
             ref, self._stream("store", "Download", request, timeout), verify, everything)
-        weights = collections.OrderedDict()
-        state_tensors = {}
-        for index, buffer in buffers.items():
-            if index < len(manifest.tensors):
-                meta = manifest.tensors[index]
-                weights[meta.key] = to_tensor(meta, buffer, self._dtypes)
-            else:
-                meta = manifest.state_tensors[index - len(manifest.tensors)]
-                state_tensors[meta.key] = to_tensor(meta, buffer, self._dtypes)
-
-        def state(field):
-            if not manifest.HasField(field):
-                return None
-            return decode_value(getattr(manifest, field), state_tensors)
-
-        bundle = Bundle(manifest.version, weights, state("optimizer_state"),
-                        state("scheduler_state"), state("extra_state"))
-        where = f"{manifest.model}@{manifest.version}"
-        for target, held, what in ((optimizer, bundle.optimizer, "optimizer"),
-                                   (scheduler, bundle.scheduler, "scheduler")):
-            if target is not None and held is None:
-                raise FailedPrecondition(f"{where} holds no {what} state to restore")
-        if model is not None:
-            model.load_state_dict(weights, strict=strict)
-        if optimizer is not None:
-            opaque = _opaque_paths(bundle.optimizer, "optimizer")
-            if opaque:
-                raise FailedPrecondition(
-                    f"{where}: the optimizer state holds pickled objects ckpt does not rebuild "
-                    f"(it runs no pickled code): {', '.join(opaque)}")
-            optimizer.load_state_dict(bundle.optimizer)
-        if scheduler is not None:
-            # A scheduler's state dict may hold what its constructor made (OneCycleLR's
-            # anneal_func, a bound method pickled by reference): torch.load would run the pickle
-            # to rebuild it, ckpt never does. The scheduler made here already holds its own, so
-            # such entries are left as they are and every plain value is restored.
-            scheduler.load_state_dict(
-                {key: value for key, value in bundle.scheduler.items()
-                 if not _opaque_paths(value, key)})
-        return bundle
+        return restore_bundle(manifest, buffers, self._dtypes, model, optimizer, scheduler,
+                              strict)
 
     def save(self, model_name: str, state: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
              *, optimizer: Any = None, scheduler: Any = None, epoch: Optional[int] = None,
@@ -403,84 +359,22 @@ class Client:
 
         InvalidArgument names the key of anything it cannot store. Returns Saved.
         """
-        types = self._pb.types_pb2
+        return self._save(model_name, state, param_names_of(state, optimizer),
+                          optimizer=optimizer, scheduler=scheduler, epoch=epoch, step=step,
+                          extra=extra, metrics=metrics, lineage=lineage, alias=alias,
+                          reason=reason, expected_latest_version=expected_latest_version,
+                          timeout=timeout)
+
+    def _save(self, model_name, state, param_names, optimizer=None, scheduler=None, epoch=None,
+              step=None, extra=None, metrics=None, lineage=None, alias=None, reason=None,
+              expected_latest_version=0, timeout=None):
+        """save(), with the optimizer's parameter names given (save_async takes them from the
+        module before snapshotting it into a plain state dict)."""
         pb = self._pb.checkpoint_store_pb2
-        module = state if isinstance(state, torch.nn.Module) else None
-        weights = module.state_dict() if module is not None else state
-        if not isinstance(weights, Mapping):
-            raise InvalidArgument("state must be an nn.Module or a state dict (a mapping of "
-                                  f"key -> tensor), not a {type(state).__name__}")
-        manifest = pb.Manifest(model=model_name)
-        tensors = []
-        for key, tensor in weights.items():
-            if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
-                raise InvalidArgument(
-                    f"cannot store state['{key}']: the model's state dict holds tensors under "
-                    f"str keys (got a {type(tensor).__name__}); put other values in extra")
-            manifest.tensors.append(describe_tensor(key, tensor, types, self._dtypes))
-            tensors.append(tensor)
-        table = StateTensors(lambda key, t: describe_tensor(key, t, types, self._dtypes))
-        layout = types.BundleLayout()
-        root = collections.OrderedDict()
-        position = 1  # the model sits at 0
-
-        def part(value, name, field, enum):
-            nonlocal position
-            if value is None:
-                return
-            if hasattr(value, "state_dict") and callable(value.state_dict):
-                value = value.state_dict()
-            if name == "scheduler" and isinstance(value, Mapping):
-                # Some schedulers' state dicts hold their own bound methods (OneCycleLR's
-                # anneal_func in torch < 2.2), which torch.save pickles by reference. They are the
-                # scheduler's behaviour, which its constructor rebuilds (load_bundle keeps the
-                # restored scheduler's own); ckpt never pickles, so they are left out.
-                value = {key: item for key, item in value.items() if not inspect.ismethod(item)}
-            getattr(manifest, field).CopyFrom(encode_value(value, name, table, types))
-            layout.placements.add(part=enum, path=[types.PathKey(string_key=name)],
-                                  position=position)
-            position += 1
-
-        part(optimizer, "optimizer", "optimizer_state", types.BundleLayout.PART_OPTIMIZER)
-        part(scheduler, "scheduler", "scheduler_state", types.BundleLayout.PART_SCHEDULER)
-        if epoch is not None:
-            root["epoch"] = epoch
-            manifest.metadata.epoch = epoch
-        if step is not None:
-            root["step"] = step
-            manifest.metadata.global_step = step
-        for key, value in (extra or {}).items():
-            if key in ("model", "optimizer", "scheduler", "epoch", "step"):
-                raise InvalidArgument(f"extra['{key}'] would hide the bundle's own '{key}'")
-            root[key] = value
-        if len(layout.placements) > 0 or root:
-            layout.placements.add(part=types.BundleLayout.PART_MODEL,
-                                  path=[types.PathKey(string_key="model")], position=0)
-            manifest.extra_state.CopyFrom(encode_value(dict(root), "extra", table, types))
-            manifest.bundle_layout.CopyFrom(layout)
-        if module is not None and optimizer is not None and hasattr(optimizer, "param_groups"):
-            # torch numbers an optimizer's parameters in param_groups order.
-            names = {id(p): name for name, p in module.named_parameters()}
-            index = 0
-            for group in optimizer.param_groups:
-                for parameter in group["params"]:
-                    if id(parameter) in names:
-                        manifest.optimizer_param_names[index] = names[id(parameter)]
-                    index += 1
-        manifest.state_tensors.extend(table.metas)
-        tensors.extend(table.tensors)
-        metadata = manifest.metadata
-        metadata.source_format = "python_client"
-        for name, value in (metrics or {}).items():
-            metadata.metrics[name] = float(value)
-        for field, value in (lineage or {}).items():
-            if field == "producer_info":
-                metadata.lineage.producer_info.update({str(k): str(v) for k, v in value.items()})
-            elif field in ("run_id", "parent", "parent_relation", "code_revision", "dataset"):
-                setattr(metadata.lineage, field, str(value))
-            else:
-                raise InvalidArgument(f"lineage has no field '{field}' (run_id, parent, "
-                                      "parent_relation, code_revision, dataset, producer_info)")
+        manifest, tensors = build_manifest(
+            self._pb, self._dtypes, model_name, state, optimizer=optimizer, scheduler=scheduler,
+            epoch=epoch, step=step, extra=extra, metrics=metrics, lineage=lineage,
+            param_names=param_names)
         aliases = [alias] if alias else []
         header = pb.UploadHeader(model=model_name, manifest=manifest, aliases=aliases,
                                  reason=reason or "", normalize_keys=True,
@@ -520,16 +414,17 @@ class Client:
             if error is not None:
                 raise error
         weights = state.state_dict() if isinstance(state, torch.nn.Module) else state
-        snapshot = _to_host(weights)
+        snapshot = to_host(weights)
+        names = param_names_of(state, kwargs.get("optimizer"))
         for part in ("optimizer", "scheduler"):
             value = kwargs.get(part)
             if value is not None and hasattr(value, "state_dict") and callable(value.state_dict):
                 value = value.state_dict()
             if value is not None:
-                kwargs[part] = _to_host(value)
+                kwargs[part] = to_host(value)
         if kwargs.get("extra") is not None:
-            kwargs["extra"] = _to_host(kwargs["extra"])
-        future = self._saver.submit(self.save, model_name, snapshot, **kwargs)
+            kwargs["extra"] = to_host(kwargs["extra"])
+        future = self._saver.submit(self._save, model_name, snapshot, names, **kwargs)
         with self._saver_lock:
             self._last_save = future
         return future
@@ -804,33 +699,6 @@ class Client:
                     pass
         finally:
             ready.cancel()
-
-
-def _to_host(value):
-    """`value` with every tensor copied to host memory (a copy even of a CPU tensor, so the
-    caller may change its own at once); containers rebuilt, everything else as it is."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = collections.OrderedDict() if isinstance(value, collections.OrderedDict) else {}
-        for key, item in value.items():
-            copied[key] = _to_host(item)
-        return copied
-    if isinstance(value, (list, tuple)):
-        items = [_to_host(item) for item in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
-
-
-def _opaque_paths(value, path):
-    """Where in `value` an Opaque (a pickled object kept as a description) sits: ["a.b", ...]."""
-    if isinstance(value, Opaque):
-        return [path]
-    if isinstance(value, dict):
-        return [p for key, item in value.items() for p in _opaque_paths(item, f"{path}.{key}")]
-    if isinstance(value, (list, tuple)):
-        return [p for i, item in enumerate(value) for p in _opaque_paths(item, f"{path}[{i}]")]
-    return []
 
 
 def _umask():
