@@ -100,6 +100,7 @@ set(CKPT_TRAINER_SOURCES
     libs/train/trainer_state.cc
     services/checkpoint_store/internal/work_queue.cc
     services/checkpoint_store/store_service.cc
+    services/checkpoint_store/store_service_download.cc
     services/checkpoint_store/store_service_registry.cc
     services/trainer/node_rendezvous.cc
     services/trainer/rank_stores.cc
@@ -650,6 +651,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     services/checkpoint_store/internal/work_queue.cc
     services/checkpoint_store/main.cc
     services/checkpoint_store/store_service.cc
+    services/checkpoint_store/store_service_download.cc
     services/checkpoint_store/store_service_registry.cc
     services/loader/loader_service.cc
     services/loader/main.cc

@@ -1,8 +1,8 @@
 #ifndef CKPT_SERVICES_CHECKPOINT_STORE_INTERNAL_REQUESTS_H_
 #define CKPT_SERVICES_CHECKPOINT_STORE_INTERNAL_REQUESTS_H_
 
-// What the store service's handlers (store_service.cc, store_service_registry.cc) read from
-// requests the same way.
+// What the store service's handlers (store_service.cc, store_service_download.cc,
+// store_service_registry.cc) read from requests, and answer, the same way.
 
 #include <algorithm>
 #include <string>
@@ -10,10 +10,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/status.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/store/checkpoint_store.h"
 
 namespace ckpt::store_service_internal {
+
+// How a call ends that its client cancelled (or whose deadline passed) before it was served.
+inline grpc::Status Cancelled() {
+  return grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
+}
 
 // What a request says about why it changes the store; AuditedStore adds who.
 inline ChangeAttribution Because(const std::string& reason) {
