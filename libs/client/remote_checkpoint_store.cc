@@ -163,6 +163,37 @@ class RemoteUploadSession final : public UploadSession {
     return absl::OkStatus();
   }
 
+  // The server's answer to a reference (NOT_FOUND for a chunk it lacks) ends the stream, so it
+  // surfaces from a later call or from Commit.
+  absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
+                              int64_t length) override {
+    RETURN_IF_ERROR(CheckUsable());
+    if (tensor_index < 0 || tensor_index >= tensor_count()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor index ", tensor_index,
+                                                          " is out of range: the upload has ",
+                                                          tensor_count(), " tensors")));
+    }
+    const v1::TensorMeta& meta = TensorAt(header_, tensor_index);
+    int64_t& received = received_[tensor_index];
+    const std::string name = absl::StrCat("tensor '", meta.key(), "' (index ", tensor_index, ")");
+    if (offset != received) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(name, ": data at offset ", offset, ", expected offset ", received,
+                       " (a tensor's bytes must arrive in order)")));
+    }
+    absl::Status placed = CheckStoredChunkPlace(meta, name, offset, sha256, length);
+    if (!placed.ok()) return Fail(placed);
+    request_.Clear();
+    v1::StoredChunk* chunk = request_.mutable_stored_chunk();
+    chunk->set_tensor_index(tensor_index);
+    chunk->set_offset(offset);
+    chunk->set_sha256(sha256.data(), sha256.size());
+    chunk->set_length(length);
+    if (!writer_->Write(request_)) return Fail(StreamEnded());
+    received += length;
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<CommitResult> Commit() override {
     RETURN_IF_ERROR(CheckUsable());
     request_.Clear();

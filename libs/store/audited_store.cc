@@ -84,6 +84,12 @@ class AuditedStore::Session final : public UploadSession {
     return base_->AddStableTensorData(tensor_index, offset, bytes);
   }
 
+  absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
+                              int64_t length) override {
+    RETURN_IF_ERROR(failed_);
+    return base_->AddStoredChunk(tensor_index, offset, sha256, length);
+  }
+
   absl::StatusOr<CommitResult> Commit() override {
     RETURN_IF_ERROR(failed_);
     absl::StatusOr<int64_t> sequence = store_->BeginAudit(record_);

@@ -1,5 +1,6 @@
 #include "libs/store/checkpoint_store.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <utility>
@@ -198,6 +199,34 @@ absl::Status UploadTensor(UploadSession& session, int index, const at::Tensor& t
 }
 
 }  // namespace
+
+absl::Status CheckStoredChunkPlace(const v1::TensorMeta& meta, absl::string_view name,
+                                   int64_t offset, absl::string_view sha256, int64_t length) {
+  if (sha256.size() != kSha256Bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": a stored chunk's address has ",
+                                                   sha256.size(), " bytes; a SHA-256 has ",
+                                                   kSha256Bytes));
+  }
+  if (offset < 0 || offset >= meta.byte_length() || offset % kChunkBytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": a stored chunk at offset ", offset, " of ", meta.byte_length(),
+        " bytes; stored chunks start at multiples of ", kChunkBytes, " inside the tensor"));
+  }
+  const int64_t expected = std::min(kChunkBytes, meta.byte_length() - offset);
+  if (length != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the stored chunk at offset ", offset,
+                                                   " is said to hold ", length,
+                                                   " bytes; the chunk there holds ", expected));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UploadSession::AddStoredChunk(int tensor_index, int64_t offset,
+                                           absl::string_view sha256, int64_t length) {
+  (void)tensor_index, (void)offset, (void)length;
+  return absl::NotFoundError(absl::StrCat("this store cannot reference the stored chunk ",
+                                          HexEncode(sha256), ": send its bytes"));
+}
 
 absl::Status VersionReader::ReadTensorInto(const v1::TensorMeta& meta, char* destination) const {
   return ReadTensorChunks(meta, [&](int64_t offset, absl::string_view bytes) -> absl::Status {

@@ -122,6 +122,16 @@ class UploadSession {
     return AddTensorData(tensor_index, offset, bytes);
   }
 
+  // Appends to tensor `tensor_index` the committed chunk `sha256` (32 bytes) of `length` bytes that
+  // the store already holds, without its bytes (v1::StoredChunk): the caller hashed its chunks and
+  // asked FindMissingChunks. `offset` must be where the tensor's bytes have got to, on a chunk
+  // boundary, and `length` the size of the chunk that belongs there (CheckStoredChunkPlace):
+  // INVALID_ARGUMENT otherwise, or when the stored chunk has another length. NOT_FOUND when the
+  // store holds no such committed chunk (send the bytes instead). The default is NOT_FOUND, so a
+  // store that cannot reference chunks makes its callers send bytes.
+  virtual absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
+                                      int64_t length);
+
   // Makes the version visible: checks every tensor got exactly byte_length bytes (else
   // INVALID_ARGUMENT naming it), fills content hashes and chunk refs, then writes manifest,
   // version counter, refcounts and alias moves in one synced batch. FAILED_PRECONDITION if
@@ -129,6 +139,14 @@ class UploadSession {
   // content_hash given in the header.
   virtual absl::StatusOr<CommitResult> Commit() = 0;
 };
+
+// OK when the chunk `sha256` of `length` bytes may be the next piece of `meta`'s bytes after
+// `offset` bytes of it: `offset` on a chunk boundary (a multiple of kChunkBytes) inside the tensor,
+// `length` = min(kChunkBytes, byte_length - offset), a 32-byte address. INVALID_ARGUMENT naming
+// the tensor (`name`) otherwise. UploadSession::AddStoredChunk's check, shared by its
+// implementations so a remote client refuses what the server would.
+absl::Status CheckStoredChunkPlace(const v1::TensorMeta& meta, absl::string_view name,
+                                   int64_t offset, absl::string_view sha256, int64_t length);
 
 // Called with consecutive pieces of a tensor's bytes: `offset` within the tensor, `bytes` valid
 // only during the call. A non-OK return stops the read and is returned from it.

@@ -1,11 +1,13 @@
 #include "libs/store/scoped_store.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 
 namespace ckpt {
@@ -47,8 +49,10 @@ absl::StatusOr<absl::flat_hash_map<std::string, int64_t>> ChunksReferencedInScop
 }
 
 // ---------------------------------------------------------------------------------------------
-// One upload in a restricted scope: forwards everything; Commit's new_bytes counts the bytes new
-// to the scope rather than to the store.
+// One upload in a restricted scope: forwards everything, except that a stored chunk may be
+// referenced only when a version in scope references it (else holding a chunk's SHA-256 would be
+// enough to copy another team's bytes into one's own version, or to learn that they exist);
+// Commit's new_bytes counts the bytes new to the scope rather than to the store.
 class ScopedStore::Session final : public UploadSession {
  public:
   Session(CheckpointStore& store, ModelScope scope, std::unique_ptr<UploadSession> base)
@@ -58,14 +62,36 @@ class ScopedStore::Session final : public UploadSession {
   int tensor_count() const override { return base_->tensor_count(); }
   const std::vector<std::string>& warnings() const override { return base_->warnings(); }
   absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
+    RETURN_IF_ERROR(failed_);
     return base_->AddTensorData(tensor_index, offset, bytes);
   }
   absl::Status AddStableTensorData(int tensor_index, int64_t offset,
                                    absl::string_view bytes) override {
+    RETURN_IF_ERROR(failed_);
     return base_->AddStableTensorData(tensor_index, offset, bytes);
   }
 
+  absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
+                              int64_t length) override {
+    RETURN_IF_ERROR(failed_);
+    if (!in_scope_.has_value()) {
+      // Once per upload, on the first reference: the cost ChunksReferencedInScope documents.
+      absl::StatusOr<absl::flat_hash_map<std::string, int64_t>> chunks =
+          ChunksReferencedInScope(store_, scope_, v1::VersionRef());
+      if (!chunks.ok()) return failed_ = chunks.status();
+      in_scope_ = std::move(*chunks);
+    }
+    // One answer whether the store holds the chunk for another team or not at all.
+    if (!in_scope_->contains(sha256)) {
+      return failed_ = absl::NotFoundError(absl::StrCat("no version of ", scope_.Describe(),
+                                                        " references chunk ", HexEncode(sha256),
+                                                        ": send its bytes"));
+    }
+    return base_->AddStoredChunk(tensor_index, offset, sha256, length);
+  }
+
   absl::StatusOr<CommitResult> Commit() override {
+    RETURN_IF_ERROR(failed_);
     ASSIGN_OR_RETURN(CommitResult result, base_->Commit());
     // What the new version references, each chunk once.
     absl::StatusOr<v1::Manifest> manifest = store_.GetManifest(result.version);
@@ -97,6 +123,9 @@ class ScopedStore::Session final : public UploadSession {
   CheckpointStore& store_;
   const ModelScope scope_;
   const std::unique_ptr<UploadSession> base_;
+  // Chunks the scope's versions reference, read on the first AddStoredChunk.
+  std::optional<absl::flat_hash_map<std::string, int64_t>> in_scope_;
+  absl::Status failed_;  // a refused reference fails the session, as the store's own errors do.
 };
 
 // ---------------------------------------------------------------------------------------------

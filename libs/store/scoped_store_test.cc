@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/status/status_macros.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/audited_store.h"
 #include "libs/store/chunk_hasher.h"
@@ -142,6 +143,37 @@ TEST_F(ScopedStoreTest, ContentOfOtherTeamsIsNeverReportedPresentNorDeduplicated
   // Now the backbone is referenced in scope, it is present for team-a.
   ASSERT_OK_AND_ASSIGN(missing, team_a->FindMissingChunks({their_backbone}));
   EXPECT_THAT(missing, IsEmpty());
+}
+
+TEST_F(ScopedStoreTest, ReferencesOnlyChunksItsVersionsReference) {
+  ASSERT_OK_AND_ASSIGN(v1::Manifest theirs, store_->GetManifest(Ref("team-b-net@1")));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest mine, store_->GetManifest(Ref("team-a-net@1")));
+  const v1::TensorMeta& their_meta = theirs.tensors(0);
+  const v1::TensorMeta& my_meta = mine.tensors(0);
+  std::unique_ptr<AuditedStore> team_a = TeamA();
+  auto reference = [&](const v1::TensorMeta& meta) -> absl::Status {
+    v1::Manifest header;
+    v1::TensorMeta* copy = header.add_tensors();
+    *copy = meta;
+    copy->clear_chunks();
+    copy->clear_content_hash();
+    ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
+                     team_a->BeginUpload("team-a-copy", header, {}));
+    int64_t offset = 0;
+    for (const v1::ChunkRef& chunk : meta.chunks()) {
+      RETURN_IF_ERROR(session->AddStoredChunk(0, offset, chunk.sha256(), chunk.length()));
+      offset += chunk.length();
+    }
+    return session->Commit().status();
+  };
+  // Holding team-b's chunk address is not enough to copy its bytes, and the answer is the one a
+  // chunk the store lacks gets.
+  EXPECT_THAT(reference(their_meta),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("no version of models matching team-a-* references chunk")));
+  ASSERT_OK(reference(my_meta));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> copies, store_->ListVersions("team-a-copy"));
+  EXPECT_EQ(copies.size(), 1u);
 }
 
 TEST_F(ScopedStoreTest, ReadsChunksOnlyItsVersionsReference) {

@@ -165,6 +165,15 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
         }
         return session_->AddTensorData(data.tensor_index(), data.offset(), data.data());
       }
+      case v1::UploadRequest::kStoredChunk: {
+        const v1::StoredChunk& chunk = request_.stored_chunk();
+        if (session_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "the first message of an Upload must be an UploadHeader; got StoredChunk");
+        }
+        return session_->AddStoredChunk(chunk.tensor_index(), chunk.offset(), chunk.sha256(),
+                                        chunk.length());
+      }
       case v1::UploadRequest::kCommit: {
         if (session_ == nullptr) {
           return absl::InvalidArgumentError(
@@ -190,7 +199,8 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
       case v1::UploadRequest::PART_NOT_SET:
         break;
     }
-    return absl::InvalidArgumentError("an UploadRequest holds no header, data or commit");
+    return absl::InvalidArgumentError(
+        "an UploadRequest holds no header, data, stored chunk or commit");
   }
 
   void EndWithoutCommit() {

@@ -235,8 +235,12 @@ TEST_F(StoreServiceTest, UploadMustBeginWithAHeader) {
               StatusIs(absl::StatusCode::kInvalidArgument, "must be an UploadHeader"));
   EXPECT_THAT(Upload({CommitRequest()}),
               StatusIs(absl::StatusCode::kInvalidArgument, "must be an UploadHeader"));
-  EXPECT_THAT(Upload({v1::UploadRequest()}),
-              StatusIs(absl::StatusCode::kInvalidArgument, "no header, data or commit"));
+  v1::UploadRequest stored_chunk;
+  stored_chunk.mutable_stored_chunk()->set_length(1);
+  EXPECT_THAT(Upload({stored_chunk}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               "must be an UploadHeader; got StoredChunk"));
+  EXPECT_THAT(Upload({v1::UploadRequest()}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                      "no header, data, stored chunk or commit"));
   EXPECT_THAT(
       Upload({HeaderRequest("m", OneTensorHeader(1)), HeaderRequest("m", OneTensorHeader(1))}),
       StatusIs(absl::StatusCode::kInvalidArgument, "second UploadHeader"));

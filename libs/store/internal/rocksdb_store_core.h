@@ -585,6 +585,34 @@ class RocksDbCheckpointStore::Core {
     return absl::OkStatus();
   }
 
+  // Pins the committed chunk `sha256` for an upload that references it without its bytes
+  // (UploadSession::AddStoredChunk) and returns its digest from the chunk's record. NOT_FOUND when
+  // the store holds no committed chunk of that address. The pin stays either way (released with
+  // the upload's others): GC may not take the chunk between this look-up and the commit.
+  absl::StatusOr<ChunkDigest> PinStoredChunk(absl::string_view sha256,
+                                             absl::flat_hash_set<std::string>& pinned) {
+    if (pinned.insert(std::string(sha256)).second) {
+      absl::MutexLock lock(&mu_);
+      ++pinned_chunks_[std::string(sha256)];
+    }
+    std::string bytes;
+    rocksdb::Status read = db_->Get(Read(), cf(ColumnFamily::kRefs),
+                                    rocksdb::Slice(sha256.data(), sha256.size()), &bytes);
+    if (read.IsNotFound()) {
+      return absl::NotFoundError(absl::StrCat("the store holds no committed chunk ",
+                                              HexEncode(sha256), ": send its bytes"));
+    }
+    RETURN_IF_ERROR(FromRocksDbStatus(read, "looking up a chunk"));
+    ChunkRecord record;
+    RETURN_IF_ERROR(
+        ParseRecord(bytes, record, absl::StrCat("refcount of chunk ", HexEncode(sha256))));
+    ChunkDigest digest;
+    digest.sha256 = std::string(sha256);
+    digest.length = record.length();
+    digest.xxh3_64 = record.xxh3_64();
+    return digest;
+  }
+
   // ---- Pack space.
 
   // What ReclaimPacks did not do, for GarbageCollectResponse.

@@ -99,6 +99,34 @@ class RocksDbUploadSession final : public UploadSession {
     return absl::OkStatus();
   }
 
+  absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
+                              int64_t length) override {
+    RETURN_IF_ERROR(CheckUsable());
+    RETURN_IF_ERROR(DrainPipeline());
+    RETURN_IF_ERROR(CheckData(tensor_index, offset, length < 0 ? 0 : length));
+    v1::TensorMeta& meta = Meta(tensor_index);
+    RETURN_IF_ERROR(Fail(CheckStoredChunkPlace(meta, Name(tensor_index), offset, sha256, length)));
+    // Pinned before it is looked up, as PinAndStoreChunk does: GC cannot take it before Commit
+    // counts this version's reference.
+    absl::StatusOr<ChunkDigest> stored = core_->PinStoredChunk(sha256, pinned_);
+    if (!stored.ok()) return Fail(stored.status());
+    const ChunkDigest& digest = *stored;
+    if (digest.length != length) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(Name(tensor_index), ": the stored chunk ",
+                                                          HexEncode(sha256), " holds ",
+                                                          digest.length, " bytes, not ", length)));
+    }
+    v1::ChunkRef* chunk = meta.add_chunks();
+    chunk->set_sha256(digest.sha256);
+    chunk->set_length(digest.length);
+    chunk->set_xxh3_64(digest.xxh3_64);
+    Stream& stream = streams_[tensor_index];
+    stream.content.AddChunk(digest);
+    stream.received += length;
+    if (stream.received == meta.byte_length()) RETURN_IF_ERROR(Fail(FinishTensor(tensor_index)));
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<CommitResult> Commit() override {
     absl::Status usable = CheckUsable();
     if (usable.ok()) usable = DrainPipeline();

@@ -41,6 +41,12 @@ class InstrumentedStore::Session final : public UploadSession {
     return added;
   }
 
+  absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
+                              int64_t length) override {
+    store_.Called("AddStoredChunk");
+    return base_->AddStoredChunk(tensor_index, offset, sha256, length);
+  }
+
   absl::StatusOr<CommitResult> Commit() override {
     store_.Called("Commit");
     if (store_.commit_fault_) RETURN_IF_ERROR(store_.commit_fault_("Commit"));

@@ -645,6 +645,71 @@ TEST_P(StoreConformanceTest, StreamedUploadInPiecesDedupsWithOneShotCommit) {
   EXPECT_THAT(missing, ElementsAre(Sha256("not stored")));
 }
 
+TEST_P(StoreConformanceTest, StoredChunksAreReferencedWithoutTheirBytes) {
+  const at::Tensor big = Seeded({9 * kMiB / 4}, 1);  // 9 MiB: chunks of 4, 4 and 1 MiB
+  MustCommit("m", WeightsOnly({{"big", big}}));
+  ASSERT_OK_AND_ASSIGN(v1::Manifest first, store_->GetManifest(Ref("m@1")));
+  const v1::TensorMeta& stored = first.tensors(0);
+  ASSERT_EQ(stored.chunks_size(), 3);
+
+  // The first two chunks unchanged and referenced; the last one changed and sent.
+  std::string bytes = TensorBytes(big);
+  bytes.back() ^= 1;
+  v1::Manifest header;
+  v1::TensorMeta* meta = header.add_tensors();
+  meta->set_key("big");
+  meta->set_dtype(v1::DTYPE_FLOAT32);
+  meta->add_shape(big.numel());
+  meta->set_byte_length(big.nbytes());
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                         store_->BeginUpload("m", header, {}));
+    ASSERT_OK(session->AddStoredChunk(0, 0, stored.chunks(0).sha256(), 4 * kMiB));
+    ASSERT_OK(session->AddStoredChunk(0, 4 * kMiB, stored.chunks(1).sha256(), 4 * kMiB));
+    ASSERT_OK(session->AddTensorData(0, 8 * kMiB, absl::string_view(bytes).substr(8 * kMiB)));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, session->Commit());
+    EXPECT_EQ(committed.new_bytes, kMiB);
+  }
+  ASSERT_OK_AND_ASSIGN(v1::Manifest second, store_->GetManifest(Ref("m@2")));
+  EXPECT_EQ(second.tensors(0).chunks(0).xxh3_64(), stored.chunks(0).xxh3_64());
+  EXPECT_EQ(second.tensors(0).content_hash(), ContentHashOfBytes(bytes));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@2")));
+  ASSERT_OK_AND_ASSIGN(at::Tensor read, reader->ReadTensor("big"));
+  EXPECT_EQ(TensorBytes(read), bytes);
+
+  // Deleting the first version and collecting keeps the chunks the second one references.
+  ASSERT_OK(store_->DeleteVersion("m", 1, false).status());
+  ASSERT_OK(store_->GarbageCollect(false).status());
+  ASSERT_OK_AND_ASSIGN(reader, store_->OpenVersion(Ref("m@2")));
+  ASSERT_OK_AND_ASSIGN(read, reader->ReadTensor("big"));
+  EXPECT_EQ(TensorBytes(read), bytes);
+
+  auto refused = [&](int64_t offset, const std::string& sha256, int64_t length) {
+    absl::StatusOr<std::unique_ptr<UploadSession>> session = store_->BeginUpload("m", header, {});
+    if (!session.ok()) return session.status();
+    if (offset > 0) {
+      absl::Status sent =
+          (*session)->AddTensorData(0, 0, absl::string_view(bytes).substr(0, offset));
+      if (!sent.ok()) return sent;
+    }
+    absl::Status added = (*session)->AddStoredChunk(0, offset, sha256, length);
+    if (!added.ok()) return added;
+    return (*session)->Commit().status();  // a remote store reports it when the stream ends.
+  };
+  EXPECT_THAT(refused(0, Sha256("never stored"), 4 * kMiB),
+              StatusIs(absl::StatusCode::kNotFound, "send its bytes"));
+  EXPECT_THAT(refused(kMiB, stored.chunks(1).sha256(), 4 * kMiB),
+              StatusIs(absl::StatusCode::kInvalidArgument, "multiples of 4194304"));
+  EXPECT_THAT(refused(0, stored.chunks(0).sha256(), kMiB),
+              StatusIs(absl::StatusCode::kInvalidArgument, "the chunk there holds 4194304"));
+  EXPECT_THAT(refused(8 * kMiB, second.tensors(0).chunks(0).sha256(), kMiB),
+              StatusIs(absl::StatusCode::kInvalidArgument, "holds 4194304 bytes, not 1048576"));
+  EXPECT_THAT(refused(0, "short", 4 * kMiB),
+              StatusIs(absl::StatusCode::kInvalidArgument, "a SHA-256 has 32"));
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, store_->ListVersions("m"));
+  EXPECT_EQ(versions.size(), 1u);  // none of them committed.
+}
+
 TEST_P(StoreConformanceTest, ValidationErrorsAreInvalidArgumentWithClearMessages) {
   EXPECT_THAT(store_->CommitCheckpoint("bad name", WeightsOnly({{"w", at::ones({1})}})),
               StatusIs(absl::StatusCode::kInvalidArgument, "model name 'bad name' has ' '"));
