@@ -141,7 +141,7 @@ def restore_bundle(manifest, buffers, dtypes, model, optimizer, scheduler, stric
         if target is not None and held is None:
             raise FailedPrecondition(f"{where} holds no {what} state to restore")
     if model is not None:
-        model.load_state_dict(weights, strict=strict)
+        unwrap(model).load_state_dict(weights, strict=strict)
     if optimizer is not None:
         opaque = opaque_paths(bundle.optimizer, "optimizer")
         if opaque:
@@ -160,20 +160,56 @@ def restore_bundle(manifest, buffers, dtypes, model, optimizer, scheduler, stric
     return bundle
 
 
-def to_host(value):
-    """`value` with every tensor copied to host memory (a copy even of a CPU tensor, so the
-    caller may change its own at once); containers rebuilt, everything else as it is."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = collections.OrderedDict() if isinstance(value, collections.OrderedDict) else {}
-        for key, item in value.items():
-            copied[key] = to_host(item)
-        return copied
-    if isinstance(value, (list, tuple)):
-        items = [to_host(item) for item in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
+def unwrap(module):
+    """The module inside DistributedDataParallel, DataParallel and torch.compile wrappers, whose
+    state dict keys are the canonical ones the store keeps ("0.weight", not "module.0.weight")."""
+    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    while True:
+        if isinstance(module, wrappers):
+            module = module.module
+        elif isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+            module = module._orig_mod  # torch.compile's OptimizedModule (PyTorch >= 2.0)
+        else:
+            return module
+
+
+class HostSnapshot:
+    """Copies of a state's tensors in host memory that reuse the buffers of the previous copy
+    (the tensor at the same place in the traversal, of the same shape and dtype): a loop that
+    saves every N steps copies into memory already faulted in instead of allocating a new copy
+    each time, which on a fresh page costs far more than the copy (save_async). take() must not
+    be called while the previous snapshot is still read."""
+
+    def __init__(self):
+        self._buffers = []
+
+    def take(self, value):
+        """`value` with every tensor copied to host memory (a copy even of a CPU tensor, so the
+        caller may change its own at once); containers rebuilt, everything else as it is."""
+        previous, self._buffers = iter(self._buffers), []
+        return self._copy(value, previous)
+
+    def _copy(self, value, previous):
+        if isinstance(value, torch.Tensor):
+            source = value.detach()
+            buffer = next(previous, None)
+            if (buffer is not None and buffer.shape == source.shape
+                    and buffer.dtype == source.dtype and source.layout == torch.strided
+                    and not source.is_quantized):
+                buffer.copy_(source)
+            else:
+                buffer = source.to("cpu", copy=True)
+            self._buffers.append(buffer)
+            return buffer
+        if isinstance(value, dict):
+            copied = collections.OrderedDict() if isinstance(value, collections.OrderedDict) else {}
+            for key, item in value.items():
+                copied[key] = self._copy(item, previous)
+            return copied
+        if isinstance(value, (list, tuple)):
+            items = [self._copy(item, previous) for item in value]
+            return items if isinstance(value, list) else tuple(items)
+        return value
 
 
 def opaque_paths(value, path):

@@ -14,10 +14,11 @@ import grpc
 import torch
 
 from . import _stubs
-from ._tensors import StreamAssembler, host_bytes, to_tensor, torch_dtypes
-from ._bundles import Bundle, build_manifest, param_names_of, restore_bundle, to_host
-from .errors import (FailedPrecondition, IntegrityError, InvalidArgument, ProtocolError,
-                     from_rpc_error)
+from ._tensors import StreamAssembler, to_tensor, torch_dtypes
+from ._bundles import Bundle, HostSnapshot, build_manifest, param_names_of, restore_bundle
+from ._upload import Uploader
+from .errors import (CkptError, FailedPrecondition, IntegrityError, InvalidArgument, NotFound,
+                     ProtocolError, from_rpc_error)
 
 # Large enough for a 1 MiB TensorData piece and a manifest of many tensors (the servers' own
 # default limit is 16 MiB).
@@ -28,13 +29,12 @@ _RECONNECT_BACKOFF_MS = (100, 5000)
 # connect_timeout).
 _CONNECT_TIMEOUT = 10.0
 
-Saved = collections.namedtuple("Saved", ["version", "logical_bytes", "new_bytes", "warnings"])
+Saved = collections.namedtuple("Saved", ["version", "logical_bytes", "new_bytes", "warnings",
+                                         "chunks_sent", "chunks_referenced", "sent_bytes"])
 Saved.__doc__ = """What Client.save committed: the version number, the tensor bytes it holds, those
 the store did not hold before (after deduplication; for a scoped identity, new to its scope),
-and the store's validation warnings."""
-
-# Tensor bytes per TensorData message of an Upload (the store's maximum: wire_constants.h).
-_UPLOAD_PIECE_BYTES = 1 << 20
+the store's validation warnings, and what travelled: the 4 MiB chunks whose bytes were sent, the
+chunks named by address because the store already held them, and the tensor bytes sent."""
 
 WatchUpdate = collections.namedtuple("WatchUpdate", ["state", "event", "resume_token"])
 WatchUpdate.__doc__ = """One message of a watch: exactly one of ``state`` (a ckpt.v1.WatchState:
@@ -168,6 +168,8 @@ class Client:
         self._saver = None
         self._last_save = None
         self._saver_lock = threading.Lock()
+        self._snapshot = HostSnapshot()  # save_async's host buffers, reused from save to save
+        self._snapshot_taken = None  # set once the last save_async's snapshot is copied
         self._store = self._loader = None
         if store is not None:
             self._channels.append(channel(store))
@@ -339,7 +341,7 @@ class Client:
              metrics: Optional[Mapping[str, float]] = None,
              lineage: Optional[Mapping[str, Any]] = None, alias: Optional[str] = None,
              reason: Optional[str] = None, expected_latest_version: int = 0,
-             timeout: Optional[float] = None) -> Saved:
+             dedup: bool = True, timeout: Optional[float] = None) -> Saved:
         """Commits one version of `model_name` through the store's Upload: visible only once
         whole (a save that fails or is killed leaves nothing), keys normalized by the store as
         `ckpt import` normalizes them ("module.", "_orig_mod." stripped), tensors from any
@@ -356,6 +358,10 @@ class Client:
             code_revision, dataset, producer_info (a dict of strings).
           alias: moved to the new version in the same commit; expected_latest_version: if > 0,
             FailedPrecondition unless the model's latest version is still that one.
+          dedup: hash each tensor's 4 MiB chunks here (SHA-256, the store's addresses), ask the
+            store which it lacks (FindMissingChunks) and send only those, naming the others:
+            a save whose weights barely changed sends little more than the change. False sends
+            every byte and skips the hashing (for state that never repeats).
 
         InvalidArgument names the key of anything it cannot store. Returns Saved.
         """
@@ -363,11 +369,11 @@ class Client:
                           optimizer=optimizer, scheduler=scheduler, epoch=epoch, step=step,
                           extra=extra, metrics=metrics, lineage=lineage, alias=alias,
                           reason=reason, expected_latest_version=expected_latest_version,
-                          timeout=timeout)
+                          dedup=dedup, timeout=timeout)
 
     def _save(self, model_name, state, param_names, optimizer=None, scheduler=None, epoch=None,
               step=None, extra=None, metrics=None, lineage=None, alias=None, reason=None,
-              expected_latest_version=0, timeout=None):
+              expected_latest_version=0, dedup=True, timeout=None):
         """save(), with the optimizer's parameter names given (save_async takes them from the
         module before snapshotting it into a plain state dict)."""
         pb = self._pb.checkpoint_store_pb2
@@ -380,30 +386,47 @@ class Client:
                                  reason=reason or "", normalize_keys=True,
                                  expected_latest_version=expected_latest_version)
 
-        def requests():
-            yield pb.UploadRequest(header=header)
-            for index, tensor in enumerate(tensors):
-                data = host_bytes(tensor)
-                for offset in range(0, len(data), _UPLOAD_PIECE_BYTES):
-                    yield pb.UploadRequest(data=pb.TensorData(
-                        tensor_index=index, offset=offset,
-                        data=bytes(data[offset:offset + _UPLOAD_PIECE_BYTES])))
-            yield pb.UploadRequest(commit=pb.UploadCommit(aliases=aliases))
+        def find_missing(addresses):
+            request = pb.FindMissingChunksRequest(sha256=addresses)
+            return self._call("store", "FindMissingChunks", request, timeout).missing_sha256
 
-        response = self._call("store", "Upload", requests(), timeout)
-        return Saved(response.version.version, response.logical_bytes, response.new_bytes,
-                     list(response.warnings))
+        # A chunk the store reported held can be collected before the upload names it (it was
+        # unreferenced, and GC ran in between): the store then answers NOT_FOUND and nothing is
+        # committed, so the save is made once more with every byte sent.
+        for referencing in ([True, False] if dedup else [False]):
+            uploader = Uploader(pb, header, tensors, aliases,
+                                find_missing if referencing else None)
+            try:
+                response = self._call("store", "Upload", uploader.requests(), timeout)
+            except CkptError as error:
+                if uploader.error is not None:  # raised making the messages: gRPC says CANCELLED
+                    raise uploader.error from None
+                if referencing and isinstance(error, NotFound) and "send its bytes" in str(error):
+                    continue
+                raise
+            stats = uploader.stats
+            return Saved(response.version.version, response.logical_bytes, response.new_bytes,
+                         list(response.warnings), stats.chunks_sent, stats.chunks_referenced,
+                         stats.sent_bytes)
 
     def save_async(self, model_name: str,
-                   state: Union[torch.nn.Module, Mapping[str, torch.Tensor]],
-                   **kwargs: Any) -> concurrent.futures.Future:
+                   state: Union[torch.nn.Module, Mapping[str, torch.Tensor]], *,
+                   overlap_snapshot: bool = False, **kwargs: Any) -> concurrent.futures.Future:
         """save() with the upload on a background thread, for a training loop that must not
         wait for the network: the snapshot is taken here (every tensor of the model, optimizer
         and scheduler state copied to host memory, so the loop may step on at once), the upload
         runs after. At most one upload is in flight: a call made while the previous one still
-        uploads waits for it first (so host memory holds at most two snapshots). The previous
+        uploads waits for it first. The copy goes into the host buffers of the previous snapshot
+        where shapes and dtypes match, so the client holds one snapshot's memory and a loop
+        that saves every N steps copies into memory already faulted in. The previous
         upload's error, if it failed, is raised by the next call as well as by its future's
-        result(). Returns a Future of Saved. Arguments as save()."""
+        result(). Returns a Future of Saved. Arguments as save().
+
+        overlap_snapshot=True takes the copy on the background thread too, CheckFreq-style, so
+        it overlaps the next forward and backward pass: the caller must then call
+        wait_snapshot() before anything changes the saved tensors (optimizer.step(), a
+        scheduler step, in-place updates); until then the snapshot may mix old and new values.
+        """
         with self._saver_lock:
             if self._saver is None:
                 self._saver = concurrent.futures.ThreadPoolExecutor(
@@ -414,20 +437,44 @@ class Client:
             if error is not None:
                 raise error
         weights = state.state_dict() if isinstance(state, torch.nn.Module) else state
-        snapshot = to_host(weights)
         names = param_names_of(state, kwargs.get("optimizer"))
-        for part in ("optimizer", "scheduler"):
+        parts = {}
+        for part in ("optimizer", "scheduler", "extra"):
             value = kwargs.get(part)
             if value is not None and hasattr(value, "state_dict") and callable(value.state_dict):
                 value = value.state_dict()
-            if value is not None:
-                kwargs[part] = to_host(value)
-        if kwargs.get("extra") is not None:
-            kwargs["extra"] = to_host(kwargs["extra"])
-        future = self._saver.submit(self._save, model_name, snapshot, names, **kwargs)
+            parts[part] = value
+        # The previous upload has ended (above), so its host buffers are free to take this copy.
+        taken = threading.Event()
+
+        def take():
+            try:
+                snapshot, copied = self._snapshot.take((weights, parts))
+            finally:
+                taken.set()
+            return snapshot, dict(kwargs, **copied)
+
+        def upload(taken_snapshot):
+            snapshot, arguments = taken_snapshot
+            return self._save(model_name, snapshot, names, **arguments)
+
+        if overlap_snapshot:
+            future = self._saver.submit(lambda: upload(take()))
+        else:
+            future = self._saver.submit(upload, take())
         with self._saver_lock:
             self._last_save = future
+            self._snapshot_taken = taken
         return future
+
+    def wait_snapshot(self) -> None:
+        """Returns once the snapshot of the last save_async(..., overlap_snapshot=True) has been
+        copied to host memory, so the caller may change the saved tensors again (call it before
+        optimizer.step()). Returns at once when no snapshot is being taken."""
+        with self._saver_lock:
+            taken = self._snapshot_taken
+        if taken is not None:
+            taken.wait()
 
     @staticmethod
     def _receive(ref, stream, verify, choose):

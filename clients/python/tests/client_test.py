@@ -475,6 +475,18 @@ class SaveTest(unittest.TestCase):
             # And then it saves again.
             self.assertEqual(client.save_async("team-a.async", model).result(timeout=60).version,
                              2)
+            # CheckFreq-style: the copy runs beside the loop, which waits for it before it
+            # changes the weights; the version holds the values of the call.
+            expected = {k: v.clone() for k, v in model.state_dict().items()}
+            overlapped = client.save_async("team-a.async", model, overlap_snapshot=True)
+            client.wait_snapshot()
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(1.0)
+            self.assertEqual(overlapped.result(timeout=60).version, 3)
+            stored = client.load_state_dict("team-a.async@3")
+            for key, tensor in expected.items():
+                self.assertTrue(torch.equal(stored[key], tensor), f"{key}: not the snapshot")
 
     def test_save_refuses_what_it_cannot_store_and_commits_nothing(self):
         model, optimizer, _ = self.make()
@@ -496,32 +508,54 @@ class SaveTest(unittest.TestCase):
             with self.assertRaises(ckpt_client.Unavailable):
                 client.save("team-a.nowhere", nn.Linear(4, 4))
 
-    def test_a_saver_killed_mid_upload_leaves_no_version_and_the_next_save_commits(self):
-        # The child uploads 64 MiB slowly (its piece reader is slowed here, in the child only)
-        # and says when the upload is under way; it is SIGKILLed then.
+    def test_a_saver_killed_mid_upload_leaves_no_version_and_the_next_save_sends_only_changes(
+            self):
+        # 16 tensors of one 4 MiB chunk each; version 1 holds them all.
+        state = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(16)}
+        with plain_client() as client:
+            first = client.save("team-a.killed", state)
+            self.assertEqual((first.version, first.chunks_sent, first.chunks_referenced),
+                             (1, 16, 0))
+        # The child saves the state with two tensors changed, one tensor at a time and slowly
+        # (its host copies are slowed here, in the child only), says when the upload is under
+        # way, and is SIGKILLed then.
         child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
             import sys, time, torch, ckpt_client
-            from ckpt_client import client as client_module
-            real = client_module.host_bytes
+            from ckpt_client import _upload
+            real = _upload.host_bytes
             def slow(tensor):
                 print("uploading", flush=True)
                 time.sleep(0.5)
                 return real(tensor)
-            client_module.host_bytes = slow
+            _upload.host_bytes = slow
+            _upload.GROUP_BYTES = 1
             state = {{f"w{{i}}": torch.full((1 << 20,), float(i)) for i in range(16)}}
+            state["w3"][7] = -1.0
+            state["w9"][0] = -1.0
             with ckpt_client.Client(store={PLAIN_STORE.address!r}) as c:
                 c.save("team-a.killed", state)
             print("committed", flush=True)
         """)], stdout=subprocess.PIPE, text=True)
         self.assertEqual(child.stdout.readline().strip(), "uploading")
-        time.sleep(0.7)  # header accepted, the first tensors sent
+        time.sleep(2.2)  # header accepted, the first tensors named or sent
         child.kill()
         child.wait()
+        state["w3"][7] = -1.0
+        state["w9"][0] = -1.0
         with plain_client() as client:
-            with self.assertRaises(ckpt_client.NotFound):
-                client.resolve("team-a.killed")
-            saved = client.save("team-a.killed", {"w0": torch.zeros(4)})
-            self.assertEqual(saved.version, 1)
+            self.assertEqual(client.resolve("team-a.killed"), 1)
+            saved = client.save("team-a.killed", state)
+            # Only the two changed chunks travel; the other 14 are named by address.
+            self.assertEqual((saved.version, saved.chunks_sent, saved.chunks_referenced),
+                             (2, 2, 14))
+            self.assertEqual((saved.sent_bytes, saved.new_bytes), (2 * (4 << 20), 2 * (4 << 20)))
+            stored = client.load_state_dict("team-a.killed@2")
+            for key, tensor in state.items():
+                self.assertTrue(torch.equal(stored[key], tensor), key)
+            # dedup=False sends every byte and stores the same version contents.
+            plain = client.save("team-a.killed", state, dedup=False)
+            self.assertEqual((plain.chunks_sent, plain.chunks_referenced, plain.new_bytes),
+                             (16, 0, 0))
 
 
 class TlsTest(unittest.TestCase):

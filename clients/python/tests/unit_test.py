@@ -115,6 +115,73 @@ class ValuesTest(unittest.TestCase):
             decode_value(pb.Value(tensor_value=pb.TensorRef(key="missing")), {})
 
 
+class UploaderTest(unittest.TestCase):
+    def test_names_the_chunks_the_store_holds_and_sends_the_others_in_pieces(self):
+        from ckpt_client._upload import Uploader
+        pb = PB.checkpoint_store_pb2
+        big = torch.arange((9 << 20) // 4, dtype=torch.float32)  # chunks of 4, 4 and 1 MiB
+        small = torch.ones(3)
+        data = big.view(torch.uint8).numpy().tobytes()
+        held = hashlib.sha256(data[:CHUNK_BYTES]).digest()
+        asked = []
+
+        def find_missing(addresses):
+            asked.extend(addresses)
+            return [a for a in addresses if a != held]
+
+        uploader = Uploader(pb, pb.UploadHeader(model="m"), [big, small], ["best"], find_missing)
+        messages = list(uploader.requests())
+        self.assertEqual(len(asked), 4)  # three chunks of big, one of small, each once
+        self.assertEqual(messages[0].WhichOneof("part"), "header")
+        self.assertEqual(messages[1].stored_chunk, pb.StoredChunk(
+            tensor_index=0, offset=0, sha256=held, length=CHUNK_BYTES))
+        pieces = [m.data for m in messages[2:-1]]
+        self.assertEqual([(p.tensor_index, p.offset, len(p.data)) for p in pieces],
+                         [(0, (4 + i) << 20, 1 << 20) for i in range(5)] + [(1, 0, 12)])
+        self.assertEqual(b"".join(p.data for p in pieces[:5]), data[CHUNK_BYTES:])
+        self.assertEqual(list(messages[-1].commit.aliases), ["best"])
+        stats = uploader.stats
+        self.assertEqual((stats.chunks_sent, stats.chunks_referenced, stats.sent_bytes),
+                         (3, 1, (5 << 20) + 12))
+
+        # Without find_missing every byte goes, nothing is hashed.
+        every = [m.WhichOneof("part") for m in Uploader(pb, pb.UploadHeader(), [big], [],
+                                                        None).requests()]
+        self.assertEqual(every, ["header"] + ["data"] * 9 + ["commit"])
+
+    def test_an_error_making_the_messages_is_kept_for_the_caller(self):
+        from ckpt_client._upload import Uploader
+        pb = PB.checkpoint_store_pb2
+
+        def refuse(addresses):
+            raise ckpt_client.PermissionDenied("no")
+
+        uploader = Uploader(pb, pb.UploadHeader(), [torch.ones(4)], [], refuse)
+        with self.assertRaises(ckpt_client.PermissionDenied):
+            list(uploader.requests())
+        self.assertIsInstance(uploader.error, ckpt_client.PermissionDenied)
+
+
+class HostSnapshotTest(unittest.TestCase):
+    def test_copies_into_the_previous_snapshots_buffers_where_they_fit(self):
+        from ckpt_client._bundles import HostSnapshot
+        snapshot = HostSnapshot()
+        state = {"w": torch.ones(4), "opt": {"state": {0: {"step": torch.tensor(1.0)}}},
+                 "lr": 0.1, "shape": (torch.zeros(2),)}
+        first = snapshot.take(state)
+        state["w"].add_(1)  # the caller changes its own at once
+        self.assertTrue(torch.equal(first["w"], torch.ones(4)))
+        state["shape"] = (torch.zeros(3),)  # no longer fits its buffer
+        second = snapshot.take(state)
+        self.assertEqual(second["w"].data_ptr(), first["w"].data_ptr())
+        self.assertTrue(torch.equal(second["w"], torch.full((4,), 2.0)))
+        self.assertEqual(second["opt"]["state"][0]["step"].data_ptr(),
+                         first["opt"]["state"][0]["step"].data_ptr())
+        self.assertNotEqual(second["shape"][0].data_ptr(), first["shape"][0].data_ptr())
+        self.assertEqual((second["lr"], tuple(second["shape"][0].shape)), (0.1, (3,)))
+        self.assertIsNot(second["w"], state["w"])
+
+
 class EncodeTest(unittest.TestCase):
     def test_round_trips_an_optimizer_state_dict_and_refuses_what_needs_pickling(self):
         from ckpt_client._values import StateTensors, decode_value, encode_value
