@@ -15,7 +15,8 @@
 // (an error from the store, a wrong byte count after a round trip), never for a missed target.
 //
 // Each figure is one function (FigureR1 ... FigureR7, FigureM1, FigureM2 below; the training
-// figures R8 and R9 in training_figures.cc, D1 and D1 scoped in dedup_figures.cc);
+// figures R8 and R9 in training_figures.cc, D1 and D1 scoped in dedup_figures.cc, R11 (Python
+// saves) in python_save_figures.cc);
 // --figures=R5,R8 measures only those (and
 // what they need). report.h has the options, the report and the memory regimes they share.
 //
@@ -93,6 +94,7 @@
 #include "services/loader/loader_service.h"
 #include "tools/bench/dedup_figures.h"
 #include "tools/bench/grpc_baseline.h"
+#include "tools/bench/python_save_figures.h"
 #include "tools/bench/report.h"
 #include "tools/bench/run_command.h"
 #include "tools/bench/shm_workload.h"
@@ -137,6 +139,8 @@ ABSL_FLAG(int, r8_steps, 0, "R8: timed training steps per rank (0: 200, or 20 wi
 ABSL_FLAG(int, r9_steps, 0,
           "R9: timed training steps per side (0: 30, or 6 with --quick), after 5 (3) warm-up "
           "steps; batch 32 (16) per rank.");
+ABSL_FLAG(int64_t, r11_mib, 0,
+          "R11: MiB of the Python state dict saved (0: 1024, or 64 with --quick).");
 ABSL_FLAG(double, r8_bucket_cap_mib, 25,
           "R8: DataParallelOptions::bucket_cap_bytes in MiB (PyTorch's default: 25).");
 
@@ -1290,6 +1294,7 @@ absl::Status Run(const BenchOptions& options) {
   }
   if (options.Wants("R8")) RETURN_IF_ERROR(FigureR8(options, report));
   if (options.Wants("R9")) RETURN_IF_ERROR(FigureR9(options, report));
+  if (options.Wants("R11")) RETURN_IF_ERROR(FigureR11(options, report));
 
   if (wants_any({"R1", "R2", "R3", "R6"})) {
     ASSIGN_OR_RETURN(Workload small, MakeManySmallWorkload(options.small_tensors));
@@ -1359,6 +1364,13 @@ int main(int argc, char** argv) {
   options.r9_script =
       ckpt::bench::FindRunfile(argv[0], "tools/bench/scripted_training_baseline.py");
   options.trainer = ckpt::bench::FindRunfile(argv[0], "services/trainer/trainer");
+  options.r11_script = ckpt::bench::FindRunfile(argv[0], "tools/bench/python_save_baseline.py");
+  options.python_client_dir =
+      fs::path(ckpt::bench::FindRunfile(argv[0], "clients/python/ckpt_client/__init__.py"))
+          .parent_path()
+          .parent_path()
+          .string();
+  options.r11_bytes = or_default(absl::GetFlag(FLAGS_r11_mib), 1024, 64) << 20;
   options.r9_steps = static_cast<int>(or_default(absl::GetFlag(FLAGS_r9_steps), 30, 6));
   std::error_code error;
   options.self_exe = fs::read_symlink("/proc/self/exe", error).string();
