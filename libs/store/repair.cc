@@ -354,7 +354,11 @@ absl::Status ReconcileRecords(const std::string& db_path, std::optional<uint64_t
   }
   rocksdb::WriteOptions write;
   write.sync = true;
-  return FromRocksDbStatus(db->db()->Write(write, &batch), "writing the repaired records");
+  RETURN_IF_ERROR(
+      FromRocksDbStatus(db->db()->Write(write, &batch), "writing the repaired records"));
+  // The database is what survives now: the marker says so again (the old one, damaged or ahead
+  // of the database, is in the backup and in the notes above).
+  return db->RewriteAcknowledgedMarker();
 }
 
 }  // namespace
@@ -391,9 +395,13 @@ absl::StatusOr<RepairReport> RepairStore(const RepairOptions& options) {
     const ColumnFamily cf = static_cast<ColumnFamily>(i);
     descriptors.emplace_back(std::string(ColumnFamilyName(cf)), MakeColumnFamilyOptions(cf));
   }
-  // The marker would refuse the repaired database (its number is beyond what the WAL kept); it
-  // is in the backup, and the first write after the repair starts a new one.
-  const std::optional<uint64_t> marker = ReadAcknowledgedMarker(options.db_path);
+  // The marker would refuse the repaired database (its number is beyond what the WAL kept, or
+  // it is damaged); it is in the backup, and ReconcileRecords writes a new one.
+  const AcknowledgedMarker marker = ReadAcknowledgedMarker(options.db_path);
+  if (!marker.damage.empty()) {
+    report.notes.push_back(absl::StrCat("the acknowledged-writes marker was damaged (",
+                                        marker.damage, "); it was rebuilt from the database"));
+  }
   std::error_code removed;
   fs::remove(fs::path(options.db_path) / std::string(kAcknowledgedMarkerFile), removed);
   if (removed) {
@@ -408,7 +416,7 @@ absl::StatusOr<RepairReport> RepairStore(const RepairOptions& options) {
                                             "': ", repaired.ToString(),
                                             "; the damaged files are in ", report.backup_dir));
   }
-  RETURN_IF_ERROR(ReconcileRecords(options.db_path, marker, report));
+  RETURN_IF_ERROR(ReconcileRecords(options.db_path, marker.number, report));
 
   StoreOptions store_options;
   store_options.db_path = options.db_path;

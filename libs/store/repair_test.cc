@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
@@ -21,6 +22,7 @@
 #include "libs/store/testing/store_conformance.h"
 #include "rocksdb/db.h"
 #include "rocksdb/metadata.h"
+#include "xxhash.h"
 
 namespace ckpt {
 namespace testing {
@@ -331,22 +333,100 @@ TEST_F(RepairTest, WriteAheadLogThatLostAcknowledgedCommitsIsRefusedThenRepaired
   }
 }
 
-// The marker is not synced, so a power cut may tear it: an unreadable marker skips the check
-// (with a message), it never makes the store unopenable. A store without one (from before it)
-// opens as before.
-TEST_F(RepairTest, UnreadableOrMissingAcknowledgedMarkerIsNotDamage) {
+// A damaged marker is DATA_LOSS at open (and so for `ckpt verify`), naming it and `ckpt repair`,
+// which rebuilds it; an empty one (a power cut right after it was created: it is not synced) and
+// a missing one (a store from before it) are not damage. A marker of the earlier one-line format
+// still works.
+TEST_F(RepairTest, DamagedAcknowledgedMarkerIsDataLossUntilRepairRebuildsIt) {
   Commit(1, 1);
   const std::string marker = path_ + "/" + std::string(kAcknowledgedMarkerFile);
   ASSERT_TRUE(fs::exists(marker));
+  std::string intact;
+  {
+    std::ifstream in(marker);
+    intact.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  StoreOptions options;
+  options.db_path = path_;
+  for (const size_t flipped : {size_t{3}, intact.size() / 2 + 25, intact.size() - 2}) {
+    std::string damaged = intact;
+    damaged[flipped] ^= 0x01;
+    {
+      std::ofstream out(marker, std::ios::trunc | std::ios::binary);
+      out << damaged;
+    }
+    EXPECT_THAT(RocksDbCheckpointStore::Open(options),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr("CKPT-ACKNOWLEDGED is damaged"),
+                               HasSubstr("1 of its 2 checksummed copies intact"),
+                               HasSubstr("ckpt repair"))))
+        << "byte " << flipped;
+  }
   {
     std::ofstream torn(marker, std::ios::trunc);
     torn << "ckpt-acknowledged 0000000000000000009";
   }
+  EXPECT_THAT(RocksDbCheckpointStore::Open(options),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("0 of its 2 checksummed copies")));
+
+  ASSERT_OK_AND_ASSIGN(RepairReport report, Repair());
+  EXPECT_THAT(report.notes, ::testing::Contains(HasSubstr("marker was damaged")));
+  EXPECT_EQ(report.acknowledged_writes_lost, 0u);
+  {
+    std::ifstream in(marker);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), intact);
+  }
+  ExpectVersionsIntact({1});
+
+  { std::ofstream empty(marker, std::ios::trunc); }
   ExpectVersionsIntact({1});
   ASSERT_TRUE(fs::remove(marker));
   ExpectVersionsIntact({1});
+  {
+    // The one-line format of stores written before the two copies: #1, checksummed digits.
+    std::ofstream v1(marker, std::ios::trunc);
+    v1 << "ckpt-acknowledged 00000000000000000001 "
+       << absl::StrFormat("%016x", XXH3_64bits("00000000000000000001", 20)) << "\n";
+  }
+  ExpectVersionsIntact({1});
   Commit(2, 2);  // writes a new marker
-  EXPECT_TRUE(fs::exists(marker));
+  ExpectVersionsIntact({1, 2});
+}
+
+// A flipped marker together with a truncated write-ahead log: the marker's intact copy still
+// tells the lost acknowledged commits apart, and says so before the damage.
+TEST_F(RepairTest, LostWritesAreStillReportedWhenTheMarkerIsDamagedToo) {
+  Commit(1, 2);
+  FlushAll(path_);
+  Commit(3, 3);
+  std::vector<fs::path> logs;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path_)) {
+    if (entry.path().extension() == ".log" && fs::file_size(entry.path()) > 0) {
+      logs.push_back(entry.path());
+    }
+  }
+  ASSERT_EQ(logs.size(), 1u);
+  fs::resize_file(logs[0], 0);
+  const std::string marker = path_ + "/" + std::string(kAcknowledgedMarkerFile);
+  std::string text;
+  {
+    std::ifstream in(marker);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  text[text.size() / 2 + 25] ^= 0x01;  // the second copy
+  {
+    std::ofstream out(marker, std::ios::trunc | std::ios::binary);
+    out << text;
+  }
+  StoreOptions options;
+  options.db_path = path_;
+  EXPECT_THAT(
+      RocksDbCheckpointStore::Open(options),
+      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("lost acknowledged commits"),
+                                                  HasSubstr("CKPT-ACKNOWLEDGED is damaged"))));
+  ASSERT_OK_AND_ASSIGN(RepairReport report, Repair());
+  EXPECT_GE(report.acknowledged_writes_lost, 1u);
+  EXPECT_THAT(report.notes, ::testing::Contains(HasSubstr("lost acknowledged writes")));
   ExpectVersionsIntact({1, 2});
 }
 

@@ -11,12 +11,15 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "libs/status/rocksdb_status.h"
 #include "rocksdb/convenience.h"
 #include "rocksdb/filter_policy.h"
@@ -100,14 +103,47 @@ absl::Status DamagedStoreError(const std::string& path, absl::string_view findin
       "run `ckpt verify` on it"));
 }
 
-// The marker's one line: "ckpt-acknowledged <20 digits> <xxh3-64 of those digits, 16 hex>\n",
-// always the same length, so each update overwrites the whole file in one pwrite.
-constexpr absl::string_view kMarkerTag = "ckpt-acknowledged ";
+// The marker: the same record twice, each "ckpt-acknowledged-v2 <20 digits> <16 hex>\n" where the
+// hex is the XXH3-64 of everything before it on the line (tag included, so a record whose
+// checksum holds but whose tag is unknown is another format, not damage). Always the same
+// length, so each update overwrites the whole file in one pwrite of one sector; two copies, so a
+// damaged byte leaves the number readable for the lost-write check. Stores written before v2
+// hold one line "ckpt-acknowledged <20 digits> <XXH3-64 of the digits>\n", still read.
+constexpr absl::string_view kMarkerTag = "ckpt-acknowledged-v2";
+constexpr absl::string_view kMarkerTagV1 = "ckpt-acknowledged";
+
+std::string MarkerRecord(uint64_t number) {
+  const std::string body = absl::StrCat(kMarkerTag, " ", absl::StrFormat("%020u", number));
+  return absl::StrCat(body, " ", absl::StrFormat("%016x", XXH3_64bits(body.data(), body.size())),
+                      "\n");
+}
 
 std::string FormatMarker(uint64_t number) {
-  const std::string digits = absl::StrFormat("%020u", number);
-  return absl::StrCat(kMarkerTag, digits, " ",
-                      absl::StrFormat("%016x", XXH3_64bits(digits.data(), digits.size())), "\n");
+  const std::string record = MarkerRecord(number);
+  return record + record;
+}
+
+// The number of one record (a line without its "\n"), or nullopt when it is not intact.
+std::optional<uint64_t> ParseMarkerRecord(absl::string_view line) {
+  uint64_t number = 0;
+  if (line.size() == MarkerRecord(0).size() - 1 && absl::StartsWith(line, kMarkerTag) &&
+      absl::SimpleAtoi(line.substr(kMarkerTag.size() + 1, 20), &number) &&
+      absl::StrCat(line, "\n") == MarkerRecord(number)) {
+    return number;
+  }
+  // v1: one line, the checksum over the digits only.
+  const std::string digits = absl::StrFormat("%020u", 0);
+  if (line.size() == kMarkerTagV1.size() + 1 + digits.size() + 1 + 16 &&
+      absl::StartsWith(line, absl::StrCat(kMarkerTagV1, " ")) &&
+      absl::SimpleAtoi(line.substr(kMarkerTagV1.size() + 1, 20), &number)) {
+    const std::string v1_digits = absl::StrFormat("%020u", number);
+    if (line ==
+        absl::StrCat(kMarkerTagV1, " ", v1_digits, " ",
+                     absl::StrFormat("%016x", XXH3_64bits(v1_digits.data(), v1_digits.size())))) {
+      return number;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string MarkerPath(const std::string& db_path) {
@@ -116,30 +152,45 @@ std::string MarkerPath(const std::string& db_path) {
 
 }  // namespace
 
-std::optional<uint64_t> ReadAcknowledgedMarker(const std::string& db_path) {
+AcknowledgedMarker ReadAcknowledgedMarker(const std::string& db_path) {
+  AcknowledgedMarker marker;
   const std::string path = MarkerPath(db_path);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno != ENOENT) {
-      std::fprintf(stderr, "ckpt store: ignoring %s: %s\n", path.c_str(), std::strerror(errno));
+      marker.damage = absl::StrCat("it cannot be read: ", std::strerror(errno));
     }
-    return std::nullopt;
+    return marker;
   }
-  char buffer[128];
+  char buffer[512];
   const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+  const int read_errno = errno;
   ::close(fd);
-  const absl::string_view text(buffer, n > 0 ? static_cast<size_t>(n) : 0);
-  uint64_t number = 0;
-  if (text.size() == FormatMarker(0).size() && absl::StartsWith(text, kMarkerTag) &&
-      absl::SimpleAtoi(text.substr(kMarkerTag.size(), 20), &number) &&
-      text == FormatMarker(number)) {
-    return number;
+  if (n < 0) {
+    marker.damage = absl::StrCat("it cannot be read: ", std::strerror(read_errno));
+    return marker;
   }
-  std::fprintf(stderr,
-               "ckpt store: ignoring %s: it is not a marker this build wrote (%zd bytes); the "
-               "check for lost acknowledged writes is skipped this time\n",
-               path.c_str(), n);
-  return std::nullopt;
+  // Empty: a power cut between creating the file and its first write (it is not synced).
+  if (n == 0) return marker;
+  const absl::string_view text(buffer, static_cast<size_t>(n));
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  const bool ends_in_newline = !lines.empty() && lines.back().empty();
+  if (ends_in_newline) lines.pop_back();
+  int intact = 0;
+  for (absl::string_view line : lines) {
+    if (std::optional<uint64_t> number = ParseMarkerRecord(line)) {
+      ++intact;
+      marker.number = std::max(marker.number.value_or(0), *number);
+    }
+  }
+  const bool v1 = intact == 1 && lines.size() == 1 && absl::StartsWith(text, kMarkerTagV1) &&
+                  !absl::StartsWith(text, kMarkerTag);
+  if (!ends_in_newline || (!v1 && (lines.size() != 2 || intact != 2))) {
+    marker.damage =
+        absl::StrCat(n, " bytes, ", intact, " of its ", v1 ? 1 : 2, " checksummed copies intact",
+                     marker.number.has_value() ? absl::StrCat(" (#", *marker.number, ")") : "");
+  }
+  return marker;
 }
 
 absl::string_view ColumnFamilyName(ColumnFamily cf) {
@@ -371,16 +422,23 @@ absl::StatusOr<std::unique_ptr<StoreDb>> StoreDb::Open(
   } else if (!read.IsNotFound()) {
     return FromRocksDbStatus(read, "reading the number of the last acknowledged write");
   }
-  if (const std::optional<uint64_t> marker = ReadAcknowledgedMarker(path);
-      marker.has_value() && *marker > store->last_acknowledged_) {
+  const AcknowledgedMarker marker = ReadAcknowledgedMarker(path);
+  const std::string damaged_marker =
+      marker.damage.empty()
+          ? std::string()
+          : absl::StrCat("its acknowledged-writes marker ", kAcknowledgedMarkerFile,
+                         " is damaged (", marker.damage,
+                         "), so a loss of acknowledged commits could go unnoticed; `ckpt repair` "
+                         "checks the write-ahead log against the database and rebuilds it");
+  if (marker.number.has_value() && *marker.number > store->last_acknowledged_) {
     return DamagedStoreError(
-        path, absl::StrCat("the store acknowledged write #", *marker,
-                           ", but its database holds "
-                           "writes up to #",
-                           store->last_acknowledged_,
+        path, absl::StrCat("the store acknowledged write #", *marker.number,
+                           ", but its database holds writes up to #", store->last_acknowledged_,
                            " only: its write-ahead log (the *.log file) lost acknowledged "
-                           "commits, truncated or deleted"));
+                           "commits, truncated or deleted",
+                           damaged_marker.empty() ? "" : "; and ", damaged_marker));
   }
+  if (!damaged_marker.empty()) return DamagedStoreError(path, damaged_marker);
   return store;
 }
 
@@ -406,6 +464,23 @@ absl::Status StoreDb::WriteAcknowledged(rocksdb::WriteBatch& batch, absl::string
                  "write-ahead log may go undetected\n",
                  std::string(what).c_str(), MarkerPath(path_).c_str(), std::strerror(errno));
   }
+  return absl::OkStatus();
+}
+
+absl::Status StoreDb::RewriteAcknowledgedMarker() {
+  absl::MutexLock lock(&acknowledged_mu_);
+  const std::string marker = FormatMarker(last_acknowledged_);
+  const std::string path = MarkerPath(path_);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 ||
+      ::pwrite(fd, marker.data(), marker.size(), 0) != static_cast<ssize_t>(marker.size()) ||
+      ::fsync(fd) != 0) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    return absl::InternalError(
+        absl::StrCat("writing the acknowledged-writes marker ", path, ": ", std::strerror(error)));
+  }
+  ::close(fd);
   return absl::OkStatus();
 }
 

@@ -139,7 +139,8 @@ class StoreDb {
 
   // Writes `batch` synced, as a write the store acknowledges, and numbers it: the batch also sets
   // kAcknowledgedWriteKey to the next number, and once the write is durable the number goes to
-  // the marker file kAcknowledgedMarkerFile. Open compares the two, which is how a write-ahead
+  // the marker file kAcknowledgedMarkerFile. Open compares the two (and refuses a damaged marker
+  // with DATA_LOSS, as it refuses a lost write), which is how a write-ahead
   // log that lost acknowledged writes is told from one that lost only an unacknowledged torn
   // tail: RocksDB cannot tell them apart (a live WAL truncated at a record boundary, or deleted,
   // opens cleanly without its last commits), and the WAL is the only copy of recent commits.
@@ -148,6 +149,9 @@ class StoreDb {
   // false alarm). Acknowledged writes are serialized here (they were, but for the audit log's).
   // A failure to update the marker is reported on stderr and does not fail the write.
   absl::Status WriteAcknowledged(rocksdb::WriteBatch& batch, absl::string_view what);
+  // Writes the marker afresh (synced) with the number of the last acknowledged write the
+  // database holds: `ckpt repair`, after it checked the marker against the database.
+  absl::Status RewriteAcknowledgedMarker();
   // The number of the last acknowledged write the database holds (0 when none).
   uint64_t last_acknowledged() {
     absl::MutexLock lock(&acknowledged_mu_);
@@ -166,10 +170,21 @@ class StoreDb {
   int marker_fd_ ABSL_GUARDED_BY(acknowledged_mu_) = -1;
 };
 
-// The number in the acknowledged-writes marker of the store at `db_path`; nullopt when there is
-// no marker (a store from before it) or it is unreadable (a power cut can tear it: it is not
-// synced), after saying so on stderr.
-std::optional<uint64_t> ReadAcknowledgedMarker(const std::string& db_path);
+// What the acknowledged-writes marker of a store says.
+struct AcknowledgedMarker {
+  // The number of the last acknowledged write, from an intact copy; nullopt when there is no
+  // marker (a store from before it, or an empty file: a power cut right after it was created)
+  // or no copy is intact.
+  std::optional<uint64_t> number;
+  // What is wrong with it ("89 bytes, 1 of its 2 checksummed copies intact (#12)", "it cannot be
+  // read: ..."); empty when it is intact or absent. The marker is rewritten in place with one
+  // pwrite of the same length (one sector), so damage is not what a power cut leaves.
+  std::string damage;
+};
+
+// Reads the acknowledged-writes marker of the store at `db_path`. Markers of the earlier
+// one-line format are read as intact.
+AcknowledgedMarker ReadAcknowledgedMarker(const std::string& db_path);
 
 }  // namespace ckpt
 

@@ -8,7 +8,9 @@ store), the last one stays in the WAL, so the template has every kind of file: p
 MANIFEST, CURRENT, WAL, OPTIONS and the store's acknowledged-write marker (CKPT-ACKNOWLEDGED; this
 schema keeps chunks in pack files, not RocksDB blob files, so there are none). A WAL that loses
 the last version's commit (truncated or deleted) must be refused by the marker check and repaired
-without that version; damage to the marker itself must cost nothing. Each version is exported once from the template; those exports are
+without that version; damage to the marker itself (it carries two checksummed copies of its
+number) must be refused at open as DATA_LOSS and repaired without a drop, and an empty or
+deleted marker (a power cut, a store from before it) costs nothing. Each version is exported once from the template; those exports are
 checked once, tensor by tensor and bit for bit, against the source files with torch, and are the
 reference every later read is compared with.
 
