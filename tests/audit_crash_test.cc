@@ -1,6 +1,7 @@
 // The audit log survives SIGKILL: a sequence of commits, alias moves and deletes by two identities
 // reads back exactly from a store whose writer was killed -- including the call it was killed in,
-// recorded PENDING (outcome unknown) -- and the real checkpoint_store server's records survive a
+// recorded PENDING and reconciled as not applied when the store reopens -- and the real
+// checkpoint_store server's records survive a
 // SIGKILL of the server.
 //
 // Two identities come from AuditedStore actors in a forked writer (the store service names every
@@ -160,9 +161,13 @@ TEST(AuditCrashTest, TwoIdentitiesChangesReadBackExactlyAfterTheWriterIsKilled) 
       Expected(5, kAlice, "delete_version", 1, "", v1::AuditRecord::OK,
                "deleted m@1; 4 bytes no longer referenced"),
       Expected(6, kBob, "delete_alias", 0, "best", v1::AuditRecord::OK, "alias best deleted"),
-      // Killed during the call: begun, never finished -- outcome unknown.
-      Expected(7, kBob, "set_alias", 2, "prod", v1::AuditRecord::PENDING, "alias prod -> 2"),
+      // Killed during the call, which never reached the store: reconciled at the reopening.
+      Expected(7, kBob, "set_alias", 2, "prod", v1::AuditRecord::FAILED, "alias prod -> 2"),
   };
+  expected[6].set_error_code(static_cast<int>(absl::StatusCode::kAborted));
+  expected[6].set_error_message(
+      "not applied: the store stopped, or could not record the outcome, before the call "
+      "finished; reconciled at open, and the registry history holds no change of it");
   expected[3].set_error_code(static_cast<int>(absl::StatusCode::kNotFound));
   expected[3].set_error_message("m@7 not found");
   ASSERT_EQ(records.size(), expected.size());

@@ -32,7 +32,9 @@ void Finish(CheckpointStore& store, int64_t sequence, absl::string_view action,
   const absl::Status finished = store.FinishAudit(sequence, outcome, detail, version);
   if (!finished.ok()) {
     std::cerr << "audit record " << sequence << " (" << action
-              << ") stays PENDING (outcome unknown): finishing it failed: " << finished << "\n";
+              << ") stays PENDING until the store's next open reconciles it with the registry "
+                 "history: finishing it failed: "
+              << finished << "\n";
   }
 }
 

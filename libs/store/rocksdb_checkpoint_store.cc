@@ -1,5 +1,6 @@
 #include "libs/store/rocksdb_checkpoint_store.h"
 
+#include <cstdio>
 #include <utility>
 
 #include "libs/store/internal/rocksdb_store_core.h"
@@ -130,6 +131,12 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
   auto core = std::make_shared<Core>(options, std::move(db), std::move(packs), skip_hashing);
   RETURN_IF_ERROR(core->LoadAuditLog());
   RETURN_IF_ERROR(core->LoadHistory());
+  // A store that cannot write now (a full disk) still opens: the records stay PENDING until an
+  // open that can.
+  if (absl::Status reconciled = core->ReconcilePendingAudit(); !reconciled.ok()) {
+    std::fprintf(stderr, "ckpt store: audit records left PENDING stay so for now: %s\n",
+                 reconciled.ToString().c_str());
+  }
   return std::unique_ptr<RocksDbCheckpointStore>(new RocksDbCheckpointStore(std::move(core)));
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -171,8 +172,74 @@ TEST_F(RocksDbAuditTest, RecordsAndSequenceNumbersSurviveReopening) {
   EXPECT_EQ(records[0].outcome(), v1::AuditRecord::OK);
   EXPECT_EQ(records[0].detail(), "committed m@1");
   EXPECT_EQ(records[1].identity(), "bob");
-  EXPECT_EQ(records[1].outcome(), v1::AuditRecord::PENDING);  // the process stopped during it
+  // The process stopped during it, and the history holds no deletion by bob: reconciled at the
+  // reopening as not applied (never left "outcome unknown").
+  EXPECT_EQ(records[1].outcome(), v1::AuditRecord::FAILED);
+  EXPECT_EQ(records[1].error_code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_THAT(records[1].error_message(), ::testing::HasSubstr("not applied"));
   EXPECT_EQ(records[2].identity(), "carol");
+  EXPECT_EQ(records[2].outcome(), v1::AuditRecord::PENDING);  // in progress now
+}
+
+// Calls whose outcome was never written (the process stopped, or a full disk refused the
+// finishing write) get it at the next open from the registry history: a change that is there was
+// applied, one that is not was not. The check of a refused `ckpt rm` on a full disk is the
+// delete_version case below (refused, so no VERSION_DELETED event).
+TEST_F(RocksDbAuditTest, PendingRecordsAreReconciledAtOpenAgainstTheHistory) {
+  const ChangeAttribution alice{"alice", ""};
+  CommitOptions by_alice;
+  by_alice.attribution = alice;
+  ASSERT_OK(store_->BeginAudit(Record("alice", kAuditCommit, "m")).status());
+  CheckpointContents contents;
+  ASSERT_OK(contents.model.Insert("w", at::ones({4})));
+  ASSERT_OK(store_->CommitCheckpoint("m", contents, by_alice).status());
+  v1::AuditRecord moved = Record("alice", kAuditSetAlias, "m");
+  moved.set_alias("best");
+  moved.set_version(1);
+  ASSERT_OK(store_->BeginAudit(moved).status());
+  ASSERT_OK(store_->SetAlias("m", "best", 1, 0, alice).status());
+  // Refused (the alias points at it), as `ckpt rm` without --force is.
+  v1::AuditRecord removed = Record("alice", kAuditDeleteVersion, "m");
+  removed.set_version(1);
+  ASSERT_OK(store_->BeginAudit(removed).status());
+  EXPECT_THAT(store_->DeleteVersion("m", 1, /*force=*/false, alice),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // The same alias move by someone else is not alice's.
+  v1::AuditRecord bobs = Record("bob", kAuditSetAlias, "m");
+  bobs.set_alias("best");
+  bobs.set_version(1);
+  ASSERT_OK(store_->BeginAudit(bobs).status());
+  ASSERT_OK(store_->BeginAudit(Record("alice", kAuditGarbageCollect, "")).status());
+
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::AuditRecord> records, store_->ListAudit({}));
+  ASSERT_EQ(records.size(), 5u);
+  EXPECT_EQ(records[0].outcome(), v1::AuditRecord::OK);
+  EXPECT_EQ(records[0].version(), 1);
+  EXPECT_THAT(records[0].detail(), ::testing::HasSubstr("applied (the store stopped"));
+  EXPECT_THAT(records[0].detail(), ::testing::HasSubstr("reconciled at open with history event #"));
+  EXPECT_EQ(records[1].outcome(), v1::AuditRecord::OK);
+  for (int i : {2, 3}) {
+    SCOPED_TRACE(records[i].ShortDebugString());
+    EXPECT_EQ(records[i].outcome(), v1::AuditRecord::FAILED);
+    EXPECT_EQ(records[i].error_code(), static_cast<int>(absl::StatusCode::kAborted));
+    EXPECT_THAT(records[i].error_message(),
+                ::testing::HasSubstr("not applied: the store stopped, or could not record the "
+                                     "outcome, before the call finished; reconciled at open"));
+  }
+  EXPECT_EQ(records[4].outcome(), v1::AuditRecord::FAILED);
+  EXPECT_THAT(records[4].error_message(), ::testing::HasSubstr("interrupted"));
+
+  // Reconciled once: a later open changes nothing, and new calls are theirs to finish.
+  ASSERT_OK_AND_ASSIGN(const int64_t next, store_->BeginAudit(Record("carol", kAuditCommit, "m")));
+  ASSERT_OK(store_->FinishAudit(next, absl::OkStatus(), "", 0));
+  Reopen();
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::AuditRecord> again, store_->ListAudit({}));
+  ASSERT_EQ(again.size(), 6u);
+  for (size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(again[i].SerializeAsString(), records[i].SerializeAsString()) << i;
+  }
+  EXPECT_EQ(again[5].outcome(), v1::AuditRecord::OK);
 }
 
 TEST_F(RocksDbAuditTest, StoreFromBeforeTheAuditLogOpensWithAnEmptyOne) {

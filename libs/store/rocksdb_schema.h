@@ -82,6 +82,10 @@ inline constexpr absl::string_view kSchemaVersionInlineChunks = "1";
 // The number of the last acknowledged write, kept in the default column family by every
 // acknowledged write's own batch (StoreDb::WriteAcknowledged). Absent in stores from before it.
 inline constexpr absl::string_view kAcknowledgedWriteKey = "acknowledged_write";
+// Every audit record up to this sequence (8 bytes, big-endian) is finished: Open's reconciliation
+// of PENDING records (rocksdb_checkpoint_store_audit.cc) starts after it. Written unsynced: a
+// lost update only means scanning again.
+inline constexpr absl::string_view kAuditReconciledThroughKey = "audit_reconciled_through";
 // The file beside the database that remembers the same number outside RocksDB.
 inline constexpr absl::string_view kAcknowledgedMarkerFile = "CKPT-ACKNOWLEDGED";
 

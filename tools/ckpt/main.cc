@@ -693,7 +693,8 @@ std::string AuditOutcome(const v1::AuditRecord& record) {
           "FAILED ", absl::StatusCodeToString(static_cast<absl::StatusCode>(record.error_code())),
           ": ", record.error_message());
     case v1::AuditRecord::PENDING:
-      return "outcome unknown (in progress when read, or the server stopped during the call)";
+      return "outcome unknown (in progress when read; the store's next open settles it if the "
+             "call never finished)";
     default:
       return "outcome unrecorded";
   }

@@ -835,6 +835,12 @@ class RocksDbCheckpointStore::Core {
   };
   AuditLog& audit_log() { return audit_log_; }
 
+  // Called once by Open, after LoadAuditLog and LoadHistory (rocksdb_checkpoint_store_audit.cc):
+  // no call is in progress yet, so a PENDING record belongs to a call during which the store
+  // stopped, or whose outcome could not be written (a full disk). Each gets an outcome from the
+  // registry history, which every change appends to in the change's own batch.
+  absl::Status ReconcilePendingAudit();
+
   // Called once by Open: sequence numbers continue after the newest record on disk, so a number
   // is never reused across restarts (or after a crash).
   absl::Status LoadAuditLog() {
