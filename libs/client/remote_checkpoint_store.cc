@@ -132,18 +132,9 @@ class RemoteUploadSession final : public UploadSession {
 
   absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
     RETURN_IF_ERROR(CheckUsable());
-    if (tensor_index < 0 || tensor_index >= tensor_count()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor index ", tensor_index,
-                                                          " is out of range: the upload has ",
-                                                          tensor_count(), " tensors")));
-    }
-    const v1::TensorMeta& meta = TensorAt(header_, tensor_index);
+    ASSIGN_OR_RETURN(const v1::TensorMeta* next, NextPieceOf(tensor_index, offset));
+    const v1::TensorMeta& meta = *next;
     int64_t& received = received_[tensor_index];
-    if (offset != received) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", meta.key(), "' (index ", tensor_index, "): data at offset ", offset,
-          ", expected offset ", received, " (a tensor's bytes must arrive in order)")));
-    }
     const int64_t size = static_cast<int64_t>(bytes.size());
     if (size > meta.byte_length() - received) {
       return Fail(absl::InvalidArgumentError(
@@ -168,19 +159,10 @@ class RemoteUploadSession final : public UploadSession {
   absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
                               int64_t length) override {
     RETURN_IF_ERROR(CheckUsable());
-    if (tensor_index < 0 || tensor_index >= tensor_count()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor index ", tensor_index,
-                                                          " is out of range: the upload has ",
-                                                          tensor_count(), " tensors")));
-    }
-    const v1::TensorMeta& meta = TensorAt(header_, tensor_index);
+    ASSIGN_OR_RETURN(const v1::TensorMeta* next, NextPieceOf(tensor_index, offset));
+    const v1::TensorMeta& meta = *next;
     int64_t& received = received_[tensor_index];
     const std::string name = absl::StrCat("tensor '", meta.key(), "' (index ", tensor_index, ")");
-    if (offset != received) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat(name, ": data at offset ", offset, ", expected offset ", received,
-                       " (a tensor's bytes must arrive in order)")));
-    }
     absl::Status placed = CheckStoredChunkPlace(meta, name, offset, sha256, length);
     if (!placed.ok()) return Fail(placed);
     request_.Clear();
@@ -259,6 +241,24 @@ class RemoteUploadSession final : public UploadSession {
                                               " ended the upload early without an error"));
     }
     return connection_->FromCall(status);
+  }
+
+  // The tensor `tensor_index` names, when `offset` is where its bytes have got to; otherwise the
+  // session fails with INVALID_ARGUMENT, as the server would refuse the piece.
+  absl::StatusOr<const v1::TensorMeta*> NextPieceOf(int tensor_index, int64_t offset) {
+    if (tensor_index < 0 || tensor_index >= tensor_count()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("tensor index ", tensor_index,
+                                                          " is out of range: the upload has ",
+                                                          tensor_count(), " tensors")));
+    }
+    const v1::TensorMeta& meta = TensorAt(header_, tensor_index);
+    if (offset != received_[tensor_index]) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("tensor '", meta.key(), "' (index ", tensor_index, "): data at offset ",
+                       offset, ", expected offset ", received_[tensor_index],
+                       " (a tensor's bytes must arrive in order)")));
+    }
+    return &meta;
   }
 
   absl::Status CheckUsable() const {

@@ -45,6 +45,17 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
+// The write-ahead logs of the store at `path` that hold records (*.log, not empty).
+std::vector<fs::path> LiveLogs(const std::string& path) {
+  std::vector<fs::path> logs;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path)) {
+    if (entry.path().extension() == ".log" && fs::file_size(entry.path()) > 0) {
+      logs.push_back(entry.path());
+    }
+  }
+  return logs;
+}
+
 // Flushes every column family into SST files; returns the newest SST of the `versions` column
 // family (the one holding the manifests committed since the previous flush).
 std::string FlushAll(const std::string& path) {
@@ -301,12 +312,7 @@ TEST_F(RepairTest, WriteAheadLogThatLostAcknowledgedCommitsIsRefusedThenRepaired
     Commit(1, 2);
     FlushAll(path_);
     Commit(3, 3);
-    std::vector<fs::path> logs;
-    for (const fs::directory_entry& entry : fs::directory_iterator(path_)) {
-      if (entry.path().extension() == ".log" && fs::file_size(entry.path()) > 0) {
-        logs.push_back(entry.path());
-      }
-    }
+    const std::vector<fs::path> logs = LiveLogs(path_);
     ASSERT_EQ(logs.size(), 1u) << "version 3 should be in one live WAL";
     if (delete_log) {
       ASSERT_TRUE(fs::remove(logs[0]));
@@ -399,12 +405,7 @@ TEST_F(RepairTest, LostWritesAreStillReportedWhenTheMarkerIsDamagedToo) {
   Commit(1, 2);
   FlushAll(path_);
   Commit(3, 3);
-  std::vector<fs::path> logs;
-  for (const fs::directory_entry& entry : fs::directory_iterator(path_)) {
-    if (entry.path().extension() == ".log" && fs::file_size(entry.path()) > 0) {
-      logs.push_back(entry.path());
-    }
-  }
+  const std::vector<fs::path> logs = LiveLogs(path_);
   ASSERT_EQ(logs.size(), 1u);
   fs::resize_file(logs[0], 0);
   const std::string marker = path_ + "/" + std::string(kAcknowledgedMarkerFile);
