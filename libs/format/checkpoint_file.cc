@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -18,8 +20,19 @@
 namespace ckpt {
 namespace {
 
-// This host's physical memory in bytes; 0 when the system does not say.
-uint64_t PhysicalMemoryBytes() {
+// This host's available memory in bytes (MemAvailable in /proc/meminfo; the physical memory where
+// that is missing); 0 when the system does not say.
+uint64_t AvailableMemoryBytes() {
+  if (FILE* meminfo = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof(line), meminfo) != nullptr) {
+      found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    }
+    std::fclose(meminfo);
+    if (found) return static_cast<uint64_t>(kib) * 1024;
+  }
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page_size = ::sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
@@ -27,32 +40,50 @@ uint64_t PhysicalMemoryBytes() {
 
 // The reader keeps a view as the file describes it (storage, size, stride), so reading costs
 // only the stored bytes; convert and import then materialize every element. Refuses, before
-// that, a tensor that would take more than `max_tensor_bytes` and more than it stores.
-absl::Status CheckClaimedSizes(const std::string& path, const Value& root,
-                               int64_t max_tensor_bytes) {
-  if (max_tensor_bytes < 0) return absl::OkStatus();
-  const uint64_t budget =
-      max_tensor_bytes > 0 ? static_cast<uint64_t>(max_tensor_bytes) : PhysicalMemoryBytes();
+// that, a file whose tensors would together take more than `max_expanded_bytes` beyond what the
+// file stores for them: a broadcast (stride-0) or overlapping view claims memory (and output
+// bytes) the file does not hold, so eight views of 4 bytes each can claim 30 GiB. Each such
+// tensor counts its materialized bytes less its storage's; tensors no larger than their storage
+// count nothing, so an ordinary checkpoint of any size is never refused.
+absl::Status CheckExpansion(const std::string& path, const Value& root,
+                            int64_t max_expanded_bytes) {
+  if (max_expanded_bytes < 0) return absl::OkStatus();
+  const uint64_t budget = max_expanded_bytes > 0 ? static_cast<uint64_t>(max_expanded_bytes)
+                                                 : AvailableMemoryBytes() / kDefaultExpansionShare;
   if (budget == 0) return absl::OkStatus();
-  absl::Status status;
+  uint64_t expansion = 0;
+  int views = 0;
+  std::string largest;
+  uint64_t largest_expansion = 0;
   root.ForEachTensor([&](const std::string& key, const at::Tensor& tensor) {
-    if (!status.ok()) return;
     // The reader checked that size and stride stay inside the storage, so numel * element size
     // fits in 64 bits (a view of n elements spans at most 2^63 of them).
     const uint64_t claimed =
         static_cast<uint64_t>(tensor.numel()) * static_cast<uint64_t>(tensor.element_size());
     const uint64_t stored = tensor.storage().nbytes();
-    if (claimed <= stored || claimed <= budget) return;
-    status = absl::ResourceExhaustedError(absl::StrCat(
-        path, ": tensor '", key, "' of shape [", absl::StrJoin(tensor.sizes(), ", "),
-        "] and stride [", absl::StrJoin(tensor.strides(), ", "), "] views ", stored,
-        " stored bytes but would take ", claimed,
-        " bytes once materialized, more than the memory budget of ", budget, " bytes",
-        max_tensor_bytes > 0 ? "" : " (this host's physical memory)",
-        "; refused before allocating it. Raise the budget (ckpt --max-tensor-bytes, "
-        "ReadCheckpointOptions.max_tensor_bytes) only if the machine has that memory"));
+    if (claimed <= stored) return;
+    const uint64_t extra = claimed - stored;
+    ++views;
+    expansion = expansion > UINT64_MAX - extra ? UINT64_MAX : expansion + extra;
+    if (extra > largest_expansion) {
+      largest_expansion = extra;
+      largest = absl::StrCat("'", key, "' of shape [", absl::StrJoin(tensor.sizes(), ", "),
+                             "] and stride [", absl::StrJoin(tensor.strides(), ", "), "] views ",
+                             stored, " stored bytes but would take ", claimed);
+    }
   });
-  return status;
+  if (expansion <= budget) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      path, ": its tensors would take ", expansion,
+      " bytes more once materialized than the file "
+      "stores for them (",
+      views, views == 1 ? " view" : " views", " wider than its storage; the widest, ", largest,
+      " bytes), more than the expansion budget "
+      "of ",
+      budget, " bytes", max_expanded_bytes > 0 ? "" : " (1/8 of this host's available memory)",
+      "; refused before allocating or writing anything. Raise the budget (ckpt "
+      "--max-expanded-bytes, ReadCheckpointOptions.max_expanded_bytes) only if the machine has "
+      "that memory and the destination that disk; `ckpt inspect` shows the file"));
 }
 
 // The root's entry at `path` ("a/b"), or NOT_FOUND listing what exists where the walk stopped.
@@ -191,7 +222,7 @@ absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
     file.root = std::move(torch.root);
     file.warnings = std::move(torch.warnings);
     // safetensors has no strides: each of its tensors is exactly the bytes the file stores.
-    RETURN_IF_ERROR(CheckClaimedSizes(path, file.root, options.max_tensor_bytes));
+    RETURN_IF_ERROR(CheckExpansion(path, file.root, options.max_expanded_bytes));
   }
   return WithBundle(std::move(file), options);
 }

@@ -33,17 +33,22 @@ absl::string_view CheckpointFormatName(CheckpointFormat format);
 // only inside the zip). INVALID_ARGUMENT naming the file when it is none of them.
 absl::StatusOr<CheckpointFormat> DetectCheckpointFormat(const ByteSource& source);
 
+// ReadCheckpointOptions::max_expanded_bytes's default is this share of the available memory: a
+// workstation survives it, and the expanded bytes also go to the destination's disk.
+inline constexpr uint64_t kDefaultExpansionShare = 8;
+
 struct ReadCheckpointOptions {
   // Where the model state dict is, as dict keys joined by '/' ("model", "ckpt/state_dict").
   // Empty: found automatically (ExtractCheckpointBundle).
   std::string model_key;
-  // The most bytes one tensor may take once materialized (made contiguous, as convert and import
-  // do) when that is more than the bytes the file stores for it: a broadcast (stride-0) or other
-  // overlapping view claims memory the file does not hold, and one of a few hundred bytes can
-  // claim terabytes. Such a tensor is refused with RESOURCE_EXHAUSTED before anything allocates
-  // it. 0: this host's physical memory; negative: no limit (for callers that never materialize,
-  // like inspect). Tensors no larger than their stored bytes are never refused.
-  int64_t max_tensor_bytes = 0;
+  // The most bytes the file's tensors may take, together, once materialized (made contiguous, as
+  // convert and import do) beyond the bytes the file stores for them: a broadcast (stride-0) or
+  // other overlapping view claims memory and output the file does not hold, and a few hundred
+  // bytes can claim terabytes. Each tensor wider than its storage counts the difference; a file
+  // over the budget is refused with RESOURCE_EXHAUSTED before anything allocates or writes. 0:
+  // 1/kDefaultExpansionShare of this host's available memory; negative: no limit (for callers
+  // that never materialize, like inspect). Tensors no larger than their storage count nothing.
+  int64_t max_expanded_bytes = 0;
 };
 
 struct CheckpointFile {
@@ -62,7 +67,7 @@ struct CheckpointFile {
 // two shards, a weight_map naming a tensor its shard lacks).
 // Errors as the format's reader returns them, plus NOT_FOUND when `options.model_key` names
 // nothing (listing the keys that exist), INVALID_ARGUMENT when it names no state dict, and
-// RESOURCE_EXHAUSTED naming a tensor over `options.max_tensor_bytes`.
+// RESOURCE_EXHAUSTED when the tensors expand past `options.max_expanded_bytes`, naming the widest.
 absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
                                                   const ReadCheckpointOptions& options = {});
 

@@ -52,7 +52,7 @@ absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std
   ASSIGN_OR_RETURN(report.format, ResolveFormat(options.format, out));
   ReadCheckpointOptions read_options;
   read_options.model_key = options.model_key;
-  read_options.max_tensor_bytes = options.max_tensor_bytes;
+  read_options.max_expanded_bytes = options.max_expanded_bytes;
   ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile(in, read_options));
   report.warnings = file.warnings;
   // (A model named by model_key has no layout: it is written alone.)

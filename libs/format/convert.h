@@ -33,8 +33,8 @@ struct ConvertOptions {
   std::string model_key;
   // Write the model's state dict alone, even when IN is a bundle.
   bool model_only = false;
-  // See ReadCheckpointOptions::max_tensor_bytes (0: this host's physical memory).
-  int64_t max_tensor_bytes = 0;
+  // See ReadCheckpointOptions::max_expanded_bytes (0: 1/8 of this host's available memory).
+  int64_t max_expanded_bytes = 0;
 };
 
 struct ConvertReport {

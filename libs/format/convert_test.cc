@@ -3,9 +3,11 @@
 
 #include "libs/format/convert.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "ATen/ATen.h"
 #include "gmock/gmock.h"
@@ -38,23 +40,80 @@ class ConvertTest : public ::testing::Test {
 // materializes it, naming the tensor, its claimed size and the budget. Within the budget it reads.
 TEST_F(ConvertTest, RefusesATensorWhoseClaimedShapeExceedsTheMemoryBudget) {
   const std::string in = Dir() + "/expanded.pt";
-  const auto refused = StatusIs(
-      absl::StatusCode::kResourceExhausted,
-      ::testing::AllOf(HasSubstr("expanded.pt"), HasSubstr("'w'"), HasSubstr("[1000000000000]"),
-                       HasSubstr("4000000000000 bytes"), HasSubstr("max_tensor_bytes")));
+  const auto refused =
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               ::testing::AllOf(
+                   HasSubstr("expanded.pt"), HasSubstr("'w'"), HasSubstr("[1000000000000]"),
+                   HasSubstr("would take 4000000000000 bytes"), HasSubstr("max_expanded_bytes")));
   EXPECT_THAT(ReadCheckpointFile(in), refused);  // the default: this host's physical memory.
   EXPECT_THAT(ConvertCheckpoint(in, Dir() + "/expanded.safetensors", {}), refused);
   EXPECT_EQ(std::fopen((Dir() + "/expanded.safetensors").c_str(), "rb"), nullptr);
 
   ReadCheckpointOptions small;
-  small.max_tensor_bytes = 1 << 20;
+  small.max_expanded_bytes = 1 << 20;
   EXPECT_THAT(ReadCheckpointFile(Dir() + "/expanded_small.pt", small),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("4000000 bytes")));
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("would take 4000000")));
   ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/expanded_small.pt"));
   const at::Tensor* w = file.bundle.model.Find("w");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->numel(), 1000000);
   EXPECT_EQ(w->contiguous().sum().item<float>(), 1e6f);
+}
+
+// This process's resident set (VmRSS) and its peak since the last reset (VmHWM), in bytes.
+std::pair<int64_t, int64_t> ResidentAndPeak() {
+  int64_t rss = 0, peak = 0;
+  if (FILE* status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long long kib = 0;
+    while (std::fgets(line, sizeof(line), status) != nullptr) {
+      if (std::sscanf(line, "VmRSS: %lld kB", &kib) == 1) rss = kib * 1024;
+      if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) peak = kib * 1024;
+    }
+    std::fclose(status);
+  }
+  return {rss, peak};
+}
+
+// What a hostile rerun got through the per-tensor budget (#38): files of a few KB whose views
+// expand to gigabytes, together or one at a time. The whole file's expansion is refused before
+// anything is allocated or written: no output file, and the peak resident set grows by less
+// than 100 MB.
+TEST_F(ConvertTest, RefusesTinyFilesThatExpandToGigabytesBeforeAllocatingOrWriting) {
+  struct Hostile {
+    std::string name;
+    int64_t budget;  // 0: the default, 1/8 of the available memory
+    std::string expansion;
+  };
+  // The as_strided file expands by 3.7 GiB, which the default refuses on a machine with less
+  // than ~30 GiB available (this one: 24 GiB in all); it is checked at 1 GiB everywhere.
+  for (const Hostile& hostile : {Hostile{"hostile_eight_broadcasts", 0, "31999999968 bytes more"},
+                                 Hostile{"hostile_as_strided", int64_t{1} << 30, "3999999960"},
+                                 Hostile{"hostile_one_broadcast", 0, "23999999996 bytes more"}}) {
+    SCOPED_TRACE(hostile.name);
+    const std::string in = Dir() + "/" + hostile.name + ".pt";
+    const std::string out = Dir() + "/" + hostile.name + ".safetensors";
+    {
+      std::FILE* reset = std::fopen("/proc/self/clear_refs", "w");
+      ASSERT_NE(reset, nullptr);
+      std::fputs("5", reset);  // VmHWM := VmRSS
+      std::fclose(reset);
+    }
+    const int64_t before = ResidentAndPeak().first;
+    ConvertOptions options;
+    options.max_expanded_bytes = hostile.budget;
+    EXPECT_THAT(
+        ConvertCheckpoint(in, out, options),
+        StatusIs(absl::StatusCode::kResourceExhausted,
+                 ::testing::AllOf(HasSubstr(hostile.expansion), HasSubstr("expansion budget"),
+                                  HasSubstr("refused before allocating or writing"))));
+    EXPECT_EQ(std::fopen(out.c_str(), "rb"), nullptr);
+    EXPECT_LT(ResidentAndPeak().second - before, int64_t{100} << 20);
+    // inspect still reads it: it never materializes.
+    ReadCheckpointOptions unlimited;
+    unlimited.max_expanded_bytes = -1;
+    EXPECT_OK(ReadCheckpointFile(in, unlimited).status());
+  }
 }
 
 TEST_F(ConvertTest, ReadsADdpCheckpointSavedOnCuda1OnThisCpuMachine) {

@@ -15,7 +15,7 @@ absl::StatusOr<ImportResult> ImportCheckpointFile(CheckpointStore& store, const 
                                                   const ImportOptions& options) {
   ReadCheckpointOptions read_options;
   read_options.model_key = options.model_key;
-  read_options.max_tensor_bytes = options.max_tensor_bytes;
+  read_options.max_expanded_bytes = options.max_expanded_bytes;
   ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile(path, read_options));
 
   ImportResult result;

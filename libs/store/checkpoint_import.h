@@ -24,8 +24,8 @@ struct ImportOptions {
   std::string strip_prefix = "auto";
   // Where the model state dict is in the file ("model"); empty: found automatically.
   std::string model_key;
-  // See ReadCheckpointOptions::max_tensor_bytes (0: this host's physical memory).
-  int64_t max_tensor_bytes = 0;
+  // See ReadCheckpointOptions::max_expanded_bytes (0: 1/8 of this host's available memory).
+  int64_t max_expanded_bytes = 0;
   // Aliases moved to the new version in the same commit.
   std::vector<std::string> aliases;
   std::string description;

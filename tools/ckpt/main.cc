@@ -118,9 +118,10 @@ const std::vector<cli::CommandSpec>& Commands() {
          "auto strips wrapper prefixes (module., _orig_mod., FSDP, checkpointing)", "auto"},
         {"add-prefix", "PREFIX", "prefix added to every key after stripping, e.g. module.", ""},
         {"key", "PATH", "where the model state dict is, e.g. model", "auto"},
-        {"max-tensor-bytes", "BYTES",
-         "refuse a tensor that would take more than this once materialized but stores less (a "
-         "broadcast view claiming memory the file does not hold); 0: this host's physical memory",
+        {"max-expanded-bytes", "BYTES",
+         "refuse a file whose tensors would together take this many bytes more once materialized "
+         "than the file stores (broadcast or overlapping views claiming memory and output it does "
+         "not hold); 0: 1/8 of this host's available memory",
          "0"}}},
       {"import", "FILE",
        "Store FILE (torch .pt zip or legacy, whole pickled model, bundle, safetensors, or Hugging "
@@ -131,10 +132,10 @@ const std::vector<cli::CommandSpec>& Commands() {
              {"alias", "A[,B]", "aliases to point at the new version", ""},
              {"strip-prefix", "auto|none|PREFIX", "wrapper prefixes to strip (recorded)", "auto"},
              {"key", "PATH", "where the model state dict is in FILE", "auto"},
-             {"max-tensor-bytes", "BYTES",
-              "refuse a tensor that would take more than this once materialized but stores less (a "
-              "broadcast view claiming memory the file does not hold); 0: this host's physical "
-              "memory",
+             {"max-expanded-bytes", "BYTES",
+              "refuse a file whose tensors would together take this many bytes more once "
+              "materialized than the file stores (broadcast or overlapping views); 0: 1/8 of this "
+              "host's available memory",
               "0"},
              {"description", "TEXT", "free text stored with the version", ""}},
             ImportRecordOptions())},
@@ -305,13 +306,13 @@ std::string TimeText(int64_t unix_micros) {
                           absl::LocalTimeZone());
 }
 
-// --max-tensor-bytes of convert / import: 0 (the default) leaves the reader's default.
-absl::StatusOr<int64_t> MaxTensorBytes(const cli::ParsedCommandLine& line) {
-  if (!line.Has("max-tensor-bytes")) return 0;
-  ASSIGN_OR_RETURN(const int64_t bytes, line.GetInt("max-tensor-bytes"));
+// --max-expanded-bytes of convert / import: 0 (the default) leaves the reader's default.
+absl::StatusOr<int64_t> MaxExpandedBytes(const cli::ParsedCommandLine& line) {
+  if (!line.Has("max-expanded-bytes")) return 0;
+  ASSIGN_OR_RETURN(const int64_t bytes, line.GetInt("max-expanded-bytes"));
   if (bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max-tensor-bytes must be >= 0 (0: this host's physical memory), got ", bytes));
+        "--max-expanded-bytes must be >= 0 (0: 1/8 of this host's available memory), got ", bytes));
   }
   return bytes;
 }
@@ -326,7 +327,7 @@ absl::Status RunImport(const cli::ParsedCommandLine& line) {
   ImportOptions options;
   options.strip_prefix = line.Get("strip-prefix");
   options.model_key = line.Has("key") ? line.Get("key") : "";
-  ASSIGN_OR_RETURN(options.max_tensor_bytes, MaxTensorBytes(line));
+  ASSIGN_OR_RETURN(options.max_expanded_bytes, MaxExpandedBytes(line));
   options.description = line.Get("description");
   if (line.Has("alias")) {
     options.aliases = absl::StrSplit(line.Get("alias"), ',', absl::SkipEmpty());
@@ -755,7 +756,7 @@ void PrintLeftOut(const std::vector<std::string>& left_out) {
 absl::Status RunInspect(const cli::ParsedCommandLine& line) {
   ReadCheckpointOptions options;
   options.model_key = ModelKey(line);
-  options.max_tensor_bytes = -1;  // inspect reports shapes; it never materializes a tensor.
+  options.max_expanded_bytes = -1;  // inspect reports shapes; it never materializes a tensor.
   absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(line.arguments()[0], options);
   if (!file.ok()) return file.status();
   const nlohmann::ordered_json report = InspectCheckpoint(*file);
@@ -770,7 +771,7 @@ absl::Status RunConvert(const cli::ParsedCommandLine& line) {
   options.add_prefix = line.Get("add-prefix");
   options.model_key = ModelKey(line);
   options.model_only = line.Has("model-only");
-  ASSIGN_OR_RETURN(options.max_tensor_bytes, MaxTensorBytes(line));
+  ASSIGN_OR_RETURN(options.max_expanded_bytes, MaxExpandedBytes(line));
   const std::string& in = line.arguments()[0];
   const std::string& out = line.arguments()[1];
   absl::StatusOr<ConvertReport> report = ConvertCheckpoint(in, out, options);

@@ -105,6 +105,13 @@ def make(d):
     # and a modest broadcast (4 MB) that fits any budget.
     torch.save({"w": torch.zeros(1).expand(10**12), "b": torch.ones(2)}, f"{d}/expanded.pt")
     torch.save({"w": torch.ones(1).expand(10**6)}, f"{d}/expanded_small.pt")
+    # What a hostile rerun got through a per-tensor budget (#38): eight 4 GB broadcasts of one
+    # element each (2.5 KB on disk, 29.8 GiB materialized), a 3.7 GiB overlapping as_strided view
+    # of ten zeros, and one 24 GB broadcast just under this machine's physical memory.
+    torch.save({f"w{i}": torch.full((1,), float(i)).expand(10**9) for i in range(8)},
+               f"{d}/hostile_eight_broadcasts.pt")
+    torch.save({"w": torch.zeros(10).as_strided((10**9,), (0,))}, f"{d}/hostile_as_strided.pt")
+    torch.save({"w": torch.zeros(1).expand(6 * 10**9)}, f"{d}/hostile_one_broadcast.pt")
 
 
 def check(state, d):
