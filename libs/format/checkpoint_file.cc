@@ -51,27 +51,10 @@ absl::Status CheckExpansion(const std::string& path, const Value& root,
   const uint64_t budget = max_expanded_bytes > 0 ? static_cast<uint64_t>(max_expanded_bytes)
                                                  : AvailableMemoryBytes() / kDefaultExpansionShare;
   if (budget == 0) return absl::OkStatus();
-  uint64_t expansion = 0;
-  int views = 0;
-  std::string largest;
-  uint64_t largest_expansion = 0;
-  root.ForEachTensor([&](const std::string& key, const at::Tensor& tensor) {
-    // The reader checked that size and stride stay inside the storage, so numel * element size
-    // fits in 64 bits (a view of n elements spans at most 2^63 of them).
-    const uint64_t claimed =
-        static_cast<uint64_t>(tensor.numel()) * static_cast<uint64_t>(tensor.element_size());
-    const uint64_t stored = tensor.storage().nbytes();
-    if (claimed <= stored) return;
-    const uint64_t extra = claimed - stored;
-    ++views;
-    expansion = expansion > UINT64_MAX - extra ? UINT64_MAX : expansion + extra;
-    if (extra > largest_expansion) {
-      largest_expansion = extra;
-      largest = absl::StrCat("'", key, "' of shape [", absl::StrJoin(tensor.sizes(), ", "),
-                             "] and stride [", absl::StrJoin(tensor.strides(), ", "), "] views ",
-                             stored, " stored bytes but would take ", claimed);
-    }
-  });
+  const Expansion measured = MeasureExpansion(root);
+  const uint64_t expansion = measured.bytes;
+  const int views = measured.views;
+  const std::string& largest = measured.widest;
   if (expansion <= budget) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       path, ": its tensors would take ", expansion,
@@ -151,6 +134,29 @@ absl::StatusOr<CheckpointFile> WithBundle(CheckpointFile file,
 }
 
 }  // namespace
+
+Expansion MeasureExpansion(const Value& root) {
+  Expansion expansion;
+  uint64_t widest = 0;
+  root.ForEachTensor([&](const std::string& key, const at::Tensor& tensor) {
+    // The reader checked that size and stride stay inside the storage, so numel * element size
+    // fits in 64 bits (a view of n elements spans at most 2^63 of them).
+    const uint64_t claimed =
+        static_cast<uint64_t>(tensor.numel()) * static_cast<uint64_t>(tensor.element_size());
+    const uint64_t stored = tensor.storage().nbytes();
+    if (claimed <= stored) return;
+    const uint64_t extra = claimed - stored;
+    ++expansion.views;
+    expansion.bytes = expansion.bytes > UINT64_MAX - extra ? UINT64_MAX : expansion.bytes + extra;
+    if (extra > widest) {
+      widest = extra;
+      expansion.widest = absl::StrCat("'", key, "' of shape [", absl::StrJoin(tensor.sizes(), ", "),
+                                      "] and stride [", absl::StrJoin(tensor.strides(), ", "),
+                                      "] views ", stored, " stored bytes but would take ", claimed);
+    }
+  });
+  return expansion;
+}
 
 absl::string_view CheckpointFormatName(CheckpointFormat format) {
   switch (format) {

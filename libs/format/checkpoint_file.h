@@ -51,6 +51,16 @@ struct ReadCheckpointOptions {
   int64_t max_expanded_bytes = 0;
 };
 
+// What the tensors of a file would take once materialized beyond the bytes it stores for them:
+// each tensor wider than its storage (a broadcast or overlapping view) counts the difference.
+struct Expansion {
+  int views = 0;       // tensors wider than their storage.
+  uint64_t bytes = 0;  // the differences, summed (saturating at UINT64_MAX).
+  // The widest: "'KEY' of shape [...] and stride [...] views S stored bytes but would take C".
+  std::string widest;
+};
+Expansion MeasureExpansion(const Value& root);
+
 struct CheckpointFile {
   std::string path;
   CheckpointFormat format = CheckpointFormat::kTorchZip;

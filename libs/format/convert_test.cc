@@ -109,10 +109,14 @@ TEST_F(ConvertTest, RefusesTinyFilesThatExpandToGigabytesBeforeAllocatingOrWriti
                                   HasSubstr("refused before allocating or writing"))));
     EXPECT_EQ(std::fopen(out.c_str(), "rb"), nullptr);
     EXPECT_LT(ResidentAndPeak().second - before, int64_t{100} << 20);
-    // inspect still reads it: it never materializes.
+    // inspect still reads it (it never materializes) and says what it would expand to.
     ReadCheckpointOptions unlimited;
     unlimited.max_expanded_bytes = -1;
-    EXPECT_OK(ReadCheckpointFile(in, unlimited).status());
+    ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(in, unlimited));
+    const nlohmann::ordered_json report = InspectCheckpoint(file);
+    EXPECT_THAT(report["expansion"]["bytes"].dump(), HasSubstr(hostile.expansion.substr(0, 9)));
+    EXPECT_THAT(RenderInspectText(report),
+                ::testing::AllOf(HasSubstr("expands: "), HasSubstr("wider than their storage")));
   }
 }
 

@@ -184,6 +184,12 @@ Json InspectCheckpoint(const CheckpointFile& file) {
   report["other_entries"] = std::move(extra);
   report["metadata"] = file.metadata;
   report["warnings"] = file.warnings;
+  const Expansion expansion = MeasureExpansion(file.root);
+  Json expansion_report;
+  expansion_report["views"] = expansion.views;
+  expansion_report["bytes"] = expansion.bytes;
+  expansion_report["widest"] = expansion.widest;
+  report["expansion"] = std::move(expansion_report);
   return report;
 }
 
@@ -191,6 +197,14 @@ std::string RenderInspectText(const Json& report) {
   std::string out =
       absl::StrCat(report["file"].get<std::string>(), ": ", report["format"].get<std::string>(),
                    ", ", HumanBytes(report["file_bytes"].get<uint64_t>()), "\n");
+  if (const Json& expansion = report["expansion"]; expansion["views"].get<int>() > 0) {
+    absl::StrAppend(&out, "expands: ", expansion["views"].get<int>(),
+                    " tensors wider than their storage would take ",
+                    HumanBytes(expansion["bytes"].get<uint64_t>()),
+                    " more once materialized (convert and import refuse more than "
+                    "--max-expanded-bytes); the widest, ",
+                    expansion["widest"].get<std::string>(), " bytes\n");
+  }
   const Json& model = report["model"];
   std::vector<std::string> devices;
   for (const auto& [device, count] : model["original_devices"].items()) {
