@@ -20,6 +20,7 @@
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/chunk_layout.h"
 #include "libs/store/version_ref.h"
 #include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
 
@@ -351,20 +352,7 @@ class DownloadStream {
   absl::Status ReadTensor(int index, const v1::TensorMeta& meta, const ChunkCallback& callback,
                           absl::string_view where, char* destination = nullptr) {
     const int64_t length = meta.byte_length();
-    int64_t chunk_bytes = 0;
-    for (const v1::ChunkRef& chunk : meta.chunks()) {
-      if (chunk.length() < 0 || chunk.length() > kChunkBytes) {  // before a buffer is sized by it
-        return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
-                                                " names a chunk of ", chunk.length(),
-                                                " bytes; chunks hold 0..", kChunkBytes));
-      }
-      chunk_bytes += chunk.length();
-    }
-    if (chunk_bytes != length) {
-      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
-                                              ": its chunks hold ", chunk_bytes,
-                                              " bytes, its byte_length is ", length));
-    }
+    RETURN_IF_ERROR(CheckChunkLayout(meta, where));  // before a buffer is sized by a chunk
     int64_t received = 0;
     int chunk_index = 0;
     int64_t chunk_offset = 0;

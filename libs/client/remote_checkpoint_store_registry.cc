@@ -20,6 +20,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/sync_stream.h"
 #include "libs/client/remote_checkpoint_store.h"
+#include "libs/rpc/backoff.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/status/status_macros.h"
@@ -105,7 +106,8 @@ class RemoteWatch final : public RegistryWatch {
   void ReadStreams() {
     const ClientOptions& options = channel_->options();
     int failures = 0;  // streams in a row that broke before delivering anything.
-    absl::Duration backoff = options.initial_backoff;
+    // A watch has no deadline of its own; each wait is capped like every other retry's.
+    Backoff backoff = channel_->RetryBackoff(absl::InfiniteFuture());
     while (true) {
       auto context = std::shared_ptr<grpc::ClientContext>(
           channel_->NewContext(absl::InfiniteFuture()).release());
@@ -152,11 +154,10 @@ class RemoteWatch final : public RegistryWatch {
       // The server went away: resume once it is back.
       if (delivered) {
         failures = 0;
-        backoff = options.initial_backoff;
+        backoff.Reset();
       }
       if (++failures > options.max_retries) return End(channel_->FromCall(status));
-      absl::SleepFor(backoff);
-      backoff *= 2;
+      backoff.Wait();
       absl::Status connected = channel_->WaitUntilConnected(absl::Now() + options.connect_timeout);
       if (!connected.ok()) return End(connected);
     }

@@ -21,6 +21,7 @@
 #include "libs/io/prefault.h"
 #include "libs/loader/loader_proto.h"
 #include "libs/loader/stream_digest.h"
+#include "libs/rpc/backoff.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
@@ -248,7 +249,7 @@ class RemoteLoader::LoadRun {
   // Streams the tensors of `group` (every tensor when nullopt and no manifest yet) until all
   // are verified, resuming after breaks (see the header).
   absl::Status RunGroup(const std::optional<std::vector<int>>& group) {
-    absl::Duration backoff = channel_.options().initial_backoff;
+    Backoff backoff = channel_.RetryBackoff(deadline_);
     int failures = 0;
     for (bool first = true;; first = false) {
       std::optional<std::vector<int>> only;
@@ -276,12 +277,10 @@ class RemoteLoader::LoadRun {
       }
       if (progressed) {
         failures = 0;
-        backoff = channel_.options().initial_backoff;
+        backoff.Reset();
       } else {
         if (++failures > channel_.options().max_retries) return status;
-        if (absl::Now() + backoff >= deadline_) return status;
-        absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, ClientChannel::MaxBackoff());
+        if (!backoff.Wait()) return status;
       }
       // A fleet's round-robin has dropped a loader whose connection broke; one loader must be
       // back first.

@@ -26,6 +26,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/io/atomic_file.h"
+#include "libs/rpc/backoff.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/chunk_hasher.h"
@@ -467,12 +468,10 @@ absl::Status ServingSync::Run() {
   v1::WatchRequest request;
   request.add_models(options_.model);
   request.add_aliases(options_.alias);
-  absl::Duration backoff = options_.initial_backoff;
-  auto next_backoff = [&]() {
-    const absl::Duration wait = backoff;
-    backoff = std::min(backoff * 2, options_.max_backoff);
-    return wait;
-  };
+  // Waits are scheduled (SleepUnlessStopped, retry_at), never slept by the Backoff itself; no
+  // deadline: a sync follows its alias until stopped.
+  Backoff backoff(BackoffPolicy{options_.initial_backoff, options_.max_backoff, 2.0, 0.2});
+  auto next_backoff = [&]() { return *backoff.Next(); };
   while (!stopping_.HasBeenNotified()) {
     // A fresh watch each time (no resume token): its state is the truth, whatever was missed.
     absl::StatusOr<std::unique_ptr<RegistryWatch>> opened = store_.Watch(request);
@@ -515,7 +514,7 @@ absl::Status ServingSync::Run() {
         const bool is_state = !(*update)->has_event();
         if (is_state) {
           have_state = true;
-          backoff = options_.initial_backoff;
+          backoff.Reset();
           if (!target.has_value()) {
             Log(absl::StrCat(followed, " does not exist (yet); waiting for it"));
           }
@@ -537,7 +536,7 @@ absl::Status ServingSync::Run() {
       retry_at.reset();
       absl::StatusOr<SyncedVersion> synced = SyncVersion(*target);
       if (synced.ok()) {
-        backoff = options_.initial_backoff;
+        backoff.Reset();
         continue;
       }
       if (IsRetryable(synced.status())) {

@@ -131,7 +131,9 @@ absl::StatusOr<ChannelTarget> ChannelTargetFor(absl::string_view address,
   return result;
 }
 
-absl::Duration ClientChannel::MaxBackoff() { return kMaxBackoff; }
+Backoff ClientChannel::RetryBackoff(absl::Time deadline) const {
+  return Backoff(BackoffPolicy{options_.initial_backoff, kMaxBackoff, 2.0, 0.2}, deadline);
+}
 
 absl::StatusOr<std::shared_ptr<ClientChannel>> ClientChannel::Open(const ClientOptions& options,
                                                                    const ServiceSpec& service) {
@@ -216,18 +218,15 @@ absl::Status ClientChannel::RestartOnUnavailable(
     const std::function<absl::Status(std::unique_ptr<grpc::ClientContext> context)>& attempt)
     const {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff = RetryBackoff(deadline);
   for (int retry = 0;; ++retry) {
     // A restart first waits (up to connect_timeout) for the channel to reconnect, so a server
     // that is restarting is found and one that stays down is reported as UNAVAILABLE.
     if (retry > 0) RETURN_IF_ERROR(WaitUntilConnected(deadline));
     absl::Status status = attempt(NewContext(deadline));
-    if (!absl::IsUnavailable(status) || retry >= options_.max_retries ||
-        absl::Now() + backoff >= deadline) {
+    if (!absl::IsUnavailable(status) || retry >= options_.max_retries || !backoff.Wait()) {
       return status;
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }
 

@@ -57,6 +57,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/status.h"
+#include "libs/rpc/backoff.h"
 
 namespace ckpt {
 
@@ -93,7 +94,8 @@ struct ClientOptions {
   // Retries of a read-only call or a restartable stream that failed with UNAVAILABLE (0: none).
   // Default 3.
   int max_retries = 3;
-  // Wait before the first retry; doubles for each further one, up to 5 s. Default 100 ms.
+  // Wait before the first retry; doubles for each further one, up to 5 s, each wait shortened by
+  // up to a fifth at random (RetryBackoff). Default 100 ms.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   // How long Open, and each call that changes the server, waits for the channel to connect.
   // Default 10 s.
@@ -146,8 +148,10 @@ class ClientChannel {
   // "checkpoint store at HOST:PORT" (the list, or the dns:/// name, for several).
   std::string ServerName() const;
 
-  // The largest wait between two retries (backoff doubles up to it).
-  static absl::Duration MaxBackoff();
+  // The pacing of this client's retries and resumptions that must end by `deadline`:
+  // initial_backoff, doubling up to 5 s, jittered (libs/rpc/backoff.h). Every retry loop over
+  // this channel (unary calls, the loader's stream resumptions, the watch's reconnects) uses it.
+  Backoff RetryBackoff(absl::Time deadline) const;
 
   // A context for one call that must end by `deadline`, carrying the bearer token.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;

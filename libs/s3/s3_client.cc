@@ -7,7 +7,6 @@
 #include <cstring>
 #include <iterator>
 #include <mutex>
-#include <random>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -15,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "libs/rpc/backoff.h"
 #include "libs/s3/internal/xml_scan.h"
 #include "libs/s3/sigv4.h"
 #include "libs/status/status_macros.h"
@@ -157,11 +157,6 @@ absl::Status TransportError(CURLcode code, const char* detail, bool* retryable) 
   }
 }
 
-double UniformDraw() {
-  thread_local std::mt19937_64 generator{std::random_device{}()};
-  return std::uniform_real_distribution<double>(0.0, 1.0)(generator);
-}
-
 void InitCurlOnce() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
@@ -171,13 +166,6 @@ void InitCurlOnce() {
 
 std::string S3Client::Response::Header(absl::string_view name) const {
   return FindHeader(headers, name);
-}
-
-absl::Duration JitteredBackoff(int retry, absl::Duration initial_backoff,
-                               absl::Duration max_backoff, double uniform01) {
-  absl::Duration cap = initial_backoff;
-  for (int i = 0; i < retry && cap < max_backoff; ++i) cap *= 2;
-  return std::min(cap, max_backoff) * std::clamp(uniform01, 0.0, 1.0);
 }
 
 absl::StatusOr<absl::Time> ParseS3Time(absl::string_view text) {
@@ -296,11 +284,13 @@ absl::StatusOr<S3Client::Response> S3Client::Execute(const Request& request) {
                                      "s3"};
 
   absl::Status last;
+  // Full jitter (AWS's advice for throttled clients); attempts are bounded by max_attempts.
+  Backoff backoff(BackoffPolicy{options_.initial_backoff, options_.max_backoff, 2.0, 1.0});
   absl::Duration wait;
   int attempts = 0;
   while (true) {
     if (attempts > 0) absl::SleepFor(wait);
-    wait = JitteredBackoff(attempts, options_.initial_backoff, options_.max_backoff, UniformDraw());
+    wait = *backoff.Next();
     ++attempts;
 
     // Signed anew for each attempt: the signature covers x-amz-date.

@@ -75,8 +75,8 @@ struct S3ClientOptions {
   absl::Duration request_timeout = absl::Minutes(5);
   // Attempts per request, the first included (>= 1). Default 5.
   int max_attempts = 5;
-  // Backoff before retry n (0-based) is uniform in [0, min(max_backoff, initial_backoff * 2^n)].
-  // Defaults 100 ms and 10 s.
+  // Backoff before retry n (0-based) is uniform in [0, min(max_backoff, initial_backoff * 2^n)]
+  // (libs/rpc/backoff.h with full jitter). Defaults 100 ms and 10 s.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
   // PutObject switches to a multipart upload for objects larger than this, in parts of
@@ -212,11 +212,6 @@ class S3Client {
   absl::Mutex mu_;
   std::vector<void*> idle_handles_ ABSL_GUARDED_BY(mu_);  // CURL*, connections kept alive.
 };
-
-// The wait before retry `retry` (0-based) for a uniform draw `uniform01` in [0, 1]:
-// uniform01 * min(max_backoff, initial_backoff * 2^retry).
-absl::Duration JitteredBackoff(int retry, absl::Duration initial_backoff,
-                               absl::Duration max_backoff, double uniform01);
 
 // An S3 timestamp ("2026-12-05T00:26:53.000Z", ISO 8601 in UTC as ListObjectsV2 and
 // ListMultipartUploads write it). INVALID_ARGUMENT when it is not one.

@@ -466,18 +466,6 @@ TEST(S3ClientTest, CreateRejectsIncompleteOrInvalidOptions) {
               StatusIs(absl::StatusCode::kInvalidArgument, "max_attempts"));
 }
 
-TEST(S3ClientTest, BackoffDoublesUpToTheCapAndScalesWithTheDraw) {
-  const absl::Duration initial = absl::Milliseconds(100);
-  const absl::Duration cap = absl::Seconds(1);
-  EXPECT_EQ(JitteredBackoff(0, initial, cap, 1.0), absl::Milliseconds(100));
-  EXPECT_EQ(JitteredBackoff(1, initial, cap, 1.0), absl::Milliseconds(200));
-  EXPECT_EQ(JitteredBackoff(3, initial, cap, 1.0), absl::Milliseconds(800));
-  EXPECT_EQ(JitteredBackoff(4, initial, cap, 1.0), cap);
-  EXPECT_EQ(JitteredBackoff(60, initial, cap, 1.0), cap);
-  EXPECT_EQ(JitteredBackoff(3, initial, cap, 0.5), absl::Milliseconds(400));
-  EXPECT_EQ(JitteredBackoff(3, initial, cap, 0.0), absl::ZeroDuration());
-}
-
 TEST(S3ClientTest, MapsHttpStatusesToAbslCodes) {
   EXPECT_EQ(StatusCodeForHttp(404, false), absl::StatusCode::kNotFound);
   EXPECT_EQ(StatusCodeForHttp(403, false), absl::StatusCode::kPermissionDenied);

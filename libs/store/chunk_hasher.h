@@ -26,11 +26,13 @@ namespace ckpt {
 
 // Tensor bytes are cut into chunks of this size (the last chunk of a tensor may be shorter; chunks
 // never span tensors, so a tensor that did not change dedups whole). 4 MiB because:
-//  - each chunk is one RocksDB blob plus a ~100-byte index entry and refcount record: at 4 MiB that
-//    overhead is < 0.01%, and blob files are written sequentially;
+//  - each chunk is appended to a pack file (chunk_pack.h) and costs a ~100-byte RocksDB index
+//    entry and refcount record: at 4 MiB that overhead is < 0.01%;
 //  - a changed region of a large tensor re-stores at most a few 4 MiB pieces, not the tensor;
 //  - readers and writers hold one chunk per tensor in flight, so memory stays bounded (4 MiB, not
 //    the tensor) and a chunk fits the gRPC default message limit when split in 1 MiB messages.
+// Readers check a manifest's chunk refs against this layout with CheckChunkLayout
+// (chunk_layout.h).
 inline constexpr int64_t kChunkBytes = int64_t{4} << 20;
 
 inline constexpr int kSha256Bytes = 32;

@@ -1,6 +1,7 @@
 // RocksDbCheckpointStore: retention, garbage collection, verification and statistics (the
 // maintenance half; see internal/rocksdb_store_core.h for how the store's files divide).
 
+#include "libs/store/chunk_layout.h"
 #include "libs/store/internal/failpoint.h"
 #include "libs/store/internal/rocksdb_store_core.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
@@ -247,9 +248,7 @@ absl::StatusOr<v1::VerifyResponse> RocksDbCheckpointStore::Verify(absl::string_v
                              const v1::Manifest& manifest) {
     const std::string where = FormatVersionRef(model_name, manifest_version);
     auto verify_tensor = [&](const v1::TensorMeta& meta) {
-      int64_t total = 0;
       for (const v1::ChunkRef& chunk : meta.chunks()) {
-        total += chunk.length();
         ++references[chunk.sha256()];
         auto [it, first] = checked.try_emplace(chunk.sha256());
         if (first) {
@@ -263,10 +262,8 @@ absl::StatusOr<v1::VerifyResponse> RocksDbCheckpointStore::Verify(absl::string_v
                                    HexEncode(chunk.sha256()), ": ", it->second));
         }
       }
-      if (total != meta.byte_length()) {
-        add_problem(model_name, manifest_version, meta.key(), "",
-                    absl::StrCat(where, " tensor '", meta.key(), "': chunks hold ", total,
-                                 " bytes, byte_length is ", meta.byte_length()));
+      if (absl::Status layout = CheckChunkLayout(meta, where); !layout.ok()) {
+        add_problem(model_name, manifest_version, meta.key(), "", std::string(layout.message()));
       }
     };
     for (const v1::TensorMeta& meta : manifest.tensors()) verify_tensor(meta);

@@ -2,20 +2,18 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "libs/rpc/access_policy.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
-#include "libs/store/chunk_hasher.h"
+#include "libs/store/download_plan.h"
 #include "libs/store/model_scope.h"
 #include "libs/store/scoped_store.h"
-#include "libs/store/version_ref.h"
 #include "services/checkpoint_store/internal/requests.h"
 #include "services/checkpoint_store/store_service.h"
 
@@ -23,12 +21,6 @@ namespace ckpt {
 namespace {
 
 using store_service_internal::Cancelled;
-
-// The tensor `index` counts: Manifest.tensors first, then state_tensors.
-const v1::TensorMeta& TensorAt(const v1::Manifest& manifest, int index) {
-  return index < manifest.tensors_size() ? manifest.tensors(index)
-                                         : manifest.state_tensors(index - manifest.tensors_size());
-}
 
 }  // namespace
 
@@ -172,7 +164,7 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
     ReadTask();
   }
 
-  // Opens the version and decides what to send.
+  // Opens the version and decides what to send (DownloadPlan).
   absl::Status Plan() {
     if (request_.max_message_bytes() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("DownloadRequest.max_message_bytes is ",
@@ -182,39 +174,8 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
     piece_bytes_ = StreamedPieceBytes(request_.max_message_bytes(), kMaxTensorDataBytes);
     ScopedStore scoped(service_.store_, ModelScope(caller_.models), Who(caller_));
     ASSIGN_OR_RETURN(reader_, scoped.OpenVersion(request_.ref()));
-    const v1::Manifest& manifest = reader_->manifest();
-    const std::string where = FormatVersionRef(manifest.model(), manifest.version());
-    const absl::flat_hash_set<std::string> keys(request_.keys().begin(), request_.keys().end());
-    const bool everything = keys.empty() && request_.key_prefixes().empty();
-    const int candidates =
-        manifest.tensors_size() + (request_.include_state() ? manifest.state_tensors_size() : 0);
-    absl::flat_hash_set<std::string> found;
-    for (int index = 0; index < candidates; ++index) {
-      const v1::TensorMeta& meta = TensorAt(manifest, index);
-      bool selected = everything || keys.contains(meta.key());
-      for (const std::string& prefix : request_.key_prefixes()) {
-        selected = selected || absl::StartsWith(meta.key(), prefix);
-      }
-      if (!selected) continue;
-      if (keys.contains(meta.key())) found.insert(meta.key());
-      int64_t chunk_bytes = 0;
-      for (const v1::ChunkRef& chunk : meta.chunks()) chunk_bytes += chunk.length();
-      if (chunk_bytes != meta.byte_length()) {
-        return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
-                                                ": its chunks hold ", chunk_bytes,
-                                                " bytes, its byte_length is ", meta.byte_length()));
-      }
-      plan_.push_back(index);
-    }
-    for (const std::string& key : request_.keys()) {
-      if (found.contains(key)) continue;
-      const bool is_state =
-          std::any_of(manifest.state_tensors().begin(), manifest.state_tensors().end(),
-                      [&](const v1::TensorMeta& meta) { return meta.key() == key; });
-      return absl::NotFoundError(absl::StrCat(
-          "no tensor '", key, "' in ", where,
-          is_state ? " among the model tensors (it is a state tensor: set include_state)" : ""));
-    }
+    ASSIGN_OR_RETURN(DownloadPlan plan, DownloadPlan::Create(reader_->manifest(), request_));
+    plan_.emplace(std::move(plan));
     return absl::OkStatus();
   }
 
@@ -242,58 +203,27 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
   // Reads the next non-empty chunk of the plan into `chunk`; leaves chunk.buffer null when the
   // plan is done.
   grpc::Status ReadNextChunk(Chunk& chunk) {
-    while (true) {
-      while (plan_position_ < plan_.size() &&
-             chunk_index_ >= TensorAt(reader_->manifest(), plan_[plan_position_]).chunks_size()) {
-        ++plan_position_;
-        chunk_index_ = 0;
-        tensor_offset_ = 0;
-      }
-      if (plan_position_ == plan_.size()) return grpc::Status::OK;
-      const v1::TensorMeta& meta = TensorAt(reader_->manifest(), plan_[plan_position_]);
-      const v1::ChunkRef& ref = meta.chunks(chunk_index_);
-      // The store reads whole tensors; a one-chunk view of the tensor reads (and verifies)
-      // just this chunk, so the reactor holds one chunk whatever the tensor's size.
-      v1::TensorMeta one_chunk;
-      one_chunk.set_key(meta.key());
-      one_chunk.set_byte_length(ref.length());
-      *one_chunk.add_chunks() = ref;
-      if (ref.length() < 0 || ref.length() > kChunkBytes) {  // before sizing a buffer by it
-        return grpc::Status(grpc::StatusCode::DATA_LOSS,
-                            absl::StrCat("tensor '", meta.key(), "' names a chunk of ",
-                                         ref.length(), " bytes; chunks hold 0..", kChunkBytes));
-      }
-      // Straight into a pooled buffer: one copy from the page cache, the only one before the
-      // socket. (Sending from the store's mapped pages instead cost more on the benchmark's
-      // 2-vCPU virtual machine: each stream's fresh mapping is page-table work, BENCHMARKS.md,
-      // R4'.)
-      chunk.buffer = service_.payload_pool_->Take();
-      chunk.size = static_cast<size_t>(ref.length());
-      chunk.position = 0;
-      chunk.tensor_index = plan_[plan_position_];
-      chunk.offset = tensor_offset_;
-      // A client that checks every chunk itself is sent them unchecked: one pass over every
-      // byte less here (BENCHMARKS.md, R4'). Lengths and locations are checked either way.
-      absl::Status read =
-          request_.client_checks_chunks()
-              ? reader_->ReadTensorIntoForCheckingReceiver(one_chunk, chunk.buffer.get())
-              : reader_->ReadTensorInto(one_chunk, chunk.buffer.get());
-      if (!read.ok()) {
-        chunk.buffer.reset();
-        return ToGrpcStatus(absl::Status(
-            read.code(),
-            absl::StrCat("reading bytes ", tensor_offset_, "..", tensor_offset_ + ref.length(),
-                         " of tensor '", meta.key(), "': ", read.message())));
-      }
-      if (service_.options_.tamper_for_testing) {
-        service_.options_.tamper_for_testing(chunk.tensor_index, tensor_offset_,
-                                             absl::Span<char>(chunk.buffer.get(), chunk.size));
-      }
-      ++chunk_index_;
-      tensor_offset_ += ref.length();
-      if (chunk.size > 0) return grpc::Status::OK;
+    const std::optional<DownloadPlan::Chunk> next = plan_->NextChunk();
+    if (!next.has_value()) return grpc::Status::OK;
+    // Straight into a pooled buffer: one copy from the page cache, the only one before the
+    // socket. (Sending from the store's mapped pages instead cost more on the benchmark's
+    // 2-vCPU virtual machine: each stream's fresh mapping is page-table work, BENCHMARKS.md,
+    // R4'.) A client that checks every chunk itself is sent them unchecked: one pass over every
+    // byte less here (BENCHMARKS.md, R4'). Lengths and locations are checked either way.
+    chunk.buffer = service_.payload_pool_->Take();
+    chunk.size = static_cast<size_t>(next->length);
+    chunk.position = 0;
+    chunk.tensor_index = next->tensor_index;
+    chunk.offset = next->offset;
+    if (absl::Status read = plan_->ReadChunk(*reader_, *next, chunk.buffer.get()); !read.ok()) {
       chunk.buffer.reset();
+      return ToGrpcStatus(read);
     }
+    if (service_.options_.tamper_for_testing) {
+      service_.options_.tamper_for_testing(chunk.tensor_index, chunk.offset,
+                                           absl::Span<char>(chunk.buffer.get(), chunk.size));
+    }
+    return grpc::Status::OK;
   }
 
   // Writes the next piece of sending_ (only the writer touches sending_: OnWriteDone, or the side
@@ -317,11 +247,8 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
   std::atomic<bool> cancelled_{false};
   std::unique_ptr<VersionReader> reader_;
   int piece_bytes_ = kMaxTensorDataBytes;
-  std::vector<int> plan_;  // tensor indices to send, in manifest order.
-  // The read task's position (only the read task touches these).
-  size_t plan_position_ = 0;   // the tensor being read.
-  int chunk_index_ = 0;        // its next chunk to read.
-  int64_t tensor_offset_ = 0;  // where that chunk starts in the tensor.
+  // What to send; its cursor is the read task's alone.
+  std::optional<DownloadPlan> plan_;
   // The writer's (see WriteNextPiece).
   Chunk sending_;
   grpc::ByteBuffer response_;  // the message being written.

@@ -4,7 +4,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import os
-import random
 import tempfile
 import threading
 import time
@@ -16,6 +15,7 @@ import torch
 from . import _stubs
 from ._tensors import StreamAssembler, to_tensor, torch_dtypes
 from ._bundles import Bundle, HostSnapshot, build_manifest, param_names_of, restore_bundle
+from ._retry import Backoff
 from ._upload import Uploader
 from .errors import (CkptError, FailedPrecondition, IntegrityError, InvalidArgument, NotFound,
                      ProtocolError, from_rpc_error)
@@ -667,7 +667,8 @@ class Client:
         With resume_token=0 the first update is the current state, then each change as it
         commits. When the connection drops (UNAVAILABLE; RESOURCE_EXHAUSTED or CANCELLED from
         the server cutting off a slow reader or shutting down), the watch backs off 0.1 s
-        doubling up to ``max_backoff`` seconds (with jitter; reset after each update), waits up
+        doubling up to ``max_backoff`` seconds (each wait shortened by up to a fifth at random,
+        as the C++ client's; reset after each update), waits up
         to 10 s for the store's channel to connect, and reconnects with the last resume token it
         yielded, as RemoteCheckpointStore::Watch does: the caller misses nothing, sees nothing
         twice, and sees a change made as soon as a restarted store is back.
@@ -684,7 +685,7 @@ class Client:
         # state read from an empty history carries token 0).
         resume = False
         failures = 0
-        backoff = 0.1
+        backoff = Backoff(initial=0.1, maximum=max_backoff)
         while True:
             request = pb.WatchRequest(models=list(models or []),
                                       aliases=[alias] if alias else [], resume_token=token,
@@ -692,7 +693,8 @@ class Client:
             call = stub.Watch(request, metadata=self._metadata)
             try:
                 for response in call:
-                    failures, backoff = 0, 0.1
+                    failures = 0
+                    backoff.reset()
                     token = response.resume_token
                     resume = True
                     kind = response.WhichOneof("update")
@@ -716,10 +718,9 @@ class Client:
                     raise error
             # Also after a stream the server ended cleanly, so a server that keeps ending them
             # is not called in a tight loop.
-            time.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff.wait()
             if self._closed:
                 return
-            backoff = min(backoff * 2, max_backoff)
             # Resume once the channel is connected, as RemoteWatch does (WaitUntilConnected;
             # issue #36). Resuming at once was a fail-fast call into a channel still in
             # TRANSIENT_FAILURE after the restart, and between those calls no thread polled the

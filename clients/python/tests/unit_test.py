@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import typing
 import unittest
 
 import torch
 
 import ckpt_client
-from ckpt_client import _stubs
+from ckpt_client import _retry, _stubs
 from ckpt_client._tensors import CHUNK_BYTES, StreamAssembler, to_tensor, torch_dtypes
 from ckpt_client.client import _parse_condition
 
@@ -113,6 +114,30 @@ class ValuesTest(unittest.TestCase):
         self.assertEqual(decoded["fn"], ckpt_client.Opaque("builtins.getattr", None, None))
         with self.assertRaisesRegex(ckpt_client.ProtocolError, "tensor 'missing'"):
             decode_value(pb.Value(tensor_value=pb.TensorRef(key="missing")), {})
+
+
+class BackoffTest(unittest.TestCase):
+    """The same cases as libs/rpc/backoff_test.cc: the two must pace retries alike."""
+
+    def test_doubles_up_to_the_cap_and_jitter_takes_a_fraction_off(self):
+        self.assertEqual([_retry.delay(0.1, 1.0, 2.0, 0.0, n, 0.5) for n in (0, 1, 3, 4, 10**6)],
+                         [0.1, 0.2, 0.8, 1.0, 1.0])
+        self.assertAlmostEqual(_retry.delay(0.1, 10.0, 2.0, 1.0, 3, 0.5), 0.4)
+        self.assertEqual(_retry.delay(0.1, 10.0, 2.0, 1.0, 3, 1.0), 0.0)
+        self.assertAlmostEqual(_retry.delay(0.1, 10.0, 2.0, 0.2, 0, 1.0), 0.08)
+        self.assertEqual(_retry.delay(-1.0, 1.0, 2.0, 0.0, 3, 0.0), 0.0)
+        self.assertEqual(_retry.delay(0.1, 1.0, 0.5, 0.0, 3, 0.0), 0.1)
+
+    def test_next_reset_and_deadline(self):
+        backoff = _retry.Backoff(0.01, 0.04, jitter=0.0, uniform01=lambda: 0.0)
+        self.assertEqual([backoff.next() for _ in range(4)], [0.01, 0.02, 0.04, 0.04])
+        backoff.reset()
+        self.assertEqual(backoff.next(), 0.01)
+        late = _retry.Backoff(30.0, 60.0, deadline=time.monotonic() + 1.0)
+        start = time.monotonic()
+        self.assertFalse(late.wait())
+        self.assertLess(time.monotonic() - start, 1.0)
+        self.assertEqual(late.retries, 0)
 
 
 class UploaderTest(unittest.TestCase):

@@ -17,6 +17,7 @@
 
 #include <cstdio>
 
+#include "libs/store/chunk_layout.h"
 #include "libs/store/internal/rocksdb_store_records.h"
 
 namespace ckpt {
@@ -384,22 +385,6 @@ class RocksDbCheckpointStore::Core {
           absl::StrCat(ChunkName(meta, chunk, offset, where), " fails its xxh3 checksum (expected ",
                        Hex64(chunk.xxh3_64()), ", computed ", Hex64(xxh3),
                        "): the stored bytes are corrupt and were not returned"));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status CheckChunkLayout(const v1::TensorMeta& meta) const {
-    int64_t total = 0;
-    for (const v1::ChunkRef& chunk : meta.chunks()) {
-      if (chunk.length() < 0 || chunk.length() > kChunkBytes) {
-        return absl::DataLossError(
-            absl::StrCat("tensor '", meta.key(), "': a chunk of ", chunk.length(), " bytes"));
-      }
-      total += chunk.length();
-    }
-    if (total != meta.byte_length()) {
-      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "': chunks hold ", total,
-                                              " bytes, byte_length is ", meta.byte_length()));
     }
     return absl::OkStatus();
   }
