@@ -1,4 +1,4 @@
-#include "services/trainer/node_rendezvous.h"
+#include "libs/ddp/tcp_store_node_rendezvous.h"
 
 #include <chrono>
 #include <cstdint>
@@ -13,13 +13,13 @@
 #include "libs/ddp/local_launcher.h"
 #include "torch/csrc/distributed/c10d/TCPStore.hpp"
 
-namespace ckpt {
+namespace ckpt::ddp {
 namespace {
 
 std::vector<uint8_t> Bytes(const std::string& text) { return {text.begin(), text.end()}; }
 std::string Text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
-class StoreNodeRendezvous final : public train::NodeRendezvous {
+class StoreNodeRendezvous final : public NodeRendezvous {
  public:
   StoreNodeRendezvous(NodeRendezvousOptions options, c10::intrusive_ptr<c10d::TCPStore> store)
       : options_(std::move(options)), store_(std::move(store)) {}
@@ -120,8 +120,7 @@ class StoreNodeRendezvous final : public train::NodeRendezvous {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> ConnectNodes(
-    const NodeRendezvousOptions& options) {
+absl::StatusOr<std::unique_ptr<NodeRendezvous>> ConnectNodes(const NodeRendezvousOptions& options) {
   if (options.nnodes < 2 || options.node_rank < 0 || options.node_rank >= options.nnodes ||
       options.master_port <= 0 || options.master_port > 65535) {
     return absl::InvalidArgumentError(
@@ -142,4 +141,4 @@ absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> ConnectNodes(
   }
 }
 
-}  // namespace ckpt
+}  // namespace ckpt::ddp

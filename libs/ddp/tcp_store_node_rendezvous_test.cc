@@ -1,4 +1,4 @@
-#include "services/trainer/node_rendezvous.h"
+#include "libs/ddp/tcp_store_node_rendezvous.h"
 
 #include <memory>
 #include <string>
@@ -10,7 +10,7 @@
 #include "libs/ddp/local_launcher.h"
 #include "libs/status/status_matchers.h"
 
-namespace ckpt {
+namespace ckpt::ddp {
 namespace {
 
 using ::ckpt::testing::IsOk;
@@ -31,14 +31,14 @@ NodeRendezvousOptions Node(int node_rank, int port, absl::Duration timeout = abs
 struct TwoLaunchers {
   TwoLaunchers() {
     const int port = ddp::PickFreeLoopbackPort();
-    absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> zero = ConnectNodes(Node(0, port));
+    absl::StatusOr<std::unique_ptr<NodeRendezvous>> zero = ConnectNodes(Node(0, port));
     EXPECT_THAT(zero.status(), IsOk());
-    absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> one = ConnectNodes(Node(1, port));
+    absl::StatusOr<std::unique_ptr<NodeRendezvous>> one = ConnectNodes(Node(1, port));
     EXPECT_THAT(one.status(), IsOk());
     if (zero.ok()) node0 = *std::move(zero);
     if (one.ok()) node1 = *std::move(one);
   }
-  std::unique_ptr<train::NodeRendezvous> node0, node1;
+  std::unique_ptr<NodeRendezvous> node0, node1;
 };
 
 TEST(NodeRendezvousTest, EveryRoundGivesAllNodesTheSameRankPort) {
@@ -91,16 +91,16 @@ TEST(NodeRendezvousTest, MissingNodesAndALostNodeZeroAreReported) {
   // Nobody serves the port yet.
   EXPECT_THAT(ConnectNodes(Node(1, port, absl::Milliseconds(300))).status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach")));
-  absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> zero =
+  absl::StatusOr<std::unique_ptr<NodeRendezvous>> zero =
       ConnectNodes(Node(0, port, absl::Seconds(2)));
   ASSERT_THAT(zero.status(), IsOk());
   EXPECT_THAT((*zero)->Join(0).status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2 nodes joined")));
-  absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> one = ConnectNodes(Node(1, port));
+  absl::StatusOr<std::unique_ptr<NodeRendezvous>> one = ConnectNodes(Node(1, port));
   ASSERT_THAT(one.status(), IsOk());
   zero->reset();  // node 0's launcher is gone, and its store with it.
   EXPECT_THAT((*one)->PeerFailure(0), HasSubstr("lost the launchers' rendezvous on 127.0.0.1:"));
 }
 
 }  // namespace
-}  // namespace ckpt
+}  // namespace ckpt::ddp

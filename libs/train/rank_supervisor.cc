@@ -74,7 +74,7 @@ void ForwardStopSignal() { g_stop_signals.fetch_add(1, std::memory_order_relaxed
 
 SupervisorResult SuperviseRanks(const SupervisorOptions& options) {
   SupervisorResult result;
-  NodeRendezvous* const nodes = options.node_rendezvous;
+  ddp::NodeRendezvous* const nodes = options.node_rendezvous;
   for (int attempt = 0;; ++attempt) {
     int master_port = options.master_port;
     if (nodes != nullptr) {

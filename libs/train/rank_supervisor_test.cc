@@ -103,7 +103,7 @@ TEST(RankSupervisorTest, GivesUpWhenRestartsAreSpent) {
 }
 
 // A NodeRendezvous whose other node fails in round 0, once this node's ranks are up.
-class PeerFailsInRoundZero final : public NodeRendezvous {
+class PeerFailsInRoundZero final : public ddp::NodeRendezvous {
  public:
   explicit PeerFailsInRoundZero(std::string started) : started_(std::move(started)) {}
   absl::StatusOr<int> Join(int attempt) override {

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/ddp/process_group.h"
+#include "libs/ddp/tcp_store_node_rendezvous.h"
 #include "libs/io/atomic_file.h"
 #include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
@@ -44,7 +45,6 @@
 #include "libs/train/trainable_model.h"
 #include "libs/train/trainer.h"
 #include "libs/train/trainer_control.h"
-#include "services/trainer/node_rendezvous.h"
 #include "services/trainer/rank_stores.h"
 #include "services/trainer/trainer_service.h"
 
@@ -418,15 +418,15 @@ int Launch(int argc, char** argv) {
     return kExitBadFlags;
   }
   InstallStopHandlers();
-  std::unique_ptr<train::NodeRendezvous> nodes;
+  std::unique_ptr<ddp::NodeRendezvous> nodes;
   if (options.nnodes > 1) {
-    NodeRendezvousOptions rendezvous;
+    ddp::NodeRendezvousOptions rendezvous;
     rendezvous.nnodes = options.nnodes;
     rendezvous.node_rank = options.node_rank;
     rendezvous.master_addr = options.master_addr;
     rendezvous.master_port = options.master_port;
     rendezvous.timeout = absl::GetFlag(FLAGS_rendezvous_timeout);
-    absl::StatusOr<std::unique_ptr<train::NodeRendezvous>> connected = ConnectNodes(rendezvous);
+    absl::StatusOr<std::unique_ptr<ddp::NodeRendezvous>> connected = ddp::ConnectNodes(rendezvous);
     if (!connected.ok()) {
       std::cerr << "trainer: " << connected.status().message() << "\n";
       return kExitFailure;

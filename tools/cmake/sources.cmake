@@ -29,6 +29,7 @@ set(CKPT_TRAINER_SOURCES
     libs/ddp/distributed_sampler.cc
     libs/ddp/local_launcher.cc
     libs/ddp/process_group.cc
+    libs/ddp/tcp_store_node_rendezvous.cc
     libs/format/bundle.cc
     libs/format/byte_source.cc
     libs/format/crc32.cc
@@ -48,6 +49,7 @@ set(CKPT_TRAINER_SOURCES
     libs/io/read_file.cc
     libs/io/xxh3.cc
     libs/rpc/access_policy.cc
+    libs/rpc/backoff.cc
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
@@ -63,7 +65,9 @@ set(CKPT_TRAINER_SOURCES
     libs/store/checkpoint_store_registry.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
+    libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/download_plan.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
     libs/store/model_scope.cc
@@ -102,7 +106,6 @@ set(CKPT_TRAINER_SOURCES
     services/checkpoint_store/store_service.cc
     services/checkpoint_store/store_service_download.cc
     services/checkpoint_store/store_service_registry.cc
-    services/trainer/node_rendezvous.cc
     services/trainer/rank_stores.cc
     services/trainer/trainer_service.cc
 )
@@ -207,6 +210,7 @@ set(CKPT_CLI_SOURCES
     libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
+    libs/rpc/backoff.cc
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
@@ -222,6 +226,7 @@ set(CKPT_CLI_SOURCES
     libs/store/checkpoint_store_registry.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
+    libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
@@ -321,10 +326,12 @@ set(CKPT_LOADER_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/local_loader.cc
+    libs/loader/served_load.cc
     libs/loader/shm_server.cc
     libs/loader/shm_wire.cc
     libs/loader/stream_digest.cc
     libs/rpc/access_policy.cc
+    libs/rpc/backoff.cc
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
@@ -339,6 +346,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/checkpoint_store_registry.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
+    libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
@@ -440,6 +448,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/stream_digest.cc
+    libs/rpc/backoff.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
     libs/status/grpc_status.cc
@@ -552,6 +561,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/ddp/distributed_sampler.cc
     libs/ddp/local_launcher.cc
     libs/ddp/process_group.cc
+    libs/ddp/tcp_store_node_rendezvous.cc
     libs/format/bundle.cc
     libs/format/byte_source.cc
     libs/format/checkpoint_file.cc
@@ -582,12 +592,14 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/local_loader.cc
+    libs/loader/served_load.cc
     libs/loader/shm_server.cc
     libs/loader/shm_wire.cc
     libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
     libs/rpc/access_policy.cc
+    libs/rpc/backoff.cc
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
@@ -608,7 +620,9 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/checkpoint_store_registry.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
+    libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/download_plan.cc
     libs/store/internal/failpoint.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
@@ -657,7 +671,6 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     services/loader/main.cc
     services/loader/tampering_loader_main.cc
     services/trainer/main.cc
-    services/trainer/node_rendezvous.cc
     services/trainer/rank_stores.cc
     services/trainer/trainer_service.cc
     tools/ckpt/command_line.cc
