@@ -17,21 +17,14 @@
 #include <optional>
 #include <utility>
 
-#include "ATen/ATen.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/io/prefault.h"
-#include "libs/loader/load_target.h"
-#include "libs/loader/loader.h"
+#include "libs/loader/served_load.h"
 #include "libs/loader/shm_wire.h"
-#include "libs/loader/stream_digest.h"
 #include "libs/status/status_macros.h"
-#include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
-#include "libs/tensor/device.h"
-#include "libs/tensor/dtype.h"
-#include "libs/tensor/value_proto.h"
 
 namespace ckpt {
 namespace {
@@ -320,49 +313,28 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
         "LoadRequest.only_tensors is for resuming gRPC streams; the shared-memory path answers "
         "whole loads");
   }
-  ASSIGN_OR_RETURN(LoadTarget target, LoadTargetFromProto(request.target()));
-  // The client places tensors; here they stay on the CPU.
-  target.device = DeviceSpec::Cpu();
   ASSIGN_OR_RETURN(const std::unique_ptr<VersionReader> reader, store_.OpenVersion(request.ref()));
-  const v1::Manifest& manifest = reader->manifest();
-  ASSIGN_OR_RETURN(const std::vector<PlannedTensor> planned, PlanLoad(manifest, target));
-  ASSIGN_OR_RETURN(*answer.mutable_manifest(), AdaptedManifest(manifest, planned, target));
-  const v1::Manifest& sent = answer.manifest();
-  const int model_count = static_cast<int>(planned.size());
-  const int count = model_count + sent.state_tensors_size();
+  ASSIGN_OR_RETURN(const ServedLoad load, ServedLoad::Plan(reader->manifest(), request));
+  *answer.mutable_manifest() = load.manifest();
 
   // Where each tensor goes: a pack file passed as it is, else the memfd.
-  struct Copy {
-    int index;
-    const v1::TensorMeta* stored;
-    bool cast;
-  };
-  std::vector<Copy> copies;
+  std::vector<const ServedTensor*> copies;
   int64_t memfd_bytes = 0;
   absl::flat_hash_map<std::string, int> pack_fd;  // path -> index in fds
   // Bytes of each pack handed out by this answer: two tensors never share bytes (a
   // deduplicated twin is copied), or a write to one would show in the other.
   absl::flat_hash_map<std::string, std::map<int64_t, int64_t>> claimed;
-  for (int i = 0; i < count; ++i) {
-    const v1::TensorMeta& stored =
-        i < model_count ? *planned[i].meta : manifest.state_tensors(i - model_count);
-    const v1::TensorMeta& out =
-        i < model_count ? sent.tensors(i) : sent.state_tensors(i - model_count);
+  for (const ServedTensor& tensor : load.tensors()) {
+    const v1::TensorMeta& stored = *tensor.stored;
+    const v1::TensorMeta& out = *tensor.sent;
     v1::ShmTensorLayout& layout = *answer.add_tensors();
     layout.set_length(out.byte_length());
-    const bool cast = i < model_count && target.dtype.Apply(static_cast<DType>(stored.dtype())) !=
-                                             static_cast<DType>(stored.dtype());
     if (out.byte_length() == 0) {
       layout.set_fd(-1);
-      if (out.chunks_size() == 0) {
-        v1::TensorDigest& digest = *layout.mutable_digest();
-        digest.set_tensor_index(i);
-        digest.set_byte_length(0);
-        digest.set_xxh3_64(Xxh3Of(""));
-      }
+      if (tensor.needs_digest) *layout.mutable_digest() = ServedLoad::Digest(tensor.index, "");
       continue;
     }
-    if (!cast && same_uid) {
+    if (!tensor.cast && same_uid) {
       ASSIGN_OR_RETURN(std::optional<VersionReader::FileRegion> region,
                        reader->LocateTensorBytes(stored));
       if (region.has_value() && region->offset % kMemfdAlignment == 0 &&
@@ -387,7 +359,7 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
     const int64_t offset = (memfd_bytes + kMemfdAlignment - 1) / kMemfdAlignment * kMemfdAlignment;
     layout.set_offset(offset);
     memfd_bytes = offset + out.byte_length();
-    copies.push_back({i, &stored, cast});
+    copies.push_back(&tensor);
   }
   if (copies.empty()) return absl::OkStatus();
 
@@ -404,36 +376,19 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
     FillMapping fill(base, static_cast<size_t>(memfd_bytes));
     // Fresh shared memory: its pages allocated in one call, not a fault per 4 KiB of the copies.
     PrefaultForWrite(fill.data(), static_cast<size_t>(memfd_bytes));
-    for (const Copy& copy : copies) {
-      v1::ShmTensorLayout& layout = *answer.mutable_tensors(copy.index);
+    for (const ServedTensor* copy : copies) {
+      v1::ShmTensorLayout& layout = *answer.mutable_tensors(copy->index);
       char* destination = fill.data() + layout.offset();
-      const v1::TensorMeta& out = copy.index < model_count
-                                      ? sent.tensors(copy.index)
-                                      : sent.state_tensors(copy.index - model_count);
-      if (!copy.cast) {
+      if (!copy->cast) {
         // The store checks every chunk as it reads it.
-        RETURN_IF_ERROR(reader->ReadTensorInto(*copy.stored, destination));
+        RETURN_IF_ERROR(reader->ReadTensorInto(*copy->stored, destination));
       } else {
-        ASSIGN_OR_RETURN(const at::Tensor stored, reader->ReadTensor(*copy.stored));
-        ASSIGN_OR_RETURN(const DType cast_dtype, DTypeFromProto(out.dtype()));
-        ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(cast_dtype));
-        RETURN_IF_ERROR(CatchTorchErrors([&] {
-          at::Tensor into =
-              at::from_blob(destination, stored.sizes(), at::TensorOptions().dtype(scalar_type));
-          if (static_cast<int64_t>(into.nbytes()) != out.byte_length()) {
-            throw std::runtime_error(absl::StrCat("tensor '", out.key(), "': cast to ",
-                                                  into.nbytes(), " bytes, the manifest says ",
-                                                  out.byte_length()));
-          }
-          into.copy_(stored);
-        }));
+        RETURN_IF_ERROR(load.CastInto(*reader, *copy, destination));
       }
-      if (out.chunks_size() == 0) {
+      if (copy->needs_digest) {
         // No stored digest names these bytes: the consumer checks this one.
-        v1::TensorDigest& digest = *layout.mutable_digest();
-        digest.set_tensor_index(copy.index);
-        digest.set_byte_length(out.byte_length());
-        digest.set_xxh3_64(Xxh3Of(absl::string_view(destination, out.byte_length())));
+        *layout.mutable_digest() = ServedLoad::Digest(
+            copy->index, absl::string_view(destination, copy->sent->byte_length()));
       }
     }
   }
@@ -447,7 +402,7 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
       open(absl::StrCat("/proc/self/fd/", memfd.get()).c_str(), O_RDONLY | O_CLOEXEC);
   const int memfd_index = static_cast<int>(fds.size());
   fds.push_back(read_only >= 0 ? read_only : memfd.Release());
-  for (const Copy& copy : copies) answer.mutable_tensors(copy.index)->set_fd(memfd_index);
+  for (const ServedTensor* copy : copies) answer.mutable_tensors(copy->index)->set_fd(memfd_index);
   copied_bytes_.fetch_add(memfd_bytes);
   return absl::OkStatus();
 }

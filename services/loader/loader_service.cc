@@ -9,22 +9,17 @@
 #include <vector>
 
 #include "ATen/ATen.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/loader/loader_proto.h"
+#include "libs/loader/served_load.h"
 #include "libs/loader/stream_digest.h"
 #include "libs/rpc/access_policy.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
-#include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
-#include "libs/tensor/device.h"
-#include "libs/tensor/dtype.h"
 
 namespace ckpt {
 namespace {
@@ -192,31 +187,15 @@ grpc::Status LoaderService::Export(grpc::ServerContext* context, const v1::Expor
 
 absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
                                    const v1::LoadRequest& request, const MessageWriter& write) {
-  ASSIGN_OR_RETURN(LoadTarget target, LoadTargetFromProto(request.target()));
   ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
-  // The client places tensors; here they stay on the CPU.
-  target.device = DeviceSpec::Cpu();
   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
   const VersionReader& store_reader = *opened;  // owned by `reader` from here on.
   const std::unique_ptr<VersionReader> reader =
       CachedVersionReader(std::move(opened), &loader_.cache());
-  const v1::Manifest& manifest = reader->manifest();
-  ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned, PlanLoad(manifest, target));
+  ASSIGN_OR_RETURN(const ServedLoad load, ServedLoad::Plan(reader->manifest(), request));
+  const std::string& where = load.where();
   v1::LoadResponse response;
-  ASSIGN_OR_RETURN(*response.mutable_manifest(), AdaptedManifest(manifest, planned, target));
-  const std::string where = FormatVersionRef(manifest.model(), manifest.version());
-  // LoadRequest.only_tensors: the tensors whose bytes this stream sends (all when absent).
-  const size_t tensor_count =
-      planned.size() + static_cast<size_t>(response.manifest().state_tensors_size());
-  std::vector<bool> wanted(tensor_count, !request.has_only_tensors());
-  for (const int32_t index : request.only_tensors().indexes()) {
-    if (index < 0 || static_cast<size_t>(index) >= tensor_count) {
-      return absl::InvalidArgumentError(absl::StrCat("LoadRequest.only_tensors: index ", index,
-                                                     " is outside the ", tensor_count,
-                                                     " tensors of the adapted ", where));
-    }
-    wanted[index] = true;
-  }
+  *response.mutable_manifest() = load.manifest();
   const auto& tamper = options_.tamper_for_testing;
   const int64_t stream = streams_started_.fetch_add(1);
   // Sends `bytes` in pieces: straight from their memory when `owner` keeps it alive (a cached
@@ -259,42 +238,32 @@ absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
   if (!write(SerializeToByteBuffer(response))) {
     return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
   }
-  for (size_t i = 0; i < planned.size(); ++i) {
-    if (!wanted[i]) continue;
-    const v1::TensorMeta& meta = *planned[i].meta;
-    if (target.dtype.Apply(static_cast<DType>(meta.dtype())) == static_cast<DType>(meta.dtype())) {
-      // No cast: chunks go out as they come from the cache, never assembled into a tensor.
-      RETURN_IF_ERROR(loader_.cache().ReadTensorSharedChunks(store_reader, meta, send_chunk(i)));
+  for (const ServedTensor& tensor : load.tensors()) {
+    if (!load.wanted(tensor.index)) continue;
+    if (!tensor.cast) {
+      // Chunks go out as they come from the cache, never assembled into a tensor.
+      RETURN_IF_ERROR(loader_.cache().ReadTensorSharedChunks(
+          store_reader, *tensor.stored, send_chunk(static_cast<size_t>(tensor.index))));
       continue;
     }
-    ASSIGN_OR_RETURN(at::Tensor stored, reader->ReadTensor(meta));
-    ASSIGN_OR_RETURN(at::Tensor cast, PlaceTensor(stored, DeviceSpec::Cpu(), target.dtype));
-    stored = at::Tensor();
-    RETURN_IF_ERROR(CatchTorchErrors([&] { cast = cast.contiguous(); }));
     // The cast tensor is this stream's own: its memory goes out as it is, kept alive by the
     // messages that point into it.
+    ASSIGN_OR_RETURN(const at::Tensor cast, load.Cast(*reader, tensor));
     const absl::string_view bytes(static_cast<const char*>(cast.data_ptr()), cast.nbytes());
     // No stored digest names these bytes: they are hashed as they go and the digest follows.
     Xxh3Stream digest;
-    RETURN_IF_ERROR(send(static_cast<int>(i), 0, bytes, std::make_shared<at::Tensor>(cast),
+    RETURN_IF_ERROR(send(tensor.index, 0, bytes, std::make_shared<at::Tensor>(cast),
                          request.send_digests() ? &digest : nullptr));
     if (request.send_digests()) {
       v1::LoadResponse digest_response;
       v1::TensorDigest& sent_digest = *digest_response.mutable_digest();
-      sent_digest.set_tensor_index(static_cast<int>(i));
+      sent_digest.set_tensor_index(tensor.index);
       sent_digest.set_byte_length(static_cast<int64_t>(bytes.size()));
       sent_digest.set_xxh3_64(digest.Digest());
       if (!write(SerializeToByteBuffer(digest_response))) {
         return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
       }
     }
-  }
-  const v1::Manifest& sent = response.manifest();
-  for (int j = 0; j < sent.state_tensors_size(); ++j) {
-    const size_t index = planned.size() + static_cast<size_t>(j);
-    if (!wanted[index]) continue;
-    RETURN_IF_ERROR(loader_.cache().ReadTensorSharedChunks(store_reader, manifest.state_tensors(j),
-                                                           send_chunk(index)));
   }
   return absl::OkStatus();
 }

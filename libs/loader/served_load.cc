@@ -1,0 +1,90 @@
+#include "libs/loader/served_load.h"
+
+#include <stdexcept>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "libs/loader/loader.h"
+#include "libs/loader/stream_digest.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/dtype.h"
+#include "libs/tensor/value_proto.h"
+
+namespace ckpt {
+
+absl::StatusOr<ServedLoad> ServedLoad::Plan(const v1::Manifest& stored,
+                                            const v1::LoadRequest& request) {
+  ServedLoad load;
+  ASSIGN_OR_RETURN(load.target_, LoadTargetFromProto(request.target()));
+  load.target_.device = DeviceSpec::Cpu();
+  ASSIGN_OR_RETURN(const std::vector<PlannedTensor> planned, PlanLoad(stored, load.target_));
+  ASSIGN_OR_RETURN(v1::Manifest adapted, AdaptedManifest(stored, planned, load.target_));
+  load.manifest_ = std::make_unique<v1::Manifest>(std::move(adapted));
+  load.where_ = FormatVersionRef(stored.model(), stored.version());
+  const v1::Manifest& sent = *load.manifest_;
+  const int model_count = static_cast<int>(planned.size());
+  const int count = model_count + sent.state_tensors_size();
+  load.tensors_.reserve(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    ServedTensor tensor;
+    tensor.index = i;
+    // AdaptedManifest keeps state tensors in stored order; they are never cast.
+    tensor.stored = i < model_count ? planned[i].meta : &stored.state_tensors(i - model_count);
+    tensor.sent = i < model_count ? &sent.tensors(i) : &sent.state_tensors(i - model_count);
+    const DType stored_dtype = static_cast<DType>(tensor.stored->dtype());
+    tensor.cast = i < model_count && load.target_.dtype.Apply(stored_dtype) != stored_dtype;
+    tensor.needs_digest = tensor.sent->chunks_size() == 0;
+    load.tensors_.push_back(tensor);
+  }
+  load.wanted_.assign(static_cast<size_t>(count), !request.has_only_tensors());
+  for (const int32_t index : request.only_tensors().indexes()) {
+    if (index < 0 || index >= count) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadRequest.only_tensors: index ", index,
+                                                     " is outside the ", count,
+                                                     " tensors of the adapted ", load.where_));
+    }
+    load.wanted_[static_cast<size_t>(index)] = true;
+  }
+  return load;
+}
+
+absl::Status ServedLoad::CastInto(const VersionReader& reader, const ServedTensor& tensor,
+                                  char* destination) const {
+  ASSIGN_OR_RETURN(const at::Tensor stored, reader.ReadTensor(*tensor.stored));
+  ASSIGN_OR_RETURN(const DType cast_dtype, DTypeFromProto(tensor.sent->dtype()));
+  ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(cast_dtype));
+  return CatchTorchErrors([&] {
+    at::Tensor into =
+        at::from_blob(destination, stored.sizes(), at::TensorOptions().dtype(scalar_type));
+    if (static_cast<int64_t>(into.nbytes()) != tensor.sent->byte_length()) {
+      throw std::runtime_error(absl::StrCat("tensor '", tensor.sent->key(), "': cast to ",
+                                            into.nbytes(), " bytes, the manifest says ",
+                                            tensor.sent->byte_length()));
+    }
+    into.copy_(stored);
+  });
+}
+
+absl::StatusOr<at::Tensor> ServedLoad::Cast(const VersionReader& reader,
+                                            const ServedTensor& tensor) const {
+  ASSIGN_OR_RETURN(const DType cast_dtype, DTypeFromProto(tensor.sent->dtype()));
+  ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(cast_dtype));
+  std::vector<int64_t> shape(tensor.sent->shape().begin(), tensor.sent->shape().end());
+  at::Tensor cast;
+  RETURN_IF_ERROR(
+      CatchTorchErrors([&] { cast = at::empty(shape, at::TensorOptions().dtype(scalar_type)); }));
+  RETURN_IF_ERROR(CastInto(reader, tensor, static_cast<char*>(cast.data_ptr())));
+  return cast;
+}
+
+v1::TensorDigest ServedLoad::Digest(int index, absl::string_view bytes) {
+  v1::TensorDigest digest;
+  digest.set_tensor_index(index);
+  digest.set_byte_length(static_cast<int64_t>(bytes.size()));
+  digest.set_xxh3_64(Xxh3Of(bytes));
+  return digest;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,118 @@
+#include "libs/loader/served_load.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/loader/stream_digest.h"
+#include "libs/status/status_matchers.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "torch/torch.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class ServedLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    StoreOptions options;
+    options.db_path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
+                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
+    torch::manual_seed(3);
+    weight_ = torch::randn({5, 3});
+    CheckpointContents contents;
+    ASSERT_OK(contents.model.Insert("module.fc.weight", weight_, "cuda:1"));
+    ASSERT_OK(contents.model.Insert("module.fc.steps",
+                                    torch::full({}, 9, torch::dtype(torch::kInt64)), "cpu"));
+    Value optimizer = Value::Dict();
+    optimizer.Set(
+        "state",
+        Value::Dict({{0, Value::Dict({{"exp_avg", Value::Tensor(torch::ones({5, 3}))}})}}));
+    optimizer.Set("param_groups",
+                  Value::List({Value::Dict({{"params", Value::List({Value::Int(0)})}})}));
+    contents.optimizer = optimizer;
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
+    ASSERT_OK_AND_ASSIGN(reader_, store_->OpenVersion(committed.version));
+    request_.mutable_ref()->CopyFrom(committed.version);
+  }
+
+  v1::LoadRequest Request(const LoadTarget& target) const {
+    v1::LoadRequest request = request_;
+    *request.mutable_target() = LoadTargetToProto(target);
+    return request;
+  }
+
+  std::unique_ptr<RocksDbCheckpointStore> store_;
+  std::unique_ptr<VersionReader> reader_;
+  v1::LoadRequest request_;
+  at::Tensor weight_;
+};
+
+TEST_F(ServedLoadTest, CastsFloatingTensorsOnlyAndDigestsWhatNoChunkNames) {
+  LoadTarget target;
+  target.dtype = *DTypePolicy::CastFloatingTo(DType::kBFloat16);
+  target.keys = KeyPolicy::AddPrefix("module.");
+  target.include_optimizer = true;
+  target.device = *ParseDevice("cuda:0");  // the consumer places tensors; the answer is CPU.
+  ASSERT_OK_AND_ASSIGN(const ServedLoad load,
+                       ServedLoad::Plan(reader_->manifest(), Request(target)));
+  EXPECT_EQ(load.target().device, DeviceSpec::Cpu());
+  ASSERT_EQ(load.tensors().size(), 3u);  // two model tensors, then exp_avg.
+  EXPECT_EQ(load.manifest().tensors_size(), 2);
+  EXPECT_EQ(load.manifest().state_tensors_size(), 1);
+
+  const ServedTensor& weight = load.tensors()[0];
+  EXPECT_EQ(weight.sent->key(), "module.fc.weight");
+  EXPECT_TRUE(weight.cast);
+  EXPECT_TRUE(weight.needs_digest);  // cast bytes: no stored chunk names them.
+  const ServedTensor& steps = load.tensors()[1];
+  EXPECT_FALSE(steps.cast);          // integers are never cast.
+  EXPECT_FALSE(steps.needs_digest);  // its stored chunks name its bytes.
+  const ServedTensor& exp_avg = load.tensors()[2];
+  EXPECT_EQ(exp_avg.index, 2);
+  EXPECT_FALSE(exp_avg.cast);  // state tensors go as stored.
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(load.wanted(i));
+
+  ASSERT_OK_AND_ASSIGN(const at::Tensor cast, load.Cast(*reader_, weight));
+  EXPECT_TRUE(cast.equal(weight_.to(torch::kBFloat16)));
+  EXPECT_EQ(static_cast<int64_t>(cast.nbytes()), weight.sent->byte_length());
+  std::string into(static_cast<size_t>(weight.sent->byte_length()), '\0');
+  ASSERT_OK(load.CastInto(*reader_, weight, into.data()));
+  EXPECT_EQ(std::memcmp(into.data(), cast.data_ptr(), into.size()), 0);
+  const v1::TensorDigest digest = ServedLoad::Digest(0, into);
+  EXPECT_EQ(digest.tensor_index(), 0);
+  EXPECT_EQ(digest.byte_length(), weight.sent->byte_length());
+  EXPECT_EQ(digest.xxh3_64(), Xxh3Of(into));
+}
+
+TEST_F(ServedLoadTest, OnlyTensorsSelectsAndOutOfRangeIsRefusedNamingTheVersion) {
+  v1::LoadRequest request = Request(LoadTarget());
+  request.mutable_only_tensors()->add_indexes(1);
+  ASSERT_OK_AND_ASSIGN(const ServedLoad load, ServedLoad::Plan(reader_->manifest(), request));
+  EXPECT_FALSE(load.wanted(0));
+  EXPECT_TRUE(load.wanted(1));
+  EXPECT_FALSE(load.tensors()[0].cast);  // Keep: nothing is cast.
+
+  request.mutable_only_tensors()->add_indexes(2);  // two model tensors, no optimizer asked.
+  EXPECT_THAT(ServedLoad::Plan(reader_->manifest(), request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("index 2 is outside the 2 tensors of the adapted net@")));
+}
+
+TEST_F(ServedLoadTest, BadTargetIsInvalidArgument) {
+  v1::LoadRequest request = request_;
+  request.mutable_target()->set_cast_floating_to(v1::DTYPE_INT64);  // not a floating dtype
+  EXPECT_THAT(ServedLoad::Plan(reader_->manifest(), request),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace ckpt
