@@ -206,7 +206,7 @@ class Server {
         testing::RunfilesPath("services/checkpoint_store/checkpoint_store"), dir);
     const std::string port_file = dir + "/port";
     EXPECT_TRUE(
-        process_->Start({"--db_path=" + db_, "--listen=127.0.0.1:0", "--port_file=" + port_file}));
+        process_->Start({"--store_dir=" + db_, "--listen=127.0.0.1:0", "--port_file=" + port_file}));
     const int port = process_->WaitForPort(port_file, absl::Seconds(60));
     EXPECT_GT(port, 0) << process_->stderr_text();
     RemoteStoreOptions options;

@@ -336,7 +336,7 @@ TEST_F(CkptCliTest, RemoteStoreWithToken) {
   const std::string port_file = Dir() + "/port";
   const pid_t server = fork();
   if (server == 0) {
-    const std::string db = "--db_path=" + Dir() + "/served";
+    const std::string db = "--store_dir=" + Dir() + "/served";
     const std::string port = "--port_file=" + port_file;
     const std::string token = "--auth_token_file=" + token_file;
     execl("services/checkpoint_store/checkpoint_store", "checkpoint_store", db.c_str(),

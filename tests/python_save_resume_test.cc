@@ -47,7 +47,7 @@ TEST(PythonSaveResumeTest, CppResumesAPythonSavedBundleBitExactly) {
   std::filesystem::create_directories(dir + "/store-run");
   ChildProcess store(RunfilesPath("services/checkpoint_store/checkpoint_store"),
                      dir + "/store-run");
-  ASSERT_TRUE(store.Start({"--db_path=" + dir + "/store", "--listen=127.0.0.1:0",
+  ASSERT_TRUE(store.Start({"--store_dir=" + dir + "/store", "--listen=127.0.0.1:0",
                            "--port_file=" + dir + "/store-run/port"}));
   const int port = store.WaitForPort(dir + "/store-run/port", absl::Seconds(60));
   ASSERT_GT(port, 0) << store.stderr_text();

@@ -84,7 +84,7 @@ TEST(S3ChunksBinariesTest, ServerAndCliKeepPacksInTheBucketAndLoadThemBackBitExa
   const std::string db = dir + "/db/index";
   testing::ChildProcess server(testing::RunfilesPath("services/checkpoint_store/checkpoint_store"),
                                dir + "/server");
-  std::vector<std::string> server_flags = {"--db_path=" + db, "--listen=127.0.0.1:0",
+  std::vector<std::string> server_flags = {"--store_dir=" + db, "--listen=127.0.0.1:0",
                                            "--port_file=" + dir + "/server/port"};
   server_flags.insert(server_flags.end(), s3_flags.begin(), s3_flags.end());
   ASSERT_TRUE(server.Start(server_flags));

@@ -71,7 +71,7 @@ std::unique_ptr<ChildProcess> StartStore(const std::string& name, const std::str
   auto store = std::make_unique<ChildProcess>(
       RunfilesPath("services/checkpoint_store/checkpoint_store"), dir);
   const std::string port_file = dir + "/port";
-  EXPECT_TRUE(store->Start({"--db_path=" + Dir() + "/store", "--listen=" + listen,
+  EXPECT_TRUE(store->Start({"--store_dir=" + Dir() + "/store", "--listen=" + listen,
                             "--port_file=" + port_file,
                             "--identities_file=" + Dir() + "/identities.json"}));
   *port = store->WaitForPort(port_file, absl::Seconds(60));

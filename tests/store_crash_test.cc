@@ -113,7 +113,7 @@ class ServerProcess {
     const std::string port_file = absl::StrCat(db_, ".port.", ++starts_);
     pid_ = fork();
     if (pid_ == 0) {
-      const std::string db_flag = "--db_path=" + db_;
+      const std::string db_flag = "--store_dir=" + db_;
       const std::string port_flag = "--port_file=" + port_file;
       execl(binary_.c_str(), binary_.c_str(), db_flag.c_str(), "--listen=127.0.0.1:0",
             port_flag.c_str(), "--abandoned_upload_grace=0s", static_cast<char*>(nullptr));

@@ -460,7 +460,7 @@ TEST(SyncKillTest, ServingDirectoryIsNeverPartialWhileSyncIsKilledMidExport) {
   fs::create_directories(Dir() + "/store-run");
   ChildProcess store(RunfilesPath("services/checkpoint_store/checkpoint_store"),
                      Dir() + "/store-run");
-  ASSERT_TRUE(store.Start({"--db_path=" + Dir() + "/store", "--listen=127.0.0.1:0",
+  ASSERT_TRUE(store.Start({"--store_dir=" + Dir() + "/store", "--listen=127.0.0.1:0",
                            "--port_file=" + Dir() + "/store-run/port"}));
   const int store_port = store.WaitForPort(Dir() + "/store-run/port", absl::Seconds(60));
   ASSERT_GT(store_port, 0) << store.stderr_text();

@@ -206,7 +206,7 @@ class WriterRaceTest : public ::testing::Test {
     std::filesystem::create_directories(Dir() + "/store-run");
     store_ = std::make_unique<ChildProcess>(
         RunfilesPath("services/checkpoint_store/checkpoint_store"), Dir() + "/store-run");
-    ASSERT_TRUE(store_->Start({"--db_path=" + Dir() + "/store", "--listen=127.0.0.1:0",
+    ASSERT_TRUE(store_->Start({"--store_dir=" + Dir() + "/store", "--listen=127.0.0.1:0",
                                "--port_file=" + Dir() + "/store-run/port",
                                "--identities_file=" + Dir() + "/identities.json"}));
     store_port_ = store_->WaitForPort(Dir() + "/store-run/port", absl::Seconds(60));

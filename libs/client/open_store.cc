@@ -4,11 +4,44 @@
 
 #include "absl/strings/str_cat.h"
 #include "libs/client/remote_checkpoint_store.h"
+#include "libs/rpc/bearer_auth.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/audited_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 
 namespace ckpt {
+
+absl::StatusOr<StoreLocation> StoreLocationFromFlags(const StoreClientFlags& flags) {
+  StoreLocation location;
+  const bool names_directory = !flags.store_dir.empty() &&
+                               (flags.store.empty() || flags.store_dir != flags.store_dir_default);
+  if (flags.store.empty() == !names_directory) {
+    return absl::InvalidArgumentError(
+        "exactly one of --store=HOST:PORT (a checkpoint_store service) and --store_dir=DIR (an "
+        "embedded store) is required");
+  }
+  if (flags.store.empty()) {
+    if (!flags.auth_token_file.empty()) {
+      return absl::InvalidArgumentError("--store_auth_token_file needs --store");
+    }
+    if (!(flags.tls_ca_file.empty() && flags.tls_cert_file.empty() && flags.tls_key_file.empty() &&
+          flags.tls_server_name.empty())) {
+      return absl::InvalidArgumentError("--store_tls_* flags need --store");
+    }
+    location.directory = flags.store_dir;
+    return location;
+  }
+  location.address = flags.store;
+  if (!flags.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(location.auth_token,
+                     ReadAuthTokenFile(flags.auth_token_file, "--store_auth_token_file"));
+  }
+  location.tls.ca_file = flags.tls_ca_file;
+  location.tls.cert_file = flags.tls_cert_file;
+  location.tls.key_file = flags.tls_key_file;
+  location.tls.server_name = flags.tls_server_name;
+  return location;
+}
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenCheckpointStore(
     const StoreLocation& location) {

@@ -39,6 +39,27 @@ struct StoreLocation {
   std::string ToString() const { return address.empty() ? directory : address; }
 };
 
+// The store-client flags as given (libs/rpc/service_flags.h: --store, --store_dir,
+// --store_auth_token_file, --store_tls_*); empty strings are flags not given.
+struct StoreClientFlags {
+  std::string store;
+  std::string store_dir;
+  std::string auth_token_file;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  // The binary's default --store_dir ("ckpt-data" for the trainer, none for the loader): a
+  // --store given beside a store_dir other than this names two stores.
+  std::string store_dir_default;
+};
+
+// The location `flags` name: the service --store names when given (its token read from the
+// file), else the directory --store_dir names. INVALID_ARGUMENT unless exactly one of them is
+// given (a default --store_dir yields to --store), or for --store_auth_token_file or
+// --store_tls_* without --store; the errors of ReadAuthTokenFile.
+absl::StatusOr<StoreLocation> StoreLocationFromFlags(const StoreClientFlags& flags);
+
 // A directory's store comes wrapped in an AuditedStore (libs/store/audited_store.h) naming this
 // process's user, "local:<user name>" from peer "local", so changes made in-process are audited as
 // a server audits its callers; a remote store is returned as it is (its server audits).

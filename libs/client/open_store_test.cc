@@ -72,6 +72,48 @@ TEST(OpenCheckpointStoreTest, NeedsExactlyOneOfAddressAndDirectory) {
               StatusIs(absl::StatusCode::kInvalidArgument, "auth token"));
 }
 
+// Which store-client flags go together: checked here once for the loader and the trainer.
+TEST(StoreLocationFromFlagsTest, OneStoreAndClientSettingsOnlyForAService) {
+  StoreClientFlags directory;
+  directory.store_dir = "/data/ckpt";
+  ASSERT_OK_AND_ASSIGN(StoreLocation location, StoreLocationFromFlags(directory));
+  EXPECT_EQ(location.directory, "/data/ckpt");
+  EXPECT_TRUE(location.address.empty());
+
+  EXPECT_THAT(StoreLocationFromFlags({}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "exactly one of --store"));
+  StoreClientFlags both = directory;
+  both.store = "127.0.0.1:1";
+  EXPECT_THAT(StoreLocationFromFlags(both),
+              StatusIs(absl::StatusCode::kInvalidArgument, "exactly one of --store"));
+  // A binary's default --store_dir (the trainer's ckpt-data) yields to --store.
+  both.store_dir_default = "/data/ckpt";
+  ASSERT_OK_AND_ASSIGN(location, StoreLocationFromFlags(both));
+  EXPECT_EQ(location.address, "127.0.0.1:1");
+  EXPECT_TRUE(location.directory.empty());
+
+  StoreClientFlags token = directory;
+  token.auth_token_file = "/tmp/token";
+  EXPECT_THAT(StoreLocationFromFlags(token), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                      "--store_auth_token_file needs --store"));
+  StoreClientFlags tls = directory;
+  tls.tls_server_name = "store.example";
+  EXPECT_THAT(StoreLocationFromFlags(tls),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--store_tls_* flags need --store"));
+
+  StoreClientFlags service;
+  service.store = "127.0.0.1:1";
+  service.tls_ca_file = "ca.pem";
+  service.tls_server_name = "store.example";
+  service.auth_token_file = TestDir() + "/no-such-token";
+  EXPECT_THAT(StoreLocationFromFlags(service),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--store_auth_token_file"));
+  service.auth_token_file.clear();
+  ASSERT_OK_AND_ASSIGN(location, StoreLocationFromFlags(service));
+  EXPECT_EQ(location.tls.ca_file, "ca.pem");
+  EXPECT_EQ(location.tls.server_name, "store.example");
+}
+
 TEST(OpenCheckpointStoreTest, AMissingDirectoryIsNotFoundWithoutCreate) {
   StoreLocation location;
   location.directory = TestDir();

@@ -8,6 +8,8 @@
 
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "libs/io/atomic_file.h"
 
 namespace ckpt {
 
@@ -28,6 +30,29 @@ sigset_t BlockStopSignals() {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return signals;
+}
+
+absl::Status WritePortFile(const std::string& port_file, int port) {
+  return WriteFileAtomically(port_file, absl::StrCat(port, "\n"));
+}
+
+int ServeUntilStopped(GrpcServer& server, const sigset_t& stop_signals,
+                      const ServeOptions& options) {
+  if (!options.port_file.empty()) {
+    if (absl::Status written = WritePortFile(options.port_file, server.port()); !written.ok()) {
+      std::cerr << options.program << ": writing --port_file: " << written << "\n";
+      server.Shutdown(absl::ZeroDuration());
+      server.Wait();
+      return 1;
+    }
+  }
+  std::cout << options.serving_line << " on " << server.address() << options.after_address
+            << std::endl;
+  WaitForStopSignal(stop_signals, options.program, options.grace);
+  if (options.before_shutdown) options.before_shutdown();
+  server.Shutdown(options.grace);
+  server.Wait();
+  return 0;
 }
 
 void WaitForStopSignal(const sigset_t& signals, absl::string_view program, absl::Duration grace) {

@@ -13,8 +13,13 @@
 
 #include <signal.h>
 
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "libs/rpc/grpc_server.h"
 
 namespace ckpt {
 
@@ -26,6 +31,25 @@ void SetHelpFlagsFile(absl::string_view main_file);
 // (RocksDB and gRPC start theirs) so that every thread inherits the mask and the signals wait
 // for WaitForStopSignal instead of killing the process.
 sigset_t BlockStopSignals();
+
+// Writes `port` (decimal, one line) to `port_file` atomically, for scripts that start a server on
+// port 0 and wait for the file.
+absl::Status WritePortFile(const std::string& port_file, int port);
+
+// What every server binary does once its GrpcServer is up: writes --port_file (when set), prints
+// "<serving_line> on ADDRESS" to stdout, waits for SIGINT / SIGTERM, runs `before_shutdown` (e.g.
+// ending watches or a side server), then shuts the server down giving in-flight calls `grace`.
+// Returns the exit status: 0, or 1 when the port file cannot be written (nothing is served).
+struct ServeOptions {
+  std::string program;        // "loader", for log lines.
+  std::string serving_line;   // "loader serving DIR"
+  std::string after_address;  // printed after the address, e.g. " and SOCKET".
+  std::string port_file;
+  absl::Duration grace = absl::Seconds(10);
+  std::function<void()> before_shutdown;
+};
+int ServeUntilStopped(GrpcServer& server, const sigset_t& stop_signals,
+                      const ServeOptions& options);
 
 // Waits for one of `signals` and logs "<program>: <signal>; shutting down (grace <grace>)".
 void WaitForStopSignal(const sigset_t& signals, absl::string_view program, absl::Duration grace);

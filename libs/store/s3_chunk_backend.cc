@@ -7,12 +7,15 @@
 #include <future>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "libs/status/status_macros.h"
 
@@ -384,6 +387,37 @@ absl::Status LoadS3Credentials(const std::string& credentials_file, S3ChunkStora
   config.access_key = std::move(access_key);
   config.secret_key = std::move(secret_key);
   return absl::OkStatus();
+}
+
+absl::StatusOr<S3ChunkStorageConfig> S3ChunkStorageFromFlags(const S3ChunkFlags& flags) {
+  S3ChunkStorageConfig config;
+  if (flags.endpoint.empty()) {
+    std::vector<std::string> given;
+    for (const auto& [name, value] :
+         {std::pair<const char*, const std::string*>{"bucket", &flags.bucket},
+          {"prefix", &flags.prefix},
+          {"region", &flags.region},
+          {"credentials_file", &flags.credentials_file},
+          {"ca_file", &flags.ca_file}}) {
+      if (!value->empty()) given.push_back(absl::StrCat("--chunks_s3_", name));
+    }
+    if (!given.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(absl::StrJoin(given, ", "), " need", given.size() == 1 ? "s" : "",
+                       " --chunks_s3_endpoint (and --chunks_s3_bucket)"));
+    }
+    return config;
+  }
+  if (flags.bucket.empty()) {
+    return absl::InvalidArgumentError("--chunks_s3_endpoint needs --chunks_s3_bucket");
+  }
+  config.endpoint = flags.endpoint;
+  config.bucket = flags.bucket;
+  config.prefix = flags.prefix;
+  if (!flags.region.empty()) config.region = flags.region;
+  config.ca_file = flags.ca_file;
+  RETURN_IF_ERROR(LoadS3Credentials(flags.credentials_file, config));
+  return config;
 }
 
 absl::StatusOr<std::shared_ptr<ChunkBackend>> OpenS3ChunkStorage(

@@ -123,6 +123,28 @@ struct S3ChunkStorageConfig {
 // which `ps` shows to every user. INVALID_ARGUMENT naming what is missing; the file's read error.
 absl::Status LoadS3Credentials(const std::string& credentials_file, S3ChunkStorageConfig& config);
 
+// The --chunks_s3_* flags as given (libs/rpc/service_flags.h, and ckpt's options of the same
+// names); empty strings are flags not given.
+struct S3ChunkFlags {
+  std::string endpoint;
+  std::string bucket;
+  std::string prefix;
+  std::string region;
+  std::string credentials_file;
+  std::string ca_file;
+
+  // No --chunks_s3_* flag was given.
+  bool empty() const {
+    return endpoint.empty() && bucket.empty() && prefix.empty() && region.empty() &&
+           credentials_file.empty() && ca_file.empty();
+  }
+};
+
+// The storage `flags` describe, credentials loaded (LoadS3Credentials); endpoint empty when no
+// flag was given (pack files). INVALID_ARGUMENT for any --chunks_s3_* flag without
+// --chunks_s3_endpoint (none is silently ignored), or an endpoint without a bucket.
+absl::StatusOr<S3ChunkStorageConfig> S3ChunkStorageFromFlags(const S3ChunkFlags& flags);
+
 // The S3ChunkBackend `config` describes (Create checks that the bucket can be listed), for
 // StoreOptions::chunk_backend; null when config.endpoint is empty. INVALID_ARGUMENT for a bucket
 // or credentials missing; S3's error when the bucket cannot be listed.

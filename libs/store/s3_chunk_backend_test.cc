@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string>
@@ -222,6 +223,39 @@ TEST(S3ChunkBackendTest, CreateRefusesBadOptionsAndAnUnreachableBucket) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<s3::S3Client> wrong_client, s3::S3Client::Create(wrong));
   EXPECT_THAT(S3ChunkBackend::Create(std::move(wrong_client), S3ChunkBackendOptions()),
               StatusIs(absl::StatusCode::kNotFound, "cannot list"));
+}
+
+// Which --chunks_s3_* flags go together: checked here once for the store service, the loader and
+// ckpt.
+TEST(S3ChunkStorageFromFlagsTest, NoFlagIsIgnoredAndTheEndpointNeedsABucket) {
+  ASSERT_OK_AND_ASSIGN(S3ChunkStorageConfig none, S3ChunkStorageFromFlags({}));
+  EXPECT_TRUE(none.endpoint.empty());
+  S3ChunkFlags stray;
+  stray.region = "default";
+  stray.ca_file = "ca.pem";
+  EXPECT_THAT(S3ChunkStorageFromFlags(stray),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--chunks_s3_region, --chunks_s3_ca_file need --chunks_s3_endpoint"));
+  S3ChunkFlags no_bucket;
+  no_bucket.endpoint = "http://127.0.0.1:1";
+  EXPECT_THAT(S3ChunkStorageFromFlags(no_bucket),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--chunks_s3_endpoint needs --chunks_s3_bucket"));
+  const std::string credentials = absl::StrCat(std::getenv("TEST_TMPDIR"), "/credentials");
+  {
+    std::ofstream file(credentials);
+    file << "[default]\naws_access_key_id = AKID\naws_secret_access_key = SECRET\n";
+  }
+  S3ChunkFlags full = no_bucket;
+  full.bucket = "ckpt";
+  full.prefix = "team-a/";
+  full.credentials_file = credentials;
+  ASSERT_OK_AND_ASSIGN(S3ChunkStorageConfig config, S3ChunkStorageFromFlags(full));
+  EXPECT_EQ(config.bucket, "ckpt");
+  EXPECT_EQ(config.prefix, "team-a/");
+  EXPECT_EQ(config.region, "us-east-1");  // the default when --chunks_s3_region is not given.
+  EXPECT_EQ(config.access_key, "AKID");
+  EXPECT_EQ(config.secret_key, "SECRET");
 }
 
 TEST(S3ChunkBackendTest, ACompleteWhoseAnswerWasLostIsAcceptedWhenItsObjectIsThere) {

@@ -2,7 +2,7 @@
 // grpc.health.v1.Health and reflection), in plaintext or over TLS / mutual TLS, with named
 // identities and roles (--identities_file).
 //
-//   bazel run //services/checkpoint_store -- --db_path=/data/ckpt --listen=127.0.0.1:50051
+//   bazel run //services/checkpoint_store -- --store_dir=/data/ckpt --listen=127.0.0.1:50051
 //
 // Prints "checkpoint store serving DB on ADDRESS" once serving (and, with --port_file, writes the
 // port there first). SIGINT / SIGTERM shut down gracefully: health turns NOT_SERVING, new calls
@@ -32,52 +32,29 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "libs/io/atomic_file.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"
+#include "libs/rpc/service_flags.h"
+#include "libs/status/status_macros.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/s3_chunk_backend.h"
 #include "services/checkpoint_store/store_service.h"
 
+ABSL_FLAG(std::string, store_dir, "",
+          "Directory of the store's RocksDB database (and its pack files); created if it does "
+          "not exist. Required.");
 ABSL_FLAG(std::string, db_path, "",
-          "Directory of the store's RocksDB database; created if it does not exist. Required.");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0",
-          "HOST:PORT to serve on. Port 0 picks a free port (see --port_file). Default "
-          "127.0.0.1:0: loopback only; serving other machines (0.0.0.0:PORT) is an explicit "
-          "choice.");
-ABSL_FLAG(std::string, port_file, "",
-          "If set, the port actually bound is written to this file (decimal, one line), "
-          "atomically, once the server is serving, for scripts that start it on port 0. "
-          "Default: none.");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding one bearer token every call must present as metadata 'authorization: "
-          "Bearer <token>' (surrounding whitespace is ignored; health checks and reflection stay "
-          "open); its holder may do anything. For named identities with roles use "
-          "--identities_file instead. Default: none.");
-ABSL_FLAG(std::string, identities_file, "",
-          "JSON file of named identities, each with a role (reader, writer, admin), optional "
-          "model-name patterns, and a token_sha256 or a client certificate name "
-          "(libs/rpc/access_policy.h; README 'Serving the store to other teams'). Re-read when it "
-          "changes. Default: none (every caller is admitted).");
-ABSL_FLAG(std::string, tls_cert_file, "",
-          "PEM certificate chain of this server: serve TLS (with --tls_key_file). Re-read when "
-          "it changes. Default: plaintext, with a warning at start-up on any address other than "
-          "loopback.");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
-ABSL_FLAG(std::string, tls_client_ca_file, "",
-          "PEM CA bundle: require every client to present a certificate signed by it (mutual "
-          "TLS); its SAN or CN is the caller's identity. Default: no client certificates.");
-ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
-          "How often the TLS files are checked for a rotated certificate. Default 60s.");
+          "Deprecated spelling of --store_dir (every other ckpt binary says --store_dir); "
+          "accepted, with a warning, until the next release.");
+CKPT_DEFINE_LISTEN_FLAGS(, "127.0.0.1:0");
+CKPT_DEFINE_SERVER_SECURITY_FLAGS();
+CKPT_DEFINE_SHUTDOWN_GRACE_FLAG();
+CKPT_DEFINE_S3_CHUNK_FLAGS();
 ABSL_FLAG(int, max_message_bytes, 16 << 20,
           "Largest gRPC message received or sent, in bytes. Tensor bytes move in pieces of at "
           "most 1 MiB, so this bounds manifests and listings; at least 1114112 (1 MiB + 64 KiB). "
           "Default 16777216 (16 MiB).");
-ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
-          "On SIGINT / SIGTERM, how long in-flight calls may run before they are cancelled; an "
-          "upload not committed by then leaves nothing visible. A duration such as 10s or 500ms. "
-          "Default 10s.");
 ABSL_FLAG(absl::Duration, abandoned_upload_grace, absl::Hours(1),
           "Garbage collection leaves the chunks of an upload abandoned less than this long ago, "
           "so a client that reconnects can reuse them; uploads in progress are never collected. "
@@ -91,33 +68,6 @@ ABSL_FLAG(int, max_watches, 1000,
 ABSL_FLAG(absl::Duration, watch_write_timeout, absl::Seconds(30),
           "A watcher that has not taken a message for this long (it stopped reading) is cut "
           "off; it may resume from its last resume token. Default 30s.");
-ABSL_FLAG(std::string, chunks_s3_endpoint, "",
-          "Keep chunk bytes in an S3-compatible object store at this endpoint "
-          "(http://HOST:PORT or https://HOST[:PORT]; path-style, e.g. radosgw, MinIO, AWS) "
-          "instead of pack files under --db_path. RocksDB in --db_path stays the index "
-          "(versions, refcounts, where each chunk lies): keep it as safe as the bucket, and open "
-          "the store with the same --chunks_s3_* flags every time. Each commit uploads one pack "
-          "object (multipart in 8 MiB parts) and is acknowledged only once it is in the bucket. "
-          "Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment, "
-          "or --chunks_s3_credentials_file; never from a flag value. Default: unset (pack "
-          "files).");
-ABSL_FLAG(std::string, chunks_s3_bucket, "",
-          "With --chunks_s3_endpoint: the bucket (it must exist). Required then.");
-ABSL_FLAG(std::string, chunks_s3_prefix, "",
-          "With --chunks_s3_endpoint: a key prefix ending in '/' (e.g. team-a/), so one bucket "
-          "can hold several stores; objects are PREFIXpacks/<16 hex>.pack. One prefix serves one "
-          "store: garbage collection deletes pack objects under it that this store does not "
-          "name. Default: empty.");
-ABSL_FLAG(std::string, chunks_s3_region, "us-east-1",
-          "With --chunks_s3_endpoint: the region in the SigV4 signature (radosgw: its "
-          "zonegroup, usually 'default', though it accepts any). Default us-east-1.");
-ABSL_FLAG(std::string, chunks_s3_credentials_file, "",
-          "With --chunks_s3_endpoint: a file in AWS's shared-credentials format "
-          "(aws_access_key_id = ... / aws_secret_access_key = ...) to read the key from instead "
-          "of the environment. Default: the environment.");
-ABSL_FLAG(std::string, chunks_s3_ca_file, "",
-          "With an https --chunks_s3_endpoint: PEM CA certificates to trust instead of the "
-          "system's. Default: the system's.");
 ABSL_FLAG(int64_t, watch_max_lag, 10000,
           "A watcher held up by flow control and more than this many history events behind "
           "ends with RESOURCE_EXHAUSTED naming its resume token. Default 10000.");
@@ -144,30 +94,23 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
         absl::StrCat("unexpected argument '", positional[1], "'; every setting is a --flag"));
   }
   ServerConfig config;
-  config.store.db_path = absl::GetFlag(FLAGS_db_path);
+  config.store.db_path = absl::GetFlag(FLAGS_store_dir);
+  if (const std::string old_spelling = absl::GetFlag(FLAGS_db_path); !old_spelling.empty()) {
+    if (!config.store.db_path.empty()) {
+      return absl::InvalidArgumentError(
+          "--db_path is the old spelling of --store_dir: give only --store_dir");
+    }
+    std::cerr << "checkpoint_store: --db_path is deprecated; use --store_dir (the same flag)\n";
+    config.store.db_path = old_spelling;
+  }
   if (config.store.db_path.empty()) {
-    return absl::InvalidArgumentError("--db_path is required: the store's database directory");
+    return absl::InvalidArgumentError("--store_dir is required: the store's database directory");
   }
   config.store.abandoned_upload_grace = absl::GetFlag(FLAGS_abandoned_upload_grace);
   if (config.store.abandoned_upload_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--abandoned_upload_grace must not be negative");
   }
-  config.chunks_s3.endpoint = absl::GetFlag(FLAGS_chunks_s3_endpoint);
-  config.chunks_s3.bucket = absl::GetFlag(FLAGS_chunks_s3_bucket);
-  config.chunks_s3.prefix = absl::GetFlag(FLAGS_chunks_s3_prefix);
-  config.chunks_s3.region = absl::GetFlag(FLAGS_chunks_s3_region);
-  config.chunks_s3.ca_file = absl::GetFlag(FLAGS_chunks_s3_ca_file);
-  if (!config.chunks_s3.endpoint.empty()) {
-    if (config.chunks_s3.bucket.empty()) {
-      return absl::InvalidArgumentError("--chunks_s3_endpoint needs --chunks_s3_bucket");
-    }
-    absl::Status credentials =
-        LoadS3Credentials(absl::GetFlag(FLAGS_chunks_s3_credentials_file), config.chunks_s3);
-    if (!credentials.ok()) return credentials;
-  } else if (!config.chunks_s3.bucket.empty() || !config.chunks_s3.prefix.empty()) {
-    return absl::InvalidArgumentError(
-        "--chunks_s3_bucket / --chunks_s3_prefix need --chunks_s3_endpoint");
-  }
+  ASSIGN_OR_RETURN(config.chunks_s3, S3ChunkStorageFromFlags(CKPT_S3_CHUNK_FROM_FLAGS()));
   config.server.listen_address = absl::GetFlag(FLAGS_listen);
   config.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (config.server.max_message_bytes < kMinMaxMessageBytes) {
@@ -193,17 +136,10 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
                      absl::FormatDuration(config.service.watch_write_timeout),
                      ") and --watch_max_lag >= 1 (got ", config.service.watch_max_lag, ")"));
   }
-  ServerSecurityFlags security_flags;
-  security_flags.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
-  security_flags.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
-  security_flags.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
-  security_flags.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
-  security_flags.identities_file = absl::GetFlag(FLAGS_identities_file);
-  security_flags.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
-  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags);
-  if (!security.ok()) return security.status();
-  config.server.tls = security->tls;
-  config.service.access = security->access;
+  ASSIGN_OR_RETURN(const ServerSecurity security,
+                   LoadServerSecurity(CKPT_SERVER_SECURITY_FROM_FLAGS(), "--"));
+  config.server.tls = security.tls;
+  config.service.access = security.access;
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (config.shutdown_grace < absl::ZeroDuration()) {
@@ -239,27 +175,18 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
     std::cerr << "checkpoint_store: " << server.status() << "\n";
     return kExitFailure;
   }
-  if (!config.port_file.empty()) {
-    absl::Status written =
-        WriteFileAtomically(config.port_file, absl::StrCat((*server)->port(), "\n"));
-    if (!written.ok()) {
-      std::cerr << "checkpoint_store: writing --port_file: " << written << "\n";
-      (*server)->Shutdown(absl::ZeroDuration());
-      (*server)->Wait();
-      return kExitFailure;
-    }
-  }
-  std::cout << "checkpoint store serving " << config.store.db_path << " on " << (*server)->address()
-            << std::endl;
-
-  WaitForStopSignal(stop_signals, "checkpoint_store", config.shutdown_grace);
-  (*service)->EndWatches();  // watches never end on their own; the grace is for other calls.
-  (*server)->Shutdown(config.shutdown_grace);
-  (*server)->Wait();
+  ServeOptions serve;
+  serve.program = "checkpoint_store";
+  serve.serving_line = absl::StrCat("checkpoint store serving ", config.store.db_path);
+  serve.port_file = config.port_file;
+  serve.grace = config.shutdown_grace;
+  // Watches never end on their own; the grace is for other calls.
+  serve.before_shutdown = [&service] { (*service)->EndWatches(); };
+  const int exit_code = ServeUntilStopped(**server, stop_signals, serve);
   server->reset();
   service->reset();  // Waits for the last call, joins its threads.
   store->reset();
-  return 0;
+  return exit_code;
 }
 
 }  // namespace
@@ -268,7 +195,7 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves a ckpt checkpoint store over gRPC.\n"
-      "  checkpoint_store --db_path=DIR [--listen=127.0.0.1:0] [--port_file=FILE]\n"
+      "  checkpoint_store --store_dir=DIR [--listen=127.0.0.1:0] [--port_file=FILE]\n"
       "                   [--tls_cert_file=PEM --tls_key_file=PEM [--tls_client_ca_file=PEM]]\n"
       "                   [--identities_file=JSON | --auth_token_file=FILE] "
       "[--shutdown_grace=10s]");

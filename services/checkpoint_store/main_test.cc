@@ -65,7 +65,7 @@ TEST(CheckpointStoreMainTest, ServesUntilSigtermThenExitsZero) {
   WriteTextFile(dir + "/token", "  tok-123\n");
 
   ServerProcess server(dir);
-  ASSERT_TRUE(server.Start({"--db_path=" + db, "--listen=127.0.0.1:0", "--port_file=" + port_file,
+  ASSERT_TRUE(server.Start({"--store_dir=" + db, "--listen=127.0.0.1:0", "--port_file=" + port_file,
                             "--auth_token_file=" + dir + "/token", "--shutdown_grace=2s"}));
   const int port = server.WaitForPort(port_file, absl::Seconds(20));
   ASSERT_GT(port, 0) << server.stderr_text();
@@ -90,7 +90,7 @@ TEST(CheckpointStoreMainTest, ServesUntilSigtermThenExitsZero) {
 
   // The database is the running server's: a second server on it fails and says why.
   ServerProcess second(dir + "/second");
-  ASSERT_TRUE(second.Start({"--db_path=" + db}));
+  ASSERT_TRUE(second.Start({"--store_dir=" + db}));
   std::optional<int> second_status = second.WaitForExit(absl::Seconds(20));
   ASSERT_TRUE(second_status.has_value());
   EXPECT_EQ(WEXITSTATUS(*second_status), 1);
@@ -110,8 +110,10 @@ TEST(CheckpointStoreMainTest, SigintAlsoShutsDownGracefully) {
   const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   ServerProcess server(dir);
+  // The old spelling of --store_dir still works for one release, and says so.
   ASSERT_TRUE(server.Start({"--db_path=" + dir + "/db", "--port_file=" + dir + "/port"}));
   ASSERT_GT(server.WaitForPort(dir + "/port", absl::Seconds(20)), 0) << server.stderr_text();
+  EXPECT_THAT(server.stderr_text(), HasSubstr("--db_path is deprecated; use --store_dir"));
   server.Signal(SIGINT);
   std::optional<int> status = server.WaitForExit(absl::Seconds(20));
   ASSERT_TRUE(status.has_value()) << "still running after SIGINT";
@@ -119,17 +121,38 @@ TEST(CheckpointStoreMainTest, SigintAlsoShutsDownGracefully) {
   EXPECT_EQ(WEXITSTATUS(*status), 0) << server.stderr_text();
 }
 
+TEST(CheckpointStoreMainTest, HelpListsTheSharedFlags) {
+  const std::string dir = TestCaseDir();
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  ServerProcess server(dir);
+  ASSERT_TRUE(server.Start({"--help"}));
+  ASSERT_TRUE(server.WaitForExit(absl::Seconds(20)).has_value());
+  const std::string help = server.stdout_text() + server.stderr_text();
+  for (const char* flag :
+       {"--store_dir", "--listen", "--port_file", "--tls_cert_file", "--tls_key_file",
+        "--tls_client_ca_file", "--tls_reload_interval", "--identities_file", "--auth_token_file",
+        "--shutdown_grace", "--chunks_s3_endpoint", "--chunks_s3_credentials_file",
+        "--max_watches"}) {
+    EXPECT_THAT(help, HasSubstr(flag)) << help;
+  }
+}
+
 TEST(CheckpointStoreMainTest, BadFlagsExitTwoWithAClearMessage) {
   const std::string dir = TestCaseDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
   WriteTextFile(dir + "/empty_token", " \n");
-  const std::string db = "--db_path=" + dir + "/db";
+  const std::string db = "--store_dir=" + dir + "/db";
   struct Case {
     std::vector<std::string> flags;
     std::string message;
   };
   const std::vector<Case> cases = {
-      {{}, "--db_path is required"},
+      {{}, "--store_dir is required"},
+      {{db, "--db_path=" + dir + "/db"}, "old spelling of --store_dir"},
+      {{db, "--tls_key_file=" + dir + "/key.pem"}, "TLS needs both --tls_cert_file"},
+      {{db, "--chunks_s3_region=default"}, "--chunks_s3_region needs --chunks_s3_endpoint"},
+      {{db, "--chunks_s3_endpoint=http://127.0.0.1:1"},
+       "--chunks_s3_endpoint needs --chunks_s3_bucket"},
       {{db, "--auth_token_file=" + dir + "/missing"}, "cannot read --auth_token_file"},
       {{db, "--auth_token_file=" + dir + "/empty_token"}, "is empty"},
       {{db, "--max_message_bytes=1000"}, "too small"},

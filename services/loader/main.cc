@@ -41,47 +41,16 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"
+#include "libs/rpc/service_flags.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/s3_chunk_backend.h"
 #include "services/loader/loader_service.h"
 
-ABSL_FLAG(std::string, store, "",
-          "HOST:PORT of a checkpoint_store server to read versions from. Exactly one of --store "
-          "and --store_dir is required.");
-ABSL_FLAG(std::string, store_dir, "",
-          "Directory of a RocksDB checkpoint store to open in this process (embedded; no other "
-          "process may have it open). Exactly one of --store and --store_dir is required.");
-ABSL_FLAG(std::string, store_auth_token_file, "",
-          "With --store: file holding the bearer token for the checkpoint store. Default: none.");
-ABSL_FLAG(std::string, store_tls_ca_file, "",
-          "With --store: PEM CA that signed the store server's certificate; turns TLS on. "
-          "Default: plaintext.");
-ABSL_FLAG(std::string, store_tls_cert_file, "",
-          "With --store_tls_ca_file: PEM certificate this loader presents to the store (mutual "
-          "TLS), with --store_tls_key_file.");
-ABSL_FLAG(std::string, store_tls_key_file, "", "PEM private key of --store_tls_cert_file.");
-ABSL_FLAG(std::string, store_tls_server_name, "",
-          "Name the store's certificate must carry when it differs from --store's host.");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0",
-          "HOST:PORT to serve on. Port 0 picks a free port (see --port_file). Default "
-          "127.0.0.1:0: loopback only.");
-ABSL_FLAG(std::string, port_file, "",
-          "If set, the port actually bound is written to this file (decimal, one line), "
-          "atomically, once the server is serving. Default: none.");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding one bearer token every call must present as metadata 'authorization: "
-          "Bearer <token>' (surrounding whitespace ignored; health checks and reflection stay "
-          "open). For named identities with roles use --identities_file instead. Default: none.");
-ABSL_FLAG(std::string, identities_file, "",
-          "JSON file of named identities with roles and optional model scopes, by token hash or "
-          "client certificate (libs/rpc/access_policy.h); the loader's calls need the reader "
-          "role. Re-read when it changes. Default: none (every caller is admitted).");
-ABSL_FLAG(std::string, tls_cert_file, "",
-          "PEM certificate chain of this server: serve TLS (with --tls_key_file). Re-read when "
-          "it changes. Default: plaintext (warned about on any address but loopback).");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
-ABSL_FLAG(std::string, tls_client_ca_file, "",
-          "PEM CA bundle: require client certificates signed by it (mutual TLS).");
-ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(60),
-          "How often the TLS files are checked for a rotated certificate. Default 60s.");
+CKPT_DEFINE_STORE_CLIENT_FLAGS("");
+CKPT_DEFINE_S3_CHUNK_FLAGS();
+CKPT_DEFINE_LISTEN_FLAGS(, "127.0.0.1:0");
+CKPT_DEFINE_SERVER_SECURITY_FLAGS();
+CKPT_DEFINE_SHUTDOWN_GRACE_FLAG();
 ABSL_FLAG(int64_t, cache_bytes, int64_t{1} << 30,
           "Bytes of store chunks kept in memory, shared by every reader (LRU, content-addressed: "
           "concurrent readers of one version share one copy). 0 disables caching. Default "
@@ -107,10 +76,6 @@ ABSL_FLAG(std::vector<std::string>, shm_allowed_uids, {},
           "Comma-separated uids admitted on --shm_socket besides this loader's own. They get "
           "copies of exactly the tensors they load, never the store's pack files (which may "
           "hold other models' bytes). Default: none.");
-ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
-          "On SIGINT / SIGTERM, how long in-flight calls may run before they are cancelled. A "
-          "duration such as 10s or 500ms. Default 10s.");
-
 namespace ckpt {
 namespace {
 
@@ -119,10 +84,8 @@ constexpr int kExitFailure = 1;
 constexpr int kMinMaxMessageBytes = kMaxLoaderPieceBytes + (64 << 10);
 
 struct ServerConfig {
-  std::string store_address;
-  std::string store_auth_token;
-  ClientTlsOptions store_tls;
-  std::string store_dir;
+  StoreLocation store;
+  S3ChunkStorageConfig chunks_s3;  // endpoint empty: pack files (or a --store service).
   LoaderServiceOptions service;
   GrpcServerOptions server;
   std::string port_file;
@@ -136,31 +99,14 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
         absl::StrCat("unexpected argument '", positional[1], "'; every setting is a --flag"));
   }
   ServerConfig config;
-  config.store_address = absl::GetFlag(FLAGS_store);
-  config.store_dir = absl::GetFlag(FLAGS_store_dir);
-  if (config.store_address.empty() == config.store_dir.empty()) {
+  ASSIGN_OR_RETURN(config.store, StoreLocationFromFlags(CKPT_STORE_CLIENT_FROM_FLAGS()));
+  const S3ChunkFlags s3_flags = CKPT_S3_CHUNK_FROM_FLAGS();
+  if (!s3_flags.empty() && config.store.directory.empty()) {
     return absl::InvalidArgumentError(
-        "exactly one of --store=HOST:PORT (a checkpoint_store server) and --store_dir=DIR (an "
-        "embedded store) is required");
+        "--chunks_s3_* flags go with --store_dir; a --store service has its own chunk storage");
   }
-  const std::string store_token_file = absl::GetFlag(FLAGS_store_auth_token_file);
-  if (!store_token_file.empty()) {
-    if (config.store_address.empty()) {
-      return absl::InvalidArgumentError("--store_auth_token_file needs --store");
-    }
-    absl::StatusOr<std::string> token =
-        ReadAuthTokenFile(store_token_file, "--store_auth_token_file");
-    if (!token.ok()) return token.status();
-    config.store_auth_token = *std::move(token);
-  }
-  config.store_tls.ca_file = absl::GetFlag(FLAGS_store_tls_ca_file);
-  config.store_tls.cert_file = absl::GetFlag(FLAGS_store_tls_cert_file);
-  config.store_tls.key_file = absl::GetFlag(FLAGS_store_tls_key_file);
-  config.store_tls.server_name = absl::GetFlag(FLAGS_store_tls_server_name);
-  if (config.store_address.empty() &&
-      !(config.store_tls.ca_file.empty() && config.store_tls.cert_file.empty())) {
-    return absl::InvalidArgumentError("--store_tls_* flags need --store");
-  }
+  ASSIGN_OR_RETURN(config.chunks_s3, S3ChunkStorageFromFlags(s3_flags));
+
   config.server.listen_address = absl::GetFlag(FLAGS_listen);
   config.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (config.server.max_message_bytes < kMinMaxMessageBytes) {
@@ -176,17 +122,10 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   if (config.service.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("--max_concurrent_streams must be at least 1");
   }
-  ServerSecurityFlags security_flags;
-  security_flags.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
-  security_flags.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
-  security_flags.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
-  security_flags.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
-  security_flags.identities_file = absl::GetFlag(FLAGS_identities_file);
-  security_flags.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
-  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags);
-  if (!security.ok()) return security.status();
-  config.server.tls = security->tls;
-  config.service.access = security->access;
+  ASSIGN_OR_RETURN(const ServerSecurity security,
+                   LoadServerSecurity(CKPT_SERVER_SECURITY_FROM_FLAGS(), "--"));
+  config.server.tls = security.tls;
+  config.service.access = security.access;
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (config.shutdown_grace < absl::ZeroDuration()) {
@@ -215,18 +154,17 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
   return config;
 }
 
-absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const ServerConfig& config) {
-  StoreLocation location;
-  location.address = config.store_address;
-  location.auth_token = config.store_auth_token;
-  location.tls = config.store_tls;
-  location.directory = config.store_dir;
-  return OpenCheckpointStore(location);
-}
-
 int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
-  const std::string store_name = config.store_dir.empty() ? config.store_address : config.store_dir;
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenStore(config);
+  const std::string store_name = config.store.ToString();
+  StoreLocation location = config.store;
+  // Here rather than in ConfigFromFlags: it reaches the network (the bucket is listed once).
+  absl::StatusOr<std::shared_ptr<ChunkBackend>> chunks = OpenS3ChunkStorage(config.chunks_s3);
+  if (!chunks.ok()) {
+    std::cerr << "loader: chunk storage: " << chunks.status() << "\n";
+    return kExitFailure;
+  }
+  location.chunk_backend = *std::move(chunks);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = OpenCheckpointStore(location);
   if (!store.ok()) {
     std::cerr << "loader: cannot open the store " << store_name << ": " << store.status() << "\n";
     return kExitFailure;
@@ -243,16 +181,6 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
     std::cerr << "loader: " << server.status() << "\n";
     return kExitFailure;
   }
-  if (!config.port_file.empty()) {
-    absl::Status written =
-        WriteFileAtomically(config.port_file, absl::StrCat((*server)->port(), "\n"));
-    if (!written.ok()) {
-      std::cerr << "loader: writing --port_file: " << written << "\n";
-      (*server)->Shutdown(absl::ZeroDuration());
-      (*server)->Wait();
-      return kExitFailure;
-    }
-  }
   std::unique_ptr<ShmLoaderServer> shm;
   if (!config.shm.socket_path.empty()) {
     absl::StatusOr<std::unique_ptr<ShmLoaderServer>> started =
@@ -265,19 +193,22 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
     }
     shm = *std::move(started);
   }
-  std::cout << "loader serving " << store_name << " on " << (*server)->address()
-            << (shm != nullptr ? absl::StrCat(" and ", shm->socket_path()) : "") << std::endl;
-
-  WaitForStopSignal(stop_signals, "loader", config.shutdown_grace);
-  if (shm != nullptr) shm->Shutdown();
-  (*server)->Shutdown(config.shutdown_grace);
-  (*server)->Wait();
+  ServeOptions serve;
+  serve.program = "loader";
+  serve.serving_line = absl::StrCat("loader serving ", store_name);
+  serve.port_file = config.port_file;
+  if (shm != nullptr) serve.after_address = absl::StrCat(" and ", shm->socket_path());
+  serve.grace = config.shutdown_grace;
+  serve.before_shutdown = [&shm] {
+    if (shm != nullptr) shm->Shutdown();
+  };
+  const int exit_code = ServeUntilStopped(**server, stop_signals, serve);
   server->reset();
   shm.reset();
   std::cerr << "loader cache: " << (*service)->cache_stats().ToString() << std::endl;
   service->reset();
   store->reset();
-  return 0;
+  return exit_code;
 }
 
 }  // namespace

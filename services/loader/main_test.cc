@@ -122,8 +122,11 @@ TEST(LoaderMainTest, HelpDescribesEveryFlag) {
   std::optional<int> status = server.WaitForExit(absl::Seconds(20));
   ASSERT_TRUE(status.has_value());
   const std::string help = server.stdout_text() + server.stderr_text();
-  for (const char* flag : {"--store", "--store_dir", "--listen", "--port_file", "--auth_token_file",
-                           "--cache_bytes", "--max_message_bytes", "--shutdown_grace"}) {
+  for (const char* flag :
+       {"--store", "--store_dir", "--store_auth_token_file", "--store_tls_ca_file",
+        "--store_tls_server_name", "--listen", "--port_file", "--auth_token_file",
+        "--identities_file", "--tls_cert_file", "--tls_reload_interval", "--chunks_s3_endpoint",
+        "--cache_bytes", "--max_message_bytes", "--shutdown_grace"}) {
     EXPECT_THAT(help, HasSubstr(flag)) << help;
   }
   EXPECT_THAT(help, HasSubstr("Default 1073741824 (1 GiB)"));
@@ -144,6 +147,10 @@ TEST(LoaderMainTest, BadFlagsExitTwoWithAClearMessage) {
       {{store_dir, "--auth_token_file=" + dir + "/empty_token"}, "is empty"},
       {{store_dir, "--cache_bytes=-1"}, "--cache_bytes must not be negative"},
       {{store_dir, "--max_message_bytes=1000"}, "too small"},
+      {{store_dir, "--store_tls_ca_file=" + dir + "/ca.pem"}, "--store_tls_* flags need --store"},
+      {{"--store=127.0.0.1:1", "--chunks_s3_endpoint=http://127.0.0.1:1", "--chunks_s3_bucket=b"},
+       "--chunks_s3_* flags go with --store_dir"},
+      {{store_dir, "--chunks_s3_bucket=b"}, "--chunks_s3_bucket needs --chunks_s3_endpoint"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.flags));

@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "libs/client/open_store.h"
 #include "libs/ddp/process_group.h"
 #include "libs/ddp/tcp_store_node_rendezvous.h"
 #include "libs/io/atomic_file.h"
@@ -37,6 +38,7 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"
+#include "libs/rpc/service_flags.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/train/lineage.h"
@@ -144,37 +146,16 @@ ABSL_FLAG(std::string, code_revision, "",
           "The training code's revision for the versions' lineage. Default: under `bazel run`, "
           "the git commit of the workspace (BUILD_WORKSPACE_DIRECTORY), with +dirty when it has "
           "changes or untracked files; none when that is not a git checkout or git is missing.");
-ABSL_FLAG(std::string, store_dir, "ckpt-data",
-          "Embedded store directory (relative to where the command was run). Default "
-          "./ckpt-data.");
-ABSL_FLAG(std::string, store, "",
-          "HOST:PORT of a checkpoint store service to use instead of the embedded store.");
-ABSL_FLAG(std::string, store_auth_token_file, "", "Bearer token file for --store.");
-ABSL_FLAG(std::string, store_tls_ca_file, "",
-          "With --store: PEM CA that signed the store server's certificate; turns TLS on.");
-ABSL_FLAG(std::string, store_tls_cert_file, "",
-          "With --store_tls_ca_file: PEM certificate the ranks present to the store (mutual "
-          "TLS), with --store_tls_key_file.");
-ABSL_FLAG(std::string, store_tls_key_file, "", "PEM private key of --store_tls_cert_file.");
-ABSL_FLAG(std::string, store_tls_server_name, "",
-          "Name the store's certificate must carry when it differs from --store's host.");
+CKPT_DEFINE_STORE_CLIENT_FLAGS("ckpt-data");
 // ---- Control.
 ABSL_FLAG(std::string, control_listen, "",
           "HOST:PORT where rank 0 serves the ckpt.v1.Trainer API (status, checkpoint now, stop). "
           "Default: off.");
 ABSL_FLAG(std::string, control_port_file, "",
           "With --control_listen, write the bound port here once serving.");
-ABSL_FLAG(std::string, control_auth_token_file, "",
-          "Bearer token file required of Trainer API calls. Default: none.");
-ABSL_FLAG(std::string, control_identities_file, "",
-          "JSON identities file for the Trainer API (libs/rpc/access_policy.h): GetStatus needs "
-          "the reader role, CheckpointNow and Stop the writer role. Instead of "
-          "--control_auth_token_file.");
-ABSL_FLAG(std::string, control_tls_cert_file, "",
-          "PEM certificate of the Trainer API server: serve TLS (with --control_tls_key_file).");
-ABSL_FLAG(std::string, control_tls_key_file, "", "PEM private key of --control_tls_cert_file.");
-ABSL_FLAG(std::string, control_tls_client_ca_file, "",
-          "PEM CA: require Trainer API clients to present certificates it signed (mutual TLS).");
+// The Trainer API's TLS and identities: the servers' flags, each named --control_*
+// (GetStatus needs the reader role, CheckpointNow and Stop the writer role).
+CKPT_DEFINE_SERVER_SECURITY_FLAGS(control_);
 ABSL_FLAG(int64_t, log_every, 20, "Steps between log lines when stderr is not a terminal.");
 ABSL_FLAG(bool, log_state_digests, false,
           "Every rank logs \"rank R step S state HASH\" after every step: a hash of its "
@@ -287,20 +268,13 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
 }
 
 absl::StatusOr<RankStoreOptions> StoreOptionsFromFlags() {
+  ASSIGN_OR_RETURN(const StoreLocation location,
+                   StoreLocationFromFlags(CKPT_STORE_CLIENT_FROM_FLAGS()));
   RankStoreOptions options;
   options.store_dir = absl::GetFlag(FLAGS_store_dir);
-  options.store_address = absl::GetFlag(FLAGS_store);
-  if (const std::string path = absl::GetFlag(FLAGS_store_auth_token_file); !path.empty()) {
-    ASSIGN_OR_RETURN(options.store_auth_token, ReadAuthTokenFile(path, "--store_auth_token_file"));
-  }
-  options.store_tls.ca_file = absl::GetFlag(FLAGS_store_tls_ca_file);
-  options.store_tls.cert_file = absl::GetFlag(FLAGS_store_tls_cert_file);
-  options.store_tls.key_file = absl::GetFlag(FLAGS_store_tls_key_file);
-  options.store_tls.server_name = absl::GetFlag(FLAGS_store_tls_server_name);
-  if (options.store_address.empty() &&
-      !(options.store_tls.ca_file.empty() && options.store_tls.cert_file.empty())) {
-    return absl::InvalidArgumentError("--store_tls_* flags need --store");
-  }
+  options.store_address = location.address;
+  options.store_auth_token = location.auth_token;
+  options.store_tls = location.tls;
   return options;
 }
 
@@ -340,13 +314,8 @@ int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
   std::unique_ptr<GrpcServer> server;
   const std::string control_listen = absl::GetFlag(FLAGS_control_listen);
   if (rendezvous.rank == 0 && !control_listen.empty()) {
-    ServerSecurityFlags security_flags;
-    security_flags.tls_cert_file = absl::GetFlag(FLAGS_control_tls_cert_file);
-    security_flags.tls_key_file = absl::GetFlag(FLAGS_control_tls_key_file);
-    security_flags.tls_client_ca_file = absl::GetFlag(FLAGS_control_tls_client_ca_file);
-    security_flags.identities_file = absl::GetFlag(FLAGS_control_identities_file);
-    security_flags.auth_token_file = absl::GetFlag(FLAGS_control_auth_token_file);
-    absl::StatusOr<ServerSecurity> security = LoadServerSecurity(security_flags, "--control_");
+    absl::StatusOr<ServerSecurity> security =
+        LoadServerSecurity(CKPT_SERVER_SECURITY_FROM_FLAGS(control_), "--control_");
     if (!security.ok()) {
       std::cerr << "trainer: " << security.status().message() << "\n";
       return kExitBadFlags;
@@ -364,7 +333,7 @@ int RunRank(train::TrainerConfig config, RankStoreOptions store_options,
     }
     server = *std::move(started);
     if (const std::string port_file = absl::GetFlag(FLAGS_control_port_file); !port_file.empty()) {
-      absl::Status written = WriteFileAtomically(port_file, absl::StrCat(server->port(), "\n"));
+      absl::Status written = WritePortFile(port_file, server->port());
       if (!written.ok()) {
         std::cerr << "trainer: " << written.message() << "\n";
         return kExitFailure;

@@ -173,7 +173,7 @@ TEST_F(ExportCheckTest, RemoteStoreAndLoaderServer) {
   const std::string token_file = Dir() + "/token";
   std::ofstream(token_file) << "tok-7\n";
   Server store("services/checkpoint_store/checkpoint_store",
-               {"--db_path=" + Dir() + "/served", "--auth_token_file=" + token_file},
+               {"--store_dir=" + Dir() + "/served", "--auth_token_file=" + token_file},
                Dir() + "/store_port");
   ASSERT_GT(store.port(), 0);
   const std::string remote =

@@ -338,6 +338,9 @@ set(CKPT_LOADER_SOURCES
     libs/rpc/server_main.cc
     libs/rpc/server_security.cc
     libs/rpc/tensor_data_message.cc
+    libs/s3/internal/xml_scan.cc
+    libs/s3/s3_client.cc
+    libs/s3/sigv4.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
@@ -356,6 +359,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
+    libs/store/s3_chunk_backend.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
     libs/tensor/device.cc
@@ -417,6 +421,7 @@ set(CKPT_LOADER_SYSTEM_LIBRARIES
     absl_time
     absl_time_zone
     crypto
+    curl
     gpr
     grpc
     grpc++

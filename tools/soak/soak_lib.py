@@ -418,7 +418,7 @@ class Soak:
         Raises StartError (with its log) if it exits or does not write its port file."""
         port_file = os.path.join(self.work_dir, f"store.port.{time.monotonic_ns()}")
         argv = [self.binary("services/checkpoint_store/checkpoint_store"),
-                f"--db_path={db_path}", "--listen=127.0.0.1:0", f"--port_file={port_file}",
+                f"--store_dir={db_path}", "--listen=127.0.0.1:0", f"--port_file={port_file}",
                 *flags]
         process = StoreProcess(self, argv, self.log_path("checkpoint_store"))
         deadline = time.monotonic() + start_timeout

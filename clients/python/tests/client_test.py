@@ -186,11 +186,11 @@ def start_everything():
         torch.save(collections.OrderedDict(("module." + k, v) for k, v in state.items()), path)
         files.append(path)
 
-    PLAIN_STORE = Server("plain_store", STORE_BIN, [f"--db_path={TMP}/plain_db"])
+    PLAIN_STORE = Server("plain_store", STORE_BIN, [f"--store_dir={TMP}/plain_db"])
     PLAIN_LOADER = Server("plain_loader", LOADER_BIN, [f"--store={PLAIN_STORE.address}"])
     tls = [f"--tls_cert_file={CERTS['server.pem']}", f"--tls_key_file={CERTS['server.key']}",
            f"--auth_token_file={TOKEN_FILE}"]
-    TLS_STORE = Server("tls_store", STORE_BIN, [f"--db_path={TMP}/tls_db"] + tls)
+    TLS_STORE = Server("tls_store", STORE_BIN, [f"--store_dir={TMP}/tls_db"] + tls)
     TLS_LOADER = Server("tls_loader", LOADER_BIN, tls + [
         f"--tls_client_ca_file={CERTS['ca.pem']}",  # mutual TLS towards clients
         f"--store={TLS_STORE.address}", f"--store_tls_ca_file={CERTS['ca.pem']}",

@@ -105,7 +105,7 @@ class Job:
 
 class DdpTest(unittest.TestCase):
     def setUp(self):
-        self.store = Server("ddp_store", STORE_BIN, [f"--db_path={TMP}/ddp_db"])
+        self.store = Server("ddp_store", STORE_BIN, [f"--store_dir={TMP}/ddp_db"])
         self.addCleanup(self.store.stop)
 
     def test_rank_zero_saves_async_and_every_rank_resumes_after_a_kill(self):

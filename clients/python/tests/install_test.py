@@ -84,7 +84,7 @@ class InstallTest(unittest.TestCase):
             "--disable-pip-version-check", package)
 
         # Real services with one version in them, put in by `ckpt import` from a torch.save file.
-        store, store_address = start("store", STORE_BIN, [f"--db_path={TMP}/db"])
+        store, store_address = start("store", STORE_BIN, [f"--store_dir={TMP}/db"])
         self.processes.append(store)
         loader, loader_address = start("loader", LOADER_BIN, [f"--store={store_address}"])
         self.processes.append(loader)
