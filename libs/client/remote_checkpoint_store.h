@@ -11,9 +11,10 @@
 //  - Channel, credentials (plaintext, TLS, mutual TLS), deadlines and retries come from
 //    libs/rpc/client_channel.h. Unary calls carry a deadline (RemoteStoreOptions::deadline;
 //    stream_deadline for Verify, GarbageCollect and ApplyRetention, whose duration grows with
-//    the store). Read-only calls are retried by gRPC on UNAVAILABLE with exponential backoff,
-//    within the deadline. Other calls (dry runs of GarbageCollect and ApplyRetention included:
-//    gRPC's retry policy is per method) are never retried, since the server may have applied
+//    the store). Read-only calls are retried on UNAVAILABLE by ClientChannel::CallUnary, paced by
+//    its RetryBackoff (libs/rpc/backoff.h), within the deadline; gRPC's own retries are off.
+//    Other calls (dry runs of GarbageCollect and ApplyRetention included: the retried set is
+//    per method) are never retried, since the server may have applied
 //    them before the connection broke; instead, before sending one, the client waits (up to
 //    connect_timeout) for the channel to be connected, so a restarting server is not an error.
 //  - BeginUpload opens one Upload stream, sends the header and waits for the server to accept it,

@@ -141,7 +141,7 @@ int ParseIntVariable(const char* name, const char* text, int min_value, int max_
 void UseRankCudaDevice(const RendezvousOptions& options, const c10::Device& device) {
   TORCH_CHECK(at::hasCUDA(),
               "device cuda requested, but this LibTorch has no CUDA (or no GPU is visible); "
-              "build against a CUDA LibTorch (--config=cuda, README \"CUDA builds\") or use "
+              "build against a CUDA LibTorch (--config=cuda, docs/gpu.md, \"Building with CUDA (Bazel)\") or use "
               "device cpu with backend gloo");
   c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
   const int gpus = cuda.deviceCount();

@@ -18,7 +18,7 @@
 // TorchScript does not record whether a buffer is persistent: like torch.jit.load(...)
 // .state_dict(), the result includes non-persistent buffers, unless the archive carries the
 // extra file state_dict_keys.txt (one key per line, what the Python module's state_dict() had;
-// the trainer's README shows how to save it), which then selects and checks the keys.
+// docs/trainer.md, "Train your own model", shows how to save it), which then selects and checks the keys.
 //
 // Example (torch_reader.cc does this for every TorchScript archive it opens):
 //   TorchScriptClasses classes;

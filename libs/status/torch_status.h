@@ -1,8 +1,10 @@
 #ifndef CKPT_LIBS_STATUS_TORCH_STATUS_H_
 #define CKPT_LIBS_STATUS_TORCH_STATUS_H_
 
-// LibTorch reports errors by throwing c10::Error (and its subclasses). No exception may cross a
-// ckpt library boundary, so calls into LibTorch that can throw go through CatchTorchErrors.
+// LibTorch reports errors by throwing c10::Error (and its subclasses). ckpt's libraries return
+// absl::Status at their boundaries, so calls into LibTorch that can throw go through
+// CatchTorchErrors. (libs/ddp is the exception by design: it follows c10d and throws, and the
+// trainer catches it where it calls it; docs/ARCHITECTURE.md, "Errors".)
 //
 // Example:
 //   absl::StatusOr<at::Tensor> Reshaped(const at::Tensor& t, at::IntArrayRef shape) {

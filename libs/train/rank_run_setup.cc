@@ -66,7 +66,7 @@ absl::Status RankRun::Build() {
     if (!at::hasCUDA()) {
       return absl::FailedPreconditionError(
           "device cuda, but this build of LibTorch has no CUDA: build with --config=cuda "
-          "against a CUDA LibTorch (README, \"CUDA\")");
+          "against a CUDA LibTorch (docs/gpu.md, \"Building with CUDA (Bazel)\")");
     }
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(config_.local_rank));
     if (group_.comm.device() != device_) {

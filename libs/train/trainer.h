@@ -1,8 +1,10 @@
 #ifndef CKPT_LIBS_TRAIN_TRAINER_H_
 #define CKPT_LIBS_TRAIN_TRAINER_H_
 
-// One rank of a data-parallel training run: rendezvous, model, data, optimizer, scheduler, the
-// training loop, asynchronous checkpoints to the store, and exact resume from it.
+// One rank of a data-parallel training run: its process group (libs/ddp/process_group.h; the
+// launchers' multi-node rendezvous is libs/ddp/tcp_store_node_rendezvous.h), model, data,
+// optimizer, scheduler, the training loop, asynchronous checkpoints to the store, and exact resume
+// from it.
 //
 // What a checkpoint holds (one store version of `model_name`):
 //   model       the module's parameters and buffers under canonical keys (never "module.");

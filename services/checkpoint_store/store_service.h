@@ -18,10 +18,13 @@
 //  - Download (server stream): the version is opened once (OpenVersion, a consistent snapshot);
 //    the full Manifest goes first, then TensorData for the selected tensors in manifest order
 //    (tensor_index counts Manifest.tensors, then state_tensors). Tensors of zero bytes send no
-//    TensorData. One store chunk (4 MiB) is read at a time and sent in pieces of
-//    DownloadRequest.max_message_bytes clamped to [64 KiB, 1 MiB] (0: 1 MiB); the next piece is
-//    written only after the previous write completed, so a slow reader holds the server at one
-//    chunk, not the checkpoint.
+//    TensorData. What is sent is planned by libs/store/download_plan.h (selection, chunk-ref
+//    checks, chunk order). Store chunks (4 MiB) are sent in pieces of
+//    DownloadRequest.max_message_bytes clamped to [64 KiB, 1 MiB] (0: 1 MiB); reading overlaps
+//    writing (the next chunk is read while the current one is written, each piece only after the
+//    previous write completed), so a slow reader holds the server at two chunks, not the
+//    checkpoint. With DownloadRequest.client_checks_chunks the server sends chunks without
+//    checking their xxh3 (lengths and locations are still checked) and the client checks each.
 //    A cancelled call stops reading chunks. Download is a raw method: each chunk is read into a
 //    pooled buffer and its messages are gRPC slices of that buffer (libs/rpc/tensor_data_message),
 //    byte for byte what DownloadResponse's serializer would write.
@@ -61,7 +64,7 @@
 // Scope: every call runs against a ScopedStore (libs/store/scoped_store.h) of the caller's model
 // scope, which filters the calls that name no model (ListModels, ListAudit, Verify, GetStats,
 // FindMissingChunks, a commit's new_bytes) and refuses the whole-store ones (GarbageCollect,
-// history and watches of every model) for a scoped caller. README "Access" has the table.
+// history and watches of every model) for a scoped caller. docs/security.md ("What a scoped identity sees") has the table.
 //
 // Access: every call is checked by the service's AccessPolicy (libs/rpc/access_policy.h) --
 // who is calling (a token or a client certificate), whether its role allows the method, and

@@ -14,7 +14,7 @@
   nomodel FILE          saves a bundle that holds no model (for the error test).
   export ADDRESS TOKEN MODEL OUT GEN_DIR
                         exports MODEL's whole bundle to OUT through the loader service's Export
-                        RPC from a plain grpcio client with a bearer token (the README's Python
+                        RPC from a plain grpcio client with a bearer token (docs/loader.md's Python
                         example, services/loader/testdata/python_client.py). Prints what the
                         server left out, then OK.
 

@@ -1,7 +1,7 @@
 #ifndef CKPT_LIBS_STORE_TESTING_STORE_CONFORMANCE_H_
 #define CKPT_LIBS_STORE_TESTING_STORE_CONFORMANCE_H_
 
-// The conformance suite every CheckpointStore backend runs (STYLE.md: one suite per interface,
+// The conformance suite every CheckpointStore backend runs (docs/STYLE.md: one suite per interface,
 // as tensorstore's kvstore drivers share one): the contract of libs/store/checkpoint_store.h --
 // round trips byte for byte, key normalization, value trees, versions and refs, aliases with
 // compare-and-set, optimistic commits, concurrent writers, deduplication, delete / retention /
