@@ -1,0 +1,251 @@
+"""Client's reading calls: load_state_dict and load_bundle (a Load or Download stream, every byte
+verified by _tensors.StreamAssembler) and export (the loader's Export into a file, each piece
+checked against its XXH3-64)."""
+from __future__ import annotations
+
+import collections
+import os
+import tempfile
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from ._bundles import Bundle, restore_bundle
+from ._tensors import StreamAssembler, to_tensor
+from .errors import FailedPrecondition, IntegrityError, InvalidArgument, ProtocolError
+
+
+def _xxh3_64():
+    """xxhash.xxh3_64_intdigest; FailedPrecondition when the module is missing, so that a
+    verifying call fails rather than skip its check."""
+    try:
+        import xxhash
+    except ImportError as error:
+        raise FailedPrecondition(
+            "checking an Export needs the xxhash module (Debian: apt-get install python3-xxhash; "
+            "pip: xxhash); pass verify=False to accept the file unchecked") from error
+    return xxhash.xxh3_64_intdigest
+
+
+def _check_piece(ref, response, at, xxh3_64):
+    """One ExportResponse piece against its offset and XXH3-64 (proto/ckpt/v1/loader.proto)."""
+    end = at + len(response.data)
+    if not response.HasField("xxh3_64"):
+        raise FailedPrecondition(
+            f"Export of {ref}: bytes {at}..{end} of the file came without a checksum (a loader "
+            "older than this client); pass verify=False to accept the file unchecked")
+    if response.offset != at:
+        raise ProtocolError(f"Export of {ref}: bytes at offset {response.offset} arrived after "
+                            f"{at} bytes")
+    digest = xxh3_64(response.data)
+    if digest != response.xxh3_64:
+        raise IntegrityError(
+            f"Export of {ref}: file bytes {at}..{end} arrived with XXH3-64 {digest:016x}, the "
+            f"loader sent {response.xxh3_64:016x}: damaged between the loader and this client; "
+            "nothing was written", offset=at)
+
+
+# A torch.device or what torch.device() takes ("cpu", "cuda:1").
+Device = Union[str, torch.device]
+
+
+class LoadingCalls:
+    """The reading methods of Client (mixed into it). They use the Client's plumbing: ``_pb``
+    (the generated modules), ``_dtypes`` (torch_dtypes()), ``_loader`` (the loader's stub or
+    None), ``_stream`` (a server-streaming call, errors mapped) and ``version_ref``."""
+
+    def load_state_dict(self, ref: str, device: Device = "cpu",
+                        dtype: Optional[torch.dtype] = None,
+                        keys: Optional[Iterable[str]] = None,
+                        prefixes: Optional[Iterable[str]] = None, verify: bool = True,
+                        timeout: Optional[float] = None
+                        ) -> collections.OrderedDict[str, torch.Tensor]:
+        """A version's model state dict: an OrderedDict of tensors under canonical keys (no
+        "module." prefix), in the producer's order, ready for ``module.load_state_dict(sd,
+        strict=True)``.
+
+        Args:
+          ref: "MODEL", "MODEL@7" or "MODEL@ALIAS" ("MODEL" is "MODEL@latest").
+          device: where the tensors go ("cpu", "cuda", "cuda:1", or a torch.device).
+          dtype: cast floating-point tensors to it (e.g. torch.float16); integer and bool
+            tensors are never cast, as the loader's own cast does.
+          keys: only these canonical keys; prefixes: only keys under these prefixes.
+          verify: check each tensor's bytes against the manifest's SHA-256 checksums (see
+            ckpt_client._tensors); IntegrityError names the tensor and chunk that fail.
+
+        Reads from the loader when the Client has one (its shared chunk cache serves many
+        readers), else from the store's Download. Both are verified; the store's manifest names
+        each chunk's SHA-256, the loader's only each tensor's content hash. The loader is asked
+        for stored dtypes, because a tensor it casts loses its hash, and the cast is done here.
+        """
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise InvalidArgument(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        device = torch.device(device)
+        keys = list(keys or [])
+        prefixes = list(prefixes or [])
+        version_ref = self.version_ref(ref)
+        if self._loader is not None:
+            pb = self._pb.loader_pb2
+            request = pb.LoadRequest(ref=version_ref, target=pb.LoadTarget(
+                device="cpu", include_keys=keys, include_prefixes=prefixes))
+            stream = self._stream("loader", "Load", request, timeout)
+        else:
+            pb = self._pb.checkpoint_store_pb2
+            request = pb.DownloadRequest(ref=version_ref, keys=keys, key_prefixes=prefixes)
+            stream = self._stream("store", "Download", request, timeout)
+        manifest, buffers = self._receive(
+            ref, stream, verify,
+            lambda manifest: (list(manifest.tensors),
+                              [index for index, meta in enumerate(manifest.tensors)
+                               if self._selected(meta.key, keys, prefixes)]))
+        state = collections.OrderedDict()
+        for index, buffer in buffers.items():
+            meta = manifest.tensors[index]
+            tensor = to_tensor(meta, buffer, self._dtypes)
+            if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            if device.type != "cpu":
+                tensor = tensor.to(device)
+            state[meta.key] = tensor
+        return state
+
+    def load_bundle(self, ref: str, model: Optional[torch.nn.Module] = None,
+                    optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
+                    strict: bool = True, verify: bool = True,
+                    timeout: Optional[float] = None) -> Bundle:
+        """Resumes from a stored version: the model's weights, the optimizer's and the
+        scheduler's state and the rest of the bundle, read from the store (Download with its
+        state) and verified as load_state_dict's are.
+
+        Given ``model``, ``optimizer`` and / or ``scheduler``, restores each in place with its
+        own ``load_state_dict`` (``strict`` for the model): the weights are copied onto the
+        model's parameters where they are, and torch's Optimizer.load_state_dict puts each
+        state tensor on its parameter's device. Returns the Bundle either way, whose ``extra``
+        holds epoch, step and whatever else the producer saved beside the three. A restore asked
+        for state the version does not hold raises FailedPrecondition naming what is missing.
+        """
+        pb = self._pb.checkpoint_store_pb2
+        request = pb.DownloadRequest(ref=self.version_ref(ref), include_state=True)
+
+        def everything(manifest):
+            metas = list(manifest.tensors) + list(manifest.state_tensors)
+            return metas, range(len(metas))
+
+        manifest, buffers = self._receive(
+            ref, self._stream("store", "Download", request, timeout), verify, everything)
+        return restore_bundle(manifest, buffers, self._dtypes, model, optimizer, scheduler,
+                              strict)
+
+    @staticmethod
+    def _receive(ref, stream, verify, choose):
+        """Reads a Load / Download stream: its manifest first, then the TensorData of the tensors
+        ``choose(manifest)`` picks (``(metas as TensorData.tensor_index counts them, selected
+        indices)``), each verified; returns ``(manifest, {index: bytearray})``."""
+        manifest = None
+        assembler = None
+        for response in stream:
+            if response.HasField("manifest"):
+                if manifest is not None:
+                    raise ProtocolError(f"{ref}: the stream sent a second manifest")
+                manifest = response.manifest
+                metas, selected = choose(manifest)
+                assembler = StreamAssembler(metas, selected, verify)
+            elif assembler is None:
+                raise ProtocolError(f"{ref}: tensor bytes arrived before the manifest")
+            else:
+                assembler.add(response.data)
+        if manifest is None:
+            raise ProtocolError(f"{ref}: the stream ended without a manifest")
+        return manifest, assembler.finish()
+
+    @staticmethod
+    def _selected(key, keys, prefixes):
+        if not keys and not prefixes:
+            return True
+        return key in keys or any(key.startswith(prefix) for prefix in prefixes)
+
+    def export(self, ref: str, path: str, format: str = "pt",
+               dtype: Optional[torch.dtype] = None, keys: Optional[Iterable[str]] = None,
+               prefixes: Optional[Iterable[str]] = None, include_optimizer: bool = False,
+               include_scheduler: bool = False, verify: bool = True,
+               timeout: Optional[float] = None) -> Any:
+        """Writes a version as a file through the loader's Export: ``format="pt"`` (torch.save
+        zip that torch.load(weights_only=True) reads) or ``"safetensors"``. With
+        include_optimizer / include_scheduler (pt only) the file is the whole training bundle as
+        its producer saved it. dtype (torch.float16 / bfloat16 / float32) casts floating tensors
+        on the server. The file appears whole or not at all: bytes go to a temporary file beside
+        ``path``, which is renamed into place once the size the server announced has arrived.
+
+        With verify (the default) each piece is checked against the XXH3-64 the loader took as it
+        sent it; a mismatch raises IntegrityError (a DataLoss) naming the piece's offset, and
+        nothing is written. The check needs the ``xxhash`` module (Debian: python3-xxhash); without
+        it export raises FailedPrecondition rather than skip the check.
+
+        Returns a dict: version ("MODEL@N"), file_name (the server's suggestion), bytes,
+        left_out (what the file cannot hold, with why) and warnings.
+        """
+        xxh3_64 = _xxh3_64() if verify else None
+        pb = self._pb.loader_pb2
+        formats = {"pt": pb.EXPORT_FORMAT_TORCH, "torch": pb.EXPORT_FORMAT_TORCH,
+                   "safetensors": pb.EXPORT_FORMAT_SAFETENSORS}
+        if format not in formats:
+            raise InvalidArgument(f"export format must be 'pt' or 'safetensors', got {format!r}")
+        target = pb.LoadTarget(include_keys=list(keys or []),
+                               include_prefixes=list(prefixes or []),
+                               include_optimizer_state=include_optimizer,
+                               include_scheduler_state=include_scheduler)
+        if dtype is not None:
+            target.cast_floating_to = self._wire_dtype(dtype)
+        request = pb.ExportRequest(ref=self.version_ref(ref), target=target,
+                                   format=formats[format])
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, partial = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".partial",
+                                       dir=directory)
+        info = None
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for response in self._stream("loader", "Export", request, timeout):
+                    if info is None:
+                        info = {"version": response.version, "file_name": response.file_name,
+                                "total_bytes": response.total_bytes,
+                                "left_out": list(response.left_out),
+                                "warnings": list(response.warnings)}
+                    if xxh3_64 is not None:
+                        _check_piece(ref, response, out.tell(), xxh3_64)
+                    out.write(response.data)
+                size = out.tell()
+                out.flush()
+                os.fsync(out.fileno())
+            if info is None:
+                raise ProtocolError(f"Export of {ref} sent nothing")
+            if info["total_bytes"] and size != info["total_bytes"]:
+                raise ProtocolError(f"Export of {ref} ended after {size} of "
+                                    f"{info['total_bytes']} bytes")
+            os.chmod(partial, 0o644 & ~_umask())
+            os.replace(partial, path)
+        except BaseException:
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
+        info["bytes"] = size
+        del info["total_bytes"]
+        return info
+
+    def _wire_dtype(self, dtype):
+        for wire, torch_dtype in self._dtypes.items():
+            if torch_dtype == dtype:
+                return wire
+        raise InvalidArgument(f"no ckpt dtype for {dtype!r}")
+
+
+def _umask():
+    """The process umask, read without changing it (os.umask would race with other threads)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
