@@ -74,9 +74,10 @@ class LoadingCalls:
             ckpt_client._tensors); IntegrityError names the tensor and chunk that fail.
 
         Reads from the loader when the Client has one (its shared chunk cache serves many
-        readers), else from the store's Download. Both are verified; the store's manifest names
-        each chunk's SHA-256, the loader's only each tensor's content hash. The loader is asked
-        for stored dtypes, because a tensor it casts loses its hash, and the cast is done here.
+        readers), else from the store's Download. Both are verified: both manifests name each
+        chunk's SHA-256 as the store computed it (a loader older than this client names only
+        each tensor's content hash). The loader is asked for stored dtypes, because a tensor it
+        casts loses its hashes, and the cast is done here.
         """
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise InvalidArgument(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -149,7 +150,8 @@ class LoadingCalls:
                     raise ProtocolError(f"{ref}: the stream sent a second manifest")
                 manifest = response.manifest
                 metas, selected = choose(manifest)
-                assembler = StreamAssembler(metas, selected, verify)
+                where = f"{manifest.model}@{manifest.version}" if manifest.model else ""
+                assembler = StreamAssembler(metas, selected, verify, where)
             elif assembler is None:
                 raise ProtocolError(f"{ref}: tensor bytes arrived before the manifest")
             else:

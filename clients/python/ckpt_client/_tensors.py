@@ -17,6 +17,9 @@ A tensor with neither (one the loader casts) is checked only by the XXH3-64 Tens
 loader sends after it on request; this client never asks the loader to cast (it asks for stored
 dtypes and casts itself), so ``verify=True`` refuses a tensor with neither. A failed check raises
 IntegrityError, a DataLoss.
+
+Before any of that, a tensor's chunk refs are checked against its byte_length by
+check_chunk_layout, the rule and the words of libs/store/chunk_layout.h's CheckChunkLayout.
 """
 import hashlib
 import sys
@@ -26,6 +29,32 @@ import torch
 from .errors import IntegrityError, ProtocolError
 
 CHUNK_BYTES = 4 << 20  # libs/store/chunk_hasher.h kChunkBytes: part of the content-hash scheme.
+
+
+def check_chunk_layout(meta, where=""):
+    """Checks that `meta`'s chunk refs describe its bytes, before they are trusted: the Python
+    mirror of libs/store/chunk_layout.h (CheckChunkLayout), which every C++ reader of a manifest
+    runs, with the same rule and the same words. The store cuts a tensor's bytes into chunks of
+    CHUNK_BYTES from offset 0 (libs/store/chunk_hasher.h), so each chunk ref is 0..CHUNK_BYTES
+    long and their lengths add up to the tensor's byte_length; a manifest that says otherwise was
+    damaged or forged. Otherwise raises IntegrityError (a DataLoss, as the C++ check's
+    DATA_LOSS) naming the tensor and, when `where` ("MODEL@N") is given, the version:
+    "tensor 'fc.weight' of mlp@3 names a chunk of N bytes; chunks hold 0..4194304" or
+    "tensor 'fc.weight' of mlp@3: its chunks hold X bytes, its byte_length is Y".
+
+    As in C++, a meta with no chunk refs passes only when its byte_length is 0; the stream
+    verifier calls this for the tensors whose manifest lists chunks (a loader older than this
+    client lists none and names a content hash instead, checked in _Tensor.finish)."""
+    tensor = f"tensor '{meta.key}'" + (f" of {where}" if where else "")
+    total = 0
+    for index, chunk in enumerate(meta.chunks):
+        if chunk.length < 0 or chunk.length > CHUNK_BYTES:
+            raise IntegrityError(f"{tensor} names a chunk of {chunk.length} bytes; chunks hold "
+                                 f"0..{CHUNK_BYTES}", tensor=meta.key, chunk=index)
+        total += chunk.length
+    if total != meta.byte_length:
+        raise IntegrityError(f"{tensor}: its chunks hold {total} bytes, its byte_length is "
+                             f"{meta.byte_length}", tensor=meta.key)
 
 
 def torch_dtypes(types_pb2):
@@ -67,22 +96,19 @@ def _le64(n):
 class _Tensor:
     """One tensor's bytes as they arrive, with its running chunk check."""
 
-    def __init__(self, meta, verify):
+    def __init__(self, meta, verify, where=""):
         self.meta = meta
-        self.buffer = bytearray(meta.byte_length)
-        self.received = 0
         self.verify = verify
         self.chunks = list(meta.chunks)
         if self.chunks:
-            total = sum(chunk.length for chunk in self.chunks)
-            if total != meta.byte_length:
-                raise IntegrityError(
-                    f"tensor '{meta.key}': its chunks hold {total} bytes, its byte_length is "
-                    f"{meta.byte_length}", tensor=meta.key)
+            # Before the buffer is sized by the manifest's byte_length.
+            check_chunk_layout(meta, where)
             self.bounds = self.chunks
         else:
             # The content-hash scheme's chunks: every 4 MiB from offset 0.
             self.bounds = None
+        self.buffer = bytearray(meta.byte_length)
+        self.received = 0
         self.chunk_index = 0
         self.chunk_filled = 0
         self.hasher = hashlib.sha256()
@@ -161,16 +187,18 @@ class StreamAssembler:
     """Collects TensorData for the tensors of a manifest, verifies them, builds torch tensors.
 
     ``metas`` are the TensorMeta messages indexed as TensorData.tensor_index counts them
-    (Manifest.tensors, then state_tensors); ``selected`` the indices the stream will send.
+    (Manifest.tensors, then state_tensors); ``selected`` the indices the stream will send;
+    ``where`` the version ("MODEL@N") that errors name. Each selected tensor's chunk refs are
+    checked (check_chunk_layout) before its buffer is made.
     """
 
-    def __init__(self, metas, selected, verify=True):
+    def __init__(self, metas, selected, verify=True, where=""):
         if sys.byteorder != "little":
             raise NotImplementedError("ckpt tensor bytes are little-endian; this host is not")
         self.metas = metas
         self.tensors = {}
         for index in selected:
-            self.tensors[index] = _Tensor(metas[index], verify)
+            self.tensors[index] = _Tensor(metas[index], verify, where)
 
     def add(self, data):
         """Takes one TensorData message."""

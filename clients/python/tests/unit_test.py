@@ -15,7 +15,8 @@ import torch
 
 import ckpt_client
 from ckpt_client import _retry, _stubs
-from ckpt_client._tensors import CHUNK_BYTES, StreamAssembler, to_tensor, torch_dtypes
+from ckpt_client._tensors import (CHUNK_BYTES, StreamAssembler, check_chunk_layout, to_tensor,
+                                  torch_dtypes)
 from ckpt_client.client import _parse_condition
 
 PB = _stubs.load()
@@ -285,6 +286,65 @@ class VerifierTest(unittest.TestCase):
             self.assemble([meta], [data])
         (tensor,) = self.assemble([meta], [data], verify=False)
         self.assertTrue(torch.equal(tensor, self.small))
+
+    def test_chunk_layout_is_checked_as_libs_store_chunk_layout_checks_it(self):
+        """The cases and messages of libs/store/chunk_layout.h's CheckChunkLayout, also through
+        StreamAssembler, which checks before it makes a tensor's buffer."""
+        meta, data = meta_for("fc.weight", self.big)
+        check_chunk_layout(meta, "mlp@3")  # 4 MiB, 4 MiB and the rest: intact
+        empty, _ = meta_for("e", torch.zeros(0))
+        empty.chunks.add(sha256=hashlib.sha256(b"").digest(), length=0)
+        check_chunk_layout(empty)  # an empty tensor stored as one empty chunk
+        check_chunk_layout(TYPES.TensorMeta(key="e"))  # or as none
+
+        too_long = TYPES.TensorMeta()
+        too_long.CopyFrom(meta)
+        too_long.chunks[0].length = CHUNK_BYTES + 1
+        too_long.chunks[1].length -= 1
+        negative = TYPES.TensorMeta(key="fc.weight", byte_length=0)
+        negative.chunks.add(length=-1)
+        negative.chunks.add(length=1)
+        short = TYPES.TensorMeta()
+        short.CopyFrom(meta)
+        del short.chunks[2]
+        # A forged byte_length with one chunk: refused before a buffer of that size is made.
+        huge = TYPES.TensorMeta(key="fc.weight", byte_length=1 << 50)
+        huge.chunks.add(length=12)
+        no_chunks = TYPES.TensorMeta(key="fc.weight", byte_length=12)
+        cases = [
+            (too_long, 0, f"tensor 'fc.weight' of mlp@3 names a chunk of {CHUNK_BYTES + 1} "
+                          f"bytes; chunks hold 0..{CHUNK_BYTES}"),
+            (negative, 0, "tensor 'fc.weight' of mlp@3 names a chunk of -1 bytes; chunks hold "
+                          "0..4194304"),
+            (short, None, f"tensor 'fc.weight' of mlp@3: its chunks hold {2 * CHUNK_BYTES} "
+                          f"bytes, its byte_length is {len(data)}"),
+            (huge, None, "tensor 'fc.weight' of mlp@3: its chunks hold 12 bytes, its "
+                         f"byte_length is {1 << 50}"),
+            (no_chunks, None, "tensor 'fc.weight' of mlp@3: its chunks hold 0 bytes, its "
+                              "byte_length is 12"),
+        ]
+        for bad, chunk, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(ckpt_client.IntegrityError) as caught:
+                    check_chunk_layout(bad, "mlp@3")
+                self.assertEqual(str(caught.exception), message)
+                self.assertEqual((caught.exception.tensor, caught.exception.chunk),
+                                 ("fc.weight", chunk))
+                self.assertIsInstance(caught.exception, ckpt_client.DataLoss)
+                if bad is not no_chunks:  # without chunks the stream checks the content hash
+                    with self.assertRaises(ckpt_client.IntegrityError) as streamed:
+                        StreamAssembler([bad], [0], where="mlp@3")
+                    self.assertEqual(str(streamed.exception), message)
+        with self.assertRaisesRegex(ckpt_client.IntegrityError,
+                                    r"^tensor 'fc.weight': its chunks hold 12 bytes"):
+            check_chunk_layout(huge)  # no version to name
+        # A Download stream's manifest names the version.
+        pb = PB.checkpoint_store_pb2
+        stream = [pb.DownloadResponse(manifest=pb.Manifest(model="mlp", version=3,
+                                                           tensors=[huge]))]
+        with self.assertRaisesRegex(ckpt_client.IntegrityError, r"^tensor 'fc.weight' of mlp@3: "):
+            ckpt_client.Client._receive("mlp@3", iter(stream), True,
+                                        lambda manifest: (list(manifest.tensors), [0]))
 
     def test_broken_streams(self):
         meta, data = meta_for("w", self.big)
