@@ -19,6 +19,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "libs/io/atomic_file.h"
 #include "libs/io/prefault.h"
+#include "libs/io/xxh3.h"
 #include "libs/loader/loader_proto.h"
 #include "libs/loader/stream_digest.h"
 #include "libs/rpc/backoff.h"
@@ -614,7 +615,7 @@ absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
                                                         " after ", at, " bytes"));
             break;
           }
-          if (const uint64_t digest = Xxh3Of(response.data()); digest != response.xxh3_64()) {
+          if (const uint64_t digest = Xxh3(response.data()); digest != response.xxh3_64()) {
             received = absl::DataLossError(absl::StrFormat(
                 "the Export stream of %s: file bytes %d..%d arrived with XXH3-64 %016x, the "
                 "loader sent %016x: damaged between the loader and this client; %s was not "

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/strings/string_view.h"
 
@@ -22,6 +23,25 @@ uint64_t Xxh3(absl::string_view bytes);
 
 // XXH3_64bits_update(state, bytes): the streaming form, for bytes that arrive in pieces.
 void Xxh3Update(XXH3_state_t* state, absl::string_view bytes);
+
+// Incremental XXH3_64bits (seed 0), for bytes hashed as they are sent or received. Its
+// ~600-byte state is allocated on the first Update. Not thread-safe; movable.
+class Xxh3Stream {
+ public:
+  Xxh3Stream();
+  ~Xxh3Stream();
+  Xxh3Stream(Xxh3Stream&&) noexcept;
+  Xxh3Stream& operator=(Xxh3Stream&&) noexcept;
+
+  void Update(absl::string_view bytes);
+  // The digest of everything given since construction or the last Reset.
+  uint64_t Digest() const;
+  void Reset();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace ckpt
 

@@ -48,5 +48,18 @@ TEST(Xxh3Test, DifferentBytesDifferentDigest) {
   EXPECT_NE(Xxh3(bytes), before);
 }
 
+TEST(Xxh3StreamTest, IncrementalEqualsOneShot) {
+  std::string bytes(100000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 + 7);
+  Xxh3Stream stream;
+  EXPECT_EQ(stream.Digest(), Xxh3(""));
+  stream.Update(absl::string_view(bytes).substr(0, 777));
+  stream.Update(absl::string_view(bytes).substr(777));
+  EXPECT_EQ(stream.Digest(), Xxh3(bytes));
+  stream.Reset();
+  stream.Update("abc");
+  EXPECT_EQ(stream.Digest(), Xxh3("abc"));
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "libs/io/xxh3.h"
 #include "libs/loader/loader.h"
-#include "libs/loader/stream_digest.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
@@ -83,7 +83,7 @@ v1::TensorDigest ServedLoad::Digest(int index, absl::string_view bytes) {
   v1::TensorDigest digest;
   digest.set_tensor_index(index);
   digest.set_byte_length(static_cast<int64_t>(bytes.size()));
-  digest.set_xxh3_64(Xxh3Of(bytes));
+  digest.set_xxh3_64(Xxh3(bytes));
   return digest;
 }
 

@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libs/loader/stream_digest.h"
+#include "libs/io/xxh3.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "torch/torch.h"
@@ -90,7 +90,7 @@ TEST_F(ServedLoadTest, CastsFloatingTensorsOnlyAndDigestsWhatNoChunkNames) {
   const v1::TensorDigest digest = ServedLoad::Digest(0, into);
   EXPECT_EQ(digest.tensor_index(), 0);
   EXPECT_EQ(digest.byte_length(), weight.sent->byte_length());
-  EXPECT_EQ(digest.xxh3_64(), Xxh3Of(into));
+  EXPECT_EQ(digest.xxh3_64(), Xxh3(into));
 }
 
 TEST_F(ServedLoadTest, OnlyTensorsSelectsAndOutOfRangeIsRefusedNamingTheVersion) {

@@ -12,14 +12,13 @@
 
 #include <cstring>
 #include <iostream>
-#include <iterator>
-#include <map>
 #include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "libs/io/disjoint_ranges.h"
 #include "libs/io/prefault.h"
 #include "libs/loader/served_load.h"
 #include "libs/loader/shm_wire.h"
@@ -47,15 +46,6 @@ absl::StatusOr<sockaddr_un> SocketAddress(const std::string& path) {
   }
   std::memcpy(address.sun_path, path.data(), path.size());
   return address;
-}
-
-// Claims [start, end) in `ranges` (start -> end, disjoint); false when it overlaps a claim.
-bool Claim(std::map<int64_t, int64_t>& ranges, int64_t start, int64_t end) {
-  auto next = ranges.lower_bound(start);
-  if (next != ranges.end() && next->first < end) return false;
-  if (next != ranges.begin() && std::prev(next)->second > start) return false;
-  ranges.emplace(start, end);
-  return true;
 }
 
 // A shared, writable mapping of a memfd while it is filled; unmapped on destruction, before the
@@ -323,7 +313,7 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
   absl::flat_hash_map<std::string, int> pack_fd;  // path -> index in fds
   // Bytes of each pack handed out by this answer: two tensors never share bytes (a
   // deduplicated twin is copied), or a write to one would show in the other.
-  absl::flat_hash_map<std::string, std::map<int64_t, int64_t>> claimed;
+  absl::flat_hash_map<std::string, DisjointRanges> claimed;
   for (const ServedTensor& tensor : load.tensors()) {
     const v1::TensorMeta& stored = *tensor.stored;
     const v1::TensorMeta& out = *tensor.sent;
@@ -338,7 +328,7 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
       ASSIGN_OR_RETURN(std::optional<VersionReader::FileRegion> region,
                        reader->LocateTensorBytes(stored));
       if (region.has_value() && region->offset % kMemfdAlignment == 0 &&
-          Claim(claimed[region->path], region->offset, region->offset + stored.byte_length())) {
+          claimed[region->path].Claim(region->offset, region->offset + stored.byte_length())) {
         auto it = pack_fd.find(region->path);
         if (it == pack_fd.end() && static_cast<int>(fds.size()) < kMaxShmFds - 1) {
           // Unlinked since the reader's snapshot (garbage collection): copied instead.

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/io/xxh3.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/chunk_layout.h"
 
 namespace ckpt {
 namespace {
@@ -14,49 +16,11 @@ std::string Hex(uint64_t value) { return absl::StrFormat("%016x", value); }
 
 }  // namespace
 
-uint64_t Xxh3Of(absl::string_view bytes) { return Xxh3(bytes); }
-
-struct Xxh3Stream::State {
-  State() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
-  ~State() { XXH3_freeState(state); }
-  XXH3_state_t* state;
-};
-
-Xxh3Stream::Xxh3Stream() = default;
-Xxh3Stream::~Xxh3Stream() = default;
-Xxh3Stream::Xxh3Stream(Xxh3Stream&&) noexcept = default;
-Xxh3Stream& Xxh3Stream::operator=(Xxh3Stream&&) noexcept = default;
-
-void Xxh3Stream::Update(absl::string_view bytes) {
-  if (state_ == nullptr) state_ = std::make_unique<State>();
-  Xxh3Update(state_->state, bytes);
-}
-
-uint64_t Xxh3Stream::Digest() const {
-  if (state_ == nullptr) return XXH3_64bits(nullptr, 0);
-  return XXH3_64bits_digest(state_->state);
-}
-
-void Xxh3Stream::Reset() {
-  if (state_ != nullptr) XXH3_64bits_reset(state_->state);
-}
-
 absl::StatusOr<ReceivedTensorCheck> ReceivedTensorCheck::Create(const v1::TensorMeta& meta,
                                                                 absl::string_view where) {
-  int64_t total = 0;
-  for (const v1::ChunkRef& chunk : meta.chunks()) {
-    if (chunk.length() < 0 || chunk.length() > meta.byte_length() - total) {
-      return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
-                                              ": its chunk refs hold more than its byte_length ",
-                                              meta.byte_length(), " (or a negative length)"));
-    }
-    total += chunk.length();
-  }
-  if (meta.chunks_size() > 0 && total != meta.byte_length()) {
-    return absl::DataLossError(absl::StrCat("tensor '", meta.key(), "' of ", where,
-                                            ": its chunk refs hold ", total,
-                                            " bytes, its byte_length is ", meta.byte_length()));
-  }
+  // A tensor sent as stored is checked chunk by chunk against the store's layout; one without
+  // chunk refs (cast by the loader) is checked by the digest that follows it.
+  if (meta.chunks_size() > 0) RETURN_IF_ERROR(CheckChunkLayout(meta, where));
   return ReceivedTensorCheck(meta, where);
 }
 

@@ -10,8 +10,9 @@
 //    hashes each chunk's bytes as they arrive and compares, so damage anywhere from the store
 //    to the consumer (the loader's cache included) is caught and named by tensor and chunk.
 //  - A tensor the loader casts has no stored digest: the loader hashes the bytes it sends as it
-//    sends them (Xxh3Stream) and follows them with a TensorDigest; the check compares that.
-//  - Export pieces carry the XXH3-64 of their own bytes (Xxh3Of).
+//    sends them (Xxh3Stream, libs/io/xxh3.h) and follows them with a TensorDigest; the check
+//    compares that.
+//  - Export pieces carry the XXH3-64 of their own bytes (Xxh3, libs/io/xxh3.h).
 //
 // XXH3-64 everywhere, because it runs at memory speed (tens of GB/s) so the checks cost almost
 // nothing beside the copies, and the store already keeps it per chunk; it guards against
@@ -30,32 +31,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/io/xxh3.h"
 #include "proto/ckpt/v1/loader.pb.h"
 #include "proto/ckpt/v1/types.pb.h"
 
 namespace ckpt {
-
-// XXH3_64bits (seed 0) of `bytes`.
-uint64_t Xxh3Of(absl::string_view bytes);
-
-// Incremental XXH3_64bits (seed 0). Its ~600-byte state is allocated on the first Update.
-// Not thread-safe; movable.
-class Xxh3Stream {
- public:
-  Xxh3Stream();
-  ~Xxh3Stream();
-  Xxh3Stream(Xxh3Stream&&) noexcept;
-  Xxh3Stream& operator=(Xxh3Stream&&) noexcept;
-
-  void Update(absl::string_view bytes);
-  // The digest of everything given since construction or the last Reset.
-  uint64_t Digest() const;
-  void Reset();
-
- private:
-  struct State;
-  std::unique_ptr<State> state_;
-};
 
 // The check of one tensor of a Load stream, fed its bytes in order as they arrive.
 class ReceivedTensorCheck {

@@ -10,12 +10,12 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "libs/io/xxh3.h"
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/loader/loader_proto.h"
 #include "libs/loader/served_load.h"
-#include "libs/loader/stream_digest.h"
 #include "libs/rpc/access_policy.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
@@ -300,7 +300,7 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
                         v1::ExportResponse piece;
                         piece.set_data(bytes.data(), bytes.size());
                         piece.set_offset(offset);
-                        piece.set_xxh3_64(Xxh3Of(bytes));
+                        piece.set_xxh3_64(Xxh3(bytes));
                         if (options_.tamper_for_testing) {
                           std::string& data = *piece.mutable_data();
                           options_.tamper_for_testing({stream, true, 0, offset},

@@ -317,6 +317,7 @@ set(CKPT_LOADER_SOURCES
     libs/format/torch_writer.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
+    libs/io/disjoint_ranges.cc
     libs/io/prefault.cc
     libs/io/read_file.cc
     libs/io/xxh3.cc
@@ -461,6 +462,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_registry.cc
     libs/store/chunk_hasher.cc
+    libs/store/chunk_layout.cc
     libs/store/manifest_validation.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
@@ -586,6 +588,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/format/zip_reader.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
+    libs/io/disjoint_ranges.cc
     libs/io/parallel_copy.cc
     libs/io/prefault.cc
     libs/io/private_directory.cc
