@@ -7,6 +7,9 @@
 #include "libs/store/internal/rocksdb_upload_session.h"
 
 namespace ckpt {
+
+using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store's own helpers.
+
 namespace {
 
 using Core = RocksDbCheckpointStore::Core;

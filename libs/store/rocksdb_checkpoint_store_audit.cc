@@ -10,6 +10,9 @@
 #include "libs/store/rocksdb_checkpoint_store.h"
 
 namespace ckpt {
+
+using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store's own helpers.
+
 namespace {
 
 // The registry events a change of `action` appends in its own batch; empty for garbage_collect,
@@ -49,6 +52,29 @@ bool IsChangeOf(const v1::AuditRecord& record, const v1::RegistryEvent& event) {
 }
 
 }  // namespace
+
+absl::Status RocksDbCheckpointStore::Core::LoadAuditLog() {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(Read(), cf(ColumnFamily::kAudit)));
+  it->SeekToLast();
+  int64_t last_sequence = 0, last_unix_micros = 0;
+  if (it->Valid()) {
+    absl::StatusOr<uint64_t> sequence = DecodeBigEndian64(ToView(it->key()));
+    if (!sequence.ok()) {
+      return absl::DataLossError(absl::StrCat("the newest audit record's key has ",
+                                              it->key().size(), " bytes; keys have 8"));
+    }
+    v1::AuditRecord record;
+    RETURN_IF_ERROR(
+        ParseRecord(ToView(it->value()), record, absl::StrCat("audit record ", *sequence)));
+    last_sequence = static_cast<int64_t>(*sequence);
+    last_unix_micros = record.unix_micros();
+  }
+  RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "finding the newest audit record"));
+  absl::MutexLock lock(&audit_log_.mu);
+  audit_log_.last_sequence = last_sequence;
+  audit_log_.last_unix_micros = last_unix_micros;
+  return absl::OkStatus();
+}
 
 absl::Status RocksDbCheckpointStore::Core::ReconcilePendingAudit() {
   std::string through_bytes;

@@ -8,6 +8,8 @@
 
 namespace ckpt {
 
+using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store's own helpers.
+
 absl::StatusOr<v1::ApplyRetentionResponse> RocksDbCheckpointStore::ApplyRetention(
     absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
     const ChangeAttribution& attribution) {

@@ -2,12 +2,16 @@
 // annotations, the history and what Watch needs (see internal/rocksdb_store_core.h for how the
 // store's files divide). Every change here appends its v1::RegistryEvent in its own batch.
 
+#include <algorithm>
 #include <cmath>
 
 #include "libs/store/internal/rocksdb_store_core.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 
 namespace ckpt {
+
+using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store's own helpers.
+
 namespace {
 
 absl::Status ValidateTagKeys(const google::protobuf::Map<std::string, std::string>& tags,
@@ -61,6 +65,87 @@ bool HistoryMatches(const HistoryQuery& query, const v1::RegistryEvent& event) {
 }
 
 }  // namespace
+
+// ---- The history: how every change appends its event, and how Open and Watch read it.
+
+int64_t RocksDbCheckpointStore::Core::AppendEvent(rocksdb::WriteBatch& batch,
+                                                  v1::RegistryEvent event,
+                                                  const ChangeAttribution& attribution) {
+  const int64_t sequence = ++history_last_sequence_;  // not reused if the write fails.
+  history_last_unix_micros_ = std::max(NowMicros(), history_last_unix_micros_);
+  event.set_sequence(sequence);
+  event.set_unix_micros(history_last_unix_micros_);
+  event.set_identity(attribution.identity.empty() ? "unknown" : attribution.identity);
+  event.set_reason(attribution.reason);
+  batch.Put(cf(ColumnFamily::kHistory), HistoryKey(sequence), event.SerializeAsString());
+  return sequence;
+}
+
+void RocksDbCheckpointStore::Core::PublishHistory(int64_t sequence) {
+  absl::MutexLock lock(&history_visible_mu_);
+  history_visible_sequence_ = std::max(history_visible_sequence_, sequence);
+}
+
+bool RocksDbCheckpointStore::Core::AwaitHistory(int64_t after_sequence, absl::Time deadline) {
+  absl::MutexLock lock(&history_visible_mu_);
+  auto published = [this, after_sequence]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(history_visible_mu_) {
+    return history_visible_sequence_ > after_sequence;
+  };
+  return history_visible_mu_.AwaitWithDeadline(absl::Condition(&published), deadline);
+}
+
+absl::Status RocksDbCheckpointStore::Core::LoadHistory() {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(Read(), cf(ColumnFamily::kHistory)));
+  it->SeekToLast();
+  int64_t last_sequence = 0, last_unix_micros = 0;
+  if (it->Valid()) {
+    absl::StatusOr<uint64_t> sequence = DecodeBigEndian64(ToView(it->key()));
+    if (!sequence.ok()) {
+      return absl::DataLossError(absl::StrCat("the newest registry event's key has ",
+                                              it->key().size(), " bytes; keys have 8"));
+    }
+    v1::RegistryEvent event;
+    RETURN_IF_ERROR(
+        ParseRecord(ToView(it->value()), event, absl::StrCat("registry event ", *sequence)));
+    last_sequence = static_cast<int64_t>(*sequence);
+    last_unix_micros = event.unix_micros();
+  }
+  RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "finding the newest registry event"));
+  absl::MutexLock lock(&mu_);
+  history_last_sequence_ = last_sequence;
+  history_last_unix_micros_ = last_unix_micros;
+  PublishHistory(last_sequence);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> RocksDbCheckpointStore::Core::LastEventSequence(
+    const rocksdb::Snapshot* snapshot) const {
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->NewIterator(Read(snapshot), cf(ColumnFamily::kHistory)));
+  it->SeekToLast();
+  int64_t last = 0;
+  if (it->Valid()) {
+    ASSIGN_OR_RETURN(uint64_t sequence, DecodeBigEndian64(ToView(it->key())));
+    last = static_cast<int64_t>(sequence);
+  }
+  RETURN_IF_ERROR(FromRocksDbStatus(it->status(), "finding the newest registry event"));
+  return last;
+}
+
+absl::StatusOr<v1::VersionAnnotations> RocksDbCheckpointStore::Core::ReadAnnotations(
+    absl::string_view model, int64_t version, const rocksdb::Snapshot* snapshot) const {
+  std::string bytes;
+  rocksdb::Status read =
+      db_->Get(Read(snapshot), cf(ColumnFamily::kAnnotations), VersionKey(model, version), &bytes);
+  v1::VersionAnnotations annotations;
+  if (read.IsNotFound()) return annotations;
+  const std::string ref_text = FormatVersionRef(model, version);
+  RETURN_IF_ERROR(FromRocksDbStatus(read, absl::StrCat("reading annotations of ", ref_text)));
+  RETURN_IF_ERROR(ParseRecord(bytes, annotations, absl::StrCat("annotations of ", ref_text)));
+  return annotations;
+}
+
+// ---- The registry calls.
 
 absl::StatusOr<v1::ModelInfo> RocksDbCheckpointStore::CreateModel(
     absl::string_view model, const v1::ModelDetails& details,

@@ -68,6 +68,10 @@ set(CKPT_TRAINER_SOURCES
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/download_plan.cc
+    libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_chunks.cc
+    libs/store/internal/rocksdb_store_core_packs.cc
+    libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
     libs/store/model_scope.cc
@@ -228,6 +232,10 @@ set(CKPT_CLI_SOURCES
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_chunks.cc
+    libs/store/internal/rocksdb_store_core_packs.cc
+    libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
     libs/store/repair.cc
@@ -352,6 +360,10 @@ set(CKPT_LOADER_SOURCES
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_chunks.cc
+    libs/store/internal/rocksdb_store_core_packs.cc
+    libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
     libs/store/model_scope.cc
@@ -632,6 +644,10 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/chunk_pack.cc
     libs/store/download_plan.cc
     libs/store/internal/failpoint.cc
+    libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_chunks.cc
+    libs/store/internal/rocksdb_store_core_packs.cc
+    libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
     libs/store/model_scope.cc

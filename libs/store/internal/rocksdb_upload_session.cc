@@ -5,6 +5,9 @@
 #include "libs/store/internal/failpoint.h"
 
 namespace ckpt {
+
+using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store's own helpers.
+
 namespace {
 
 using Core = RocksDbCheckpointStore::Core;

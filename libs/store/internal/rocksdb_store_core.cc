@@ -1,0 +1,84 @@
+// RocksDbCheckpointStore::Core: construction, readers' registrations, writes and live uploads
+// (see internal/rocksdb_store_core.h for how the store's files divide).
+
+#include "libs/store/internal/rocksdb_store_core.h"
+
+#include <algorithm>
+#include <random>
+#include <utility>
+
+namespace ckpt {
+
+using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store's own helpers.
+using Core = RocksDbCheckpointStore::Core;
+
+Core::Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::shared_ptr<ChunkBackend> packs,
+           bool skip_hashing)
+    : options_(std::move(options)),
+      skip_hashing_(skip_hashing),
+      store_db_(std::move(db)),
+      db_(store_db_->db()),
+      packs_(std::move(packs)) {
+  std::random_device random;
+  upload_id_base_ = (static_cast<uint64_t>(random()) << 32) ^ random();
+}
+
+int64_t Core::AddReader() {
+  absl::MutexLock lock(&readers_mu_);
+  const int64_t id = next_reader_id_++;
+  readers_.emplace(id, db_->GetLatestSequenceNumber());
+  return id;
+}
+
+void Core::RemoveReader(int64_t id) {
+  absl::MutexLock lock(&readers_mu_);
+  readers_.erase(id);
+}
+
+uint64_t Core::OldestReaderSequence() {
+  absl::MutexLock lock(&readers_mu_);
+  uint64_t oldest = db_->GetLatestSequenceNumber();
+  for (const auto& [id, sequence] : readers_) oldest = std::min(oldest, sequence);
+  return oldest;
+}
+
+absl::Status Core::Write(rocksdb::WriteBatch& batch, absl::string_view what, bool sync) {
+  if (sync && options_.sync_commits) return store_db_->WriteAcknowledged(batch, what);
+  rocksdb::WriteOptions write;
+  return FromRocksDbStatus(db_->Write(write, &batch), what);
+}
+
+absl::Status Core::WriteDurably(rocksdb::WriteBatch& batch, absl::string_view what) {
+  return store_db_->WriteAcknowledged(batch, what);
+}
+
+uint64_t Core::NewUploadNumber() {
+  const uint64_t serial = next_upload_serial_.fetch_add(1);
+  return upload_id_base_ + serial * 0x9e3779b97f4a7c15ull;
+}
+
+void Core::AddLiveUpload(const std::string& upload_id) {
+  absl::MutexLock lock(&mu_);
+  live_uploads_.insert(upload_id);
+}
+
+void Core::EndUploadLocked(const std::string& upload_id,
+                           const absl::flat_hash_set<std::string>& pinned) {
+  live_uploads_.erase(upload_id);
+  for (const std::string& sha256 : pinned) {
+    auto it = pinned_chunks_.find(sha256);
+    if (it != pinned_chunks_.end() && --it->second == 0) pinned_chunks_.erase(it);
+  }
+}
+
+void Core::EndUpload(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned) {
+  absl::MutexLock lock(&mu_);
+  EndUploadLocked(upload_id, pinned);
+}
+
+int64_t Core::LiveUploadCount() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(live_uploads_.size());
+}
+
+}  // namespace ckpt
