@@ -162,7 +162,8 @@ class RemoteCheckpointStore final : public CheckpointStore {
 
   const std::string& address() const;
 
-  // The channel, stub and options, shared with sessions and readers (defined in the .cc).
+  // The channel, stub and options, shared with sessions and readers
+  // (internal/remote_store_connection.h).
   class Connection;
 
  private:

@@ -23,7 +23,9 @@ set(CKPT_TRAINER_MAIN
 set(CKPT_TRAINER_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
+    libs/client/remote_checkpoint_store_download.cc
     libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_upload.cc
     libs/ddp/communicator.cc
     libs/ddp/distributed_data_parallel.cc
     libs/ddp/distributed_sampler.cc
@@ -181,7 +183,9 @@ set(CKPT_CLI_MAIN
 set(CKPT_CLI_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
+    libs/client/remote_checkpoint_store_download.cc
     libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_upload.cc
     libs/client/remote_loader.cc
     libs/format/bundle.cc
     libs/format/byte_source.cc
@@ -317,7 +321,9 @@ set(CKPT_LOADER_MAIN
 set(CKPT_LOADER_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
+    libs/client/remote_checkpoint_store_download.cc
     libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_upload.cc
     libs/format/bundle.cc
     libs/format/byte_source.cc
     libs/format/crc32.cc
@@ -571,7 +577,9 @@ set(CKPT_SOURCE_FOLDERS
 set(CKPT_BAZEL_KNOWN_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
+    libs/client/remote_checkpoint_store_download.cc
     libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_upload.cc
     libs/client/remote_loader.cc
     libs/client/shm_loader.cc
     libs/ddp/communicator.cc

@@ -1,0 +1,314 @@
+// RemoteCheckpointStore::OpenVersion: a version read through Download streams, every chunk
+// checked against its ChunkRef as it arrives (see internal/remote_store_connection.h for how the
+// remote store's files divide).
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
+#include "libs/client/internal/remote_store_connection.h"
+#include "libs/client/remote_checkpoint_store.h"
+#include "libs/io/xxh3.h"
+#include "libs/rpc/tensor_data_message.h"
+#include "libs/status/status_macros.h"
+#include "libs/store/chunk_hasher.h"
+#include "libs/store/chunk_layout.h"
+#include "libs/store/version_ref.h"
+#include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
+
+namespace ckpt {
+
+using Connection = RemoteCheckpointStore::Connection;
+
+namespace {
+
+using remote_store_internal::TensorAt;
+
+// ---------------------------------------------------------------------------------------------
+// One Download stream, positioned after its manifest.
+class DownloadStream {
+ public:
+  // Starts the download and reads the manifest. UNAVAILABLE before the manifest arrived is
+  // retried like a read-only call: nothing was consumed yet.
+  static absl::StatusOr<std::unique_ptr<DownloadStream>> Open(
+      std::shared_ptr<const Connection> connection, v1::DownloadRequest request) {
+    const RemoteStoreOptions& options = connection->options();
+    // ReadTensor checks every chunk against the manifest, so the server need not check first.
+    request.set_client_checks_chunks(true);
+    std::unique_ptr<DownloadStream> opened;
+    RETURN_IF_ERROR(connection->channel().RestartOnUnavailable(
+        options.stream_deadline, [&](std::unique_ptr<grpc::ClientContext> context) -> absl::Status {
+          std::unique_ptr<DownloadStream> stream(new DownloadStream(connection));
+          stream->context_ = std::move(context);
+          stream->reader_ = connection->Download(stream->context_.get(), request);
+          stream->open_ = true;
+          if (stream->reader_->Read(&stream->message_)) {
+            absl::StatusOr<ResponsePart> part =
+                stream->decoder_.Read<v1::DownloadResponse>(stream->message_, &stream->manifest_);
+            if (!part.ok() || *part != ResponsePart::kManifest) {
+              return absl::InternalError(
+                  absl::StrCat("the checkpoint store at ", options.address,
+                               " began a download without its manifest",
+                               part.ok() ? "" : absl::StrCat(": ", part.status().message())));
+            }
+            opened = std::move(stream);
+            return absl::OkStatus();
+          }
+          const grpc::Status status = stream->reader_->Finish();
+          stream->open_ = false;
+          if (status.ok()) {
+            return absl::InternalError(absl::StrCat("the checkpoint store at ", options.address,
+                                                    " sent an empty download"));
+          }
+          return connection->FromCall(status);
+        }));
+    return opened;
+  }
+
+  ~DownloadStream() {
+    if (open_) {
+      context_->TryCancel();
+      reader_->Finish();
+    }
+  }
+
+  v1::Manifest& manifest() { return manifest_; }
+
+  // Streams tensor `index` (described by `meta`, from the manifest) one store chunk at a time,
+  // each checked against its ChunkRef: into `destination` (byte_length bytes) when it is not
+  // null -- each message copied once, straight to its place -- else to `callback`. The tensor's
+  // data must be the next on the stream, apart from data of earlier tensors, which is skipped.
+  // After an error the stream is mid-tensor and must not be read again.
+  absl::Status ReadTensor(int index, const v1::TensorMeta& meta, const ChunkCallback& callback,
+                          absl::string_view where, char* destination = nullptr) {
+    const int64_t length = meta.byte_length();
+    RETURN_IF_ERROR(CheckChunkLayout(meta, where));  // before a buffer is sized by a chunk
+    int64_t received = 0;
+    int chunk_index = 0;
+    int64_t chunk_offset = 0;
+    std::string& chunk = chunk_;  // reused: no fresh 4 MiB per tensor.
+    chunk.clear();
+    while (received < length) {
+      if (!reader_->Read(&message_)) {
+        const grpc::Status status = reader_->Finish();
+        open_ = false;
+        if (!status.ok()) return connection_->FromCall(status);
+        return absl::DataLossError(absl::StrCat("the download of ", where, " ended after ",
+                                                received, " of ", length, " bytes of tensor '",
+                                                meta.key(), "'"));
+      }
+      v1::Manifest second_manifest;
+      absl::StatusOr<ResponsePart> part =
+          decoder_.Read<v1::DownloadResponse>(message_, &second_manifest);
+      if (!part.ok()) {
+        return absl::InternalError(absl::StrCat("the download of ", where,
+                                                " sent a bad message: ", part.status().message()));
+      }
+      if (*part != ResponsePart::kData) {
+        return absl::InternalError(absl::StrCat("the download of ", where, " sent ",
+                                                *part == ResponsePart::kManifest
+                                                    ? "a second manifest"
+                                                    : "a message with neither manifest nor data"));
+      }
+      const TensorDataView& data = decoder_.data();
+      if (data.tensor_index < index && received == 0) continue;  // Not asked for: skipped.
+      if (data.tensor_index != index || data.offset != received) {
+        return absl::InternalError(absl::StrCat(
+            "the download of ", where, " sent tensor ", data.tensor_index, " at offset ",
+            data.offset, " where tensor ", index, " at offset ", received, " was due"));
+      }
+      if (data.size > length - received) {
+        return absl::DataLossError(absl::StrCat("the download of ", where, " sent ",
+                                                received + data.size, " bytes of tensor '",
+                                                meta.key(), "', whose byte_length is ", length));
+      }
+      for (absl::string_view bytes : data.pieces) {
+        while (!bytes.empty()) {
+          const v1::ChunkRef& ref = meta.chunks(chunk_index);
+          const int64_t chunk_received = received - chunk_offset;
+          const size_t take =
+              std::min(bytes.size(), static_cast<size_t>(ref.length() - chunk_received));
+          if (chunk_received == 0) XXH3_64bits_reset(hash_.get());
+          char* const to = destination != nullptr ? destination + received : nullptr;
+          if (to == nullptr && chunk.capacity() < static_cast<size_t>(ref.length())) {
+            chunk.reserve(ref.length());
+          }
+          // Copied and hashed a block at a time: the hash reads what was just written while it
+          // is still in cache, instead of reading the whole chunk from memory again afterwards.
+          for (size_t done = 0; done < take;) {
+            const size_t block = std::min(take - done, kHashBlockBytes);
+            const char* copied;
+            if (to != nullptr) {
+              std::memcpy(to + done, bytes.data() + done, block);
+              copied = to + done;
+            } else {
+              chunk.append(bytes.data() + done, block);
+              copied = chunk.data() + chunk.size() - block;
+            }
+            Xxh3Update(hash_.get(), absl::string_view(copied, block));
+            done += block;
+          }
+          bytes.remove_prefix(take);
+          received += static_cast<int64_t>(take);
+          if (received - chunk_offset < ref.length()) continue;
+          const uint64_t xxh3 = XXH3_64bits_digest(hash_.get());
+          if (xxh3 != ref.xxh3_64()) {
+            return absl::DataLossError(absl::StrCat(
+                "chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ", where,
+                " (bytes ", chunk_offset, "..", chunk_offset + ref.length(),
+                ") arrived with a wrong xxh3 checksum (damaged in the store or on the way: the "
+                "server does not check chunks for a client that does; `ckpt verify` "
+                "checks the store); do not use the bytes read"));
+          }
+          if (destination == nullptr) RETURN_IF_ERROR(callback(chunk_offset, chunk));
+          chunk_offset += ref.length();
+          ++chunk_index;
+          chunk.clear();
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Pieces are copied and hashed in blocks of this size, small enough to still be in L1/L2
+  // when the hash reads them.
+  static constexpr size_t kHashBlockBytes = 64 << 10;
+
+  struct FreeHashState {
+    void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
+  };
+
+  explicit DownloadStream(std::shared_ptr<const Connection> connection)
+      : connection_(std::move(connection)), hash_(XXH3_createState()) {}
+
+  const std::shared_ptr<const Connection> connection_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader_;
+  bool open_ = false;  // Finish not called yet.
+  v1::Manifest manifest_;
+  grpc::ByteBuffer message_;          // the last message read...
+  TensorDataResponseReader decoder_;  // ...and views of its bytes.
+  std::string chunk_;                 // a chunk being assembled for a callback.
+  // XXH3-64 (seed 0, as the store's ChunkRef.xxh3_64) of the chunk being received, so far.
+  std::unique_ptr<XXH3_state_t, FreeHashState> hash_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A version read through one main Download stream (in manifest order) plus one-off Downloads
+// for tensors read out of order.
+class RemoteVersionReader final : public VersionReader {
+ public:
+  RemoteVersionReader(std::shared_ptr<const Connection> connection,
+                      std::unique_ptr<DownloadStream> main)
+      : connection_(std::move(connection)),
+        main_(std::move(main)),
+        manifest_(std::move(main_->manifest())),
+        where_(FormatVersionRef(manifest_.model(), manifest_.version())) {
+    for (int i = 0; i < manifest_.tensors_size(); ++i) {
+      model_index_.emplace(manifest_.tensors(i).key(), i);
+    }
+    for (int i = 0; i < manifest_.state_tensors_size(); ++i) {
+      state_index_.emplace(manifest_.state_tensors(i).key(), manifest_.tensors_size() + i);
+    }
+  }
+
+  const v1::Manifest& manifest() const override { return manifest_; }
+
+  absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
+                                const ChunkCallback& callback) const override {
+    return Read(meta, callback, nullptr);
+  }
+
+  absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const override {
+    return Read(meta, nullptr, destination);
+  }
+
+ private:
+  absl::Status Read(const v1::TensorMeta& meta, const ChunkCallback& callback,
+                    char* destination) const {
+    ASSIGN_OR_RETURN(const int index, IndexOf(meta));
+    const v1::TensorMeta& stored = TensorAt(manifest_, index);
+    if (stored.byte_length() != meta.byte_length()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", meta.key(), "' has byte_length ",
+                                                     meta.byte_length(), " but ", where_,
+                                                     " holds it with ", stored.byte_length()));
+    }
+    if (stored.byte_length() == 0) return absl::OkStatus();
+    if (main_ != nullptr && index == NextOnMainStream()) {
+      absl::Status status = main_->ReadTensor(index, stored, callback, where_, destination);
+      main_position_ = index + 1;
+      if (!status.ok()) main_.reset();  // Mid-tensor now: later reads go one-off.
+      return status;
+    }
+    v1::DownloadRequest request;
+    *request.mutable_ref() = MakeVersionRef(manifest_.model(), manifest_.version());
+    request.add_keys(stored.key());
+    request.set_include_state(index >= manifest_.tensors_size());
+    ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
+                     DownloadStream::Open(connection_, request));
+    return stream->ReadTensor(index, stored, callback, where_, destination);
+  }
+
+  // The index of `meta` in manifest order: the very entry when `meta` is one of manifest()'s,
+  // else by key, model tensors first (as ReadTensor(key) searches).
+  absl::StatusOr<int> IndexOf(const v1::TensorMeta& meta) const {
+    auto state = state_index_.find(meta.key());
+    if (state != state_index_.end() && &TensorAt(manifest_, state->second) == &meta) {
+      return state->second;
+    }
+    auto model = model_index_.find(meta.key());
+    if (model != model_index_.end()) return model->second;
+    if (state != state_index_.end()) return state->second;
+    return absl::NotFoundError(absl::StrCat("no tensor '", meta.key(), "' in ", where_));
+  }
+
+  // The tensor whose bytes the main stream delivers next (tensors of 0 bytes send none).
+  int NextOnMainStream() const {
+    const int count = manifest_.tensors_size() + manifest_.state_tensors_size();
+    int index = main_position_;
+    while (index < count && TensorAt(manifest_, index).byte_length() == 0) ++index;
+    return index;
+  }
+
+  const std::shared_ptr<const Connection> connection_;
+  // Reading changes stream positions, while VersionReader's reads are const; a reader is used
+  // by one thread at a time, as the interface requires.
+  mutable std::unique_ptr<DownloadStream> main_;  // null once it failed.
+  mutable int main_position_ = 0;                 // tensors before this were consumed.
+  const v1::Manifest manifest_;
+  const std::string where_;
+  absl::flat_hash_map<std::string, int> model_index_;
+  absl::flat_hash_map<std::string, int> state_index_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<VersionReader>> RemoteCheckpointStore::OpenVersion(
+    const v1::VersionRef& ref) {
+  v1::DownloadRequest request;
+  *request.mutable_ref() = ref;
+  request.set_include_state(true);
+  ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
+                   DownloadStream::Open(connection_, request));
+  return std::unique_ptr<VersionReader>(new RemoteVersionReader(connection_, std::move(stream)));
+}
+
+absl::Status RemoteCheckpointStore::ReadTensorChunks(const v1::TensorMeta& meta,
+                                                     const ChunkCallback&) {
+  return absl::UnimplementedError(
+      absl::StrCat("a remote checkpoint store cannot read tensor '", meta.key(),
+                   "' by its chunk list: the wire API reads tensors of a version; use "
+                   "OpenVersion(MODEL@N)->ReadTensorChunks"));
+}
+
+}  // namespace ckpt
