@@ -260,8 +260,13 @@ set(CKPT_CLI_SOURCES
     libs/tensor/value.cc
     libs/tensor/value_proto.cc
     tools/ckpt/command_line.cc
+    tools/ckpt/file_commands.cc
+    tools/ckpt/loader_commands.cc
+    tools/ckpt/maintenance_commands.cc
+    tools/ckpt/output.cc
     tools/ckpt/registry_commands.cc
     tools/ckpt/store_access.cc
+    tools/ckpt/store_commands.cc
     tools/ckpt/sync_command.cc
 )
 set(CKPT_CLI_PROTOS
@@ -706,9 +711,14 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     services/trainer/rank_stores.cc
     services/trainer/trainer_service.cc
     tools/ckpt/command_line.cc
+    tools/ckpt/file_commands.cc
+    tools/ckpt/loader_commands.cc
     tools/ckpt/main.cc
+    tools/ckpt/maintenance_commands.cc
+    tools/ckpt/output.cc
     tools/ckpt/registry_commands.cc
     tools/ckpt/store_access.cc
+    tools/ckpt/store_commands.cc
     tools/ckpt/sync_command.cc
     tools/examples/load_from_loader.cc
 )
