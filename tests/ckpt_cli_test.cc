@@ -63,7 +63,18 @@ TEST_F(CkptCliTest, EmbeddedStoreWorkflow) {
 
   Result diff = Ckpt("diff mlp@1 mlp@2 " + store);
   EXPECT_THAT(diff.output, HasSubstr("9 unchanged"));
-  EXPECT_EQ(Ckpt("verify mlp " + store).exit_code, 0);
+  // A model's versions are verified in one call, which reads each chunk once however many
+  // versions share it: here, the chunks the whole store's verify reads.
+  Result verified = Ckpt("verify mlp " + store);
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_THAT(verified.output, HasSubstr("verified mlp (2 versions): "));
+  Result whole = Ckpt("verify " + store);
+  EXPECT_EQ(whole.exit_code, 0) << whole.output;
+  const auto chunks_of = [](const std::string& output) {
+    const size_t from = output.find(": ") + 2;
+    return output.substr(from, output.find(" chunks") - from);
+  };
+  EXPECT_EQ(chunks_of(verified.output), chunks_of(whole.output)) << verified.output << whole.output;
 
   Result refused = Ckpt("rm mlp@1 " + store);
   EXPECT_EQ(refused.exit_code, 1);
@@ -269,6 +280,11 @@ TEST_F(CkptCliTest, RegistryWorkflowOnAnEmbeddedStore) {
   EXPECT_EQ(rollback["version"], 1);
   EXPECT_EQ(rollback["reason"], "rollback of production from 2 to 1; bad canary");
   EXPECT_THAT(Ckpt("history --since=yesterday " + store).output, HasSubstr("neither a duration"));
+  // A reference reads as everywhere else (version_ref.h): "latest" is the model's whole history,
+  // a version number is refused.
+  EXPECT_EQ(Ckpt("history mlp@latest " + store).output, history.output);
+  EXPECT_THAT(Ckpt("history mlp@2 " + store).output,
+              HasSubstr("INVALID_ARGUMENT: history shows a model's or an alias's changes"));
 
   // Sync once: the served file is the version real PyTorch loads.
   const std::string serving = Dir() + "/serving";

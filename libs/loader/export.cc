@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -513,6 +514,17 @@ v1::ExportFormat ExportFormatToProto(ExportFormat format) {
 std::string ExportFileName(absl::string_view model, int64_t version, ExportFormat format) {
   return absl::StrCat(model, "-v", version,
                       format == ExportFormat::kTorch ? ".pt" : ".safetensors");
+}
+
+absl::string_view ExportFormatName(ExportFormat format) {
+  return format == ExportFormat::kTorch ? "torch" : "safetensors";
+}
+
+absl::StatusOr<ExportFormat> ExportFormatForPath(absl::string_view path, bool sharded) {
+  if (absl::EndsWith(path, ".safetensors")) return ExportFormat::kSafetensors;
+  if (absl::EndsWith(path, ".pt") || absl::EndsWith(path, ".pth")) return ExportFormat::kTorch;
+  if (sharded) return ExportFormat::kSafetensors;
+  return absl::InvalidArgumentError(absl::StrCat("cannot tell the format from '", path, "'"));
 }
 
 absl::StatusOr<uint64_t> ParseShardSize(absl::string_view text) {

@@ -60,6 +60,13 @@ absl::StatusOr<ExportFormat> ExportFormatFromProto(v1::ExportFormat format);
 v1::ExportFormat ExportFormatToProto(ExportFormat format);
 // "MODEL-vN.pt" / "MODEL-vN.safetensors".
 std::string ExportFileName(absl::string_view model, int64_t version, ExportFormat format);
+// "torch" or "safetensors", which ParseExportFormat reads back.
+absl::string_view ExportFormatName(ExportFormat format);
+// The format an export to `path` is written in, told from its name: ".safetensors" is
+// safetensors, ".pt" and ".pth" torch; with `sharded` (ExportOptions::max_shard_bytes > 0) any
+// other name is the directory of a sharded export, which holds safetensors shards only.
+// INVALID_ARGUMENT naming the path otherwise.
+absl::StatusOr<ExportFormat> ExportFormatForPath(absl::string_view path, bool sharded);
 
 struct ExportOptions {
   ExportFormat format = ExportFormat::kTorch;

@@ -490,5 +490,25 @@ TEST_F(ExportTest, SinkErrorsStopTheExportAndBadNamesAreRejected) {
   EXPECT_EQ(ExportFileName("m", 3, ExportFormat::kSafetensors), "m-v3.safetensors");
 }
 
+TEST(ExportFormatTest, FormatNamesReadBackAndPathsTellTheFormatByTheirEnding) {
+  for (const ExportFormat format : {ExportFormat::kTorch, ExportFormat::kSafetensors}) {
+    ASSERT_OK_AND_ASSIGN(const ExportFormat read_back, ParseExportFormat(ExportFormatName(format)));
+    EXPECT_EQ(read_back, format);
+  }
+  ASSERT_OK_AND_ASSIGN(const ExportFormat safetensors,
+                       ExportFormatForPath("out/m.safetensors", /*sharded=*/false));
+  EXPECT_EQ(safetensors, ExportFormat::kSafetensors);
+  ASSERT_OK_AND_ASSIGN(const ExportFormat pt, ExportFormatForPath("m.pt", /*sharded=*/false));
+  EXPECT_EQ(pt, ExportFormat::kTorch);
+  ASSERT_OK_AND_ASSIGN(const ExportFormat pth, ExportFormatForPath("m.pth", /*sharded=*/true));
+  EXPECT_EQ(pth, ExportFormat::kTorch);
+  // A sharded export's path is a directory, of safetensors shards.
+  ASSERT_OK_AND_ASSIGN(const ExportFormat directory,
+                       ExportFormatForPath("out/m", /*sharded=*/true));
+  EXPECT_EQ(directory, ExportFormat::kSafetensors);
+  EXPECT_THAT(ExportFormatForPath("out/m.bin", /*sharded=*/false),
+              StatusIs(absl::StatusCode::kInvalidArgument, "out/m.bin"));
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -23,9 +23,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/message.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/io/atomic_file.h"
+#include "libs/io/proto_json.h"
 #include "libs/rpc/backoff.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
@@ -88,11 +89,7 @@ bool WatchRefusedForGood(const absl::Status& status) {
 }
 
 absl::StatusOr<nlohmann::ordered_json> ProtoJson(const google::protobuf::Message& message) {
-  std::string text;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  const auto status = google::protobuf::util::MessageToJsonString(message, &text, options);
-  if (!status.ok()) return absl::InternalError(status.ToString());
+  ASSIGN_OR_RETURN(const std::string text, ProtoToJson(message));
   return nlohmann::ordered_json::parse(text);
 }
 
@@ -341,7 +338,7 @@ absl::Status ServingSync::Export(int64_t version, const std::string& final_dir) 
   metadata["model"] = options_.model;
   metadata["version"] = version;
   metadata["alias"] = options_.alias;
-  metadata["format"] = options_.format == ExportFormat::kTorch ? "torch" : "safetensors";
+  metadata["format"] = std::string(ExportFormatName(options_.format));
   metadata["file"] = file_name;
   metadata["file_bytes"] = exported.file_bytes;
   const absl::Time now = absl::Now();

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "libs/format/checkpoint_file.h"
@@ -93,15 +92,14 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
   ExportOptions options;
   if (line.Has("format")) {
     ASSIGN_OR_RETURN(options.format, ParseExportFormat(line.Get("format")));
-  } else if (absl::EndsWith(out, ".safetensors")) {
-    options.format = ExportFormat::kSafetensors;
-  } else if (absl::EndsWith(out, ".pt") || absl::EndsWith(out, ".pth")) {
-    options.format = ExportFormat::kTorch;
-  } else if (line.Has("max-shard-size")) {
-    options.format = ExportFormat::kSafetensors;  // A directory: only safetensors shards.
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot tell the format from '", out, "'; pass --format torch|safetensors"));
+    absl::StatusOr<ExportFormat> format = ExportFormatForPath(out, line.Has("max-shard-size"));
+    if (!format.ok()) {
+      return absl::Status(
+          format.status().code(),
+          absl::StrCat(format.status().message(), "; pass --format torch|safetensors"));
+    }
+    options.format = *format;
   }
   ASSIGN_OR_RETURN(options.target, TargetFromOptions(line));
   if (line.Has("bundle")) {
@@ -138,8 +136,7 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(LoaderHandle loader, OpenLoader(line));
   ASSIGN_OR_RETURN(ExportResult result, loader.loader->Export(ref, options, out));
   std::cout << "exported " << result.version << " to " << out << " ("
-            << (options.format == ExportFormat::kTorch ? "torch" : "safetensors")
-            << (result.bundle ? ", whole bundle" : "")
+            << ExportFormatName(options.format) << (result.bundle ? ", whole bundle" : "")
             << (result.files.size() > 1 ? absl::StrCat(", ", result.files.size() - 1, " shards")
                                         : "")
             << "): " << result.tensors << " model tensors, " << HumanBytes(result.file_bytes)

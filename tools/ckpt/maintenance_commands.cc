@@ -194,37 +194,27 @@ absl::Status RunGc(const cli::ParsedCommandLine& line) {
 
 absl::Status RunVerify(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStore> store, OpenStore(line, false));
-  v1::VerifyResponse total;
-  auto add = [&](const v1::VerifyResponse& part) {
-    total.set_chunks_checked(total.chunks_checked() + part.chunks_checked());
-    total.set_bytes_checked(total.bytes_checked() + part.bytes_checked());
-    for (const v1::VerifyProblem& problem : part.problems()) *total.add_problems() = problem;
-  };
+  // CheckpointStore::Verify's scope: no model is the whole store (refcounts cross-checked too),
+  // version 0 every version of the model.
+  std::string model;
+  int64_t version = 0;
   std::string scope = "the whole store";
-  if (line.arguments().empty()) {
-    // One call checks chunks and refcounts store-wide.
-    if (StdoutIsTerminal()) std::cout << "verifying the whole store...\n";
-    ASSIGN_OR_RETURN(v1::VerifyResponse response, store->Verify("", 0));
-    add(response);
-  } else {
-    ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(line.arguments()[0]));
-    std::vector<int64_t> versions;
-    if (absl::StrContains(line.arguments()[0], '@')) {
+  if (!line.arguments().empty()) {
+    const std::string& target = line.arguments()[0];
+    ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(target));
+    model = ref.model();
+    // ParseVersionRef reads a bare MODEL as MODEL@latest; here it means every version.
+    if (absl::StrContains(target, '@')) {
       ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
-      versions.push_back(manifest.version());
-      scope = FormatVersionRef(ref.model(), manifest.version());
+      version = manifest.version();
+      scope = FormatVersionRef(model, version);
     } else {
-      ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> infos, store->ListVersions(ref.model()));
-      for (const v1::VersionInfo& info : infos) versions.push_back(info.version());
-      scope = absl::StrCat(ref.model(), " (", versions.size(), " versions)");
-    }
-    ProgressBar bar("verifying");
-    for (size_t i = 0; i < versions.size(); ++i) {
-      ASSIGN_OR_RETURN(v1::VerifyResponse response, store->Verify(ref.model(), versions[i]));
-      add(response);
-      bar.Update(i + 1, versions.size(), absl::StrCat(i + 1, "/", versions.size(), " versions"));
+      ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions, store->ListVersions(model));
+      scope = absl::StrCat(model, " (", versions.size(), " versions)");
     }
   }
+  if (StdoutIsTerminal()) std::cout << "verifying " << scope << "...\n";
+  ASSIGN_OR_RETURN(v1::VerifyResponse total, store->Verify(model, version));
   std::cout << "verified " << scope << ": " << total.chunks_checked() << " chunks, "
             << HumanBytes(total.bytes_checked()) << ", " << total.problems_size() << " problems\n";
   for (const v1::VerifyProblem& problem : total.problems()) {

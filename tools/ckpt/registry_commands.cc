@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "google/protobuf/util/json_util.h"
+#include "libs/io/proto_json.h"
 #include "libs/registry/promotion.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/version_filter.h"
@@ -56,14 +56,6 @@ absl::StatusOr<std::map<std::string, double>> Metrics(const cli::ParsedCommandLi
   return metrics;
 }
 
-std::string JsonOf(const google::protobuf::Message& message) {
-  std::string text;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &text, options);
-  return text;
-}
-
 std::string TagsText(const google::protobuf::Map<std::string, std::string>& tags) {
   std::vector<std::string> pairs;
   for (const auto& [key, value] : tags) pairs.push_back(absl::StrCat(key, "=", value));
@@ -82,7 +74,8 @@ std::string MetricsText(const google::protobuf::Map<std::string, double>& metric
 
 absl::Status PrintModel(const v1::ModelInfo& model, bool json) {
   if (json) {
-    std::cout << JsonOf(model) << "\n";
+    ASSIGN_OR_RETURN(const std::string text, ProtoToJson(model));
+    std::cout << text << "\n";
     return absl::OkStatus();
   }
   const v1::ModelDetails& details = model.details();
@@ -281,7 +274,7 @@ std::string EventText(const v1::RegistryEvent& event) {
 }
 
 // One event as `ckpt audit --json` prints a record: flat, numbers as numbers.
-nlohmann::ordered_json HistoryJson(const v1::RegistryEvent& event) {
+absl::StatusOr<nlohmann::ordered_json> HistoryJson(const v1::RegistryEvent& event) {
   nlohmann::ordered_json json;
   json["sequence"] = event.sequence();
   json["time"] = UtcTimeText(event.unix_micros());
@@ -293,9 +286,14 @@ nlohmann::ordered_json HistoryJson(const v1::RegistryEvent& event) {
   json["alias"] = event.alias();
   json["previous_version"] = event.previous_version();
   if (!event.new_name().empty()) json["new_name"] = event.new_name();
-  if (event.has_annotations())
-    json["annotations"] = nlohmann::json::parse(JsonOf(event.annotations()));
-  if (event.has_details()) json["details"] = nlohmann::json::parse(JsonOf(event.details()));
+  if (event.has_annotations()) {
+    ASSIGN_OR_RETURN(const std::string annotations, ProtoToJson(event.annotations()));
+    json["annotations"] = nlohmann::json::parse(annotations);
+  }
+  if (event.has_details()) {
+    ASSIGN_OR_RETURN(const std::string details, ProtoToJson(event.details()));
+    json["details"] = nlohmann::json::parse(details);
+  }
   json["what"] = EventText(event);
   json["reason"] = event.reason();
   return json;
@@ -305,13 +303,17 @@ absl::Status RunHistory(const cli::ParsedCommandLine& line) {
   HistoryQuery query;
   if (!line.arguments().empty()) {
     const std::string& target = line.arguments()[0];
-    const size_t at = target.find('@');
-    query.model = target.substr(0, at);
-    RETURN_IF_ERROR(ValidateModelName(query.model));
-    if (at != std::string::npos) {
-      query.alias = target.substr(at + 1);
-      RETURN_IF_ERROR(ValidateAliasName(query.alias));
+    ASSIGN_OR_RETURN(const v1::VersionRef ref, ParseVersionRef(target));
+    if (ref.ref_case() == v1::VersionRef::kVersion) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("history shows a model's or an alias's changes (MODEL, MODEL@production), "
+                       "not a version's: '",
+                       target, "' names version ", ref.version()));
     }
+    query.model = ref.model();
+    // "latest" (also what a bare MODEL parses to) moves with every commit: its history is the
+    // model's.
+    if (ref.alias() != kLatestAlias) query.alias = ref.alias();
   }
   if (line.Has("since")) {
     ASSIGN_OR_RETURN(query.since, ParseTimeOption("since", line.Get("since")));
@@ -320,7 +322,8 @@ absl::Status RunHistory(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(std::vector<v1::RegistryEvent> events, store->ListHistory(query));
   for (const v1::RegistryEvent& event : events) {
     if (line.Has("json")) {
-      std::cout << HistoryJson(event).dump() << "\n";
+      ASSIGN_OR_RETURN(const nlohmann::ordered_json json, HistoryJson(event));
+      std::cout << json.dump() << "\n";
       continue;
     }
     std::cout << UtcTimeText(event.unix_micros()) << "  "

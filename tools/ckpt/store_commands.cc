@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "google/protobuf/util/json_util.h"
 #include "libs/format/inspect.h"
+#include "libs/io/proto_json.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/checkpoint_store.h"
@@ -195,12 +195,7 @@ absl::Status RunShow(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(line.arguments()[0]));
   ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
   if (line.Has("json")) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    options.preserve_proto_field_names = true;
-    const auto status = google::protobuf::util::MessageToJsonString(manifest, &json, options);
-    if (!status.ok()) return absl::InternalError(status.ToString());
+    ASSIGN_OR_RETURN(std::string json, ProtoToJson(manifest, /*indented=*/true));
     std::cout << json << "\n";
     return absl::OkStatus();
   }

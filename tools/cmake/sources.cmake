@@ -207,6 +207,7 @@ set(CKPT_CLI_SOURCES
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
     libs/io/prefault.cc
+    libs/io/proto_json.cc
     libs/io/read_file.cc
     libs/io/xxh3.cc
     libs/loader/chunk_cache.cc
@@ -617,6 +618,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/io/parallel_copy.cc
     libs/io/prefault.cc
     libs/io/private_directory.cc
+    libs/io/proto_json.cc
     libs/io/read_file.cc
     libs/io/xxh3.cc
     libs/loader/chunk_cache.cc

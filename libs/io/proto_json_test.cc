@@ -1,0 +1,32 @@
+#include "libs/io/proto_json.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/status/status_matchers.h"
+#include "proto/ckpt/v1/types.pb.h"
+
+namespace ckpt {
+namespace {
+
+v1::Lineage SomeLineage() {
+  v1::Lineage lineage;
+  lineage.set_run_id("run-1");
+  lineage.set_parent_relation("fine_tuned_from");
+  return lineage;
+}
+
+TEST(ProtoToJsonTest, KeepsProtoFieldNamesAndLeavesOutDefaults) {
+  ASSERT_OK_AND_ASSIGN(std::string json, ProtoToJson(SomeLineage()));
+  EXPECT_EQ(json, R"({"run_id":"run-1","parent_relation":"fine_tuned_from"})");
+}
+
+TEST(ProtoToJsonTest, IndentedPutsOneFieldOnEachLine) {
+  ASSERT_OK_AND_ASSIGN(std::string json, ProtoToJson(SomeLineage(), /*indented=*/true));
+  EXPECT_THAT(json, ::testing::HasSubstr("\"run_id\": \"run-1\",\n"));
+  EXPECT_THAT(json, ::testing::HasSubstr("\"parent_relation\": \"fine_tuned_from\"\n"));
+}
+
+}  // namespace
+}  // namespace ckpt
