@@ -22,6 +22,7 @@
 //                                            which a .cc file that wants them unqualified says
 //                                            with a using-directive of its own
 
+#include "libs/io/disjoint_ranges.h"
 #include "libs/store/internal/rocksdb_store_records.h"
 
 namespace ckpt {
@@ -31,8 +32,8 @@ namespace ckpt {
 struct PackMappings {
   absl::Mutex mu;
   absl::flat_hash_map<uint64_t, std::shared_ptr<MappedPackRegion>> packs ABSL_GUARDED_BY(mu);
-  // Per pack, the byte ranges handed out (start -> end), which never overlap.
-  absl::flat_hash_map<uint64_t, std::map<int64_t, int64_t>> handed_out ABSL_GUARDED_BY(mu);
+  // Per pack, the byte ranges handed out, which never overlap.
+  absl::flat_hash_map<uint64_t, DisjointRanges> handed_out ABSL_GUARDED_BY(mu);
 
   // Claims bytes [start, end) of pack `pack_id`; false when they overlap bytes handed out
   // before (a deduplicated chunk can lie inside another tensor's run, or runs can touch).

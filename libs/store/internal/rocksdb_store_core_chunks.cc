@@ -15,12 +15,7 @@ using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store'
 using Core = RocksDbCheckpointStore::Core;
 
 bool PackMappings::Claim(uint64_t pack_id, int64_t start, int64_t end) {
-  std::map<int64_t, int64_t>& ranges = handed_out[pack_id];
-  auto next = ranges.lower_bound(start);
-  if (next != ranges.end() && next->first < end) return false;
-  if (next != ranges.begin() && std::prev(next)->second > start) return false;
-  ranges.emplace(start, end);
-  return true;
+  return handed_out[pack_id].Claim(start, end);
 }
 
 absl::Status Core::ReadChunkInto(const v1::ChunkRef& chunk, const rocksdb::Snapshot* snapshot,
