@@ -1,5 +1,6 @@
 #include "tools/ckpt/store_access.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -41,20 +42,20 @@ bool HasChunksS3(const cli::ParsedCommandLine& line) {
   return false;
 }
 
-// --chunks_s3_*: the embedded store's chunks in an object store; null without them.
+// --chunks_s3_*: the embedded store's chunks in an object store; null without them. Which options
+// go together is checked where the servers' flags are checked (S3ChunkStorageFromFlags).
 absl::StatusOr<std::shared_ptr<ChunkBackend>> ChunkBackendFor(const cli::ParsedCommandLine& line) {
-  if (!HasChunksS3(line)) return nullptr;
-  if (!line.Has("chunks_s3_endpoint") || !line.Has("chunks_s3_bucket")) {
-    return absl::InvalidArgumentError(
-        "--chunks_s3_* options need both --chunks_s3_endpoint and --chunks_s3_bucket");
-  }
-  S3ChunkStorageConfig config;
-  config.endpoint = line.Get("chunks_s3_endpoint");
-  config.bucket = line.Get("chunks_s3_bucket");
-  config.prefix = line.Get("chunks_s3_prefix");
-  config.region = line.Get("chunks_s3_region");
-  config.ca_file = line.Get("chunks_s3_ca_file");
-  RETURN_IF_ERROR(LoadS3Credentials(line.Get("chunks_s3_credentials_file"), config));
+  S3ChunkFlags flags;
+  const auto given = [&line](const char* option) {
+    return line.Has(option) ? line.Get(option) : std::string();
+  };
+  flags.endpoint = given("chunks_s3_endpoint");
+  flags.bucket = given("chunks_s3_bucket");
+  flags.prefix = given("chunks_s3_prefix");
+  flags.region = given("chunks_s3_region");
+  flags.credentials_file = given("chunks_s3_credentials_file");
+  flags.ca_file = given("chunks_s3_ca_file");
+  ASSIGN_OR_RETURN(const S3ChunkStorageConfig config, S3ChunkStorageFromFlags(flags));
   return OpenS3ChunkStorage(config);
 }
 
