@@ -45,6 +45,7 @@ set(CKPT_TRAINER_SOURCES
     libs/format/torchscript_archive.cc
     libs/format/zip_reader.cc
     libs/io/atomic_file.cc
+    libs/io/disjoint_ranges.cc
     libs/io/parallel_copy.cc
     libs/io/prefault.cc
     libs/io/private_directory.cc
@@ -206,6 +207,7 @@ set(CKPT_CLI_SOURCES
     libs/format/zip_reader.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
+    libs/io/disjoint_ranges.cc
     libs/io/prefault.cc
     libs/io/proto_json.cc
     libs/io/read_file.cc
