@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/rpc/access_policy.h"
@@ -17,6 +16,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/store/audited_store.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/listing_page.h"
 #include "libs/store/model_scope.h"
 #include "libs/store/refused_call_log.h"
 #include "libs/store/scoped_store.h"
@@ -352,70 +352,38 @@ grpc::ServerUnaryReactor* StoreService::FindMissingChunks(
 grpc::ServerUnaryReactor* StoreService::ListModels(grpc::CallbackServerContext* context,
                                                    const v1::ListModelsRequest* request,
                                                    v1::ListModelsResponse* response) {
-  return RunUnary(
-      context, "ListModels", "",
-      [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
-        ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
-        // The token is the last model name of the previous page: models created or deleted between
-        // pages neither repeat nor shift the listing.
-        const std::string& after = request->page_token();
-        if (!after.empty() && !ValidateModelName(after).ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("page_token '", after, "' is not one that ListModels returned"));
-        }
-        ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store.ListModels());
-        std::sort(models.begin(), models.end(), [](const v1::ModelInfo& a, const v1::ModelInfo& b) {
-          return a.name() < b.name();
-        });
-        auto it = after.empty()
-                      ? models.begin()
-                      : std::upper_bound(models.begin(), models.end(), after,
-                                         [](const std::string& name, const v1::ModelInfo& model) {
-                                           return name < model.name();
-                                         });
-        for (; it != models.end() && response->models_size() < page_size; ++it) {
-          *response->add_models() = std::move(*it);
-        }
-        if (it != models.end()) {
-          response->set_next_page_token(response->models(response->models_size() - 1).name());
-        }
-        return absl::OkStatus();
-      });
+  return RunUnary(context, "ListModels", "",
+                  [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
+                    ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
+                    ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store.ListModels());
+                    ASSIGN_OR_RETURN(
+                        ListingPage<v1::ModelInfo> page,
+                        PageOfModels(std::move(models), request->page_token(), page_size));
+                    for (v1::ModelInfo& model : page.entries)
+                      *response->add_models() = std::move(model);
+                    response->set_next_page_token(page.next_page_token);
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* StoreService::ListVersions(grpc::CallbackServerContext* context,
                                                      const v1::ListVersionsRequest* request,
                                                      v1::ListVersionsResponse* response) {
-  return RunUnary(
-      context, "ListVersions", request->model(),
-      [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
-        ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
-        int64_t after = 0;  // The last version of the previous page.
-        if (!request->page_token().empty() &&
-            (!absl::SimpleAtoi(request->page_token(), &after) || after < 1)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "page_token '", request->page_token(), "' is not one that ListVersions returned"));
-        }
-        ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions,
-                         request->has_filter()
-                             ? store.FindVersions(request->model(), request->filter())
-                             : store.ListVersions(request->model()));
-        std::sort(versions.begin(), versions.end(),
-                  [](const v1::VersionInfo& a, const v1::VersionInfo& b) {
-                    return a.version() < b.version();
+  return RunUnary(context, "ListVersions", request->model(),
+                  [this, request, response](const Caller&, CheckpointStore& store) -> absl::Status {
+                    ASSIGN_OR_RETURN(const int page_size, PageSize(request->page_size()));
+                    ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions,
+                                     request->has_filter()
+                                         ? store.FindVersions(request->model(), request->filter())
+                                         : store.ListVersions(request->model()));
+                    ASSIGN_OR_RETURN(
+                        ListingPage<v1::VersionInfo> page,
+                        PageOfVersions(std::move(versions), request->page_token(), page_size));
+                    for (v1::VersionInfo& info : page.entries)
+                      *response->add_versions() = std::move(info);
+                    response->set_next_page_token(page.next_page_token);
+                    return absl::OkStatus();
                   });
-        auto it = std::upper_bound(
-            versions.begin(), versions.end(), after,
-            [](int64_t version, const v1::VersionInfo& info) { return version < info.version(); });
-        for (; it != versions.end() && response->versions_size() < page_size; ++it) {
-          *response->add_versions() = std::move(*it);
-        }
-        if (it != versions.end()) {
-          response->set_next_page_token(
-              absl::StrCat(response->versions(response->versions_size() - 1).version()));
-        }
-        return absl::OkStatus();
-      });
 }
 
 grpc::ServerUnaryReactor* StoreService::GetManifest(grpc::CallbackServerContext* context,

@@ -76,6 +76,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/internal/rocksdb_store_core_packs.cc
     libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
+    libs/store/listing_page.cc
     libs/store/manifest_validation.cc
     libs/store/model_scope.cc
     libs/store/refused_call_log.cc
@@ -666,6 +667,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/internal/rocksdb_store_core_packs.cc
     libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
+    libs/store/listing_page.cc
     libs/store/manifest_validation.cc
     libs/store/model_scope.cc
     libs/store/refused_call_log.cc
