@@ -1,6 +1,5 @@
 #include "libs/loader/served_load.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -10,6 +9,7 @@
 #include "libs/io/xxh3.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/testing/child_process.h"
 #include "torch/torch.h"
 
 namespace ckpt {
@@ -21,10 +21,8 @@ using ::testing::HasSubstr;
 class ServedLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
     StoreOptions options;
-    options.db_path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
-                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    options.db_path = testing::TestCaseDir();
     ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
     torch::manual_seed(3);
     weight_ = torch::randn({5, 3});

@@ -89,7 +89,7 @@
   ABSL_FLAG(std::string, store_dir, store_dir_default,                                        \
             "Directory of a checkpoint store to open in this process (embedded; no other "     \
             "process may have it open), relative to where the command was run. Default: '"     \
-            store_dir_default "'.");                                                          \
+            store_dir_default "' (empty: none; then --store is required).");                   \
   ABSL_FLAG(std::string, store_auth_token_file, "",                                           \
             "With --store: file holding the bearer token for the checkpoint store. Default: "  \
             "none.");                                                                         \

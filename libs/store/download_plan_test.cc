@@ -1,6 +1,5 @@
 #include "libs/store/download_plan.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,6 +10,7 @@
 #include "libs/status/status_matchers.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/testing/child_process.h"
 #include "torch/torch.h"
 
 namespace ckpt {
@@ -23,10 +23,8 @@ using ::testing::HasSubstr;
 class DownloadPlanTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
     StoreOptions options;
-    options.db_path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
-                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    options.db_path = testing::TestCaseDir();
     ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
     // 1.5 chunks of float32, an empty tensor, a small one, and an optimizer state tensor.
     big_ = torch::arange(kChunkBytes * 3 / 2 / 4, torch::kFloat32);

@@ -13,12 +13,9 @@
 
 #include <signal.h>
 
-#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,8 +25,6 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/rpc/grpc_server.h"

@@ -13,13 +13,10 @@
 
 #include <signal.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,15 +26,11 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/client/open_store.h"
-#include "libs/io/atomic_file.h"
 #include "libs/loader/shm_server.h"
-#include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"

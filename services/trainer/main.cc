@@ -33,8 +33,6 @@
 #include "libs/client/open_store.h"
 #include "libs/ddp/process_group.h"
 #include "libs/ddp/tcp_store_node_rendezvous.h"
-#include "libs/io/atomic_file.h"
-#include "libs/rpc/bearer_auth.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"
