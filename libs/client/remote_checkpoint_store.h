@@ -125,7 +125,7 @@ class RemoteCheckpointStore final : public CheckpointStore {
   absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
                            int64_t version) override;
 
-  // ---- The model registry (remote_checkpoint_store_registry.cc). Changes are sent once, never
+  // ---- The model registry (remote_checkpoint_store_history.cc). Changes are sent once, never
   // retried (like every change); ListHistory only reads and is restarted on UNAVAILABLE.
   absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
                                             const v1::ModelDetails& details,
@@ -170,7 +170,7 @@ class RemoteCheckpointStore final : public CheckpointStore {
   RemoteCheckpointStore(std::shared_ptr<Connection> connection,
                         std::shared_ptr<ClientChannel> channel);
   std::shared_ptr<Connection> connection_;
-  // For the registry calls (remote_checkpoint_store_registry.cc): the channel Connection wraps
+  // For the registry calls (remote_checkpoint_store_history.cc): the channel Connection wraps
   // and a stub on it (shared with the watches it starts).
   std::shared_ptr<ClientChannel> channel_;
   std::shared_ptr<v1::CheckpointStore::Stub> stub_;

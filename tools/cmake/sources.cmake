@@ -24,7 +24,7 @@ set(CKPT_TRAINER_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
-    libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_history.cc
     libs/client/remote_checkpoint_store_upload.cc
     libs/ddp/communicator.cc
     libs/ddp/distributed_data_parallel.cc
@@ -65,7 +65,7 @@ set(CKPT_TRAINER_SOURCES
     libs/status/torch_status.cc
     libs/store/audited_store.cc
     libs/store/checkpoint_store.cc
-    libs/store/checkpoint_store_registry.cc
+    libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
@@ -82,8 +82,8 @@ set(CKPT_TRAINER_SOURCES
     libs/store/refused_call_log.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
+    libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
-    libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
     libs/store/scoped_store.cc
     libs/store/version_filter.cc
@@ -113,7 +113,7 @@ set(CKPT_TRAINER_SOURCES
     services/checkpoint_store/internal/work_queue.cc
     services/checkpoint_store/store_service.cc
     services/checkpoint_store/store_service_download.cc
-    services/checkpoint_store/store_service_registry.cc
+    services/checkpoint_store/store_service_history.cc
     services/trainer/rank_stores.cc
     services/trainer/trainer_service.cc
 )
@@ -186,7 +186,7 @@ set(CKPT_CLI_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
-    libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_history.cc
     libs/client/remote_checkpoint_store_upload.cc
     libs/client/remote_loader.cc
     libs/format/bundle.cc
@@ -235,7 +235,7 @@ set(CKPT_CLI_SOURCES
     libs/store/audited_store.cc
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
-    libs/store/checkpoint_store_registry.cc
+    libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
@@ -249,8 +249,8 @@ set(CKPT_CLI_SOURCES
     libs/store/repair.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
+    libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
-    libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
     libs/store/s3_chunk_backend.cc
     libs/store/version_diff.cc
@@ -331,7 +331,7 @@ set(CKPT_LOADER_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
-    libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_history.cc
     libs/client/remote_checkpoint_store_upload.cc
     libs/format/bundle.cc
     libs/format/byte_source.cc
@@ -370,7 +370,7 @@ set(CKPT_LOADER_SOURCES
     libs/status/torch_status.cc
     libs/store/audited_store.cc
     libs/store/checkpoint_store.cc
-    libs/store/checkpoint_store_registry.cc
+    libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
@@ -384,8 +384,8 @@ set(CKPT_LOADER_SOURCES
     libs/store/model_scope.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
+    libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
-    libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
     libs/store/s3_chunk_backend.cc
     libs/store/version_filter.cc
@@ -487,7 +487,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/status/grpc_status.cc
     libs/status/torch_status.cc
     libs/store/checkpoint_store.cc
-    libs/store/checkpoint_store_registry.cc
+    libs/store/checkpoint_store_history.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
     libs/store/manifest_validation.cc
@@ -587,7 +587,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
-    libs/client/remote_checkpoint_store_registry.cc
+    libs/client/remote_checkpoint_store_history.cc
     libs/client/remote_checkpoint_store_upload.cc
     libs/client/remote_loader.cc
     libs/client/shm_loader.cc
@@ -655,7 +655,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/benchmark_seams.cc
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
-    libs/store/checkpoint_store_registry.cc
+    libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
@@ -674,8 +674,8 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/repair.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
+    libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
-    libs/store/rocksdb_checkpoint_store_registry.cc
     libs/store/rocksdb_schema.cc
     libs/store/s3_chunk_backend.cc
     libs/store/scoped_store.cc
@@ -709,7 +709,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     services/checkpoint_store/main.cc
     services/checkpoint_store/store_service.cc
     services/checkpoint_store/store_service_download.cc
-    services/checkpoint_store/store_service_registry.cc
+    services/checkpoint_store/store_service_history.cc
     services/loader/loader_service.cc
     services/loader/main.cc
     services/loader/tampering_loader_main.cc

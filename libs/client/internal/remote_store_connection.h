@@ -10,7 +10,7 @@
 //                                        retention, GC, verify, stats, audit)
 //   remote_checkpoint_store_upload.cc    BeginUpload: the Upload stream
 //   remote_checkpoint_store_download.cc  OpenVersion: Download streams, chunks checked on arrival
-//   remote_checkpoint_store_registry.cc  the model registry's calls and the Watch stream
+//   remote_checkpoint_store_history.cc   the model registry's calls and the Watch stream
 //   internal/remote_store_connection.h   this file
 
 #include <memory>

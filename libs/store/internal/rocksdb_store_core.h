@@ -11,7 +11,7 @@
 //   rocksdb_checkpoint_store.cc              open, begin upload, reads, versions and aliases
 //   rocksdb_checkpoint_store_maintenance.cc  retention, garbage collection, verify, stats
 //   rocksdb_checkpoint_store_audit.cc        the audit log: load, reconcile, begin, finish, list
-//   rocksdb_checkpoint_store_registry.cc     models, annotations, the history (append, load, wait)
+//   rocksdb_checkpoint_store_history.cc      models, annotations, the history (append, load, wait)
 //   internal/rocksdb_upload_session.cc       the upload session and its hashing pipeline
 //   internal/rocksdb_store_core.h            this file: Core's declaration
 //   internal/rocksdb_store_core.cc           Core: construction, readers, writes, live uploads
@@ -281,7 +281,7 @@ class RocksDbCheckpointStore::Core {
   // is never reused across restarts (or after a crash).
   absl::Status LoadAuditLog();
 
-  // ---- Registry history and annotations (rocksdb_checkpoint_store_registry.cc).
+  // ---- Registry history and annotations (rocksdb_checkpoint_store_history.cc).
 
   // Gives `event` the next sequence number and the time, and adds it to `batch`, which the
   // caller writes under mu() (so history keys become visible in sequence order, and a watcher

@@ -2,7 +2,7 @@
 #define CKPT_SERVICES_CHECKPOINT_STORE_INTERNAL_REQUESTS_H_
 
 // What the store service's handlers (store_service.cc, store_service_download.cc,
-// store_service_registry.cc) read from requests, and answer, the same way.
+// store_service_history.cc) read from requests, and answer, the same way.
 
 #include <algorithm>
 #include <string>
