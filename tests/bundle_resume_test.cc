@@ -193,7 +193,7 @@ TEST_F(BundleResumeTest, TheLoaderServiceExportsBundlesToAPythonClient) {
   const std::string out = dir + "/adamw_onecycle-cli.pt";
   Result exported =
       Ckpt(absl::StrCat("export adamw_onecycle ", out, " --bundle --loader=127.0.0.1:", port,
-                        " --auth_token_file=", dir, "/token"));
+                        " --loader_auth_token_file=", dir, "/token"));
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   EXPECT_THAT(exported.output, HasSubstr("whole bundle"));
   EXPECT_THAT(exported.output, HasSubstr("scheduler/anneal_func: a builtins.getattr object"));

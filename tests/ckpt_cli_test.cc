@@ -370,7 +370,7 @@ TEST_F(CkptCliTest, RemoteStoreWithToken) {
   Result denied = Ckpt("ls " + remote);
   EXPECT_EQ(denied.exit_code, 1);
   EXPECT_THAT(denied.output, HasSubstr("UNAUTHENTICATED"));
-  const std::string auth = absl::StrCat(remote, " --auth_token_file=", token_file);
+  const std::string auth = absl::StrCat(remote, " --store_auth_token_file=", token_file);
   Result imported = Ckpt(absl::StrCat("import ", Dir(), "/whole_model.pt --model net ", auth));
   EXPECT_EQ(imported.exit_code, 0) << imported.output;
   Result listed = Ckpt("ls " + auth);
@@ -382,6 +382,24 @@ TEST_F(CkptCliTest, RemoteStoreWithToken) {
   EXPECT_THAT(audited.output, HasSubstr("  token  ipv4:127.0.0.1:"));
   EXPECT_THAT(audited.output, HasSubstr("  commit  net@1  OK  committed net@1: "));
   EXPECT_EQ(Ckpt("verify " + auth).exit_code, 0);
+  // The spelling before --store_auth_token_file still works, for one release, and says so; both
+  // spellings together, or a token for a connection the command does not make, are refused.
+  Result deprecated = Ckpt(absl::StrCat("ls ", remote, " --auth_token_file=", token_file));
+  EXPECT_EQ(deprecated.exit_code, 0) << deprecated.output;
+  EXPECT_THAT(deprecated.output, HasSubstr("net"));
+  EXPECT_THAT(deprecated.output,
+              HasSubstr("--auth_token_file is deprecated and will be removed in the next "
+                        "release; use --store_auth_token_file"));
+  Result both = Ckpt(absl::StrCat("ls ", auth, " --auth_token_file=", token_file));
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_THAT(both.output, HasSubstr("--store_auth_token_file and --auth_token_file (its "
+                                     "deprecated spelling) given together"));
+  Result loader_token = Ckpt(absl::StrCat("ls ", auth, " --loader_auth_token_file=", token_file));
+  EXPECT_NE(loader_token.exit_code, 0);
+  EXPECT_THAT(loader_token.output, HasSubstr("--loader_auth_token_file needs --loader=HOST:PORT"));
+  Result no_store = Ckpt(absl::StrCat("ls --store_tls_ca_file=", token_file));
+  EXPECT_NE(no_store.exit_code, 0);
+  EXPECT_THAT(no_store.output, HasSubstr("--store_tls_ca_file needs --store=HOST:PORT"));
   kill(server, SIGTERM);
   int status = 0;
   waitpid(server, &status, 0);

@@ -59,8 +59,8 @@ std::string Identity(const std::string& name, const std::string& role) {
 }
 
 std::string As(const std::string& name, int store_port) {
-  return absl::StrCat("--store=127.0.0.1:", store_port, " --auth_token_file=", Dir(), "/", name,
-                      ".token");
+  return absl::StrCat("--store=127.0.0.1:", store_port, " --store_auth_token_file=", Dir(), "/",
+                      name, ".token");
 }
 
 // The store service on `listen` (127.0.0.1:0 for any port), serving Dir()/store.
@@ -130,7 +130,8 @@ TEST(ServingScenarioTest, PromoteServeRestartRollBackAndTellTheHistory) {
   ASSERT_TRUE(sync.Start({"sync", "resnet@production", serving, "--format", "pt", "--keep", "2",
                           absl::StrCat("--store=127.0.0.1:", store_port),
                           absl::StrCat("--loader=127.0.0.1:", loader_port),
-                          "--auth_token_file=" + Dir() + "/serving-fleet.token"}));
+                          "--store_auth_token_file=" + Dir() + "/serving-fleet.token",
+                          "--loader_auth_token_file=" + Dir() + "/serving-fleet.token"}));
   ASSERT_TRUE(WaitForFile(current, "1\n", kServeWithin).has_value()) << sync.stderr_text();
   EXPECT_EQ(testing::RunPythonOrAddFailure(
                 kScript, absl::StrCat("serve ", serving, "/resnet/1/model.pt ", Dir(), "/v1.pt")),

@@ -316,7 +316,7 @@ class WriterRaceTest : public ::testing::Test {
   std::vector<nlohmann::json> CkptJsonLines(const std::string& command) {
     const testing::ShellResult result = testing::RunShell(
         absl::StrCat("tools/ckpt/ckpt ", command, " --json --store=127.0.0.1:", store_port_,
-                     " --auth_token_file=", Dir(), "/ops.token"));
+                     " --store_auth_token_file=", Dir(), "/ops.token"));
     EXPECT_EQ(result.exit_code, 0) << result.output;
     std::vector<nlohmann::json> lines;
     for (absl::string_view line : absl::StrSplit(result.output, '\n', absl::SkipEmpty())) {

@@ -177,7 +177,7 @@ TEST_F(ExportCheckTest, RemoteStoreAndLoaderServer) {
                Dir() + "/store_port");
   ASSERT_GT(store.port(), 0);
   const std::string remote =
-      absl::StrCat("--store=", store.address(), " --auth_token_file=", token_file);
+      absl::StrCat("--store=", store.address(), " --store_auth_token_file=", token_file);
   Result imported = Ckpt(absl::StrCat("import ", Dir(), "/ddp_cuda1.pt --model mlp ", remote));
   ASSERT_EQ(imported.exit_code, 0) << imported.output;
 
@@ -197,7 +197,7 @@ TEST_F(ExportCheckTest, RemoteStoreAndLoaderServer) {
                 Dir() + "/loader_port");
   ASSERT_GT(loader.port(), 0);
   const std::string via_loader =
-      absl::StrCat("--loader=", loader.address(), " --auth_token_file=", token_file);
+      absl::StrCat("--loader=", loader.address(), " --loader_auth_token_file=", token_file);
   const std::string st = Dir() + "/via_loader.safetensors";
   Result streamed = Ckpt(absl::StrCat("export mlp@1 ", st, " ", via_loader));
   ASSERT_EQ(streamed.exit_code, 0) << streamed.output;

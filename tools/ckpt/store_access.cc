@@ -1,8 +1,11 @@
 #include "tools/ckpt/store_access.h"
 
+#include <iostream>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,19 +21,71 @@
 namespace ckpt {
 namespace {
 
-// --tls_* as client TLS options (plaintext when --tls_ca_file is absent).
-ClientTlsOptions ClientTls(const cli::ParsedCommandLine& line) {
+// The client options of one connection, `connection` "store" (--store) or "loader" (--loader):
+// --store_auth_token_file and --store_tls_* as every binary that reaches a store spells them,
+// --loader_* likewise. Until the release after 2026-12, the CLI's older --auth_token_file and
+// --tls_*, which served whichever connection the command made, are still accepted (with a
+// deprecation line on stderr); both spellings of one option together are refused.
+constexpr const char* kConnectionOptions[] = {"auth_token_file", "tls_ca_file", "tls_cert_file",
+                                              "tls_key_file", "tls_server_name"};
+
+absl::StatusOr<std::optional<std::string>> ConnectionOption(const cli::ParsedCommandLine& line,
+                                                            absl::string_view connection,
+                                                            absl::string_view name) {
+  const std::string current = absl::StrCat(connection, "_", name);
+  if (line.Has(current) && line.Has(name)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", current, " and --", name, " (its deprecated spelling) given together"));
+  }
+  if (line.Has(current)) return line.Get(current);
+  if (!line.Has(name)) return std::nullopt;
+  static absl::flat_hash_set<std::string>* warned = new absl::flat_hash_set<std::string>();
+  if (warned->insert(current).second) {
+    std::cerr << "ckpt: --" << name << " is deprecated and will be removed in the next release; "
+              << "use --" << current << "\n";
+  }
+  return line.Get(name);
+}
+
+// The client TLS options of `connection` (plaintext when no CA file is given).
+absl::StatusOr<ClientTlsOptions> ConnectionTls(const cli::ParsedCommandLine& line,
+                                               absl::string_view connection) {
   ClientTlsOptions tls;
-  if (line.Has("tls_ca_file")) tls.ca_file = line.Get("tls_ca_file");
-  if (line.Has("tls_cert_file")) tls.cert_file = line.Get("tls_cert_file");
-  if (line.Has("tls_key_file")) tls.key_file = line.Get("tls_key_file");
-  if (line.Has("tls_server_name")) tls.server_name = line.Get("tls_server_name");
+  const std::pair<const char*, std::string*> fields[] = {{"tls_ca_file", &tls.ca_file},
+                                                         {"tls_cert_file", &tls.cert_file},
+                                                         {"tls_key_file", &tls.key_file},
+                                                         {"tls_server_name", &tls.server_name}};
+  for (const auto& [name, field] : fields) {
+    ASSIGN_OR_RETURN(std::optional<std::string> value, ConnectionOption(line, connection, name));
+    if (value.has_value()) *field = *std::move(value);
+  }
   return tls;
 }
 
-bool HasClientTls(const cli::ParsedCommandLine& line) {
-  return line.Has("tls_ca_file") || line.Has("tls_cert_file") || line.Has("tls_key_file") ||
-         line.Has("tls_server_name");
+// The bearer token of `connection`, read from its token file; empty without one.
+absl::StatusOr<std::string> ConnectionToken(const cli::ParsedCommandLine& line,
+                                            absl::string_view connection) {
+  ASSIGN_OR_RETURN(std::optional<std::string> file,
+                   ConnectionOption(line, connection, "auth_token_file"));
+  if (!file.has_value()) return std::string();
+  return ReadAuthTokenFile(*file);
+}
+
+// INVALID_ARGUMENT naming the first option of `connection` (current spelling, or with
+// `deprecated_too` the old one) given although the command makes no such connection.
+absl::Status RefuseConnectionOptions(const cli::ParsedCommandLine& line,
+                                     absl::string_view connection, bool deprecated_too) {
+  for (const char* name : kConnectionOptions) {
+    const std::string current = absl::StrCat(connection, "_", name);
+    const std::string given = line.Has(current)                  ? current
+                              : deprecated_too && line.Has(name) ? std::string(name)
+                                                                 : std::string();
+    if (!given.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", given, " needs --", connection, "=HOST:PORT"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool HasChunksS3(const cli::ParsedCommandLine& line) {
@@ -68,17 +123,14 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedComm
     return absl::InvalidArgumentError(
         "--chunks_s3_* options go with --store_dir; a --store service has its own chunk storage");
   }
+  if (!line.Has("loader")) RETURN_IF_ERROR(RefuseConnectionOptions(line, "loader", false));
   if (line.Has("store")) {
     location.address = line.Get("store");
-    if (line.Has("auth_token_file")) {
-      ASSIGN_OR_RETURN(location.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
-    }
-    location.tls = ClientTls(line);
-  } else if (line.Has("auth_token_file") && !line.Has("loader")) {
-    return absl::InvalidArgumentError("--auth_token_file needs --store=HOST:PORT");
-  } else if (HasClientTls(line) && !line.Has("loader")) {
-    return absl::InvalidArgumentError("--tls_* options need --store=HOST:PORT (or --loader)");
+    ASSIGN_OR_RETURN(location.auth_token, ConnectionToken(line, "store"));
+    ASSIGN_OR_RETURN(location.tls, ConnectionTls(line, "store"));
   } else {
+    // The deprecated spellings serve --loader too; without either they are refused here.
+    RETURN_IF_ERROR(RefuseConnectionOptions(line, "store", !line.Has("loader")));
     location.directory = line.Get("store_dir");
     location.create_if_missing = create;
     ASSIGN_OR_RETURN(location.chunk_backend, ChunkBackendFor(line));
@@ -100,10 +152,9 @@ absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedComm
 absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCommandLine& line) {
   RemoteLoaderOptions options;
   options.address = line.Get("loader");
-  if (line.Has("auth_token_file")) {
-    ASSIGN_OR_RETURN(options.auth_token, ReadAuthTokenFile(line.Get("auth_token_file")));
-  }
-  options.tls = ClientTls(line);
+  if (!line.Has("store")) RETURN_IF_ERROR(RefuseConnectionOptions(line, "store", false));
+  ASSIGN_OR_RETURN(options.auth_token, ConnectionToken(line, "loader"));
+  ASSIGN_OR_RETURN(options.tls, ConnectionTls(line, "loader"));
   return RemoteLoader::Connect(options);
 }
 

@@ -2,7 +2,9 @@
 #define CKPT_TOOLS_CKPT_STORE_ACCESS_H_
 
 // How `ckpt` commands reach the store and the loader from their global options (--store_dir,
-// --store, --auth_token_file, --tls_*, --loader), and option parsing every store command shares.
+// --store with --store_auth_token_file and --store_tls_*, --loader with --loader_auth_token_file
+// and --loader_tls_*; the deprecated --auth_token_file and --tls_* until the next release), and
+// option parsing every store command shares.
 
 #include <memory>
 #include <string>
@@ -22,7 +24,8 @@ namespace ckpt {
 absl::StatusOr<std::unique_ptr<CheckpointStore>> OpenStore(const cli::ParsedCommandLine& line,
                                                            bool create);
 
-// A client of the loader service --loader names (with --auth_token_file's token and --tls_*).
+// A client of the loader service --loader names (with --loader_auth_token_file's token and
+// --loader_tls_*).
 absl::StatusOr<std::unique_ptr<RemoteLoader>> ConnectLoader(const cli::ParsedCommandLine& line);
 
 // The Loader a command uses: a loader service (--loader), or this process over the store

@@ -196,7 +196,7 @@ def start_everything():
         f"--store={TLS_STORE.address}", f"--store_tls_ca_file={CERTS['ca.pem']}",
         f"--store_auth_token_file={TOKEN_FILE}"])
     for store, extra in ((PLAIN_STORE, []), (TLS_STORE, [
-            f"--tls_ca_file={CERTS['ca.pem']}", f"--auth_token_file={TOKEN_FILE}"])):
+            f"--store_tls_ca_file={CERTS['ca.pem']}", f"--store_auth_token_file={TOKEN_FILE}"])):
         run(CKPT_BIN, "import", files[0], "--model", MODEL, "--alias", "production",
             f"--store={store.address}", *extra)
         run(CKPT_BIN, "import", files[1], "--model", MODEL, f"--store={store.address}", *extra)
