@@ -228,6 +228,7 @@ set(CKPT_CLI_SOURCES
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
     libs/s3/s3_client.cc
+    libs/s3/s3_client_objects.cc
     libs/s3/sigv4.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
@@ -364,6 +365,7 @@ set(CKPT_LOADER_SOURCES
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
     libs/s3/s3_client.cc
+    libs/s3/s3_client_objects.cc
     libs/s3/sigv4.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
@@ -647,6 +649,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
     libs/s3/s3_client.cc
+    libs/s3/s3_client_objects.cc
     libs/s3/sigv4.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
