@@ -83,18 +83,19 @@ class DownloadStream {
 
   v1::Manifest& manifest() { return manifest_; }
 
-  // Streams tensor `index` (described by `meta`, from the manifest) one store chunk at a time,
-  // each checked against its ChunkRef: into `destination` (byte_length bytes) when it is not
-  // null -- each message copied once, straight to its place -- else to `callback`. The tensor's
-  // data must be the next on the stream, apart from data of earlier tensors, which is skipped.
-  // After an error the stream is mid-tensor and must not be read again.
-  absl::Status ReadTensor(int index, const v1::TensorMeta& meta, const ChunkCallback& callback,
-                          absl::string_view where, char* destination = nullptr) {
-    const int64_t length = meta.byte_length();
-    RETURN_IF_ERROR(CheckChunkLayout(meta, where));  // before a buffer is sized by a chunk
-    int64_t received = 0;
-    int chunk_index = 0;
-    int64_t chunk_offset = 0;
+  // Streams the chunks `span` of tensor `index` (described by `meta`, from the manifest, whose
+  // layout the caller checked), one store chunk at a time, each checked against its ChunkRef: into
+  // `destination` (byte_length bytes, for a whole tensor) when it is not null -- each message
+  // copied once, straight to its place -- else to `callback`. The tensor's data must be the next
+  // on the stream, apart from data of earlier tensors, which is skipped. After an error the
+  // stream is mid-tensor and must not be read again.
+  absl::Status ReadTensor(int index, const v1::TensorMeta& meta, const ChunkSpan& span,
+                          const ChunkCallback& callback, absl::string_view where,
+                          char* destination = nullptr) {
+    const int64_t length = span.end_offset;
+    int64_t received = span.first_offset;
+    int chunk_index = span.first_chunk;
+    int64_t chunk_offset = span.first_offset;
     std::string& chunk = chunk_;  // reused: no fresh 4 MiB per tensor.
     chunk.clear();
     while (received < length) {
@@ -120,16 +121,16 @@ class DownloadStream {
                                                     : "a message with neither manifest nor data"));
       }
       const TensorDataView& data = decoder_.data();
-      if (data.tensor_index < index && received == 0) continue;  // Not asked for: skipped.
+      if (data.tensor_index < index && received == span.first_offset) continue;  // Not asked for.
       if (data.tensor_index != index || data.offset != received) {
         return absl::InternalError(absl::StrCat(
             "the download of ", where, " sent tensor ", data.tensor_index, " at offset ",
             data.offset, " where tensor ", index, " at offset ", received, " was due"));
       }
       if (data.size > length - received) {
-        return absl::DataLossError(absl::StrCat("the download of ", where, " sent ",
-                                                received + data.size, " bytes of tensor '",
-                                                meta.key(), "', whose byte_length is ", length));
+        return absl::DataLossError(absl::StrCat("the download of ", where, " sent bytes up to ",
+                                                received + data.size, " of tensor '", meta.key(),
+                                                "', where ", length, " was the end"));
       }
       for (absl::string_view bytes : data.pieces) {
         while (!bytes.empty()) {
@@ -233,6 +234,38 @@ class RemoteVersionReader final : public VersionReader {
     return Read(meta, nullptr, destination);
   }
 
+  // One Download of the range: the server sends the whole chunks that hold it, each is checked
+  // here as it arrives, and only the range is copied out.
+  absl::Status ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
+                               char* destination) const override {
+    ASSIGN_OR_RETURN(const int index, IndexOf(meta));
+    const v1::TensorMeta& stored = TensorAt(manifest_, index);
+    RETURN_IF_ERROR(CheckChunkLayout(stored, where_));
+    ASSIGN_OR_RETURN(const ChunkSpan span, ChunksCovering(stored, begin, end, where_));
+    if (span.first_chunk == span.end_chunk) return absl::OkStatus();
+    v1::DownloadRequest request;
+    *request.mutable_ref() = MakeVersionRef(manifest_.model(), manifest_.version());
+    request.set_include_state(index >= manifest_.tensors_size());
+    v1::TensorByteRange* range = request.add_ranges();
+    range->set_key(stored.key());
+    range->set_begin(begin);
+    range->set_end(end);
+    ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
+                     DownloadStream::Open(connection_, request));
+    return stream->ReadTensor(
+        index, stored, span,
+        [&](int64_t offset, absl::string_view chunk) {
+          const int64_t from = std::max(begin, offset);
+          const int64_t to = std::min(end, offset + static_cast<int64_t>(chunk.size()));
+          if (to > from) {
+            std::memcpy(destination + (from - begin), chunk.data() + (from - offset),
+                        static_cast<size_t>(to - from));
+          }
+          return absl::OkStatus();
+        },
+        where_);
+  }
+
  private:
   absl::Status Read(const v1::TensorMeta& meta, const ChunkCallback& callback,
                     char* destination) const {
@@ -244,8 +277,10 @@ class RemoteVersionReader final : public VersionReader {
                                                      " holds it with ", stored.byte_length()));
     }
     if (stored.byte_length() == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(CheckChunkLayout(stored, where_));  // before a buffer is sized by a chunk
+    const ChunkSpan whole{0, stored.chunks_size(), 0, stored.byte_length()};
     if (main_ != nullptr && index == NextOnMainStream()) {
-      absl::Status status = main_->ReadTensor(index, stored, callback, where_, destination);
+      absl::Status status = main_->ReadTensor(index, stored, whole, callback, where_, destination);
       main_position_ = index + 1;
       if (!status.ok()) main_.reset();  // Mid-tensor now: later reads go one-off.
       return status;
@@ -256,7 +291,7 @@ class RemoteVersionReader final : public VersionReader {
     request.set_include_state(index >= manifest_.tensors_size());
     ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
                      DownloadStream::Open(connection_, request));
-    return stream->ReadTensor(index, stored, callback, where_, destination);
+    return stream->ReadTensor(index, stored, whole, callback, where_, destination);
   }
 
   // The index of `meta` in manifest order: the very entry when `meta` is one of manifest()'s,

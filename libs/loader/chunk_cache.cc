@@ -214,6 +214,12 @@ class CachingReader final : public VersionReader {
     return cache_.ReadTensorChunks(*reader_, meta, callback);
   }
 
+  // Ranges go to the reader itself: the cache holds whole tensors' chunks for whole loads.
+  absl::Status ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
+                               char* destination) const override {
+    return reader_->ReadTensorRange(meta, begin, end, destination);
+  }
+
  private:
   const std::unique_ptr<VersionReader> reader_;
   ChunkCache& cache_;

@@ -51,6 +51,10 @@ class CopyingReader final : public VersionReader {
   absl::Status ReadTensorInto(const v1::TensorMeta& meta, char* destination) const override {
     return inner_.ReadTensorInto(meta, destination);
   }
+  absl::Status ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
+                               char* destination) const override {
+    return inner_.ReadTensorRange(meta, begin, end, destination);
+  }
   // MapTensorBytes: the default, which maps nothing.
 
  private:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <string>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -17,6 +18,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/chunk_hasher.h"
+#include "libs/store/chunk_layout.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/key_normalization.h"
@@ -239,6 +241,43 @@ absl::Status VersionReader::ReadTensorInto(const v1::TensorMeta& meta, char* des
 absl::Status VersionReader::ReadTensorIntoForCheckingReceiver(const v1::TensorMeta& meta,
                                                               char* destination) const {
   return ReadTensorInto(meta, destination);
+}
+
+absl::Status VersionReader::ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
+                                            char* destination) const {
+  RETURN_IF_ERROR(CheckChunkLayout(meta));
+  ASSIGN_OR_RETURN(const ChunkSpan span, ChunksCovering(meta, begin, end));
+  std::string edge;  // a chunk that lies only partly in the range.
+  int64_t offset = span.first_offset;
+  for (int index = span.first_chunk; index < span.end_chunk; ++index) {
+    const v1::ChunkRef& ref = meta.chunks(index);
+    v1::TensorMeta one_chunk;
+    one_chunk.set_key(meta.key());
+    one_chunk.set_byte_length(ref.length());
+    *one_chunk.add_chunks() = ref;
+    const int64_t chunk_end = offset + ref.length();
+    absl::Status read;
+    if (offset >= begin && chunk_end <= end) {
+      read = ReadTensorInto(one_chunk, destination + (offset - begin));
+    } else {
+      edge.resize(static_cast<size_t>(ref.length()));
+      read = ReadTensorInto(one_chunk, edge.data());
+      if (read.ok()) {
+        const int64_t from = std::max(begin, offset);
+        const int64_t to = std::min(end, chunk_end);
+        std::memcpy(destination + (from - begin), edge.data() + (from - offset),
+                    static_cast<size_t>(to - from));
+      }
+    }
+    if (!read.ok()) {
+      return absl::Status(
+          read.code(),
+          absl::StrCat("reading bytes ", begin, "..", end, " of tensor '", meta.key(),
+                       "' (its bytes ", offset, "..", chunk_end, "): ", read.message()));
+    }
+    offset = chunk_end;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<VersionReader::MappedBytes> VersionReader::MapTensorBytes(

@@ -180,6 +180,18 @@ class VersionReader {
   virtual absl::Status ReadTensorIntoForCheckingReceiver(const v1::TensorMeta& meta,
                                                          char* destination) const;
 
+  // Bytes [begin, end) of `meta` into `destination` (end - begin bytes): the whole chunks that
+  // hold them are read and checked (a checksum covers a whole chunk; chunk_layout.h's
+  // ChunksCovering), only the range is kept, and memory beyond `destination` stays at one chunk.
+  // For a rank of a resharded resume, which reads only its slices. OUT_OF_RANGE unless
+  // 0 <= begin <= end <= byte_length; DATA_LOSS as ReadTensorChunks. The default reads each chunk
+  // through ReadTensorInto on a one-chunk view of `meta` (straight into `destination` where the
+  // chunk lies inside the range), which a store reading by chunk refs serves; a reader that
+  // wraps another forwards this, and one that cannot read such a view (a remote one) overrides
+  // it.
+  virtual absl::Status ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
+                                       char* destination) const;
+
   // The bytes of `meta` mapped from storage without a copy (a private, copy-on-write mapping of
   // the page cache), every chunk checked; `data` is null when this reader cannot map them. The
   // mapping lives as long as `owner`. The default maps nothing.

@@ -2,9 +2,10 @@
 #define CKPT_LIBS_STORE_DOWNLOAD_PLAN_H_
 
 // What a Download of a stored version sends, decided apart from the wire: which tensors a
-// DownloadRequest selects (keys, key prefixes, state tensors), that each one's chunk refs are
-// sound before any byte is read, and a cursor over their chunks in order, each read (and, unless
-// the client checks chunks itself, verified) into a caller's buffer. The store service's
+// DownloadRequest selects (keys, key prefixes, state tensors) or which byte ranges of them (the
+// whole chunks holding each range: chunk_layout.h's ChunksCovering), that each one's chunk refs
+// are sound before any byte is read, and a cursor over their chunks in order, each read (and,
+// unless the client checks chunks itself, verified) into a caller's buffer. The store service's
 // Download reactor (services/checkpoint_store) drives it and only writes messages.
 //
 // Example:
@@ -22,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/chunk_layout.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
 
 namespace ckpt {
@@ -39,10 +41,12 @@ class DownloadPlan {
   };
 
   // The tensors `request` selects from `manifest` (which must outlive the plan), in manifest
-  // order: every model tensor when neither keys nor key_prefixes are given, and state tensors
-  // only with include_state. DATA_LOSS for a selected tensor whose chunk refs are unsound
-  // (CheckChunkLayout); NOT_FOUND for a requested key that is not there, saying so when it is a
-  // state tensor and include_state is off.
+  // order: every model tensor when neither keys, key_prefixes nor ranges are given, and state
+  // tensors only with include_state; with ranges, only the chunks that hold each range.
+  // DATA_LOSS for a selected tensor whose chunk refs are unsound (CheckChunkLayout); NOT_FOUND
+  // for a requested key that is not there, saying so when it is a state tensor and include_state
+  // is off; OUT_OF_RANGE for a range outside its tensor; INVALID_ARGUMENT for ranges beside keys
+  // or prefixes, or two ranges of one tensor.
   static absl::StatusOr<DownloadPlan> Create(const v1::Manifest& manifest,
                                              const v1::DownloadRequest& request);
 
@@ -62,12 +66,16 @@ class DownloadPlan {
       : manifest_(&manifest), client_checks_chunks_(client_checks_chunks) {}
 
   const v1::TensorMeta& TensorAt(int index) const;
+  absl::Status SelectRanges(const v1::DownloadRequest& request, const std::string& where);
+  absl::Status NotFound(const std::string& key, bool include_state, const std::string& where) const;
 
   const v1::Manifest* manifest_;
   bool client_checks_chunks_;
   std::vector<int> tensors_;
+  std::vector<ChunkSpan> spans_;  // the chunks of tensors_[i] to send.
   // The cursor: the tensor being handed out, its next chunk, and where that chunk starts.
   size_t position_ = 0;
+  bool started_ = false;  // chunk_index_ and tensor_offset_ are set for tensors_[position_].
   int chunk_index_ = 0;
   int64_t tensor_offset_ = 0;
 };

@@ -16,7 +16,7 @@ __version__ = "1.0.0"
 
 from .client import Bundle, Client, Saved, WatchUpdate, parse_ref
 from .errors import (AlreadyExists, Cancelled, CkptError, DataLoss, DeadlineExceeded,
-                     FailedPrecondition, IntegrityError, InvalidArgument, NotFound,
+                     FailedPrecondition, IntegrityError, InvalidArgument, NotFound, OutOfRange,
                      PermissionDenied, ProtocolError, ResourceExhausted, ServerError,
                      Unauthenticated, Unavailable, Unimplemented)
 from ._stubs import StubsUnavailableError
@@ -26,5 +26,5 @@ __all__ = [
     "Bundle", "Client", "Saved", "WatchUpdate", "parse_ref", "Opaque", "CkptError",
     "IntegrityError", "ProtocolError", "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied", "Unauthenticated",
     "FailedPrecondition", "ResourceExhausted", "Unavailable", "DeadlineExceeded", "Cancelled",
-    "Unimplemented", "DataLoss", "ServerError", "StubsUnavailableError",
+    "Unimplemented", "DataLoss", "OutOfRange", "ServerError", "StubsUnavailableError",
 ]

@@ -11,8 +11,8 @@ from typing import Any, Iterable, Optional, Union
 import torch
 
 from ._bundles import Bundle, restore_bundle
-from ._tensors import StreamAssembler, to_tensor
-from .errors import FailedPrecondition, IntegrityError, InvalidArgument, ProtocolError
+from ._tensors import RangeAssembler, StreamAssembler, to_tensor
+from .errors import FailedPrecondition, IntegrityError, InvalidArgument, NotFound, ProtocolError
 
 
 def _xxh3_64():
@@ -136,6 +136,55 @@ class LoadingCalls:
             ref, self._stream("store", "Download", request, timeout), verify, everything)
         return restore_bundle(manifest, buffers, self._dtypes, model, optimizer, scheduler,
                               strict)
+
+    def load_flat_range(self, ref: str, key: str, start: int, stop: int, verify: bool = True,
+                        timeout: Optional[float] = None) -> torch.Tensor:
+        """Elements ``start`` to ``stop`` (exclusive) of the tensor stored under ``key``,
+        flattened in its stored (row-major) order, as a 1-D CPU tensor of its stored dtype: what
+        a rank of a resharded resume reads for its slice of a parameter or of optimizer state.
+        ``key`` is a canonical model key ("fc.weight") or a state tensor's
+        ("optimizer/state/0/exp_avg"). Only the chunks that hold the range travel (whole, so each
+        is checked against its SHA-256 in the manifest, as load_state_dict's are), not the
+        tensor.
+
+        Raises OutOfRange unless 0 <= start <= stop <= the tensor's element count, NotFound for an
+        unknown key. The version is resolved once (an alias that moves meanwhile does not mix
+        two versions' bytes).
+        """
+        manifest = self.manifest(ref)
+        where = f"{manifest.model}@{manifest.version}"
+        metas = list(manifest.tensors) + list(manifest.state_tensors)
+        index = next((i for i, meta in enumerate(metas) if meta.key == key), None)
+        if index is None:
+            raise NotFound(f"no tensor '{key}' in {where}")
+        meta = metas[index]
+        dtype = self._dtypes.get(meta.dtype)
+        if dtype is None:
+            raise NotImplementedError(f"tensor '{key}' has dtype {meta.dtype} (ckpt.v1.DType), "
+                                      f"which torch {torch.__version__} cannot hold")
+        size = torch.empty((), dtype=dtype).element_size()
+        assembler = RangeAssembler(meta, index, start * size, stop * size, verify, where)
+        if start != stop:
+            pb = self._pb.checkpoint_store_pb2
+            request = pb.DownloadRequest(
+                ref=self.version_ref(where), include_state=index >= len(manifest.tensors),
+                ranges=[pb.TensorByteRange(key=key, begin=start * size, end=stop * size)])
+            seen_manifest = False
+            for response in self._stream("store", "Download", request, timeout):
+                if response.HasField("manifest"):
+                    if seen_manifest:
+                        raise ProtocolError(f"{where}: the stream sent a second manifest")
+                    seen_manifest = True
+                elif not seen_manifest:
+                    raise ProtocolError(f"{where}: tensor bytes arrived before the manifest")
+                else:
+                    assembler.add(response.data)
+            data = assembler.finish()
+        else:
+            data = bytearray()
+        if len(data) == 0:
+            return torch.empty((0,), dtype=dtype)
+        return torch.frombuffer(data, dtype=torch.uint8).view(dtype)
 
     @staticmethod
     def _receive(ref, stream, verify, choose):

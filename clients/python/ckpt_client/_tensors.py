@@ -57,6 +57,91 @@ def check_chunk_layout(meta, where=""):
                              f"{meta.byte_length}", tensor=meta.key)
 
 
+def chunks_covering(meta, begin, end, where=""):
+    """The chunks of `meta` (whose layout check_chunk_layout accepted) that hold bytes
+    [begin, end) of it, as (first_chunk, end_chunk, first_offset, end_offset): chunks
+    first_chunk..end_chunk-1, the first starting at byte first_offset of the tensor, the last
+    ending at end_offset; an empty range is held by none. The Python mirror of
+    libs/store/chunk_layout.h's ChunksCovering, with its words: OutOfRange "bytes B..E of tensor
+    'K' of M@N: it holds L bytes" unless 0 <= begin <= end <= byte_length."""
+    from .errors import OutOfRange  # noqa: PLC0415 (errors imports nothing from here)
+    if begin < 0 or end < begin or end > meta.byte_length:
+        tensor = f"tensor '{meta.key}'" + (f" of {where}" if where else "")
+        raise OutOfRange(f"bytes {begin}..{end} of {tensor}: it holds {meta.byte_length} bytes")
+    if begin == end:
+        return 0, 0, begin, begin
+    first = None
+    offset = 0
+    for index, chunk in enumerate(meta.chunks):
+        chunk_end = offset + chunk.length
+        if first is None and chunk_end > begin:
+            first = (index, offset)
+        if first is not None and chunk_end >= end:
+            return first[0], index + 1, first[1], chunk_end
+        offset = chunk_end
+    raise IntegrityError(f"tensor '{meta.key}': its chunks end before byte {end}",
+                         tensor=meta.key)
+
+
+class RangeAssembler:
+    """Collects the TensorData of a ranged Download (one range of one tensor: the whole chunks
+    holding it, in order), checks each chunk against its SHA-256 in the manifest as it
+    completes, and keeps bytes [begin, end)."""
+
+    def __init__(self, meta, index, begin, end, verify=True, where=""):
+        check_chunk_layout(meta, where)
+        first, last, first_offset, end_offset = chunks_covering(meta, begin, end, where)
+        self.meta = meta
+        self.index = index
+        self.begin = begin
+        self.end = end
+        self.verify = verify
+        self.chunks = list(meta.chunks)[first:last]
+        self.first_chunk = first
+        self.first_offset = first_offset
+        self.end_offset = end_offset
+        self.buffer = bytearray(end_offset - first_offset)
+        self.received = first_offset
+
+    def add(self, data):
+        """Takes one TensorData message."""
+        key = self.meta.key
+        if data.tensor_index != self.index:
+            raise ProtocolError(f"TensorData for tensor index {data.tensor_index} in a download "
+                                f"of a range of tensor '{key}' (index {self.index})")
+        if data.offset != self.received:
+            raise ProtocolError(f"tensor '{key}': bytes at offset {data.offset} arrived after "
+                                f"those up to {self.received} (the stream sends them in order)")
+        end = data.offset + len(data.data)
+        if end > self.end_offset:
+            raise ProtocolError(f"tensor '{key}': bytes up to {end} sent for a range whose "
+                                f"chunks end at {self.end_offset}")
+        at = data.offset - self.first_offset
+        self.buffer[at:at + len(data.data)] = data.data
+        self.received = end
+
+    def finish(self):
+        """Checks completeness and each chunk; returns bytes [begin, end) as a bytearray."""
+        key = self.meta.key
+        if self.received != self.end_offset:
+            raise ProtocolError(f"tensor '{key}': the stream ended at byte {self.received} of a "
+                                f"range whose chunks end at {self.end_offset}")
+        if self.verify:
+            at = 0
+            for number, chunk in enumerate(self.chunks, start=self.first_chunk):
+                digest = hashlib.sha256(memoryview(self.buffer)[at:at + chunk.length]).digest()
+                if digest != chunk.sha256:
+                    start = self.first_offset + at
+                    raise IntegrityError(
+                        f"tensor '{key}' chunk {number} (bytes {start}..{start + chunk.length}) "
+                        f"has SHA-256 {digest.hex()}, the manifest says {chunk.sha256.hex()}: "
+                        "the bytes were damaged on the way or in the store",
+                        tensor=key, chunk=number)
+                at += chunk.length
+        skip = self.begin - self.first_offset
+        return self.buffer[skip:skip + self.end - self.begin]
+
+
 def torch_dtypes(types_pb2):
     """ckpt.v1.DType -> torch.dtype, for the dtypes this torch has."""
     table = {

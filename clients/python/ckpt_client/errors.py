@@ -72,8 +72,14 @@ class DataLoss(CkptError):
     code = grpc.StatusCode.DATA_LOSS
 
 
+class OutOfRange(CkptError):
+    """A byte or element range outside its tensor (load_flat_range)."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
 class ServerError(CkptError):
-    """Any other status code (INTERNAL, UNKNOWN, ABORTED, OUT_OF_RANGE, ...)."""
+    """Any other status code (INTERNAL, UNKNOWN, ABORTED, ...)."""
 
 
 class IntegrityError(DataLoss):
@@ -99,7 +105,7 @@ class ProtocolError(CkptError):
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, PermissionDenied, Unauthenticated,
     FailedPrecondition, ResourceExhausted, Unavailable, DeadlineExceeded, Cancelled,
-    Unimplemented, DataLoss)}
+    Unimplemented, DataLoss, OutOfRange)}
 
 
 def from_rpc_error(error, method=None):

@@ -298,6 +298,26 @@ class LoadTest(unittest.TestCase):
             with self.assertRaises(ckpt_client.InvalidArgument):
                 client.resolve(MODEL)  # needs a store address
 
+    def test_flat_ranges_read_their_elements_across_chunk_boundaries(self):
+        """load_flat_range: elements of the flattened tensor (what a resharded resume reads),
+        within a chunk, across the boundary between the weight's two chunks, up to its end."""
+        with plain_client() as client:
+            weight = V1["encoder.weight"].flatten()
+            boundary = (4 << 20) // 4  # the first chunk's elements
+            for start, stop in ((0, 0), (0, 5), (boundary - 3, boundary + 3),
+                                (boundary, weight.numel()), (7, weight.numel())):
+                got = client.load_flat_range(f"{MODEL}@1", "encoder.weight", start, stop)
+                self.assertEqual(got.dtype, torch.float32)
+                self.assertTrue(torch.equal(got, weight[start:stop]), (start, stop))
+            steps = client.load_flat_range(f"{MODEL}@1", "norm.num_batches_tracked", 0, 1)
+            self.assertTrue(torch.equal(steps, V1["norm.num_batches_tracked"].flatten()))
+            with self.assertRaisesRegex(ckpt_client.OutOfRange,
+                                        r"bytes 0\.\.44 of tensor 'head.bias' of .*@1: it "
+                                        r"holds 40 bytes"):
+                client.load_flat_range(f"{MODEL}@1", "head.bias", 0, 11)
+            with self.assertRaises(ckpt_client.NotFound):
+                client.load_flat_range(f"{MODEL}@1", "no.such", 0, 1)
+
     def test_export_pt_and_safetensors(self):
         with plain_client() as client:
             path = os.path.join(TMP, "export", "net.pt")

@@ -20,6 +20,12 @@ class InstrumentedStore::Reader final : public VersionReader {
     return base_->ReadTensorChunks(meta, callback);
   }
 
+  absl::Status ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
+                               char* destination) const override {
+    store_.Called("ReadTensorRange");
+    return base_->ReadTensorRange(meta, begin, end, destination);
+  }
+
  private:
   const InstrumentedStore& store_;
   const std::unique_ptr<VersionReader> base_;
