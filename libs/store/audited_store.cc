@@ -92,6 +92,8 @@ class AuditedStore::Session final : public UploadSession {
     return base_->AddStoredChunk(tensor_index, offset, sha256, length);
   }
 
+  std::string upload_id() const override { return base_->upload_id(); }
+
   absl::StatusOr<CommitResult> Commit() override {
     RETURN_IF_ERROR(failed_);
     absl::StatusOr<int64_t> sequence = store_->BeginAudit(record_);
@@ -166,6 +168,12 @@ absl::StatusOr<std::unique_ptr<UploadSession>> AuditedStore::BeginUpload(
           : ""));
   record.set_alias(absl::StrJoin(options.aliases, ","));
   return std::unique_ptr<UploadSession>(new Session(inner_, std::move(record), std::move(session)));
+}
+
+// A part changes nothing visible: the commit that takes it is audited.
+absl::StatusOr<std::unique_ptr<UploadPart>> AuditedStore::JoinUpload(
+    absl::string_view upload_id, std::vector<UploadRange> ranges) {
+  return inner_->JoinUpload(upload_id, std::move(ranges));
 }
 
 absl::StatusOr<std::vector<std::string>> AuditedStore::FindMissingChunks(

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -243,6 +244,53 @@ absl::Status VersionReader::ReadTensorIntoForCheckingReceiver(const v1::TensorMe
   return ReadTensorInto(meta, destination);
 }
 
+absl::Status CheckUploadRanges(const v1::Manifest& header, const std::vector<UploadRange>& ranges) {
+  if (ranges.empty()) return absl::InvalidArgumentError("a part of an upload needs ranges");
+  const int model_tensors = header.tensors_size();
+  const int tensors = model_tensors + header.state_tensors_size();
+  std::vector<UploadRange> sorted = ranges;
+  for (const UploadRange& range : ranges) {
+    if (range.tensor_index < 0 || range.tensor_index >= tensors) {
+      return absl::InvalidArgumentError(absl::StrCat("range of tensor index ", range.tensor_index,
+                                                     ": the upload has ", tensors, " tensors"));
+    }
+    const v1::TensorMeta& meta = range.tensor_index < model_tensors
+                                     ? header.tensors(range.tensor_index)
+                                     : header.state_tensors(range.tensor_index - model_tensors);
+    const std::string name = absl::StrCat("bytes ", range.begin, "..", range.end, " of tensor '",
+                                          meta.key(), "' (index ", range.tensor_index, ")");
+    if (range.begin < 0 || range.end <= range.begin || range.end > meta.byte_length()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": a range must be non-empty and inside the tensor's ",
+                       meta.byte_length(), " bytes"));
+    }
+    if (range.begin % kChunkBytes != 0 ||
+        (range.end != meta.byte_length() && range.end % kChunkBytes != 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": a range begins on a chunk boundary (a multiple of ", kChunkBytes,
+                       " bytes) and ends on one or at the tensor's end"));
+    }
+  }
+  std::sort(sorted.begin(), sorted.end(), [](const UploadRange& a, const UploadRange& b) {
+    return std::tie(a.tensor_index, a.begin) < std::tie(b.tensor_index, b.begin);
+  });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].tensor_index == sorted[i - 1].tensor_index &&
+        sorted[i].begin < sorted[i - 1].end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranges ", sorted[i - 1].begin, "..", sorted[i - 1].end, " and ", sorted[i].begin, "..",
+          sorted[i].end, " of tensor index ", sorted[i].tensor_index, " overlap"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<UploadPart>> CheckpointStore::JoinUpload(absl::string_view upload_id,
+                                                                        std::vector<UploadRange>) {
+  return absl::UnimplementedError(absl::StrCat(
+      "this checkpoint store cannot share an upload among writers (upload ", upload_id, ")"));
+}
+
 absl::Status VersionReader::ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
                                             char* destination) const {
   RETURN_IF_ERROR(CheckChunkLayout(meta));
@@ -354,10 +402,10 @@ absl::Status NormalizeHeaderKeys(v1::Manifest& header) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view model,
-                                                               const CheckpointContents& contents,
-                                                               const CommitOptions& options) {
-  v1::Manifest header;
+absl::StatusOr<PreparedUpload> PrepareUpload(const CheckpointContents& contents,
+                                             const CommitOptions& options) {
+  PreparedUpload prepared;
+  v1::Manifest& header = prepared.header;
   *header.mutable_metadata() = contents.metadata;
 
   // The producer's keys; NormalizeHeaderKeys makes them canonical below.
@@ -368,6 +416,7 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
     meta->set_original_device(entry.original_device.empty() ? entry.tensor.device().str()
                                                             : entry.original_device);
     RETURN_IF_ERROR(DescribeTensor(entry.tensor, *meta));
+    prepared.tensors.push_back(entry.tensor);
   }
 
   StateTensorTable state;
@@ -389,22 +438,49 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
     (*header.mutable_optimizer_param_names())[index] = name;
   }
   if (options.normalize_keys) RETURN_IF_ERROR(NormalizeHeaderKeys(header));
+  for (const at::Tensor& tensor : state.tensors()) prepared.tensors.push_back(tensor);
+  return prepared;
+}
 
-  ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
-                   BeginUpload(model, std::move(header), options));
+absl::Status UploadTensorRanges(UploadPart& part, const std::vector<at::Tensor>& tensors) {
+  for (size_t index = 0; index < part.ranges().size(); ++index) {
+    const UploadRange& range = part.ranges()[index];
+    if (range.tensor_index < 0 || static_cast<size_t>(range.tensor_index) >= tensors.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("range of tensor index ", range.tensor_index,
+                                                     ": ", tensors.size(), " tensors given"));
+    }
+    const at::Tensor& tensor = tensors[range.tensor_index];
+    // A CPU tensor already contiguous is read in place; another is copied to the CPU whole, the
+    // price of a strided or device tensor (a rank's share is then copied twice at most).
+    ASSIGN_OR_RETURN(const at::Tensor cpu,
+                     CatchTorchErrors([&] { return tensor.detach().to(at::kCPU).contiguous(); },
+                                      absl::StatusCode::kInvalidArgument));
+    if (range.end > static_cast<int64_t>(cpu.nbytes())) {
+      return absl::InvalidArgumentError(absl::StrCat("range ", range.begin, "..", range.end,
+                                                     " of tensor index ", range.tensor_index,
+                                                     " holds ", cpu.nbytes(), " bytes"));
+    }
+    const absl::string_view bytes(static_cast<const char*>(cpu.data_ptr()) + range.begin,
+                                  static_cast<size_t>(range.end - range.begin));
+    RETURN_IF_ERROR(part.AddRangeData(static_cast<int>(index), 0, bytes));
+  }
+  return part.Finish();
+}
+
+absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view model,
+                                                               const CheckpointContents& contents,
+                                                               const CommitOptions& options) {
+  ASSIGN_OR_RETURN(PreparedUpload prepared, PrepareUpload(contents, options));
   int64_t bytes_total = 0, bytes_done = 0;
-  for (const StateDict::Entry& entry : contents.model) bytes_total += entry.tensor.nbytes();
-  for (const at::Tensor& tensor : state.tensors()) bytes_total += tensor.nbytes();
-  auto upload = [&](int index, const at::Tensor& tensor) -> absl::Status {
-    RETURN_IF_ERROR(UploadTensor(*session, index, tensor));
+  for (const at::Tensor& tensor : prepared.tensors) bytes_total += tensor.nbytes();
+  ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
+                   BeginUpload(model, std::move(prepared.header), options));
+  for (size_t index = 0; index < prepared.tensors.size(); ++index) {
+    const at::Tensor& tensor = prepared.tensors[index];
+    RETURN_IF_ERROR(UploadTensor(*session, static_cast<int>(index), tensor));
     bytes_done += tensor.nbytes();
     if (options.progress) options.progress(bytes_done, bytes_total);
-    return absl::OkStatus();
-  };
-  int index = 0;
-  for (const StateDict::Entry& entry : contents.model)
-    RETURN_IF_ERROR(upload(index++, entry.tensor));
-  for (const at::Tensor& tensor : state.tensors()) RETURN_IF_ERROR(upload(index++, tensor));
+  }
   return session->Commit();
 }
 

@@ -15,6 +15,12 @@
 // A session destroyed without Commit() leaves no version; its chunks are reclaimed by
 // GarbageCollect(). CommitCheckpoint() does all of that for an in-memory checkpoint.
 //
+// Several writers can share one upload (the ranks of a job saving their shares of a checkpoint in
+// parallel): each joins the session's upload_id() with JoinUpload() for the byte ranges it owns,
+// writes them through its UploadPart and Finish()es it; the session's Commit() then assembles
+// every tensor from the finished parts (and whatever it got itself) into one version, identical
+// to a one-writer upload of the same bytes (same chunks, same content hashes).
+//
 // Reads verify the xxh3 checksum of every chunk: a mismatch is DATA_LOSS naming the chunk and
 // tensor, and the bad bytes are never handed out.
 //
@@ -91,6 +97,14 @@ struct CommitResult {
   std::vector<std::string> warnings;  // also stored in Manifest.warnings.
 };
 
+// Bytes [begin, end) of tensor `tensor_index` of an upload (model tensors first, then state
+// tensors, as UploadSession::tensor_index counts them).
+struct UploadRange {
+  int tensor_index = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
 // One version being written. Obtained from CheckpointStore::BeginUpload. Destroying it without a
 // successful Commit() abandons the upload: no version appears, and GarbageCollect() reclaims the
 // chunks it stored. Not thread-safe: one caller at a time. After any error the session is failed:
@@ -132,12 +146,47 @@ class UploadSession {
   virtual absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
                                       int64_t length);
 
-  // Makes the version visible: checks every tensor got exactly byte_length bytes (else
-  // INVALID_ARGUMENT naming it), fills content hashes and chunk refs, then writes manifest,
-  // version counter, refcounts and alias moves in one synced batch. FAILED_PRECONDITION if
-  // expected_latest_version no longer holds; DATA_LOSS if a tensor's bytes do not match a
-  // content_hash given in the header.
+  // Makes the version visible: checks every tensor got exactly byte_length bytes, through this
+  // session or from the ranges of the parts finished for this upload (JoinUpload), which must tile
+  // it without gap or overlap (else INVALID_ARGUMENT naming it), fills content hashes and chunk
+  // refs, then writes manifest, version counter, refcounts and alias moves in one synced batch.
+  // FAILED_PRECONDITION if expected_latest_version no longer holds; DATA_LOSS if a tensor's bytes
+  // do not match a content_hash given in the header.
   virtual absl::StatusOr<CommitResult> Commit() = 0;
+
+  // The id other writers join this upload by (CheckpointStore::JoinUpload); empty when the store
+  // cannot share uploads (the default).
+  virtual std::string upload_id() const { return ""; }
+};
+
+// One writer's part of an upload begun elsewhere (CheckpointStore::JoinUpload): the bytes of some
+// ranges of its tensors. A range begins on a chunk boundary (a multiple of kChunkBytes) and ends
+// on one or at its tensor's end, so its chunks are the very chunks a one-writer upload would
+// store (same addresses: deduplication against other versions holds). Finish() stores the part
+// durably and hands it to the upload, whose Commit() takes it. A part destroyed unfinished, or
+// finished for an upload that is then abandoned, leaves no version, and its chunks are an
+// abandoned upload's: GarbageCollect() reclaims them after the store's grace period. Not
+// thread-safe: one caller at a time.
+class UploadPart {
+ public:
+  virtual ~UploadPart() = default;
+
+  // The upload's header, as BeginUpload validated it (no chunks, no content hashes).
+  virtual const v1::Manifest& header() const = 0;
+
+  // The ranges JoinUpload was given; AddRangeData's range_index counts them.
+  virtual const std::vector<UploadRange>& ranges() const = 0;
+
+  // Appends `bytes` to range `range_index`, `offset` bytes from the range's begin. A range's bytes
+  // arrive in order (offset = the bytes already given for it); ranges may interleave.
+  // INVALID_ARGUMENT for a bad index, an out-of-order offset or bytes past the range's end;
+  // storage errors as RocksDB reports them. After an error the part is failed.
+  virtual absl::Status AddRangeData(int range_index, int64_t offset, absl::string_view bytes) = 0;
+
+  // Stores every range's bytes durably and hands them to the upload. INVALID_ARGUMENT naming a
+  // range that did not get all its bytes; FAILED_PRECONDITION when the upload has ended
+  // (committed or abandoned) meanwhile.
+  virtual absl::Status Finish() = 0;
 };
 
 // OK when the chunk `sha256` of `length` bytes may be the next piece of `meta`'s bytes after
@@ -147,6 +196,13 @@ class UploadSession {
 // implementations so a remote client refuses what the server would.
 absl::Status CheckStoredChunkPlace(const v1::TensorMeta& meta, absl::string_view name,
                                    int64_t offset, absl::string_view sha256, int64_t length);
+
+// OK when `ranges` may be a part of an upload of `header` (CheckpointStore::JoinUpload): at least
+// one; each names a tensor of the header (model tensors, then state tensors), is not empty, lies
+// inside its tensor, begins on a chunk boundary and ends on one or at the tensor's end; no two
+// overlap. INVALID_ARGUMENT naming the range otherwise. JoinUpload's check, shared so that a
+// remote client refuses what the server would.
+absl::Status CheckUploadRanges(const v1::Manifest& header, const std::vector<UploadRange>& ranges);
 
 // Called with consecutive pieces of a tensor's bytes: `offset` within the tensor, `bytes` valid
 // only during the call. A non-OK return stops the read and is returned from it.
@@ -240,6 +296,26 @@ struct CheckpointContents {
   // torch.save bundle), so that an export rebuilds it; no placements when unknown.
   v1::BundleLayout bundle_layout;
 };
+
+// A checkpoint made ready for an upload: the header CommitCheckpoint begins it with (model tensors
+// under keys normalized as CommitOptions::normalize_keys says; optimizer, scheduler and extra
+// tensors listed as state tensors) and the tensor whose bytes go to each tensor_index, in order
+// (not copied: the contents' own tensors, which must outlive it). What CommitCheckpoint uploads
+// alone, and what each writer of a parted upload cuts its ranges from: prepared from the same
+// contents on every rank, it is the same header on every rank.
+struct PreparedUpload {
+  v1::Manifest header;
+  std::vector<at::Tensor> tensors;
+};
+
+// Errors as CommitCheckpoint's before BeginUpload (a tensor the store cannot keep, two keys that
+// normalize to one).
+absl::StatusOr<PreparedUpload> PrepareUpload(const CheckpointContents& contents,
+                                             const CommitOptions& options);
+
+// Sends `part`'s ranges of `tensors` (a PreparedUpload's, by tensor_index) and finishes it.
+// Errors as UploadPart::AddRangeData and Finish.
+absl::Status UploadTensorRanges(UploadPart& part, const std::vector<at::Tensor>& tensors);
 
 struct LoadedCheckpoint {
   v1::Manifest manifest;  // with version number and aliases.
@@ -355,6 +431,14 @@ class CheckpointStore {
   absl::StatusOr<CommitResult> CommitCheckpoint(absl::string_view model,
                                                 const CheckpointContents& contents,
                                                 const CommitOptions& options = {});
+
+  // Joins the live upload `upload_id` (UploadSession::upload_id()) as a writer of `ranges` of its
+  // tensors: the ranks of a job each saving their share of one checkpoint, concurrently. NOT_FOUND
+  // when no upload of that id is in progress in this store; INVALID_ARGUMENT for no ranges, or a
+  // range that is empty, lies outside its tensor, or does not begin on a chunk boundary and end on
+  // one or at its tensor's end. The default is UNIMPLEMENTED: a store that cannot share uploads.
+  virtual absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(absl::string_view upload_id,
+                                                                 std::vector<UploadRange> ranges);
 
   // Which of `sha256s` (32-byte chunk addresses) the store does not hold committed.
   virtual absl::StatusOr<std::vector<std::string>> FindMissingChunks(

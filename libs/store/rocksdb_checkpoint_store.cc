@@ -177,6 +177,12 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
     }
   }
 
+  ASSIGN_OR_RETURN(const uint64_t upload_number, RecordUpload(model));
+  return NewRocksDbUploadSession(core_, Hex64(upload_number), upload_number, std::move(header),
+                                 options, std::move(warnings));
+}
+
+absl::StatusOr<uint64_t> RocksDbCheckpointStore::RecordUpload(absl::string_view model) {
   const uint64_t upload_number = core_->NewUploadNumber();
   const std::string upload_id = Hex64(upload_number);
   store::UploadRecord record;
@@ -191,8 +197,19 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
     core_->EndUpload(upload_id, {});
     return written;
   }
-  return NewRocksDbUploadSession(core_, upload_id, upload_number, std::move(header), options,
-                                 std::move(warnings));
+  return upload_number;
+}
+
+absl::StatusOr<std::unique_ptr<UploadPart>> RocksDbCheckpointStore::JoinUpload(
+    absl::string_view upload_id, std::vector<UploadRange> ranges) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const v1::Manifest> header,
+                   core_->JoinableHeader(std::string(upload_id)));
+  RETURN_IF_ERROR(CheckUploadRanges(*header, ranges));
+  // The part is an upload of its own (record, pack, pins): reclaimed as one if it never finishes
+  // or its parent never commits.
+  ASSIGN_OR_RETURN(const uint64_t part_number, RecordUpload(header->model()));
+  return NewRocksDbUploadPart(core_, Hex64(part_number), part_number, std::string(upload_id),
+                              std::move(header), std::move(ranges));
 }
 
 absl::StatusOr<std::vector<std::string>> RocksDbCheckpointStore::FindMissingChunks(

@@ -91,6 +91,8 @@ class RocksDbCheckpointStore final : public CheckpointStore {
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;
+  absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(absl::string_view upload_id,
+                                                         std::vector<UploadRange> ranges) override;
   absl::StatusOr<std::vector<std::string>> FindMissingChunks(
       const std::vector<std::string>& sha256s) override;
 
@@ -153,6 +155,9 @@ class RocksDbCheckpointStore final : public CheckpointStore {
   static absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> Open(const StoreOptions& options,
                                                                       bool skip_hashing);
   explicit RocksDbCheckpointStore(std::shared_ptr<Core> core);
+  // Records a new upload to `model` and registers it live; its number (hex: its id; also its
+  // pack's name).
+  absl::StatusOr<uint64_t> RecordUpload(absl::string_view model);
   std::shared_ptr<Core> core_;
 };
 

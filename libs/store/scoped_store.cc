@@ -90,6 +90,8 @@ class ScopedStore::Session final : public UploadSession {
     return base_->AddStoredChunk(tensor_index, offset, sha256, length);
   }
 
+  std::string upload_id() const override { return base_->upload_id(); }
+
   absl::StatusOr<CommitResult> Commit() override {
     RETURN_IF_ERROR(failed_);
     ASSIGN_OR_RETURN(CommitResult result, base_->Commit());
@@ -154,6 +156,16 @@ absl::StatusOr<std::unique_ptr<UploadSession>> ScopedStore::BeginUpload(
                    inner_.BeginUpload(model, std::move(header), options));
   if (scope_.unrestricted()) return session;
   return std::unique_ptr<UploadSession>(new Session(inner_, scope_, std::move(session)));
+}
+
+// A part sends its bytes (it cannot reference chunks), so only the upload's model is checked;
+// a part refused here was never written to and is reclaimed as an abandoned upload.
+absl::StatusOr<std::unique_ptr<UploadPart>> ScopedStore::JoinUpload(
+    absl::string_view upload_id, std::vector<UploadRange> ranges) {
+  ASSIGN_OR_RETURN(std::unique_ptr<UploadPart> part,
+                   inner_.JoinUpload(upload_id, std::move(ranges)));
+  RETURN_IF_ERROR(CheckModel("upload to", part->header().model()));
+  return part;
 }
 
 absl::StatusOr<std::vector<std::string>> ScopedStore::FindMissingChunks(

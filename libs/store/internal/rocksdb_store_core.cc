@@ -65,6 +65,11 @@ void Core::AddLiveUpload(const std::string& upload_id) {
 void Core::EndUploadLocked(const std::string& upload_id,
                            const absl::flat_hash_set<std::string>& pinned) {
   live_uploads_.erase(upload_id);
+  if (auto joinable = joinable_.find(upload_id); joinable != joinable_.end()) {
+    std::vector<FinishedPart> orphans = std::move(joinable->second.parts);
+    joinable_.erase(joinable);
+    for (const FinishedPart& part : orphans) EndUploadLocked(part.upload_id, part.pinned);
+  }
   for (const std::string& sha256 : pinned) {
     auto it = pinned_chunks_.find(sha256);
     if (it != pinned_chunks_.end() && --it->second == 0) pinned_chunks_.erase(it);
@@ -74,6 +79,41 @@ void Core::EndUploadLocked(const std::string& upload_id,
 void Core::EndUpload(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned) {
   absl::MutexLock lock(&mu_);
   EndUploadLocked(upload_id, pinned);
+}
+
+void Core::AddJoinableUpload(const std::string& upload_id, const v1::Manifest& header) {
+  auto copy = std::make_shared<const v1::Manifest>(header);
+  absl::MutexLock lock(&mu_);
+  joinable_[upload_id].header = std::move(copy);
+}
+
+absl::StatusOr<std::shared_ptr<const v1::Manifest>> Core::JoinableHeader(
+    const std::string& upload_id) {
+  absl::MutexLock lock(&mu_);
+  auto joinable = joinable_.find(upload_id);
+  if (joinable == joinable_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no upload '", upload_id, "' is in progress in this store to join"));
+  }
+  return joinable->second.header;
+}
+
+absl::Status Core::AdoptPart(const std::string& parent_id, FinishedPart& part) {
+  absl::MutexLock lock(&mu_);
+  auto joinable = joinable_.find(parent_id);
+  if (joinable == joinable_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "upload '", parent_id, "' ended (committed or abandoned) before this part finished"));
+  }
+  joinable->second.parts.push_back(std::move(part));
+  return absl::OkStatus();
+}
+
+std::vector<Core::FinishedPart> Core::TakeParts(const std::string& parent_id) {
+  absl::MutexLock lock(&mu_);
+  auto joinable = joinable_.find(parent_id);
+  if (joinable == joinable_.end()) return {};
+  return std::exchange(joinable->second.parts, {});
 }
 
 int64_t Core::LiveUploadCount() {

@@ -253,10 +253,38 @@ class RocksDbCheckpointStore::Core {
 
   void AddLiveUpload(const std::string& upload_id);
 
+  // Ends a live upload: its pins go; if other writers could join it, so do the parts finished for
+  // it and not taken by a commit (each ended as an upload of its own, its records left for GC).
   void EndUploadLocked(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void EndUpload(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned);
+
+  // ---- Parted uploads (CheckpointStore::JoinUpload). Each part is an upload of its own (its own
+  // id, record, pack and pins), so an unfinished or orphaned part is reclaimed exactly as any
+  // abandoned upload is; a finished part waits here, still live, for its parent's commit.
+
+  // One range of a finished part: its chunks, in order, as a one-writer upload would list them.
+  struct FinishedRange {
+    UploadRange range;
+    std::vector<v1::ChunkRef> chunks;
+  };
+  struct FinishedPart {
+    std::string upload_id;  // the part's own.
+    std::vector<FinishedRange> ranges;
+    absl::flat_hash_map<std::string, PackLocation> written;  // chunks it stored, and where.
+    absl::flat_hash_set<std::string> pinned;
+  };
+
+  // Lets writers join the live upload `upload_id` of `header` (a copy is kept for them).
+  void AddJoinableUpload(const std::string& upload_id, const v1::Manifest& header);
+  // The header of the joinable upload `upload_id`; NOT_FOUND when none is live.
+  absl::StatusOr<std::shared_ptr<const v1::Manifest>> JoinableHeader(const std::string& upload_id);
+  // Hands a finished part to its parent upload; FAILED_PRECONDITION (the part left to the caller)
+  // when the parent has ended.
+  absl::Status AdoptPart(const std::string& parent_id, FinishedPart& part);
+  // The parts finished for `parent_id` so far, removed from here: the caller ends them.
+  std::vector<FinishedPart> TakeParts(const std::string& parent_id);
 
   int64_t LiveUploadCount();
 
@@ -331,6 +359,12 @@ class RocksDbCheckpointStore::Core {
   // Serializes every read-modify-write of metadata: commits, alias moves, deletes, retention, GC.
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> live_uploads_ ABSL_GUARDED_BY(mu_);
+  // Uploads that writers may join: their headers and the parts finished for them.
+  struct Joinable {
+    std::shared_ptr<const v1::Manifest> header;
+    std::vector<FinishedPart> parts;
+  };
+  absl::flat_hash_map<std::string, Joinable> joinable_ ABSL_GUARDED_BY(mu_);
   int64_t history_last_sequence_ ABSL_GUARDED_BY(mu_) = 0;     // newest event handed out.
   int64_t history_last_unix_micros_ ABSL_GUARDED_BY(mu_) = 0;  // ... and its time.
   absl::Mutex history_visible_mu_;

@@ -14,11 +14,14 @@ using Core = RocksDbCheckpointStore::Core;
 
 class RocksDbUploadSession final : public UploadSession {
  public:
+  // `parent_id` is empty for an upload of its own; else this session writes a part of upload
+  // `parent_id`, each of whose ranges is a tensor of `header`, and ends with FinishPart.
   RocksDbUploadSession(std::shared_ptr<Core> core, std::string upload_id, uint64_t pack_id,
                        v1::Manifest header, CommitOptions options,
-                       std::vector<std::string> warnings)
+                       std::vector<std::string> warnings, std::string parent_id = "")
       : core_(std::move(core)),
         upload_id_(std::move(upload_id)),
+        parent_id_(std::move(parent_id)),
         header_(std::move(header)),
         options_(std::move(options)),
         warnings_(std::move(warnings)),
@@ -31,12 +34,55 @@ class RocksDbUploadSession final : public UploadSession {
       if (pipeline_error_.ok()) pipeline_error_ = absl::CancelledError("upload abandoned");
     }
     StopPipeline();
-    // Abandoned: the upload record stays for GarbageCollect; only the in-memory pins go.
+    // Abandoned: the upload record stays for GarbageCollect; only the in-memory pins go. So for
+    // the parts it had taken: each is an abandoned upload of its own now.
     if (!finished_) {
       (void)WriteUploadRecords();  // best effort: GarbageCollect reclaims the pack regardless.
       core_->EndUpload(upload_id_, pinned_);
+      for (const Core::FinishedPart& part : adopted_) core_->EndUpload(part.upload_id, part.pinned);
     }
   }
+
+  std::string upload_id() const override { return parent_id_.empty() ? upload_id_ : parent_id_; }
+
+  // A part's end (see the constructor): every range complete, its pack synced, its chunk records
+  // written, and the part handed to the parent upload, which from then on owns its pins and its
+  // live registration (until the parent commits or ends).
+  absl::Status FinishPart() {
+    absl::Status usable = CheckUsable();
+    if (usable.ok()) usable = DrainPipeline();
+    StopPipeline();
+    RETURN_IF_ERROR(usable);
+    for (int i = 0; i < tensor_count(); ++i) {
+      if (streams_[i].received != Meta(i).byte_length()) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("a part of upload '", parent_id_, "' is incomplete: ", Name(i), " got ",
+                         streams_[i].received, " of ", Meta(i).byte_length(), " bytes")));
+      }
+    }
+    if (pack_ != nullptr) RETURN_IF_ERROR(Fail(pack_->Sync()));
+    RETURN_IF_ERROR(Fail(WriteUploadRecords()));
+    return absl::OkStatus();
+  }
+
+  // After FinishPart: the part, for Core::AdoptPart. `ranges` are its ranges, in tensor order.
+  Core::FinishedPart TakeFinishedPart(const std::vector<UploadRange>& ranges) {
+    Core::FinishedPart part;
+    part.upload_id = upload_id_;
+    for (int i = 0; i < tensor_count(); ++i) {
+      Core::FinishedRange range;
+      range.range = ranges[i];
+      range.chunks.assign(Meta(i).chunks().begin(), Meta(i).chunks().end());
+      part.ranges.push_back(std::move(range));
+    }
+    part.written = written_;
+    part.pinned = pinned_;
+    return part;
+  }
+
+  // The part was adopted (its pins and registration are the parent's) or not (still this
+  // session's, released when it is destroyed).
+  void SetAdopted() { finished_ = true; }
 
   const v1::Manifest& header() const override { return header_; }
   int tensor_count() const override { return static_cast<int>(streams_.size()); }
@@ -143,6 +189,10 @@ class RocksDbUploadSession final : public UploadSession {
       return usable;
     }
     StopPipeline();
+    if (!parent_id_.empty()) {
+      return Fail(absl::FailedPreconditionError("a part of an upload is finished, not committed"));
+    }
+    RETURN_IF_ERROR(Fail(AdoptFinishedParts()));
     std::vector<std::string> incomplete;
     for (int i = 0; i < tensor_count(); ++i) {
       const v1::TensorMeta& meta = Meta(i);
@@ -248,12 +298,24 @@ class RocksDbUploadSession final : public UploadSession {
         // meanwhile from its own pack; either copy is sound.)
         batch.Put(core_->cf(ColumnFamily::kPackedChunks), sha256, EncodeLocation(location));
       }
+      // The parts' chunks likewise (their packs were synced when they finished).
+      for (const Core::FinishedPart& part : adopted_) {
+        batch.Delete(core_->cf(ColumnFamily::kUploads), part.upload_id);
+        for (const auto& [sha256, location] : part.written) {
+          batch.Delete(core_->cf(ColumnFamily::kUploads), UploadChunkKey(part.upload_id, sha256));
+          batch.Put(core_->cf(ColumnFamily::kPackedChunks), sha256, EncodeLocation(location));
+        }
+      }
       RETURN_IF_ERROR(core_->Write(batch,
                                    absl::StrCat("committing ", FormatVersionRef(model, version)),
                                    /*sync=*/true));
       CKPT_FAILPOINT("commit.after_batch");  // durable, not yet acknowledged.
       core_->PublishHistory(sequence);
       core_->EndUploadLocked(upload_id_, pinned_);
+      for (const Core::FinishedPart& part : adopted_) {
+        core_->EndUploadLocked(part.upload_id, part.pinned);
+      }
+      adopted_.clear();
       upload_records_.Clear();
       finished_ = true;
       result.version = MakeVersionRef(model, version);
@@ -272,6 +334,61 @@ class RocksDbUploadSession final : public UploadSession {
     std::string pending;    // bytes of the tensor's current, not yet full, chunk.
     ContentHasher content;  // over the chunks stored so far.
   };
+
+  // Takes the parts finished for this upload so far and fills each tensor that got none of its
+  // bytes here from their ranges, which must tile it from 0 to byte_length without gap or
+  // overlap. Taken parts are this session's from then on: committed or ended with it.
+  absl::Status AdoptFinishedParts() {
+    for (Core::FinishedPart& part : core_->TakeParts(upload_id_)) {
+      adopted_.push_back(std::move(part));
+    }
+    if (adopted_.empty()) return absl::OkStatus();
+    std::vector<std::vector<const Core::FinishedRange*>> by_tensor(tensor_count());
+    for (const Core::FinishedPart& part : adopted_) {
+      for (const Core::FinishedRange& range : part.ranges) {
+        by_tensor[range.range.tensor_index].push_back(&range);
+      }
+    }
+    for (int i = 0; i < tensor_count(); ++i) {
+      std::vector<const Core::FinishedRange*>& ranges = by_tensor[i];
+      if (ranges.empty()) continue;
+      if (streams_[i].received > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Name(i), ": its bytes came both through the upload and from parts of it"));
+      }
+      std::sort(ranges.begin(), ranges.end(),
+                [](const auto* a, const auto* b) { return a->range.begin < b->range.begin; });
+      v1::TensorMeta& meta = Meta(i);
+      int64_t covered = 0;
+      for (const Core::FinishedRange* range : ranges) {
+        if (range->range.begin != covered) {
+          return absl::InvalidArgumentError(
+              range->range.begin > covered ? absl::StrCat(Name(i), ": no part holds its bytes ",
+                                                          covered, "..", range->range.begin)
+                                           : absl::StrCat(Name(i), ": two parts hold its bytes ",
+                                                          range->range.begin, "..", covered));
+        }
+        covered = range->range.end;
+      }
+      if (covered != meta.byte_length()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Name(i), ": no part holds its bytes ", covered, "..", meta.byte_length()));
+      }
+      for (const Core::FinishedRange* range : ranges) {
+        for (const v1::ChunkRef& chunk : range->chunks) {
+          *meta.add_chunks() = chunk;
+          ChunkDigest digest;
+          digest.sha256 = chunk.sha256();
+          digest.xxh3_64 = chunk.xxh3_64();
+          digest.length = chunk.length();
+          streams_[i].content.AddChunk(digest);
+        }
+      }
+      streams_[i].received = meta.byte_length();
+      RETURN_IF_ERROR(FinishTensor(i));
+    }
+    return absl::OkStatus();
+  }
 
   v1::TensorMeta& Meta(int index) {
     return index < header_.tensors_size()
@@ -523,6 +640,7 @@ class RocksDbUploadSession final : public UploadSession {
 
   const std::shared_ptr<Core> core_;
   const std::string upload_id_;
+  const std::string parent_id_;  // a part's parent upload; empty for an upload of its own.
   v1::Manifest header_;
   const CommitOptions options_;
   const std::vector<std::string> warnings_;
@@ -552,6 +670,42 @@ class RocksDbUploadSession final : public UploadSession {
   std::thread writer_;
   absl::Status failed_;
   bool finished_ = false;
+  std::vector<Core::FinishedPart> adopted_;  // parts taken by Commit, not yet committed.
+};
+
+// A writer's part of another upload: a session whose tensors are the part's ranges.
+class RocksDbUploadPart final : public UploadPart {
+ public:
+  RocksDbUploadPart(std::shared_ptr<Core> core, std::string parent_id,
+                    std::shared_ptr<const v1::Manifest> parent_header,
+                    std::vector<UploadRange> ranges, std::unique_ptr<RocksDbUploadSession> session)
+      : core_(std::move(core)),
+        parent_id_(std::move(parent_id)),
+        parent_header_(std::move(parent_header)),
+        ranges_(std::move(ranges)),
+        session_(std::move(session)) {}
+
+  const v1::Manifest& header() const override { return *parent_header_; }
+  const std::vector<UploadRange>& ranges() const override { return ranges_; }
+
+  absl::Status AddRangeData(int range_index, int64_t offset, absl::string_view bytes) override {
+    return session_->AddTensorData(range_index, offset, bytes);
+  }
+
+  absl::Status Finish() override {
+    RETURN_IF_ERROR(session_->FinishPart());
+    Core::FinishedPart part = session_->TakeFinishedPart(ranges_);
+    RETURN_IF_ERROR(core_->AdoptPart(parent_id_, part));
+    session_->SetAdopted();
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::shared_ptr<Core> core_;
+  const std::string parent_id_;
+  const std::shared_ptr<const v1::Manifest> parent_header_;
+  const std::vector<UploadRange> ranges_;
+  const std::unique_ptr<RocksDbUploadSession> session_;
 };
 
 }  // namespace
@@ -559,9 +713,39 @@ class RocksDbUploadSession final : public UploadSession {
 std::unique_ptr<UploadSession> NewRocksDbUploadSession(
     std::shared_ptr<RocksDbCheckpointStore::Core> core, std::string upload_id, uint64_t pack_id,
     v1::Manifest header, CommitOptions options, std::vector<std::string> warnings) {
+  core->AddJoinableUpload(upload_id, header);
   return std::make_unique<RocksDbUploadSession>(std::move(core), std::move(upload_id), pack_id,
                                                 std::move(header), std::move(options),
                                                 std::move(warnings));
+}
+
+std::unique_ptr<UploadPart> NewRocksDbUploadPart(std::shared_ptr<RocksDbCheckpointStore::Core> core,
+                                                 std::string part_id, uint64_t pack_id,
+                                                 std::string parent_id,
+                                                 std::shared_ptr<const v1::Manifest> parent_header,
+                                                 std::vector<UploadRange> ranges) {
+  // Each range is a tensor of the part's own header, chunked from its begin: as the range begins
+  // on a chunk boundary of its tensor, these are that tensor's chunks.
+  v1::Manifest header;
+  header.set_model(parent_header->model());
+  const int model_tensors = parent_header->tensors_size();
+  for (const UploadRange& range : ranges) {
+    const v1::TensorMeta& whole =
+        range.tensor_index < model_tensors
+            ? parent_header->tensors(range.tensor_index)
+            : parent_header->state_tensors(range.tensor_index - model_tensors);
+    v1::TensorMeta* meta = header.add_tensors();
+    meta->set_key(absl::StrCat(whole.key(), " bytes ", range.begin, "..", range.end));
+    meta->set_dtype(v1::DTYPE_UINT8);
+    meta->add_shape(range.end - range.begin);
+    meta->set_byte_length(range.end - range.begin);
+  }
+  auto session = std::make_unique<RocksDbUploadSession>(core, std::move(part_id), pack_id,
+                                                        std::move(header), CommitOptions(),
+                                                        std::vector<std::string>(), parent_id);
+  return std::make_unique<RocksDbUploadPart>(std::move(core), std::move(parent_id),
+                                             std::move(parent_header), std::move(ranges),
+                                             std::move(session));
 }
 
 }  // namespace ckpt

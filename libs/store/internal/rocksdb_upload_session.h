@@ -20,6 +20,15 @@ std::unique_ptr<UploadSession> NewRocksDbUploadSession(
     std::shared_ptr<RocksDbCheckpointStore::Core> core, std::string upload_id, uint64_t pack_id,
     v1::Manifest header, CommitOptions options, std::vector<std::string> warnings);
 
+// A part of the live upload `parent_id` (of `parent_header`) writing `ranges` (checked by the
+// caller: CheckUploadRanges), as the upload `part_id` (already recorded and registered live)
+// writing pack `pack_id`.
+std::unique_ptr<UploadPart> NewRocksDbUploadPart(std::shared_ptr<RocksDbCheckpointStore::Core> core,
+                                                 std::string part_id, uint64_t pack_id,
+                                                 std::string parent_id,
+                                                 std::shared_ptr<const v1::Manifest> parent_header,
+                                                 std::vector<UploadRange> ranges);
+
 }  // namespace ckpt
 
 #endif  // CKPT_LIBS_STORE_INTERNAL_ROCKSDB_UPLOAD_SESSION_H_

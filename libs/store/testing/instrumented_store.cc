@@ -53,6 +53,8 @@ class InstrumentedStore::Session final : public UploadSession {
     return base_->AddStoredChunk(tensor_index, offset, sha256, length);
   }
 
+  std::string upload_id() const override { return base_->upload_id(); }
+
   absl::StatusOr<CommitResult> Commit() override {
     store_.Called("Commit");
     if (store_.commit_fault_) RETURN_IF_ERROR(store_.commit_fault_("Commit"));
@@ -70,6 +72,12 @@ absl::StatusOr<std::unique_ptr<UploadSession>> InstrumentedStore::BeginUpload(
   ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
                    base_.BeginUpload(model, std::move(header), options));
   return std::unique_ptr<UploadSession>(new Session(*this, std::move(session)));
+}
+
+absl::StatusOr<std::unique_ptr<UploadPart>> InstrumentedStore::JoinUpload(
+    absl::string_view upload_id, std::vector<UploadRange> ranges) {
+  Called("JoinUpload");
+  return base_.JoinUpload(upload_id, std::move(ranges));
 }
 
 absl::StatusOr<std::vector<std::string>> InstrumentedStore::FindMissingChunks(

@@ -51,6 +51,8 @@ class InstrumentedStore final : public CheckpointStore {
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;
+  absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(absl::string_view upload_id,
+                                                         std::vector<UploadRange> ranges) override;
   absl::StatusOr<std::vector<std::string>> FindMissingChunks(
       const std::vector<std::string>& sha256s) override;
   absl::StatusOr<v1::Manifest> GetManifest(const v1::VersionRef& ref) override;
