@@ -89,6 +89,11 @@ class RemoteCheckpointStore final : public CheckpointStore {
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;
+  // A part on an Upload stream of its own (UploadHeader.join); every upload this store begins is
+  // joinable (as CommitOptions::joinable_as, or a random name), since its stream cannot tell the
+  // writers the server's id.
+  absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(absl::string_view upload_id,
+                                                         std::vector<UploadRange> ranges) override;
   absl::StatusOr<std::vector<std::string>> FindMissingChunks(
       const std::vector<std::string>& sha256s) override;
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,14 @@ namespace {
 using remote_store_internal::TensorAt;
 
 std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.size()); }
+
+// A name no other upload has: 128 random bits, for an upload other writers may join.
+std::string RandomJoinName() {
+  std::random_device random;
+  std::string name = "upload-";
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&name, absl::Hex(random(), absl::kZeroPad8));
+  return name;
+}
 
 // ---------------------------------------------------------------------------------------------
 // One Upload stream.
@@ -52,6 +61,7 @@ class RemoteUploadSession final : public UploadSession {
   const v1::Manifest& header() const override { return header_; }
   int tensor_count() const override { return static_cast<int>(received_.size()); }
   const std::vector<std::string>& warnings() const override { return warnings_; }
+  std::string upload_id() const override { return join_name_; }
 
   absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
     RETURN_IF_ERROR(CheckUsable());
@@ -135,6 +145,9 @@ class RemoteUploadSession final : public UploadSession {
     upload->set_expected_latest_version(options.expected_latest_version);
     upload->set_reason(options.attribution.reason);
     for (const std::string& alias : options.aliases) upload->add_aliases(alias);
+    // Always joinable: this stream cannot tell the writers the server's id before the commit.
+    join_name_ = options.joinable_as.empty() ? RandomJoinName() : options.joinable_as;
+    upload->set_joinable_as(join_name_);
     if (!writer_->Write(request_)) return StreamEnded();
     // The server sends initial metadata once it accepted the header; when it rejects the header
     // it ends the call instead, and Finish has its status.
@@ -210,10 +223,149 @@ class RemoteUploadSession final : public UploadSession {
   v1::UploadRequest request_;
   v1::UploadResponse response_;
   v1::Manifest header_;
+  std::string join_name_;
   std::vector<std::string> warnings_;
   std::vector<int64_t> received_;  // bytes sent per tensor.
   absl::Status failed_;
   bool committed_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A part of another upload, on an Upload stream of its own (UploadHeader.join).
+class RemoteUploadPart final : public UploadPart {
+ public:
+  static absl::StatusOr<std::unique_ptr<UploadPart>> Start(
+      std::shared_ptr<const Connection> connection, absl::string_view upload_id,
+      std::vector<UploadRange> ranges) {
+    const RemoteStoreOptions& remote = connection->options();
+    RETURN_IF_ERROR(connection->WaitUntilConnected(absl::Now() + remote.connect_timeout));
+    std::unique_ptr<RemoteUploadPart> part(
+        new RemoteUploadPart(std::move(connection), std::move(ranges)));
+    RETURN_IF_ERROR(part->SendHeader(upload_id));
+    return std::unique_ptr<UploadPart>(std::move(part));
+  }
+
+  ~RemoteUploadPart() override {
+    if (stream_open_) {
+      context_->TryCancel();  // the server drops the part: an abandoned upload of its own.
+      writer_->Finish();
+    }
+  }
+
+  // The server names the upload's model; the rest of its header stays there.
+  const v1::Manifest& header() const override { return header_; }
+  const std::vector<UploadRange>& ranges() const override { return ranges_; }
+
+  absl::Status AddRangeData(int range_index, int64_t offset, absl::string_view bytes) override {
+    RETURN_IF_ERROR(CheckUsable());
+    if (range_index < 0 || range_index >= static_cast<int>(ranges_.size())) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "range index ", range_index, " is out of range: the part has ", ranges_.size())));
+    }
+    const UploadRange& range = ranges_[range_index];
+    int64_t& received = received_[range_index];
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    if (offset != received || size > range.end - range.begin - received) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "range ", range_index, " (bytes ", range.begin, "..", range.end, " of tensor index ",
+          range.tensor_index, "): ", size, " bytes at offset ", offset, " after ", received,
+          " (a range's bytes arrive in order, up to its end)")));
+    }
+    for (int64_t sent = 0; sent < size; sent += kMaxTensorDataBytes) {
+      const int64_t piece = std::min<int64_t>(kMaxTensorDataBytes, size - sent);
+      request_.Clear();
+      v1::TensorData* data = request_.mutable_data();
+      data->set_tensor_index(range_index);
+      data->set_offset(offset + sent);
+      data->set_data(bytes.data() + sent, piece);
+      if (!writer_->Write(request_)) return Fail(StreamEnded());
+    }
+    received += size;
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() override {
+    RETURN_IF_ERROR(CheckUsable());
+    request_.Clear();
+    request_.mutable_commit();
+    if (!writer_->Write(request_)) return Fail(StreamEnded());
+    writer_->WritesDone();
+    const grpc::Status status = writer_->Finish();
+    stream_open_ = false;
+    if (!status.ok()) return Fail(connection_->FromCall(status));
+    finished_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  RemoteUploadPart(std::shared_ptr<const Connection> connection, std::vector<UploadRange> ranges)
+      : connection_(std::move(connection)),
+        ranges_(std::move(ranges)),
+        received_(ranges_.size(), 0) {}
+
+  absl::Status SendHeader(absl::string_view upload_id) {
+    context_ = connection_->NewContext(absl::Now() + connection_->options().stream_deadline);
+    writer_ = connection_->stub().Upload(context_.get(), &response_);
+    stream_open_ = true;
+    v1::UploadJoin* join = request_.mutable_header()->mutable_join();
+    join->set_upload_id(std::string(upload_id));
+    for (const UploadRange& range : ranges_) {
+      v1::UploadByteRange* wire = join->add_ranges();
+      wire->set_tensor_index(range.tensor_index);
+      wire->set_begin(range.begin);
+      wire->set_end(range.end);
+    }
+    if (!writer_->Write(request_)) return StreamEnded();
+    writer_->WaitForInitialMetadata();
+    const auto& metadata = context_->GetServerInitialMetadata();
+    if (metadata.find(kUploadAcceptedMetadata) == metadata.end()) return StreamEnded();
+    if (auto model = metadata.find(kUploadJoinedModelMetadata); model != metadata.end()) {
+      header_.set_model(ToString(model->second));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StreamEnded() {
+    const grpc::Status status = writer_->Finish();
+    stream_open_ = false;
+    if (status.ok()) {
+      return absl::InternalError(absl::StrCat("the checkpoint store at ",
+                                              connection_->options().address,
+                                              " ended a part of an upload early without an error"));
+    }
+    return connection_->FromCall(status);
+  }
+
+  absl::Status CheckUsable() const {
+    if (finished_) return absl::FailedPreconditionError("the part is already finished");
+    if (!failed_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the part failed earlier: ", failed_.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Fail(absl::Status status) {
+    failed_ = status;
+    if (stream_open_) {
+      context_->TryCancel();
+      writer_->Finish();
+      stream_open_ = false;
+    }
+    return status;
+  }
+
+  const std::shared_ptr<const Connection> connection_;
+  const std::vector<UploadRange> ranges_;
+  std::vector<int64_t> received_;  // bytes sent per range.
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer_;
+  bool stream_open_ = false;
+  v1::UploadRequest request_;
+  v1::UploadResponse response_;
+  v1::Manifest header_;  // the model only.
+  absl::Status failed_;
+  bool finished_ = false;
 };
 
 }  // namespace
@@ -221,6 +373,11 @@ class RemoteUploadSession final : public UploadSession {
 absl::StatusOr<std::unique_ptr<UploadSession>> RemoteCheckpointStore::BeginUpload(
     absl::string_view model, v1::Manifest header, const CommitOptions& options) {
   return RemoteUploadSession::Start(connection_, model, std::move(header), options);
+}
+
+absl::StatusOr<std::unique_ptr<UploadPart>> RemoteCheckpointStore::JoinUpload(
+    absl::string_view upload_id, std::vector<UploadRange> ranges) {
+  return RemoteUploadPart::Start(connection_, upload_id, std::move(ranges));
 }
 
 }  // namespace ckpt

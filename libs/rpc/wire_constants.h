@@ -26,6 +26,8 @@ inline constexpr int kMaxPageSize = 1000;
 // Upload metadata: the server's acceptance of the header, and its validation warnings.
 inline constexpr char kUploadAcceptedMetadata[] = "ckpt-upload-accepted";
 inline constexpr char kUploadWarningMetadata[] = "ckpt-upload-warning-bin";
+// Sent with kUploadAcceptedMetadata to a part of an upload (UploadHeader.join): the upload's model.
+inline constexpr char kUploadJoinedModelMetadata[] = "ckpt-upload-joined-model-bin";
 // Methods the clients read as raw messages (libs/rpc/tensor_data_message.h).
 inline constexpr char kDownloadMethod[] = "/ckpt.v1.CheckpointStore/Download";
 

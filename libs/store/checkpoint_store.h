@@ -88,6 +88,11 @@ struct CommitOptions {
   std::function<void(int64_t bytes_done, int64_t bytes_total)> progress;
   // Who commits and why, for the history.
   ChangeAttribution attribution;
+  // BeginUpload only: the name other writers join this upload by (UploadSession::upload_id(),
+  // CheckpointStore::JoinUpload) instead of the store's id for it. A client over a stream that
+  // learns nothing from the server before the commit picks one (a random token) and tells the
+  // writers; ALREADY_EXISTS when a live upload has the name. Empty: the store's id.
+  std::string joinable_as;
 };
 
 struct CommitResult {
@@ -171,7 +176,8 @@ class UploadPart {
  public:
   virtual ~UploadPart() = default;
 
-  // The upload's header, as BeginUpload validated it (no chunks, no content hashes).
+  // The upload's header, as BeginUpload validated it (no chunks, no content hashes); of a part on
+  // a remote store, which keeps the header, only the model.
   virtual const v1::Manifest& header() const = 0;
 
   // The ranges JoinUpload was given; AddRangeData's range_index counts them.
@@ -436,7 +442,8 @@ class CheckpointStore {
   // tensors: the ranks of a job each saving their share of one checkpoint, concurrently. NOT_FOUND
   // when no upload of that id is in progress in this store; INVALID_ARGUMENT for no ranges, or a
   // range that is empty, lies outside its tensor, or does not begin on a chunk boundary and end on
-  // one or at its tensor's end. The default is UNIMPLEMENTED: a store that cannot share uploads.
+  // one or at its tensor's end; ALREADY_EXISTS (from BeginUpload) for a joinable_as taken. The
+  // default is UNIMPLEMENTED: a store that cannot share uploads.
   virtual absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(absl::string_view upload_id,
                                                                  std::vector<UploadRange> ranges);
 

@@ -177,14 +177,21 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
     }
   }
 
-  ASSIGN_OR_RETURN(const uint64_t upload_number, RecordUpload(model));
-  return NewRocksDbUploadSession(core_, Hex64(upload_number), upload_number, std::move(header),
-                                 options, std::move(warnings));
-}
-
-absl::StatusOr<uint64_t> RocksDbCheckpointStore::RecordUpload(absl::string_view model) {
   const uint64_t upload_number = core_->NewUploadNumber();
   const std::string upload_id = Hex64(upload_number);
+  // Joinable before it is recorded: a name taken is refused with nothing recorded.
+  const std::string join_name = options.joinable_as.empty() ? upload_id : options.joinable_as;
+  RETURN_IF_ERROR(core_->AddJoinableUpload(join_name, header));
+  if (absl::Status recorded = RecordUpload(model, upload_id); !recorded.ok()) {
+    core_->EndJoinable(join_name);
+    return recorded;
+  }
+  return NewRocksDbUploadSession(core_, upload_id, upload_number, std::move(header), options,
+                                 std::move(warnings), join_name);
+}
+
+absl::Status RocksDbCheckpointStore::RecordUpload(absl::string_view model,
+                                                  const std::string& upload_id) {
   store::UploadRecord record;
   record.set_model(std::string(model));
   record.set_started_unix_micros(NowMicros());
@@ -197,7 +204,7 @@ absl::StatusOr<uint64_t> RocksDbCheckpointStore::RecordUpload(absl::string_view 
     core_->EndUpload(upload_id, {});
     return written;
   }
-  return upload_number;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<UploadPart>> RocksDbCheckpointStore::JoinUpload(
@@ -207,7 +214,8 @@ absl::StatusOr<std::unique_ptr<UploadPart>> RocksDbCheckpointStore::JoinUpload(
   RETURN_IF_ERROR(CheckUploadRanges(*header, ranges));
   // The part is an upload of its own (record, pack, pins): reclaimed as one if it never finishes
   // or its parent never commits.
-  ASSIGN_OR_RETURN(const uint64_t part_number, RecordUpload(header->model()));
+  const uint64_t part_number = core_->NewUploadNumber();
+  RETURN_IF_ERROR(RecordUpload(header->model(), Hex64(part_number)));
   return NewRocksDbUploadPart(core_, Hex64(part_number), part_number, std::string(upload_id),
                               std::move(header), std::move(ranges));
 }

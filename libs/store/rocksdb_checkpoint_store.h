@@ -155,9 +155,9 @@ class RocksDbCheckpointStore final : public CheckpointStore {
   static absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> Open(const StoreOptions& options,
                                                                       bool skip_hashing);
   explicit RocksDbCheckpointStore(std::shared_ptr<Core> core);
-  // Records a new upload to `model` and registers it live; its number (hex: its id; also its
-  // pack's name).
-  absl::StatusOr<uint64_t> RecordUpload(absl::string_view model);
+  // Records the new upload `upload_id` (Hex64 of a NewUploadNumber, which also names its pack)
+  // to `model` and registers it live.
+  absl::Status RecordUpload(absl::string_view model, const std::string& upload_id);
   std::shared_ptr<Core> core_;
 };
 

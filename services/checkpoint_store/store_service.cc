@@ -81,6 +81,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
   void HandleRequest() {
     if (cancelled_.load()) {
       session_.reset();  // Abandoned: nothing becomes visible.
+      part_.reset();
       Finish(Cancelled());
       return;
     }
@@ -89,6 +90,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
     if (status.ok()) status = Handle(accepted_header);
     if (!status.ok()) {
       session_.reset();
+      part_.reset();
       Finish(ToGrpcStatus(status));
       return;
     }
@@ -99,8 +101,10 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
     }
     if (accepted_header) {
       context_.AddInitialMetadata(kUploadAcceptedMetadata, "1");
+      if (part_ != nullptr) context_.AddInitialMetadata(kUploadJoinedModelMetadata, part_model_);
       size_t metadata_bytes = 0;
-      for (const std::string& warning : session_->warnings()) {
+      for (const std::string& warning :
+           session_ != nullptr ? session_->warnings() : std::vector<std::string>()) {
         metadata_bytes += warning.size();
         if (metadata_bytes > kMaxWarningMetadataBytes) break;
         context_.AddInitialMetadata(kUploadWarningMetadata, warning);
@@ -128,10 +132,15 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
   absl::Status Handle(bool& accepted_header) {
     switch (request_.part_case()) {
       case v1::UploadRequest::kHeader: {
-        if (session_ != nullptr) {
+        if (session_ != nullptr || part_ != nullptr) {
           return absl::InvalidArgumentError("the Upload stream sent a second UploadHeader");
         }
         const v1::UploadHeader& header = request_.header();
+        if (header.has_join()) {
+          RETURN_IF_ERROR(Join(header));
+          accepted_header = true;
+          return absl::OkStatus();
+        }
         absl::Status allowed = AccessPolicy::Authorize(caller_, "Upload", header.model());
         service_.NoteRefusal(caller_, "Upload", header.model(), allowed);
         RETURN_IF_ERROR(allowed);
@@ -139,6 +148,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
         options.expected_latest_version = header.expected_latest_version();
         options.aliases.assign(header.aliases().begin(), header.aliases().end());
         options.attribution.reason = header.reason();
+        options.joinable_as = header.joinable_as();
         // The session keeps scoped_, not this AuditedStore; its Commit is audited.
         scoped_ = std::make_unique<ScopedStore>(service_.store_, ModelScope(caller_.models),
                                                 Who(caller_));
@@ -153,7 +163,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
       }
       case v1::UploadRequest::kData: {
         const v1::TensorData& data = request_.data();
-        if (session_ == nullptr) {
+        if (session_ == nullptr && part_ == nullptr) {
           return absl::InvalidArgumentError(
               "the first message of an Upload must be an UploadHeader; got TensorData");
         }
@@ -163,10 +173,17 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
                            data.offset(), " holds ", data.data().size(),
                            " bytes; a message may hold at most ", kMaxTensorDataBytes, " (1 MiB)"));
         }
+        if (part_ != nullptr) {
+          return part_->AddRangeData(data.tensor_index(), data.offset(), data.data());
+        }
         return session_->AddTensorData(data.tensor_index(), data.offset(), data.data());
       }
       case v1::UploadRequest::kStoredChunk: {
         const v1::StoredChunk& chunk = request_.stored_chunk();
+        if (part_ != nullptr) {
+          return absl::InvalidArgumentError(
+              "a part of an upload sends the bytes of its ranges; StoredChunk is refused");
+        }
         if (session_ == nullptr) {
           return absl::InvalidArgumentError(
               "the first message of an Upload must be an UploadHeader; got StoredChunk");
@@ -175,6 +192,18 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
                                         chunk.length());
       }
       case v1::UploadRequest::kCommit: {
+        if (part_ != nullptr) {
+          if (request_.commit().aliases_size() > 0) {
+            return absl::InvalidArgumentError("the UploadCommit of a part names no aliases");
+          }
+          RETURN_IF_ERROR(part_->Finish());
+          int64_t bytes = 0;
+          for (const UploadRange& range : part_->ranges()) bytes += range.end - range.begin;
+          part_.reset();
+          response_.set_logical_bytes(bytes);
+          committed_ = true;
+          return absl::OkStatus();
+        }
         if (session_ == nullptr) {
           return absl::InvalidArgumentError(
               "the first message of an Upload must be an UploadHeader; got UploadCommit");
@@ -203,9 +232,41 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
         "an UploadRequest holds no header, data, stored chunk or commit");
   }
 
+  // A header with `join`: this stream writes a part of another upload. The caller's scope is
+  // checked against that upload's model (ScopedStore::JoinUpload), and its role as for an upload.
+  absl::Status Join(const v1::UploadHeader& header) {
+    if (header.has_manifest() || header.aliases_size() > 0 ||
+        header.expected_latest_version() != 0 || !header.joinable_as().empty()) {
+      return absl::InvalidArgumentError(
+          "an UploadHeader that joins an upload has no manifest, aliases, "
+          "expected_latest_version or joinable_as of its own: the joined upload has them");
+    }
+    std::vector<UploadRange> ranges;
+    for (const v1::UploadByteRange& range : header.join().ranges()) {
+      ranges.push_back(UploadRange{range.tensor_index(), range.begin(), range.end()});
+    }
+    scoped_ =
+        std::make_unique<ScopedStore>(service_.store_, ModelScope(caller_.models), Who(caller_));
+    ASSIGN_OR_RETURN(std::unique_ptr<UploadPart> part,
+                     scoped_->JoinUpload(header.join().upload_id(), std::move(ranges)));
+    const std::string& model = part->header().model();
+    if (!header.model().empty() && header.model() != model) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the UploadHeader names model '", header.model(), "' but upload '",
+                       header.join().upload_id(), "' is of '", model, "'"));
+    }
+    absl::Status allowed = AccessPolicy::Authorize(caller_, "Upload", model);
+    service_.NoteRefusal(caller_, "Upload", model, allowed);
+    RETURN_IF_ERROR(allowed);
+    part_model_ = model;
+    part_ = std::move(part);
+    return absl::OkStatus();
+  }
+
   void EndWithoutCommit() {
-    const bool had_session = session_ != nullptr;
+    const bool had_session = session_ != nullptr || part_ != nullptr;
     session_.reset();
+    part_.reset();
     if (cancelled_.load() || context_.IsCancelled()) {
       Finish(Cancelled());
       return;
@@ -227,6 +288,8 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
   // The caller's view of the store, made at the header; the session (destroyed first) uses it.
   std::unique_ptr<ScopedStore> scoped_;
   std::unique_ptr<UploadSession> session_;
+  std::unique_ptr<UploadPart> part_;  // instead of session_: a part of another upload.
+  std::string part_model_;            // the joined upload's model.
   std::set<std::string> aliases_;
   Caller caller_;  // who opened the stream (the model scope is checked at the header).
   bool committed_ = false;

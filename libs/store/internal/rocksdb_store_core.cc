@@ -65,11 +65,6 @@ void Core::AddLiveUpload(const std::string& upload_id) {
 void Core::EndUploadLocked(const std::string& upload_id,
                            const absl::flat_hash_set<std::string>& pinned) {
   live_uploads_.erase(upload_id);
-  if (auto joinable = joinable_.find(upload_id); joinable != joinable_.end()) {
-    std::vector<FinishedPart> orphans = std::move(joinable->second.parts);
-    joinable_.erase(joinable);
-    for (const FinishedPart& part : orphans) EndUploadLocked(part.upload_id, part.pinned);
-  }
   for (const std::string& sha256 : pinned) {
     auto it = pinned_chunks_.find(sha256);
     if (it != pinned_chunks_.end() && --it->second == 0) pinned_chunks_.erase(it);
@@ -81,37 +76,53 @@ void Core::EndUpload(const std::string& upload_id, const absl::flat_hash_set<std
   EndUploadLocked(upload_id, pinned);
 }
 
-void Core::AddJoinableUpload(const std::string& upload_id, const v1::Manifest& header) {
+absl::Status Core::AddJoinableUpload(const std::string& name, const v1::Manifest& header) {
   auto copy = std::make_shared<const v1::Manifest>(header);
   absl::MutexLock lock(&mu_);
-  joinable_[upload_id].header = std::move(copy);
+  if (!joinable_.try_emplace(name, Joinable{std::move(copy), {}}).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("an upload joinable as '", name, "' is already in progress"));
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const v1::Manifest>> Core::JoinableHeader(
-    const std::string& upload_id) {
+void Core::EndJoinableLocked(const std::string& name) {
+  auto joinable = joinable_.find(name);
+  if (joinable == joinable_.end()) return;
+  std::vector<FinishedPart> orphans = std::move(joinable->second.parts);
+  joinable_.erase(joinable);
+  for (const FinishedPart& part : orphans) EndUploadLocked(part.upload_id, part.pinned);
+}
+
+void Core::EndJoinable(const std::string& name) {
   absl::MutexLock lock(&mu_);
-  auto joinable = joinable_.find(upload_id);
+  EndJoinableLocked(name);
+}
+
+absl::StatusOr<std::shared_ptr<const v1::Manifest>> Core::JoinableHeader(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto joinable = joinable_.find(name);
   if (joinable == joinable_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("no upload '", upload_id, "' is in progress in this store to join"));
+        absl::StrCat("no upload '", name, "' is in progress in this store to join"));
   }
   return joinable->second.header;
 }
 
-absl::Status Core::AdoptPart(const std::string& parent_id, FinishedPart& part) {
+absl::Status Core::AdoptPart(const std::string& name, FinishedPart& part) {
   absl::MutexLock lock(&mu_);
-  auto joinable = joinable_.find(parent_id);
+  auto joinable = joinable_.find(name);
   if (joinable == joinable_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "upload '", parent_id, "' ended (committed or abandoned) before this part finished"));
+        "upload '", name, "' ended (committed or abandoned) before this part finished"));
   }
   joinable->second.parts.push_back(std::move(part));
   return absl::OkStatus();
 }
 
-std::vector<Core::FinishedPart> Core::TakeParts(const std::string& parent_id) {
+std::vector<Core::FinishedPart> Core::TakeParts(const std::string& name) {
   absl::MutexLock lock(&mu_);
-  auto joinable = joinable_.find(parent_id);
+  auto joinable = joinable_.find(name);
   if (joinable == joinable_.end()) return {};
   return std::exchange(joinable->second.parts, {});
 }

@@ -253,8 +253,7 @@ class RocksDbCheckpointStore::Core {
 
   void AddLiveUpload(const std::string& upload_id);
 
-  // Ends a live upload: its pins go; if other writers could join it, so do the parts finished for
-  // it and not taken by a commit (each ended as an upload of its own, its records left for GC).
+  // Ends a live upload: its pins go.
   void EndUploadLocked(const std::string& upload_id, const absl::flat_hash_set<std::string>& pinned)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -276,15 +275,22 @@ class RocksDbCheckpointStore::Core {
     absl::flat_hash_set<std::string> pinned;
   };
 
-  // Lets writers join the live upload `upload_id` of `header` (a copy is kept for them).
-  void AddJoinableUpload(const std::string& upload_id, const v1::Manifest& header);
-  // The header of the joinable upload `upload_id`; NOT_FOUND when none is live.
-  absl::StatusOr<std::shared_ptr<const v1::Manifest>> JoinableHeader(const std::string& upload_id);
-  // Hands a finished part to its parent upload; FAILED_PRECONDITION (the part left to the caller)
-  // when the parent has ended.
-  absl::Status AdoptPart(const std::string& parent_id, FinishedPart& part);
-  // The parts finished for `parent_id` so far, removed from here: the caller ends them.
-  std::vector<FinishedPart> TakeParts(const std::string& parent_id);
+  // Lets writers join a live upload of `header` under `name` (its id, or the name its client chose:
+  // CommitOptions::joinable_as); a copy of the header is kept for them. ALREADY_EXISTS when another
+  // live upload has that name.
+  absl::Status AddJoinableUpload(const std::string& name, const v1::Manifest& header);
+  // The header of the upload joinable as `name`; NOT_FOUND when none is live.
+  absl::StatusOr<std::shared_ptr<const v1::Manifest>> JoinableHeader(const std::string& name);
+  // Hands a finished part to the upload joinable as `name`; FAILED_PRECONDITION (the part left to
+  // the caller) when that upload has ended.
+  absl::Status AdoptPart(const std::string& name, FinishedPart& part);
+  // The parts finished for the upload joinable as `name` so far, removed from here: the caller
+  // ends them.
+  std::vector<FinishedPart> TakeParts(const std::string& name);
+  // The upload joinable as `name` ended: no writer may join it any more, and the parts finished
+  // for it and not taken by a commit end as uploads of their own (their records left for GC).
+  void EndJoinableLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJoinable(const std::string& name);
 
   int64_t LiveUploadCount();
 

@@ -14,13 +14,16 @@ using Core = RocksDbCheckpointStore::Core;
 
 class RocksDbUploadSession final : public UploadSession {
  public:
-  // `parent_id` is empty for an upload of its own; else this session writes a part of upload
-  // `parent_id`, each of whose ranges is a tensor of `header`, and ends with FinishPart.
+  // `parent_id` is empty for an upload of its own, joinable as `join_name` (already registered
+  // in `core`); else this session writes a part of the upload joinable as `parent_id`, each of
+  // whose ranges is a tensor of `header`, and ends with FinishPart.
   RocksDbUploadSession(std::shared_ptr<Core> core, std::string upload_id, uint64_t pack_id,
                        v1::Manifest header, CommitOptions options,
-                       std::vector<std::string> warnings, std::string parent_id = "")
+                       std::vector<std::string> warnings, std::string join_name,
+                       std::string parent_id = "")
       : core_(std::move(core)),
         upload_id_(std::move(upload_id)),
+        join_name_(std::move(join_name)),
         parent_id_(std::move(parent_id)),
         header_(std::move(header)),
         options_(std::move(options)),
@@ -40,10 +43,11 @@ class RocksDbUploadSession final : public UploadSession {
       (void)WriteUploadRecords();  // best effort: GarbageCollect reclaims the pack regardless.
       core_->EndUpload(upload_id_, pinned_);
       for (const Core::FinishedPart& part : adopted_) core_->EndUpload(part.upload_id, part.pinned);
+      if (parent_id_.empty()) core_->EndJoinable(join_name_);
     }
   }
 
-  std::string upload_id() const override { return parent_id_.empty() ? upload_id_ : parent_id_; }
+  std::string upload_id() const override { return parent_id_.empty() ? join_name_ : parent_id_; }
 
   // A part's end (see the constructor): every range complete, its pack synced, its chunk records
   // written, and the part handed to the parent upload, which from then on owns its pins and its
@@ -312,6 +316,7 @@ class RocksDbUploadSession final : public UploadSession {
       CKPT_FAILPOINT("commit.after_batch");  // durable, not yet acknowledged.
       core_->PublishHistory(sequence);
       core_->EndUploadLocked(upload_id_, pinned_);
+      core_->EndJoinableLocked(join_name_);
       for (const Core::FinishedPart& part : adopted_) {
         core_->EndUploadLocked(part.upload_id, part.pinned);
       }
@@ -339,7 +344,7 @@ class RocksDbUploadSession final : public UploadSession {
   // bytes here from their ranges, which must tile it from 0 to byte_length without gap or
   // overlap. Taken parts are this session's from then on: committed or ended with it.
   absl::Status AdoptFinishedParts() {
-    for (Core::FinishedPart& part : core_->TakeParts(upload_id_)) {
+    for (Core::FinishedPart& part : core_->TakeParts(join_name_)) {
       adopted_.push_back(std::move(part));
     }
     if (adopted_.empty()) return absl::OkStatus();
@@ -640,6 +645,7 @@ class RocksDbUploadSession final : public UploadSession {
 
   const std::shared_ptr<Core> core_;
   const std::string upload_id_;
+  const std::string join_name_;  // what writers join this upload by (not for a part).
   const std::string parent_id_;  // a part's parent upload; empty for an upload of its own.
   v1::Manifest header_;
   const CommitOptions options_;
@@ -712,11 +718,11 @@ class RocksDbUploadPart final : public UploadPart {
 
 std::unique_ptr<UploadSession> NewRocksDbUploadSession(
     std::shared_ptr<RocksDbCheckpointStore::Core> core, std::string upload_id, uint64_t pack_id,
-    v1::Manifest header, CommitOptions options, std::vector<std::string> warnings) {
-  core->AddJoinableUpload(upload_id, header);
+    v1::Manifest header, CommitOptions options, std::vector<std::string> warnings,
+    std::string join_name) {
   return std::make_unique<RocksDbUploadSession>(std::move(core), std::move(upload_id), pack_id,
                                                 std::move(header), std::move(options),
-                                                std::move(warnings));
+                                                std::move(warnings), std::move(join_name));
 }
 
 std::unique_ptr<UploadPart> NewRocksDbUploadPart(std::shared_ptr<RocksDbCheckpointStore::Core> core,
@@ -740,9 +746,9 @@ std::unique_ptr<UploadPart> NewRocksDbUploadPart(std::shared_ptr<RocksDbCheckpoi
     meta->add_shape(range.end - range.begin);
     meta->set_byte_length(range.end - range.begin);
   }
-  auto session = std::make_unique<RocksDbUploadSession>(core, std::move(part_id), pack_id,
-                                                        std::move(header), CommitOptions(),
-                                                        std::vector<std::string>(), parent_id);
+  auto session = std::make_unique<RocksDbUploadSession>(
+      core, std::move(part_id), pack_id, std::move(header), CommitOptions(),
+      std::vector<std::string>(), /*join_name=*/"", parent_id);
   return std::make_unique<RocksDbUploadPart>(std::move(core), std::move(parent_id),
                                              std::move(parent_header), std::move(ranges),
                                              std::move(session));

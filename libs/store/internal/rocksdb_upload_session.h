@@ -14,14 +14,15 @@
 
 namespace ckpt {
 
-// A session for the upload `upload_id` (already recorded and registered live in `core`), writing
-// pack `pack_id`, for a validated `header`.
+// A session for the upload `upload_id` (already recorded and registered live in `core`, and
+// registered joinable as `join_name`), writing pack `pack_id`, for a validated `header`.
 std::unique_ptr<UploadSession> NewRocksDbUploadSession(
     std::shared_ptr<RocksDbCheckpointStore::Core> core, std::string upload_id, uint64_t pack_id,
-    v1::Manifest header, CommitOptions options, std::vector<std::string> warnings);
+    v1::Manifest header, CommitOptions options, std::vector<std::string> warnings,
+    std::string join_name);
 
-// A part of the live upload `parent_id` (of `parent_header`) writing `ranges` (checked by the
-// caller: CheckUploadRanges), as the upload `part_id` (already recorded and registered live)
+// A part of the live upload joinable as `parent_id` (of `parent_header`) writing `ranges` (checked
+// by the caller: CheckUploadRanges), as the upload `part_id` (already recorded and registered live)
 // writing pack `pack_id`.
 std::unique_ptr<UploadPart> NewRocksDbUploadPart(std::shared_ptr<RocksDbCheckpointStore::Core> core,
                                                  std::string part_id, uint64_t pack_id,

@@ -217,6 +217,18 @@ TEST_P(StoreConformanceTest, JoinUploadRefusesUnknownUploadsAndRangesOffChunkBou
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overlap")));
   EXPECT_THAT(store_->JoinUpload(id, {}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs ranges")));
+
+  // A name the writers agreed on, unique while its upload lives.
+  CommitOptions named;
+  named.joinable_as = "job-7/step-100";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> first,
+                       store_->BeginUpload("m", prepared.header, named));
+  EXPECT_EQ(first->upload_id(), "job-7/step-100");
+  ASSERT_OK(store_->JoinUpload("job-7/step-100", {{1, 0, 40}}).status());
+  EXPECT_THAT(store_->BeginUpload("m", prepared.header, named).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("job-7/step-100")));
+  first.reset();
+  ASSERT_OK(store_->BeginUpload("m", prepared.header, named).status());
 }
 
 }  // namespace ckpt::testing
