@@ -15,8 +15,8 @@ import torch
 
 import ckpt_client
 from ckpt_client import _retry, _stubs
-from ckpt_client._tensors import (CHUNK_BYTES, StreamAssembler, check_chunk_layout, to_tensor,
-                                  torch_dtypes)
+from ckpt_client._tensors import (CHUNK_BYTES, RangeAssembler, StreamAssembler,
+                                  check_chunk_layout, chunks_covering, to_tensor, torch_dtypes)
 from ckpt_client.client import _parse_condition
 
 PB = _stubs.load()
@@ -286,6 +286,43 @@ class VerifierTest(unittest.TestCase):
             self.assemble([meta], [data])
         (tensor,) = self.assemble([meta], [data], verify=False)
         self.assertTrue(torch.equal(tensor, self.small))
+
+    def test_chunks_covering_a_range_as_libs_store_chunk_layout_finds_them(self):
+        """The cases of libs/store/chunk_layout_test.cc's ChunksCovering, and its words."""
+        c = CHUNK_BYTES
+        meta = TYPES.TensorMeta(key="fc.weight", byte_length=3 * c + 10)
+        for length in (c, c, c, 10):
+            meta.chunks.add(length=length)
+        cases = {(0, 3 * c + 10): (0, 4, 0, 3 * c + 10), (0, 1): (0, 1, 0, c),
+                 (c - 1, c + 1): (0, 2, 0, 2 * c), (c, 2 * c): (1, 2, c, 2 * c),
+                 (2 * c + 5, 3 * c + 3): (2, 4, 2 * c, 3 * c + 10),
+                 (3 * c + 9, 3 * c + 10): (3, 4, 3 * c, 3 * c + 10),
+                 (c + 7, c + 7): (0, 0, c + 7, c + 7)}
+        for (begin, end), expected in cases.items():
+            self.assertEqual(chunks_covering(meta, begin, end), expected, (begin, end))
+        small = TYPES.TensorMeta(key="fc.weight", byte_length=10)
+        small.chunks.add(length=10)
+        for begin, end in ((-1, 3), (4, 3), (0, 11)):
+            with self.assertRaisesRegex(ckpt_client.OutOfRange,
+                                        "of tensor 'fc.weight' of mlp@3: it holds 10 bytes"):
+                chunks_covering(small, begin, end, "mlp@3")
+
+    def test_a_range_is_kept_from_whole_checked_chunks(self):
+        """RangeAssembler keeps bytes begin..end of the chunks that hold them, and names a chunk
+        whose bytes were damaged."""
+        meta, data = meta_for("fc.weight", self.big)
+        begin, end = CHUNK_BYTES - 5, CHUNK_BYTES + 9
+        assembler = RangeAssembler(meta, 0, begin, end, True, "mlp@3")
+        for message in tensor_data(data[:2 * CHUNK_BYTES], 0):
+            assembler.add(message)
+        self.assertEqual(bytes(assembler.finish()), data[begin:end])
+        damaged = bytearray(data[:2 * CHUNK_BYTES])
+        damaged[CHUNK_BYTES + 100] ^= 1
+        assembler = RangeAssembler(meta, 0, begin, end, True, "mlp@3")
+        for message in tensor_data(bytes(damaged), 0):
+            assembler.add(message)
+        with self.assertRaisesRegex(ckpt_client.IntegrityError, "chunk 1 "):
+            assembler.finish()
 
     def test_chunk_layout_is_checked_as_libs_store_chunk_layout_checks_it(self):
         """The cases and messages of libs/store/chunk_layout.h's CheckChunkLayout, also through
