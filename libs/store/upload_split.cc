@@ -55,6 +55,8 @@ std::vector<std::vector<UploadRange>> SplitUpload(const v1::Manifest& header, in
       }
       split[writer].push_back(UploadRange{index, begin, end});
       handed_out += end - begin;
+      // A cut is as near the writer's mark as the chunk grid allows: the next writer goes on.
+      if (end < length && writer + 1 < writers) ++writer;
       begin = end;
     }
   }

@@ -682,6 +682,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/rocksdb_schema.cc
     libs/store/s3_chunk_backend.cc
     libs/store/scoped_store.cc
+    libs/store/upload_split.cc
     libs/store/version_diff.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/chunk_hasher.h"
@@ -72,7 +73,7 @@ TEST_P(StoreConformanceTest, PartsFromSeveralWritersCommitAsTheVersionOneWriterW
   EXPECT_EQ(third->header().model(), "parted");
   ASSERT_OK(UploadTensorRanges(*second, prepared.tensors));
   ASSERT_OK(UploadTensorRanges(*third, prepared.tensors));
-  ASSERT_OK(UploadTensorRanges(*first, prepared.tensors));
+  ASSERT_OK(UploadTensorRanges(**first, prepared.tensors));
   second.reset();  // a finished part needs its writer no longer.
   ASSERT_OK_AND_ASSIGN(CommitResult committed, session->Commit());
 
@@ -172,8 +173,14 @@ TEST_P(StoreConformanceTest, APartOrLeaderThatDiesLeavesNoVersionAndNothingUnrec
     // Both writers and the leader go without a commit.
   }
   EXPECT_THAT(store_->GetManifest(Ref("m")), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_OK_AND_ASSIGN(v1::StoreStats live, store_->GetStats());
-  EXPECT_EQ(live.uploads_in_progress(), 0);
+  // A remote store ends the uploads once their cancelled streams reach it.
+  int64_t in_progress = -1;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(20);
+       in_progress != 0 && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(10))) {
+    ASSERT_OK_AND_ASSIGN(v1::StoreStats live, store_->GetStats());
+    in_progress = live.uploads_in_progress();
+  }
+  EXPECT_EQ(in_progress, 0);
   ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store_->GarbageCollect(false));
   EXPECT_EQ(collected.abandoned_uploads_reclaimed(), 3);
   ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, store_->GetStats());
@@ -187,6 +194,14 @@ TEST_P(StoreConformanceTest, APartOrLeaderThatDiesLeavesNoVersionAndNothingUnrec
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadPart> late,
                          store_->JoinUpload(session->upload_id(), {{1, 0, 40}}));
     session.reset();
+    // Once the store has ended the upload (a remote one when the cancellation reaches it), only
+    // the late part is in progress.
+    int64_t live = -1;
+    for (absl::Time deadline = absl::Now() + absl::Seconds(20); live != 1 && absl::Now() < deadline;
+         absl::SleepFor(absl::Milliseconds(10))) {
+      ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, store_->GetStats());
+      live = stats.uploads_in_progress();
+    }
     EXPECT_THAT(UploadTensorRanges(*late, prepared.tensors),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("ended")));
   }
