@@ -29,51 +29,65 @@ constexpr char kDescription[] =
     "deduplicated, checksummed store of them (embedded in --store_dir, or a checkpoint_store\n"
     "service with --store=HOST:PORT).";
 
+// The client options of the --store and --loader connections, spelled as the other binaries
+// spell them (store_access.h), and the spellings they replace.
+std::vector<cli::OptionSpec> ConnectionOptions() {
+  std::vector<cli::OptionSpec> options;
+  for (const std::string connection : {"store", "loader"}) {
+    const std::string flag = "--" + connection;
+    const std::string prefix = connection + "_";
+    options.push_back({prefix + "auth_token_file", "FILE",
+                       "bearer token for " + flag + " (whitespace around it ignored)", ""});
+    options.push_back({prefix + "tls_ca_file", "PEM",
+                       "TLS to " + flag + ": the CA that signed its certificate", ""});
+    options.push_back({prefix + "tls_cert_file", "PEM",
+                       "with --" + prefix + "tls_ca_file: this client's certificate (mutual TLS)",
+                       ""});
+    options.push_back(
+        {prefix + "tls_key_file", "PEM", "the private key of --" + prefix + "tls_cert_file", ""});
+    options.push_back({prefix + "tls_server_name", "NAME",
+                       "the name " + flag + "'s certificate carries, if not its host", ""});
+  }
+  for (const std::string name :
+       {"auth_token_file", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"}) {
+    const char* value = name == "auth_token_file"   ? "FILE"
+                        : name == "tls_server_name" ? "NAME"
+                                                    : "PEM";
+    options.push_back({name, value, "deprecated: --store_" + name + " or --loader_" + name, ""});
+  }
+  return options;
+}
+
 const std::vector<cli::OptionSpec>& GlobalOptions() {
-  static const auto* options = new std::vector<cli::OptionSpec>{
-      {"store_dir", "DIR", "open the checkpoint store in DIR in-process (embedded)", "./ckpt-data"},
-      {"store", "HOST:PORT", "talk to a checkpoint_store service instead of opening --store_dir",
-       ""},
-      {"store_auth_token_file", "FILE", "bearer token for --store (whitespace around it ignored)",
-       ""},
-      {"store_tls_ca_file", "PEM", "TLS to --store: the CA that signed its certificate", ""},
-      {"store_tls_cert_file", "PEM",
-       "with --store_tls_ca_file: this client's certificate (mutual TLS)", ""},
-      {"store_tls_key_file", "PEM", "the private key of --store_tls_cert_file", ""},
-      {"store_tls_server_name", "NAME", "the name --store's certificate carries, if not its host",
-       ""},
-      {"loader_auth_token_file", "FILE", "bearer token for --loader", ""},
-      {"loader_tls_ca_file", "PEM", "TLS to --loader: the CA that signed its certificate", ""},
-      {"loader_tls_cert_file", "PEM",
-       "with --loader_tls_ca_file: this client's certificate (mutual TLS)", ""},
-      {"loader_tls_key_file", "PEM", "the private key of --loader_tls_cert_file", ""},
-      {"loader_tls_server_name", "NAME", "the name --loader's certificate carries, if not its host",
-       ""},
-      {"auth_token_file", "FILE", "deprecated: --store_auth_token_file or --loader_auth_token_file",
-       ""},
-      {"tls_ca_file", "PEM", "deprecated: --store_tls_ca_file or --loader_tls_ca_file", ""},
-      {"tls_cert_file", "PEM", "deprecated: --store_tls_cert_file or --loader_tls_cert_file", ""},
-      {"tls_key_file", "PEM", "deprecated: --store_tls_key_file or --loader_tls_key_file", ""},
-      {"tls_server_name", "NAME", "deprecated: --store_tls_server_name or --loader_tls_server_name",
-       ""},
-      {"chunks_s3_endpoint", "URL",
-       "with --store_dir: chunk bytes in this S3-compatible object store (http://HOST:PORT or "
-       "https://HOST[:PORT], path-style) instead of pack files in DIR, which keeps the index; "
-       "credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or --chunks_s3_credentials_file",
-       ""},
-      {"chunks_s3_bucket", "BUCKET", "with --chunks_s3_endpoint: the (existing) bucket", ""},
-      {"chunks_s3_prefix", "PREFIX",
-       "with --chunks_s3_endpoint: key prefix ending in '/', one per store (gc deletes pack "
-       "objects under it that the store does not name)",
-       ""},
-      {"chunks_s3_region", "REGION", "with --chunks_s3_endpoint: the SigV4 region", "us-east-1"},
-      {"chunks_s3_credentials_file", "FILE",
-       "with --chunks_s3_endpoint: AWS shared-credentials file (aws_access_key_id = ..., "
-       "aws_secret_access_key = ...) instead of the environment",
-       ""},
-      {"chunks_s3_ca_file", "PEM", "with an https --chunks_s3_endpoint: CA certificates to trust",
-       ""},
-  };
+  static const auto* options = [] {
+    auto* specs = new std::vector<cli::OptionSpec>{
+        {"store_dir", "DIR", "open the checkpoint store in DIR in-process (embedded)",
+         "./ckpt-data"},
+        {"store", "HOST:PORT", "talk to a checkpoint_store service instead of opening --store_dir",
+         ""},
+        {"chunks_s3_endpoint", "URL",
+         "with --store_dir: chunk bytes in this S3-compatible object store (http://HOST:PORT or "
+         "https://HOST[:PORT], path-style) instead of pack files in DIR, which keeps the index; "
+         "credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or "
+         "--chunks_s3_credentials_file",
+         ""},
+        {"chunks_s3_bucket", "BUCKET", "with --chunks_s3_endpoint: the (existing) bucket", ""},
+        {"chunks_s3_prefix", "PREFIX",
+         "with --chunks_s3_endpoint: key prefix ending in '/', one per store (gc deletes pack "
+         "objects under it that the store does not name)",
+         ""},
+        {"chunks_s3_region", "REGION", "with --chunks_s3_endpoint: the SigV4 region", "us-east-1"},
+        {"chunks_s3_credentials_file", "FILE",
+         "with --chunks_s3_endpoint: AWS shared-credentials file (aws_access_key_id = ..., "
+         "aws_secret_access_key = ...) instead of the environment",
+         ""},
+        {"chunks_s3_ca_file", "PEM", "with an https --chunks_s3_endpoint: CA certificates to trust",
+         ""},
+    };
+    const std::vector<cli::OptionSpec> connections = ConnectionOptions();
+    specs->insert(specs->begin() + 2, connections.begin(), connections.end());  // after --store
+    return specs;
+  }();
   return *options;
 }
 
