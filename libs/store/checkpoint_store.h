@@ -25,8 +25,8 @@
 // tensor, and the bad bytes are never handed out.
 //
 // Thread-safety: every method of a CheckpointStore may be called concurrently. Two commits to one
-// model get distinct consecutive versions. An UploadSession or VersionReader is used by one thread
-// at a time; many may be open at once.
+// model get distinct consecutive versions. An UploadSession, UploadPart or VersionReader is used
+// by one thread at a time; many may be open at once.
 //
 // Example:
 //   StoreOptions store_options;
