@@ -285,12 +285,6 @@ absl::Status CheckUploadRanges(const v1::Manifest& header, const std::vector<Upl
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<UploadPart>> CheckpointStore::JoinUpload(absl::string_view upload_id,
-                                                                        std::vector<UploadRange>) {
-  return absl::UnimplementedError(absl::StrCat(
-      "this checkpoint store cannot share an upload among writers (upload ", upload_id, ")"));
-}
-
 absl::Status VersionReader::ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
                                             char* destination) const {
   RETURN_IF_ERROR(CheckChunkLayout(meta));

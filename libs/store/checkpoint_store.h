@@ -442,10 +442,9 @@ class CheckpointStore {
   // tensors: the ranks of a job each saving their share of one checkpoint, concurrently. NOT_FOUND
   // when no upload of that id is in progress in this store; INVALID_ARGUMENT for no ranges, or a
   // range that is empty, lies outside its tensor, or does not begin on a chunk boundary and end on
-  // one or at its tensor's end; ALREADY_EXISTS (from BeginUpload) for a joinable_as taken. The
-  // default is UNIMPLEMENTED: a store that cannot share uploads.
-  virtual absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(absl::string_view upload_id,
-                                                                 std::vector<UploadRange> ranges);
+  // one or at its tensor's end; ALREADY_EXISTS (from BeginUpload) for a joinable_as taken.
+  virtual absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(
+      absl::string_view upload_id, std::vector<UploadRange> ranges) = 0;
 
   // Which of `sha256s` (32-byte chunk addresses) the store does not hold committed.
   virtual absl::StatusOr<std::vector<std::string>> FindMissingChunks(
