@@ -117,6 +117,48 @@ TEST(TrainerTest, TwoRanksFollowOneRankOverTheSameGlobalBatches) {
   }
 }
 
+// Every rank writes its part of each checkpoint (the default with several ranks), and the
+// versions are the very ones rank 0 alone writes: every tensor's content hash matches, BatchNorm
+// statistics (which differ between ranks after a forward pass) and RNG state included, which come
+// from rank 0 only.
+TEST(TrainerTest, ParallelCheckpointsStoreWhatRankZeroAloneWould) {
+  const std::string parallel = TempPath("parallel"), alone = TempPath("rank_zero_alone");
+  std::vector<std::string> flags = SmallRun(parallel, 2, 16, 6);
+  // Plain SGD keeps no optimizer state, so the model's own tensors are what the ranks split:
+  // bn2's statistics fall in rank 1's half, where only rank 0's copy may be stored.
+  flags.insert(flags.end(),
+               {"--model=cnn", "--checkpoint_every=3", "--optimizer=sgd", "--momentum=0"});
+  ASSERT_EQ(RunTrainer(flags, parallel + ".log"), 0) << ReadFile(parallel + ".log");
+  flags[0] = "--store_dir=" + alone;
+  flags.push_back("--noparallel_checkpoints");
+  ASSERT_EQ(RunTrainer(flags, alone + ".log"), 0) << ReadFile(alone + ".log");
+  EXPECT_THAT(ReadFile(parallel + ".log"),
+              ::testing::ContainsRegex("rank 1 wrote its part of 2 parallel checkpoint\\(s\\): "
+                                       "[1-9][0-9]* bytes"));
+  EXPECT_THAT(ReadFile(alone + ".log"), ::testing::Not(HasSubstr("parallel checkpoint")));
+
+  std::unique_ptr<RocksDbCheckpointStore> parallel_store = OpenStore(parallel);
+  std::unique_ptr<RocksDbCheckpointStore> alone_store = OpenStore(alone);
+  for (const char* ref : {"cnn-synthetic@1", "cnn-synthetic@2"}) {
+    absl::StatusOr<v1::Manifest> got = parallel_store->GetManifest(*ParseVersionRef(ref));
+    absl::StatusOr<v1::Manifest> want = alone_store->GetManifest(*ParseVersionRef(ref));
+    ASSERT_OK(got.status());
+    ASSERT_OK(want.status());
+    ASSERT_EQ(got->tensors_size(), want->tensors_size()) << ref;
+    ASSERT_EQ(got->state_tensors_size(), want->state_tensors_size()) << ref;
+    for (int i = 0; i < want->tensors_size(); ++i) {
+      EXPECT_EQ(got->tensors(i).key(), want->tensors(i).key());
+      EXPECT_EQ(got->tensors(i).content_hash(), want->tensors(i).content_hash())
+          << ref << " " << want->tensors(i).key();
+    }
+    for (int i = 0; i < want->state_tensors_size(); ++i) {
+      EXPECT_EQ(got->state_tensors(i).key(), want->state_tensors(i).key());
+      EXPECT_EQ(got->state_tensors(i).content_hash(), want->state_tensors(i).content_hash())
+          << ref << " " << want->state_tensors(i).key();
+    }
+  }
+}
+
 TEST(TrainerTest, RunningAgainResumesFromLatestAndTrainsFurther) {
   const std::string dir = TempPath("rerun");
   ASSERT_EQ(RunTrainer(SmallRun(dir, 2, 16, 12), dir + "_1.log"), 0) << ReadFile(dir + "_1.log");

@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "ATen/ATen.h"
+#include "absl/container/flat_hash_set.h"
 #include "libs/io/parallel_copy.h"
 #include "libs/io/prefault.h"
+#include "libs/rpc/backoff.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/upload_split.h"
 #include "libs/tensor/side_stream_copies.h"
 
 namespace ckpt::train {
@@ -262,6 +265,11 @@ AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store, std::string model_n
     : store_(store), model_name_(std::move(model_name)) {}
 
 AsyncCheckpointer::~AsyncCheckpointer() {
+  {
+    // A shared upload whose verdict never came (the run ended on an error) is abandoned.
+    absl::MutexLock lock(&mu_);
+    if (decision_ == Decision::kUndecided) decision_ = Decision::kAbandon;
+  }
   if (uploader_.joinable()) uploader_.join();
   absl::MutexLock lock(&mu_);
   if (!last_error_.ok()) {
@@ -295,6 +303,144 @@ absl::Status AsyncCheckpointer::SubmitOverlapped(const CheckpointContents& conte
                                                  CommitOptions options,
                                                  absl::Span<const at::Tensor> deferred) {
   return Start(contents, std::move(options), deferred);
+}
+
+absl::Status AsyncCheckpointer::SubmitShared(const CheckpointContents& contents,
+                                             CommitOptions options,
+                                             absl::Span<const at::Tensor> deferred,
+                                             SharedUpload share) {
+  absl::StatusOr<Share> mine = ShareOf(contents, options, share);
+  absl::Status started =
+      mine.ok() ? Start(contents, std::move(options), deferred, *std::move(mine)) : mine.status();
+  if (!started.ok()) SetPartState(PartState::kFailed);
+  return started;
+}
+
+absl::StatusOr<AsyncCheckpointer::Share> AsyncCheckpointer::ShareOf(
+    const CheckpointContents& contents, const CommitOptions& options, const SharedUpload& share) {
+  if (share.world_size < 1 || share.rank < 0 || share.rank >= share.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", share.rank, " of ", share.world_size, " ranks"));
+  }
+  ASSIGN_OR_RETURN(const PreparedUpload prepared, PrepareUpload(contents, options));
+  absl::flat_hash_set<const void*> replicated;
+  for (const at::Tensor& tensor : share.replicated) replicated.insert(MemoryOf(tensor));
+  std::vector<int> rank_zero_only;
+  for (size_t index = 0; index < prepared.tensors.size(); ++index) {
+    const void* memory = MemoryOf(prepared.tensors[index]);
+    if (memory == nullptr || !replicated.contains(memory)) {
+      rank_zero_only.push_back(static_cast<int>(index));
+    }
+  }
+  Share mine;
+  mine.upload_name = share.upload_name;
+  mine.leader = share.rank == 0;
+  mine.ranges = SplitUpload(prepared.header, share.world_size, rank_zero_only)[share.rank];
+  mine.join_timeout = share.join_timeout;
+  return mine;
+}
+
+AsyncCheckpointer::PartState AsyncCheckpointer::part_state() const {
+  absl::MutexLock lock(&mu_);
+  return part_state_;
+}
+
+void AsyncCheckpointer::SetPartState(PartState state) {
+  absl::MutexLock lock(&mu_);
+  part_state_ = state;
+}
+
+AsyncCheckpointer::PartState AsyncCheckpointer::WaitForPart() {
+  absl::MutexLock lock(&mu_);
+  const auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return part_state_ != PartState::kWriting;
+  };
+  mu_.Await(absl::Condition(&settled));
+  return part_state_;
+}
+
+void AsyncCheckpointer::EndSharedUpload(bool commit) {
+  absl::MutexLock lock(&mu_);
+  if (decision_ == Decision::kUndecided) {
+    decision_ = commit ? Decision::kCommit : Decision::kAbandon;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<UploadPart>> AsyncCheckpointer::JoinWhenBegun(const Share& share) {
+  BackoffPolicy policy;
+  policy.initial = absl::Milliseconds(5);
+  policy.max = absl::Milliseconds(200);
+  Backoff backoff(policy, absl::Now() + share.join_timeout);
+  while (true) {
+    absl::StatusOr<std::unique_ptr<UploadPart>> part =
+        store_->JoinUpload(share.upload_name, share.ranges);
+    if (!absl::IsNotFound(part.status())) return part;
+    {
+      absl::MutexLock lock(&mu_);
+      if (decision_ == Decision::kAbandon) {
+        return absl::AbortedError(absl::StrCat("upload ", share.upload_name,
+                                               " was abandoned before this rank could join it"));
+      }
+    }
+    if (!backoff.Wait()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the leading rank did not begin upload ", share.upload_name, " within ",
+                       absl::FormatDuration(share.join_timeout),
+                       " (do all ranks use one store?): ", part.status().message()));
+    }
+  }
+}
+
+absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::UploadShare(
+    const CheckpointContents& snapshot, CommitOptions options, const Share& share) {
+  // Every rank prepares the same header from the same state, so the ranges it was given (cut
+  // from the live state's header) are ranges of the leader's upload too.
+  ASSIGN_OR_RETURN(PreparedUpload prepared, PrepareUpload(snapshot, options));
+  std::unique_ptr<UploadSession> session;
+  if (share.leader) {
+    options.joinable_as = share.upload_name;
+    ASSIGN_OR_RETURN(session, store_->BeginUpload(model_name_, prepared.header, options));
+  }
+  if (!share.ranges.empty()) {
+    std::unique_ptr<UploadPart> part;
+    if (share.leader) {
+      ASSIGN_OR_RETURN(part, store_->JoinUpload(share.upload_name, share.ranges));
+    } else {
+      ASSIGN_OR_RETURN(part, JoinWhenBegun(share));
+    }
+    RETURN_IF_ERROR(UploadTensorRanges(*part, prepared.tensors));
+  }
+  int64_t part_bytes = 0;
+  for (const UploadRange& range : share.ranges) part_bytes += range.end - range.begin;
+  Decision decision;
+  {
+    absl::MutexLock lock(&mu_);
+    part_state_ = PartState::kWritten;
+    ++stats_.parts_written;
+    stats_.part_bytes_written += part_bytes;
+    if (!share.leader) return std::nullopt;
+    const auto decided = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return decision_ != Decision::kUndecided;
+    };
+    mu_.Await(absl::Condition(&decided));
+    decision = decision_;
+  }
+  if (decision == Decision::kAbandon) {
+    // The session goes out of scope uncommitted: no version, and GC reclaims every part.
+    return absl::AbortedError(absl::StrCat("checkpoint upload ", share.upload_name,
+                                           " abandoned: another rank's part of it failed (its "
+                                           "log says why)"));
+  }
+  ASSIGN_OR_RETURN(CommitResult committed, session->Commit());
+  return committed;
+}
+
+absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::Upload(
+    const CheckpointContents& snapshot, CommitOptions options, const std::optional<Share>& share) {
+  if (share) return UploadShare(snapshot, std::move(options), *share);
+  ASSIGN_OR_RETURN(CommitResult committed,
+                   store_->CommitCheckpoint(model_name_, snapshot, options));
+  return committed;
 }
 
 void AsyncCheckpointer::SetBeforeDeferredCopyForTesting(std::function<void(size_t)> hook) {
@@ -373,7 +519,8 @@ void AsyncCheckpointer::CopyDeferred() {
 }
 
 absl::Status AsyncCheckpointer::Start(const CheckpointContents& contents, CommitOptions options,
-                                      absl::Span<const at::Tensor> deferred) {
+                                      absl::Span<const at::Tensor> deferred,
+                                      std::optional<Share> share) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(JoinInFlight());
   const absl::Time snapshot_start = absl::Now();
@@ -401,36 +548,58 @@ absl::Status AsyncCheckpointer::Start(const CheckpointContents& contents, Commit
       deferred_.push_back({MemoryOf(copy.source), std::move(copy.source), copy.range, false});
     }
     deferred_pending_ = deferred_.size();
+    part_state_ = share ? PartState::kWriting : PartState::kNone;
+    leads_shared_upload_ = share && share->leader;
+    decision_ = share ? Decision::kUndecided : Decision::kCommit;
   }
   // The progress callback of the caller (if any) would run on the background thread; keep it.
-  uploader_ =
-      std::thread([this, snapshot = std::move(snapshot), options = std::move(options)]() mutable {
-        const absl::Time upload_start = absl::Now();
-        // What the next optimizer step writes first is copied first; the guards wait for it.
-        CopyDeferred();
-        // Accelerator tensors arrive in their pinned buffers while the training runs on.
-        absl::Status copied = snapshot.WaitForDeviceCopies();
-        absl::StatusOr<CommitResult> committed =
-            copied.ok() ? store_->CommitCheckpoint(model_name_, snapshot.contents, options)
-                        : absl::StatusOr<CommitResult>(copied);
-        std::vector<at::Tensor> spare = TensorsOf(snapshot.contents);
-        snapshot = StagedSnapshot();
-        absl::MutexLock lock(&mu_);
-        spare_buffers_ = std::move(spare);  // kept for the next snapshot.
-        in_flight_ = false;
-        stats_.last_upload = absl::Now() - upload_start;
-        if (committed.ok()) {
-          ++stats_.committed;
-          stats_.last_commit = *std::move(committed);
-        } else {
-          ++stats_.failed;
-          last_error_ = committed.status();
-        }
-      });
+  uploader_ = std::thread([this, snapshot = std::move(snapshot), options = std::move(options),
+                           share = std::move(share)]() mutable {
+    const absl::Time upload_start = absl::Now();
+    // What the next optimizer step writes first is copied first; the guards wait for it.
+    CopyDeferred();
+    // Accelerator tensors arrive in their pinned buffers while the training runs on.
+    absl::Status copied = snapshot.WaitForDeviceCopies();
+    absl::StatusOr<std::optional<CommitResult>> committed =
+        copied.ok() ? Upload(snapshot.contents, std::move(options), share)
+                    : absl::StatusOr<std::optional<CommitResult>>(copied);
+    std::vector<at::Tensor> spare = TensorsOf(snapshot.contents);
+    snapshot = StagedSnapshot();
+    absl::MutexLock lock(&mu_);
+    spare_buffers_ = std::move(spare);  // kept for the next snapshot.
+    in_flight_ = false;
+    stats_.last_upload = absl::Now() - upload_start;
+    leads_shared_upload_ = false;
+    if (committed.ok()) {
+      if (committed->has_value()) {
+        ++stats_.committed;
+        stats_.last_commit = **std::move(committed);
+      }
+    } else {
+      ++stats_.failed;
+      if (part_state_ == PartState::kWriting) part_state_ = PartState::kFailed;
+      if (share && !share->leader) {
+        // The ranks learn of it from part_state() over their collective; the leader reports
+        // the checkpoint as failed. Kept from the next Submit, which it must not fail.
+        std::cerr << "trainer: this rank's part of checkpoint upload " << share->upload_name
+                  << " failed: " << committed.status() << "\n";
+      } else {
+        last_error_ = committed.status();
+      }
+    }
+  });
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::Wait() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (leads_shared_upload_ && decision_ == Decision::kUndecided) {
+      // Joining would wait for a verdict only this thread can give.
+      return absl::FailedPreconditionError(
+          "Wait() on the leader of a shared upload before EndSharedUpload()");
+    }
+  }
   RETURN_IF_ERROR(JoinInFlight());
   absl::MutexLock lock(&mu_);
   return stats_.last_commit;

@@ -26,8 +26,17 @@
 // statistics, which the forward pass writes; RNG, scheduler and loop state; views, other layouts,
 // accelerator tensors) is copied before SubmitOverlapped returns, as Submit does.
 //
-// Thread-safety: Submit, SubmitOverlapped, the guards and Wait are called from one thread (the
-// training loop); stats() and busy() from any.
+// SubmitShared() writes one rank's share of a checkpoint that every rank of a job writes in
+// parallel (CheckpointStore::JoinUpload): each rank snapshots as above, the leader begins the
+// upload under a name every rank knows, each rank (the leader too) joins it for the byte ranges it
+// owns (SplitUpload) and finishes its part, and the leader commits only when told that every
+// part is in (EndSharedUpload(true), after the ranks agreed on it over a collective, which this
+// class never issues: the background thread runs no collectives). A part that fails, or a rank
+// that dies, leaves no version: the leader abandons the upload and the store's GC reclaims the
+// parts. The leader's commit waits for EndSharedUpload, so the leader must call it before Wait().
+//
+// Thread-safety: Submit*, the guards, WaitForPart, EndSharedUpload and Wait are called from one
+// thread (the training loop); stats(), busy() and part_state() from any.
 //
 // Example:
 //   AsyncCheckpointer checkpointer(store, "resnet");
@@ -39,6 +48,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -76,6 +86,9 @@ class AsyncCheckpointer {
     absl::Duration last_guard_wait;     // the guards' part of last_stall.
     absl::Duration last_deferred_copy;  // background: the deferred copies of the last snapshot.
     absl::Duration last_upload;         // background: store commit of the last finished upload.
+    // Shared uploads: the parts this rank wrote and their bytes.
+    int64_t parts_written = 0;
+    int64_t part_bytes_written = 0;
     std::optional<CommitResult> last_commit;
   };
 
@@ -102,6 +115,40 @@ class AsyncCheckpointer {
   void BeforeOptimizerStep();
   void WaitUntilSnapshotted(absl::Span<const at::Tensor> tensors);
 
+  // One rank's share of a shared upload (SubmitShared).
+  struct SharedUpload {
+    // The upload's name (CommitOptions::joinable_as): the same on every rank, new for each
+    // checkpoint.
+    std::string upload_name;
+    // This rank and how many write; rank 0 leads (begins the upload and commits it).
+    int rank = 0;
+    int world_size = 1;
+    // The tensors that hold the same values on every rank (parameters and their optimizer
+    // state): their bytes are split between the ranks (SplitUpload). Every other tensor of the
+    // checkpoint (buffers, RNG states) goes whole to rank 0, whose copy a one-writer save stores.
+    std::vector<at::Tensor> replicated;
+    // How long the other ranks retry joining an upload the leader has not begun yet.
+    absl::Duration join_timeout = absl::Minutes(2);
+  };
+  // Where this rank's part of the last shared upload is: not begun (kNone, also after a plain
+  // Submit), being written, written and handed to the upload, or failed (the error is logged
+  // and, on the leader, returned by Wait).
+  enum class PartState { kNone, kWriting, kWritten, kFailed };
+
+  // Like SubmitOverlapped, for one rank's share of a checkpoint all ranks write (see above).
+  // `contents` must be the same state on every rank (replicated tensors; the split gives tensors
+  // that differ between ranks to the leader). Errors as SubmitOverlapped; after one the part is
+  // kFailed.
+  absl::Status SubmitShared(const CheckpointContents& contents, CommitOptions options,
+                            absl::Span<const at::Tensor> deferred, SharedUpload share);
+  PartState part_state() const;
+  // Blocks until this rank's part is written or failed, and returns which.
+  PartState WaitForPart();
+  // Every rank, once the ranks agree on their parts: `commit` when every part is written, else
+  // false (a part failed). The leader commits the upload or abandons it; another rank stops
+  // trying to join. No-op when no shared upload awaits it.
+  void EndSharedUpload(bool commit);
+
   // Tests only: runs on the background thread before each deferred copy, with its position in
   // the copy order (e.g. to hold the copy back and show that the guard waits for it).
   void SetBeforeDeferredCopyForTesting(std::function<void(size_t)> hook);
@@ -125,9 +172,32 @@ class AsyncCheckpointer {
     bool done = false;
   };
 
+  enum class Decision { kUndecided, kCommit, kAbandon };
+  // This rank's share of a shared upload, as the background thread writes it.
+  struct Share {
+    std::string upload_name;
+    bool leader = false;
+    std::vector<UploadRange> ranges;  // empty: no bytes for this rank this time.
+    absl::Duration join_timeout;
+  };
+
   absl::Status JoinInFlight();
   absl::Status Start(const CheckpointContents& contents, CommitOptions options,
-                     absl::Span<const at::Tensor> deferred);
+                     absl::Span<const at::Tensor> deferred,
+                     std::optional<Share> share = std::nullopt);
+  // The background thread's store work: one commit, or one rank's part of a shared upload.
+  // Cuts `contents` (the live state: only its metadata is read) into the ranks' shares.
+  static absl::StatusOr<Share> ShareOf(const CheckpointContents& contents,
+                                       const CommitOptions& options, const SharedUpload& share);
+  absl::StatusOr<std::optional<CommitResult>> Upload(const CheckpointContents& snapshot,
+                                                     CommitOptions options,
+                                                     const std::optional<Share>& share);
+  absl::StatusOr<std::optional<CommitResult>> UploadShare(const CheckpointContents& snapshot,
+                                                          CommitOptions options,
+                                                          const Share& share);
+  // A follower's JoinUpload, retried while the leader has not begun the upload.
+  absl::StatusOr<std::unique_ptr<UploadPart>> JoinWhenBegun(const Share& share);
+  void SetPartState(PartState state);
   // Blocks until every deferred copy that `wanted` accepts is done; the wait counts as stall.
   void WaitForDeferred(const std::function<bool(const DeferredCopy&)>& wanted);
   void CopyDeferred();
@@ -145,6 +215,12 @@ class AsyncCheckpointer {
   std::vector<DeferredCopy> deferred_ ABSL_GUARDED_BY(mu_);
   size_t deferred_pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(size_t)> before_deferred_copy_;  // set before Submit* only.
+  // The shared upload in flight: this rank's part, whether this rank leads it (its commit then
+  // waits for the verdict), and the ranks' verdict (kAbandon also stops a follower's retries; the
+  // destructor gives it so that nothing waits for a verdict that will not come).
+  PartState part_state_ ABSL_GUARDED_BY(mu_) = PartState::kNone;
+  bool leads_shared_upload_ ABSL_GUARDED_BY(mu_) = false;
+  Decision decision_ ABSL_GUARDED_BY(mu_) = Decision::kUndecided;
 };
 
 }  // namespace ckpt::train

@@ -347,5 +347,117 @@ TEST_F(AsyncCheckpointerTest, GuardForAParameterGroupWaitsOnlyForItsCopies) {
   ExpectStored(*store_, "net@1", 2);
 }
 
+// One rank's share of a two-rank shared upload of TrainingContents(fill), as the trainer makes it.
+AsyncCheckpointer::SharedUpload ShareFor(int rank, const CheckpointContents& contents,
+                                         absl::Duration join_timeout = absl::Minutes(1)) {
+  AsyncCheckpointer::SharedUpload share;
+  share.upload_name = "run-1/step-2/0";
+  share.rank = rank;
+  share.world_size = 2;
+  share.replicated = StepWrites(contents);
+  share.join_timeout = join_timeout;
+  return share;
+}
+
+TEST_F(AsyncCheckpointerTest, SharedUploadStoresWhatOneWriterWouldWithEachRankWritingHalf) {
+  AsyncCheckpointer leader(store_.get(), "net");
+  AsyncCheckpointer follower(store_.get(), "net");
+  CheckpointContents rank0 = TrainingContents(2);
+  CheckpointContents rank1 = TrainingContents(2);
+  // Buffers differ between ranks (each ran its own forward pass): the version holds rank 0's,
+  // also of one that falls in rank 1's half of the bytes.
+  rank0.model.InsertOrAssign("bn2.running_var", at::full({4096}, 2.0f));
+  rank1.model.InsertOrAssign("bn2.running_var", at::full({4096}, 99.0f));
+  rank1.model.Find("bn.running_mean")->fill_(99);
+  // The follower starts before the leader has begun the upload: it retries joining.
+  ASSERT_THAT(follower.SubmitShared(rank1, {}, StepWrites(rank1), ShareFor(1, rank1)), IsOk());
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(follower.part_state(), AsyncCheckpointer::PartState::kWriting);
+  ASSERT_THAT(leader.SubmitShared(rank0, {}, StepWrites(rank0), ShareFor(0, rank0)), IsOk());
+  EXPECT_EQ(leader.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  EXPECT_EQ(follower.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  EXPECT_THAT(leader.Wait().status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  leader.EndSharedUpload(true);
+  follower.EndSharedUpload(true);
+  absl::StatusOr<std::optional<CommitResult>> committed = leader.Wait();
+  ASSERT_THAT(committed.status(), IsOk());
+  ASSERT_TRUE(committed->has_value());
+  ASSERT_THAT(follower.Wait().status(), IsOk());
+  // About half of the 48 MiB each: the split is by bytes, on 4 MiB chunk boundaries.
+  const int64_t mib = int64_t{1} << 20;
+  EXPECT_GE(follower.stats().part_bytes_written, 20 * mib);
+  EXPECT_GE(leader.stats().part_bytes_written, 20 * mib);
+  EXPECT_EQ(leader.stats().part_bytes_written + follower.stats().part_bytes_written,
+            48 * mib + 4096 * 4 * 3);
+  ExpectStored(*store_, "net@1", 2);
+  absl::StatusOr<at::Tensor> late_buffer = store_->ReadTensor("net", 1, "bn2.running_var");
+  ASSERT_THAT(late_buffer.status(), IsOk());
+  EXPECT_TRUE(at::equal(*late_buffer, at::full({4096}, 2.0f)));
+
+  // The same contents from one writer: the same tensors, hash for hash.
+  ASSERT_THAT(store_->CommitCheckpoint("alone", rank0).status(), IsOk());
+  absl::StatusOr<v1::Manifest> shared = store_->GetManifest(*ParseVersionRef("net@1"));
+  absl::StatusOr<v1::Manifest> alone = store_->GetManifest(*ParseVersionRef("alone@1"));
+  ASSERT_THAT(shared.status(), IsOk());
+  ASSERT_THAT(alone.status(), IsOk());
+  ASSERT_EQ(shared->tensors_size(), alone->tensors_size());
+  for (int i = 0; i < alone->tensors_size(); ++i) {
+    EXPECT_EQ(shared->tensors(i).content_hash(), alone->tensors(i).content_hash())
+        << alone->tensors(i).key();
+  }
+  ASSERT_EQ(shared->state_tensors_size(), alone->state_tensors_size());
+  for (int i = 0; i < alone->state_tensors_size(); ++i) {
+    EXPECT_EQ(shared->state_tensors(i).content_hash(), alone->state_tensors(i).content_hash())
+        << alone->state_tensors(i).key();
+  }
+}
+
+TEST_F(AsyncCheckpointerTest, AbandonedSharedUploadLeavesNoVersion) {
+  AsyncCheckpointer leader(store_.get(), "net");
+  AsyncCheckpointer follower(store_.get(), "net");
+  CheckpointContents rank0 = TrainingContents(3), rank1 = TrainingContents(3);
+  ASSERT_THAT(leader.SubmitShared(rank0, {}, StepWrites(rank0), ShareFor(0, rank0)), IsOk());
+  ASSERT_THAT(follower.SubmitShared(rank1, {}, StepWrites(rank1), ShareFor(1, rank1)), IsOk());
+  ASSERT_EQ(leader.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  follower.WaitForPart();
+  // The ranks' verdict: a part failed (here: said so), so nobody commits.
+  leader.EndSharedUpload(false);
+  follower.EndSharedUpload(false);
+  EXPECT_THAT(leader.Wait().status(), StatusIs(absl::StatusCode::kAborted, "abandoned"));
+  EXPECT_THAT(store_->GetManifest(*ParseVersionRef("net")).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  // The next checkpoint goes through.
+  ASSERT_THAT(leader.SubmitShared(rank0, {}, StepWrites(rank0), ShareFor(0, rank0)), IsOk());
+  ASSERT_THAT(follower.SubmitShared(rank1, {}, StepWrites(rank1), ShareFor(1, rank1)), IsOk());
+  ASSERT_EQ(leader.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  ASSERT_EQ(follower.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  leader.EndSharedUpload(true);
+  follower.EndSharedUpload(true);
+  ASSERT_THAT(leader.Wait().status(), IsOk());
+  ExpectStored(*store_, "net@1", 3);
+}
+
+TEST_F(AsyncCheckpointerTest, FollowerWithoutALeaderFailsItsPartAfterTheJoinTimeout) {
+  AsyncCheckpointer follower(store_.get(), "net");
+  CheckpointContents rank1 = TrainingContents(4);
+  ASSERT_THAT(follower.SubmitShared(rank1, {}, StepWrites(rank1),
+                                    ShareFor(1, rank1, absl::Milliseconds(300))),
+              IsOk());
+  EXPECT_EQ(follower.WaitForPart(), AsyncCheckpointer::PartState::kFailed);
+  // A follower's failure reaches the ranks through part_state(), not its next Submit.
+  EXPECT_THAT(follower.Wait().status(), IsOk());
+}
+
+TEST_F(AsyncCheckpointerTest, LeaderDestroyedBeforeTheVerdictAbandonsWithoutHanging) {
+  {
+    AsyncCheckpointer leader(store_.get(), "net");
+    CheckpointContents rank0 = TrainingContents(5);
+    ASSERT_THAT(leader.SubmitShared(rank0, {}, StepWrites(rank0), ShareFor(0, rank0)), IsOk());
+    ASSERT_EQ(leader.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  }  // e.g. the run ended on an error: no verdict will come.
+  EXPECT_THAT(store_->GetManifest(*ParseVersionRef("net")).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
 }  // namespace
 }  // namespace ckpt::train

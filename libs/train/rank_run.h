@@ -47,6 +47,10 @@ struct StepConsensus {
   bool stop = false;
   bool skip_checkpoint = false;
   bool checkpoint_now = false;
+  // Of a parallel checkpoint still being written: how many ranks' parts are written and how many
+  // failed (AsyncCheckpointer::PartState), so every rank reaches the same verdict on it.
+  int parts_written = 0;
+  int parts_failed = 0;
 };
 
 // "H:MM:SS".
@@ -124,7 +128,8 @@ class RankRun {
                                    const std::vector<int64_t>& upcoming);
   // XXH3 over the bytes of every parameter and buffer, in the module's order.
   uint64_t StateDigest() const;
-  // Rank 0: the progress line and status after a step, then a checkpoint when one is due.
+  // Rank 0: the progress line and status after a step; then a checkpoint when one is due (on
+  // every rank with parallel checkpoints).
   absl::Status AfterStep(const StepConsensus& consensus, bool checkpoint_due, bool final,
                          bool last_step, int64_t steps_done, absl::Duration elapsed);
   // All ranks, before a checkpoint: the held-out metrics (a no-op without a held-out part).
@@ -134,6 +139,12 @@ class RankRun {
   absl::Status TakeCheckpoint(bool wait);
   // Counts and reports a failed checkpoint; the error once too many failed in a row.
   absl::Status CheckpointFailed(const absl::Status& error);
+  // Parallel checkpoints, every rank: the verdict on the one still being written, once the ranks'
+  // part counts say every part is written (commit) or one failed (abandon); no-op otherwise.
+  void JudgeSharedCheckpoint(int parts_written, int parts_failed);
+  // Parallel checkpoints, every rank (a collective): waits for this rank's part of the checkpoint
+  // still being written, agrees with the others on the outcome, and gives the verdict.
+  absl::Status SettleSharedCheckpoint();
   void RecordCommitted();
   absl::Status Finish();
 
@@ -153,7 +164,12 @@ class RankRun {
   std::unique_ptr<LrScheduler> scheduler_;
   std::unique_ptr<ddp::DistributedDataParallel> data_parallel_;
   std::unique_ptr<ddp::DistributedSampler> sampler_;
-  std::unique_ptr<AsyncCheckpointer> checkpointer_;  // rank 0 only.
+  // Rank 0's, and with parallel checkpoints every rank's.
+  std::unique_ptr<AsyncCheckpointer> checkpointer_;
+  // Every rank writes its part of each checkpoint (parallel_checkpoints with several ranks).
+  bool shared_checkpoints_ = false;
+  // The step of the parallel checkpoint whose verdict is pending; -1: none.
+  int64_t shared_checkpoint_step_ = -1;
 
   LoopState loop_;
   v1::Lineage lineage_;

@@ -6,17 +6,17 @@
 #include <iostream>
 #include <mutex>
 
+#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/Context.h"
-#include "libs/train/optimizer.h"
-#include "libs/train/scripted_model.h"
-#include "libs/train/trainer_state.h"
-#include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/train/optimizer.h"
 #include "libs/train/rank_run.h"
+#include "libs/train/scripted_model.h"
+#include "libs/train/trainer_state.h"
 
 namespace ckpt::train::internal {
 namespace {
@@ -78,6 +78,28 @@ absl::Status RankRun::CheckpointFailed(const absl::Status& error) {
   }
   std::cerr << "trainer: a checkpoint failed (" << consecutive_failed_checkpoints_
             << " in a row; training goes on, the next one retries): " << error << "\n";
+  return absl::OkStatus();
+}
+
+void RankRun::JudgeSharedCheckpoint(int parts_written, int parts_failed) {
+  if (shared_checkpoint_step_ < 0) return;
+  if (parts_failed > 0 || parts_written == group_.world_size) {
+    checkpointer_->EndSharedUpload(/*commit=*/parts_failed == 0);
+    shared_checkpoint_step_ = -1;
+  }
+}
+
+absl::Status RankRun::SettleSharedCheckpoint() {
+  if (shared_checkpoint_step_ < 0) return absl::OkStatus();
+  const AsyncCheckpointer::PartState part = checkpointer_->WaitForPart();
+  ASSIGN_OR_RETURN(const std::vector<double> sums, CatchTorchErrors([&] {
+                     return group_.comm.AllReduceSum(
+                         {part == AsyncCheckpointer::PartState::kWritten ? 1.0 : 0.0,
+                          part == AsyncCheckpointer::PartState::kFailed ? 1.0 : 0.0});
+                   }));
+  // Every part is written or failed now, so this gives the verdict.
+  JudgeSharedCheckpoint(static_cast<int>(sums[0]),
+                        static_cast<int>(sums[1]) + (sums[0] + sums[1] < group_.world_size));
   return absl::OkStatus();
 }
 
@@ -143,32 +165,54 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   options.attribution.reason = absl::StrCat("checkpoint at epoch ", loop_.epoch, " step ",
                                             loop_.global_step, " of run ", summary_.run_id);
   // The previous upload first (Submit would wait for it as well, and the stall counts it just
-  // the same): its failure is that checkpoint's, reported before this one is taken.
+  // the same): its failure is that checkpoint's, reported before this one is taken. A parallel
+  // one gets its verdict first (a collective: every rank is here).
   const absl::Time join_start = absl::Now();
+  if (shared_checkpoints_) RETURN_IF_ERROR(SettleSharedCheckpoint());
   const absl::Status previous = checkpointer_->Wait().status();
   upload_waits_ += absl::Now() - join_start;
-  RecordCommitted();
-  if (!previous.ok()) RETURN_IF_ERROR(CheckpointFailed(previous));
-  // Parameters and optimizer state are copied while the next step's forward and backward passes
-  // run; TrainStep's guard waits for them before the optimizer writes them.
-  const std::vector<at::Tensor> step_writes = StepWrites(*optimizer_, *contents.optimizer);
-  if (absl::Status submitted =
-          checkpointer_->SubmitOverlapped(contents, std::move(options), step_writes);
-      !submitted.ok()) {
-    failed_checkpoint_step_ = loop_.global_step;
-    return CheckpointFailed(submitted);
+  if (leader_) {
+    RecordCommitted();
+    if (!previous.ok()) RETURN_IF_ERROR(CheckpointFailed(previous));
   }
-  if (wait) {
+  // Parameters and optimizer state are copied while the next step's forward and backward passes
+  // run; TrainStep's guard waits for them before the optimizer writes them. They are also what
+  // every rank holds alike, so a parallel checkpoint splits them between the ranks.
+  const std::vector<at::Tensor> step_writes = StepWrites(*optimizer_, *contents.optimizer);
+  absl::Status submitted;
+  if (shared_checkpoints_) {
+    AsyncCheckpointer::SharedUpload share;
+    // Every rank names it alike: the run, the step, and how many this rank submitted (a
+    // checkpoint retried at the same step gets a name of its own).
+    share.upload_name = absl::StrCat(summary_.run_id, "/step-", loop_.global_step, "/",
+                                     checkpointer_->stats().submitted);
+    share.rank = group_.rank;
+    share.world_size = group_.world_size;
+    share.replicated = step_writes;
+    submitted =
+        checkpointer_->SubmitShared(contents, std::move(options), step_writes, std::move(share));
+    // Even when this rank's part failed to start: the ranks judge the checkpoint together.
+    shared_checkpoint_step_ = loop_.global_step;
+  } else {
+    submitted = checkpointer_->SubmitOverlapped(contents, std::move(options), step_writes);
+  }
+  absl::Status failure = submitted;
+  if (!submitted.ok() && !leader_) {  // rank 0 reports it, from the ranks' verdict.
+    std::cerr << "trainer: rank " << group_.rank << "'s part of the checkpoint at step "
+              << loop_.global_step << " failed: " << submitted << "\n";
+  }
+  // With a parallel checkpoint every rank goes on to the same collectives, failed or not.
+  if (wait && (submitted.ok() || shared_checkpoints_)) {
     const absl::Time wait_start = absl::Now();
+    if (shared_checkpoints_) RETURN_IF_ERROR(SettleSharedCheckpoint());
     const absl::Status uploaded = checkpointer_->Wait().status();
     if (config_.synchronous_checkpoints) upload_waits_ += absl::Now() - wait_start;
-    RecordCommitted();
-    if (!uploaded.ok()) {
-      failed_checkpoint_step_ = loop_.global_step;
-      return CheckpointFailed(uploaded);
-    }
+    if (leader_) RecordCommitted();
+    if (failure.ok()) failure = uploaded;
   }
-  return absl::OkStatus();
+  if (failure.ok() || !leader_) return absl::OkStatus();
+  failed_checkpoint_step_ = loop_.global_step;
+  return CheckpointFailed(failure);
 }
 
 absl::Status RankRun::Finish() {
@@ -176,9 +220,19 @@ absl::Status RankRun::Finish() {
   // e.g. a zero-step leg; known on every rank, which all evaluate for it.
   const bool final_due = last_checkpoint_step_ != loop_.global_step && !skip_final_checkpoint_;
   if (final_due) RETURN_IF_ERROR(Evaluate());
-  if (leader_) {
+  if (shared_checkpoints_) {
+    // Every rank writes its part of the final checkpoint, or settles the one in flight.
     if (final_due) {
       RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));
+    } else {
+      RETURN_IF_ERROR(SettleSharedCheckpoint());
+    }
+  }
+  if (leader_) {
+    if (final_due && !shared_checkpoints_) {
+      RETURN_IF_ERROR(TakeCheckpoint(/*wait=*/true));
+    }
+    if (final_due) {
       if (failed_checkpoint_step_ == loop_.global_step) {
         return absl::Status(last_checkpoint_error_.code(),
                             absl::StrCat("the final checkpoint at step ", loop_.global_step,
@@ -189,6 +243,13 @@ absl::Status RankRun::Finish() {
     RecordCommitted();
     if (!skip_final_checkpoint_ && last) final_version = last->version;
     summary_.checkpoint_stall = checkpointer_->stats().total_stall + upload_waits_;
+  }
+  if (shared_checkpoints_) {
+    const AsyncCheckpointer::Stats stats = checkpointer_->stats();
+    std::cerr << absl::StrFormat(
+        "trainer: rank %d wrote its part of %d parallel checkpoint(s): %d bytes (%.1f MiB)\n",
+        group_.rank, stats.parts_written, stats.part_bytes_written,
+        static_cast<double>(stats.part_bytes_written) / (1 << 20));
   }
   // Nobody leaves before rank 0's store has committed: the other ranks may still be reading it.
   RETURN_IF_ERROR(CatchTorchErrors([&] { group_.comm.Barrier(); }));

@@ -23,16 +23,22 @@
 namespace ckpt::train::internal {
 namespace {
 
+// `part`: this rank's part of a parallel checkpoint still being written (kNone without one).
 StepConsensus AgreeOnStep(const ddp::Communicator& comm, double loss,
-                          const TrainerControl::Requests& requests) {
+                          const TrainerControl::Requests& requests,
+                          AsyncCheckpointer::PartState part) {
+  using PartState = AsyncCheckpointer::PartState;
   const std::vector<double> sums =
       comm.AllReduceSum({loss, requests.stop ? 1.0 : 0.0, requests.skip_checkpoint ? 1.0 : 0.0,
-                         requests.checkpoint ? 1.0 : 0.0});
+                         requests.checkpoint ? 1.0 : 0.0, part == PartState::kWritten ? 1.0 : 0.0,
+                         part == PartState::kFailed ? 1.0 : 0.0});
   StepConsensus consensus;
   consensus.mean_loss = sums[0] / comm.size();
   consensus.stop = sums[1] > 0;
   consensus.skip_checkpoint = sums[2] > 0;
   consensus.checkpoint_now = sums[3] > 0;
+  consensus.parts_written = static_cast<int>(sums[4]);
+  consensus.parts_failed = static_cast<int>(sums[5]);
   return consensus;
 }
 
@@ -220,9 +226,13 @@ absl::Status RankRun::TrainLoop() {
       sampler_->set_position(0);
     }
 
+    const AsyncCheckpointer::PartState part = shared_checkpoint_step_ >= 0
+                                                  ? checkpointer_->part_state()
+                                                  : AsyncCheckpointer::PartState::kNone;
     ASSIGN_OR_RETURN(StepConsensus consensus, CatchTorchErrors([&] {
-                       return AgreeOnStep(group_.comm, step_loss, control_.pending());
+                       return AgreeOnStep(group_.comm, step_loss, control_.pending(), part);
                      }));
+    JudgeSharedCheckpoint(consensus.parts_written, consensus.parts_failed);
     last_loss_ = consensus.mean_loss;
     if (!std::isfinite(last_loss_)) {
       // Every rank sees the same mean, so all stop here together; the state this step made is
@@ -256,7 +266,7 @@ absl::Status RankRun::TrainLoop() {
     const bool checkpoint_due = periodic || (epoch_end && config_.checkpoint_at_epoch_end) ||
                                 consensus.checkpoint_now || final;
     if (checkpoint_due) RETURN_IF_ERROR(Evaluate());
-    if (leader_) {
+    if (leader_ || (checkpoint_due && shared_checkpoints_)) {
       RETURN_IF_ERROR(AfterStep(consensus, checkpoint_due, final, last_step, steps_done, elapsed));
     }
     if (checkpoint_due) last_checkpoint_step_ = loop_.global_step;
@@ -267,6 +277,10 @@ absl::Status RankRun::TrainLoop() {
 
 absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool checkpoint_due, bool final,
                                 bool last_step, int64_t steps_done, absl::Duration elapsed) {
+  if (!leader_) {  // a part of a parallel checkpoint; rank 0 reports it.
+    return TakeCheckpoint(
+        /*wait=*/consensus.checkpoint_now || final || config_.synchronous_checkpoints);
+  }
   const double seconds_per_step = absl::ToDoubleSeconds(elapsed) / steps_done;
   const absl::Duration eta =
       absl::Seconds(seconds_per_step * (loop_.target_step - loop_.global_step));

@@ -296,7 +296,10 @@ absl::Status RankRun::SetUpDataParallel() {
                                                    " examples) gives no batches to ",
                                                    group_.world_size, " ranks with drop_last"));
   }
-  if (leader_) checkpointer_ = std::make_unique<AsyncCheckpointer>(&store_, summary_.model_name);
+  shared_checkpoints_ = config_.parallel_checkpoints && group_.world_size > 1;
+  if (leader_ || shared_checkpoints_) {
+    checkpointer_ = std::make_unique<AsyncCheckpointer>(&store_, summary_.model_name);
+  }
 
   status_.set_state(v1::TrainerStatus::STATE_TRAINING);
   status_.set_model(summary_.model_name);

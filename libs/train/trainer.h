@@ -85,6 +85,11 @@ struct TrainerConfig {
   // Every checkpoint waits for its upload before training goes on (as torch.save in the loop
   // would), and the wait counts as stall: for measuring what asynchronous saving saves.
   bool synchronous_checkpoints = false;
+  // With several ranks, each checkpoint is written by all of them in parallel: every rank
+  // snapshots the (replicated) state and uploads about 1/world_size of its bytes as its part of
+  // one upload, which rank 0 commits once every part is in (AsyncCheckpointer::SubmitShared).
+  // The ranks must share one store. False: rank 0 uploads everything, as torch.save would.
+  bool parallel_checkpoints = true;
   // A checkpoint that fails (a full disk, a store that is restarting) is reported and training
   // goes on, as long as fewer than this many fail in a row; then the run stops with the error
   // rather than train on with nothing saved. The final checkpoint, and one a client asked for,
@@ -154,8 +159,8 @@ struct TrainingSummary {
   int world_size = 1;
   std::string backend;
   std::string store_location;  // the directory or address.
-  std::string python_twin;    // a built-in model's PyTorch twin; "" for a scripted model.
-  std::string model_summary;  // ModelIdentity::summary_line: what was trained, from where.
+  std::string python_twin;     // a built-in model's PyTorch twin; "" for a scripted model.
+  std::string model_summary;   // ModelIdentity::summary_line: what was trained, from where.
 };
 
 // Runs this process's rank of `group` to the end, reading and (rank 0) writing checkpoints in

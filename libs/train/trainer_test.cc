@@ -80,9 +80,9 @@ class TrainerTest : public ::testing::Test {
 };
 
 // One rank of TwoRanksTrainEvaluateAndCheckpoint: each rank has a store of its own (only rank 0
-// commits; a fresh run reads nothing), held-out evaluation on, so every collective the trainer
-// issues runs: the resume and run-id broadcasts, DDP's parameter broadcast and buckets, the
-// per-step agreement, the evaluation sums and the final barrier.
+// commits: parallel checkpoints off; a fresh run reads nothing), held-out evaluation on, so every
+// collective the trainer issues runs: the resume and run-id broadcasts, DDP's parameter broadcast
+// and buckets, the per-step agreement, the evaluation sums and the final barrier.
 int RunWorker() {
   try {
     std::optional<ddp::RendezvousOptions> rendezvous = ddp::RendezvousOptionsFromEnvironment();
@@ -95,6 +95,9 @@ int RunWorker() {
         RocksDbCheckpointStore::Open(options);
     if (!store.ok()) throw std::runtime_error(store.status().ToString());
     TrainerConfig config = TrainerTest::SmallTrainerRun(6);
+    // Each rank has a store of its own here, so rank 0 writes every checkpoint (parallel ones
+    // need one store: tests/trainer_test.cc runs them through the binary, which lends it).
+    config.parallel_checkpoints = false;
     absl::StatusOr<TrainingSummary> summary = RunTrainingRank(config, group, **store, nullptr);
     if (!summary.ok()) throw std::runtime_error(summary.status().ToString());
     if (summary->final_step != 6 || !summary->last_eval) {

@@ -130,6 +130,11 @@ ABSL_FLAG(bool, sync_checkpoints, false,
           "Wait for every checkpoint's upload before training on (as torch.save in the loop "
           "would), counting the wait as checkpoint stall. Default false: the step pays only for "
           "the host copy and the upload runs in the background. For measuring the difference.");
+ABSL_FLAG(bool, parallel_checkpoints, true,
+          "With several ranks, every rank writes about 1/N of each checkpoint's bytes, in "
+          "parallel, as its part of one upload that rank 0 commits when every part is in (a rank "
+          "that dies mid-save leaves no version). The stored version is the one rank 0 alone would "
+          "write. False: rank 0 uploads all of it.");
 ABSL_FLAG(int32_t, max_failed_checkpoints, 3,
           "A checkpoint that fails (a full disk, the store restarting) is reported and training "
           "goes on; this many failing in a row stop the run with the error. The final "
@@ -235,6 +240,7 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   config.seed = absl::GetFlag(FLAGS_seed);
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.synchronous_checkpoints = absl::GetFlag(FLAGS_sync_checkpoints);
+  config.parallel_checkpoints = absl::GetFlag(FLAGS_parallel_checkpoints);
   config.max_consecutive_failed_checkpoints = absl::GetFlag(FLAGS_max_failed_checkpoints);
   config.resume = absl::GetFlag(FLAGS_resume);
   config.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);

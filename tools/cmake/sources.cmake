@@ -86,6 +86,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_schema.cc
     libs/store/scoped_store.cc
+    libs/store/upload_split.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
     libs/tensor/dtype.cc
