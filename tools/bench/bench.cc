@@ -17,7 +17,8 @@
 // Each figure is one function in the file of its family: R1, R2, R3, R6 and R7 (saves and loads)
 // in save_load_figures.cc, R4 (the network) in network_figures.cc, R5 (the loader) in
 // loader_figures.cc, M1 and M2 (memory) in memory_figures.cc, R8 and R9 (training) in
-// training_figures.cc, D1 and D1 scoped in dedup_figures.cc, R11 (Python saves) in
+// training_figures.cc, R10 (parallel checkpoints) in parallel_save_figures.cc, D1 and D1 scoped
+// in dedup_figures.cc, R11 (Python saves) in
 // python_save_figures.cc; measurements.h has what several of them measure alike, and this file
 // the flags and the order they run in. --figures=R5,R8 measures only those (and what they need).
 // report.h has the options, the report and the memory regimes they share.
@@ -57,6 +58,7 @@
 #include "tools/bench/measurements.h"
 #include "tools/bench/memory_figures.h"
 #include "tools/bench/network_figures.h"
+#include "tools/bench/parallel_save_figures.h"
 #include "tools/bench/python_save_figures.h"
 #include "tools/bench/report.h"
 #include "tools/bench/save_load_figures.h"
@@ -163,6 +165,7 @@ absl::Status Run(const BenchOptions& options) {
   }
   if (options.Wants("R8")) RETURN_IF_ERROR(FigureR8(options, report));
   if (options.Wants("R9")) RETURN_IF_ERROR(FigureR9(options, report));
+  if (options.Wants("R10")) RETURN_IF_ERROR(FigureR10(options, report));
   if (options.Wants("R11")) RETURN_IF_ERROR(FigureR11(options, report));
 
   if (wants_any({"R1", "R2", "R3", "R6"})) {

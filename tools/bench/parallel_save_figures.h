@@ -1,0 +1,17 @@
+#ifndef CKPT_TOOLS_BENCH_PARALLEL_SAVE_FIGURES_H_
+#define CKPT_TOOLS_BENCH_PARALLEL_SAVE_FIGURES_H_
+
+// R10 of tools/bench: one checkpoint of a replicated state written by two ranks in parallel, each
+// its half (CheckpointStore::JoinUpload, as the trainer's --parallel_checkpoints does), against one
+// rank writing all of it (CommitCheckpoint), same bytes, same run.
+
+#include "absl/status/status.h"
+#include "tools/bench/report.h"
+
+namespace ckpt::bench {
+
+absl::Status FigureR10(const BenchOptions& options, Report& report);
+
+}  // namespace ckpt::bench
+
+#endif  // CKPT_TOOLS_BENCH_PARALLEL_SAVE_FIGURES_H_
