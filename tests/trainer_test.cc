@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <regex>
@@ -156,6 +157,44 @@ TEST(TrainerTest, ParallelCheckpointsStoreWhatRankZeroAloneWould) {
       EXPECT_EQ(got->state_tensors(i).content_hash(), want->state_tensors(i).content_hash())
           << ref << " " << want->state_tensors(i).key();
     }
+  }
+}
+
+// The digest a log line gives for `what` ("rank 0 step 6", "rank 2 restored cnn-synthetic@2"),
+// "" when there is none.
+std::string LoggedStateDigest(const std::string& log, const std::string& what) {
+  std::smatch match;
+  const std::regex line("trainer: " + what + " state ([0-9a-f]{16})");
+  return std::regex_search(log, match, line) ? match[1].str() : "";
+}
+
+// A version two ranks wrote in parallel resumes on three ranks and on one: every rank reads it
+// from the store itself and holds exactly the saved state (parameters, rank 0's BatchNorm
+// statistics, AdamW's moments: one digest over all of them), then trains on.
+TEST(TrainerTest, AVersionTwoRanksWroteResumesOnThreeRanksAndOnOneWithTheSavedState) {
+  const std::string three = TempPath("resharded_three"), one = TempPath("resharded_one");
+  std::vector<std::string> flags = SmallRun(three, 2, 16, 6);
+  flags.insert(flags.end(), {"--model=cnn", "--checkpoint_every=3", "--log_state_digests"});
+  ASSERT_EQ(RunTrainer(flags, three + "_saved.log"), 0) << ReadFile(three + "_saved.log");
+  const std::string saved = LoggedStateDigest(ReadFile(three + "_saved.log"), "rank 0 step 6");
+  ASSERT_FALSE(saved.empty()) << ReadFile(three + "_saved.log");
+  std::filesystem::copy(three, one, std::filesystem::copy_options::recursive);
+
+  for (const auto& [dir, ranks] : {std::pair<std::string, int>{three, 3}, {one, 1}}) {
+    std::vector<std::string> resumed = SmallRun(dir, ranks, 16, 2);
+    resumed.insert(resumed.end(), {"--model=cnn", "--log_state_digests"});
+    const std::string log = dir + "_resumed.log";
+    ASSERT_EQ(RunTrainer(resumed, log), 0) << ReadFile(log);
+    EXPECT_THAT(ReadFile(log),
+                HasSubstr("was written by 2 ranks, this run has " + std::to_string(ranks)));
+    for (int rank = 0; rank < ranks; ++rank) {
+      EXPECT_EQ(LoggedStateDigest(ReadFile(log),
+                                  absl::StrCat("rank ", rank, " restored cnn-synthetic@2")),
+                saved)
+          << "rank " << rank << " of " << ranks << ":\n"
+          << ReadFile(log);
+    }
+    EXPECT_EQ(LoadLatest(dir, "cnn-synthetic").manifest.metadata().global_step(), 8);
   }
 }
 

@@ -126,8 +126,9 @@ class RankRun {
   // step's first examples, for the data to prefetch.
   absl::StatusOr<double> TrainStep(const std::vector<std::vector<int64_t>>& micro_batches,
                                    const std::vector<int64_t>& upcoming);
-  // XXH3 over the bytes of every parameter and buffer, in the module's order.
-  uint64_t StateDigest() const;
+  // XXH3 over the bytes of every parameter and buffer, in the module's order, then of every
+  // optimizer state tensor in state_dict() order: equal digests, equal training state.
+  absl::StatusOr<uint64_t> StateDigest() const;
   // Rank 0: the progress line and status after a step; then a checkpoint when one is due (on
   // every rank with parallel checkpoints).
   absl::Status AfterStep(const StepConsensus& consensus, bool checkpoint_due, bool final,

@@ -16,6 +16,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
+#include "libs/train/optimizer.h"
 #include "libs/train/rank_run.h"
 #include "libs/train/scripted_model.h"
 #include "torch/nn/utils/clip_grad.h"
@@ -138,16 +139,21 @@ absl::Status RankRun::Evaluate() {
   return absl::OkStatus();
 }
 
-uint64_t RankRun::StateDigest() const {
-  const ddp::ReplicaTensors replica = model_->Replica();
-  std::vector<at::Tensor> tensors = replica.parameters;
-  for (const at::Tensor& buffer : replica.buffers()) tensors.push_back(buffer);
-  XXH64_hash_t digest = 0;
-  for (const at::Tensor& tensor : tensors) {
-    const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
-    digest = XXH3_64bits_withSeed(bytes.data_ptr(), bytes.nbytes(), digest);
-  }
-  return digest;
+absl::StatusOr<uint64_t> RankRun::StateDigest() const {
+  ASSIGN_OR_RETURN(const Value optimizer_state, OptimizerStateDict(*optimizer_));
+  return CatchTorchErrors([&] {
+    const ddp::ReplicaTensors replica = model_->Replica();
+    std::vector<at::Tensor> tensors = replica.parameters;
+    for (const at::Tensor& buffer : replica.buffers()) tensors.push_back(buffer);
+    optimizer_state.ForEachTensor(
+        [&](const std::string&, const at::Tensor& tensor) { tensors.push_back(tensor); });
+    XXH64_hash_t digest = 0;
+    for (const at::Tensor& tensor : tensors) {
+      const at::Tensor bytes = tensor.detach().to(at::kCPU).contiguous();
+      digest = XXH3_64bits_withSeed(bytes.data_ptr(), bytes.nbytes(), digest);
+    }
+    return static_cast<uint64_t>(digest);
+  });
 }
 
 absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>>& micro_batches,
@@ -213,7 +219,7 @@ absl::Status RankRun::TrainLoop() {
     ASSIGN_OR_RETURN(const double step_loss, TrainStep(micro_batches, upcoming));
     ++loop_.global_step;
     if (config_.log_state_digests) {
-      ASSIGN_OR_RETURN(const uint64_t digest, CatchTorchErrors([&] { return StateDigest(); }));
+      ASSIGN_OR_RETURN(const uint64_t digest, StateDigest());
       std::cerr << absl::StrFormat("trainer: rank %d step %d state %016x\n", group_.rank,
                                    loop_.global_step, digest);
     }

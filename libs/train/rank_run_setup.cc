@@ -123,7 +123,16 @@ absl::Status RankRun::Resume() {
   if (!absl::SimpleAtoi(resume_version, &version)) {
     return absl::InternalError("rank 0 sent a malformed version: " + resume_version);
   }
-  return RestoreFrom(MakeVersionRef(summary_.model_name, version));
+  const v1::VersionRef ref = MakeVersionRef(summary_.model_name, version);
+  RETURN_IF_ERROR(RestoreFrom(ref));
+  if (config_.log_state_digests) {
+    // Each rank read the version from the store itself; this shows it holds the saved state,
+    // whatever world size wrote it (compare with the saving run's "step N state" line).
+    ASSIGN_OR_RETURN(const uint64_t digest, StateDigest());
+    std::cerr << absl::StrFormat("trainer: rank %d restored %s state %016x\n", group_.rank,
+                                 FormatVersionRef(ref), digest);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
