@@ -1,0 +1,348 @@
+#include "libs/train/zero_optimizer.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "ATen/core/grad_mode.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_store.h"
+#include "libs/store/upload_split.h"
+
+namespace ckpt::train {
+namespace {
+
+// State entries that hold one value per parameter element; every other entry ('step') is one
+// value per parameter.
+bool IsPerElement(const std::string& key, const Value& value) {
+  return value.is_tensor() && key != "step";
+}
+
+// A per-parameter state value as text, exactly (ints, doubles by their bits, scalar tensors by
+// their dtype and bytes), so that ranks can exchange them over BroadcastString.
+absl::StatusOr<std::string> EncodeScalar(const Value& value) {
+  if (value.is_int()) return absl::StrCat("i", value.int_value());
+  if (value.is_float()) {
+    const double number = value.float_value();
+    uint64_t bits;
+    std::memcpy(&bits, &number, sizeof(bits));
+    return absl::StrCat("f", bits);
+  }
+  if (value.is_tensor() && value.tensor().numel() == 1) {
+    const at::Tensor cpu = value.tensor().detach().cpu().contiguous();
+    return absl::StrCat("t", static_cast<int>(cpu.scalar_type()), ":",
+                        absl::BytesToHexString(absl::string_view(
+                            static_cast<const char*>(cpu.data_ptr()), cpu.nbytes())));
+  }
+  return absl::InvalidArgumentError(
+      "an optimizer state entry that is neither a number, a scalar "
+      "tensor nor one value per parameter element");
+}
+
+absl::StatusOr<Value> DecodeScalar(absl::string_view text) {
+  if (text.empty()) return absl::InternalError("empty scalar");
+  const char kind = text[0];
+  text.remove_prefix(1);
+  if (kind == 'i') {
+    int64_t number;
+    if (absl::SimpleAtoi(text, &number)) return Value::Int(number);
+  } else if (kind == 'f') {
+    uint64_t bits;
+    if (absl::SimpleAtoi(text, &bits)) {
+      double number;
+      std::memcpy(&number, &bits, sizeof(number));
+      return Value::Float(number);
+    }
+  } else if (kind == 't') {
+    const std::vector<absl::string_view> parts = absl::StrSplit(text, absl::MaxSplits(':', 1));
+    int dtype;
+    if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &dtype)) {
+      const std::string bytes = absl::HexStringToBytes(parts[1]);
+      return CatchTorchErrors([&] {
+        at::Tensor tensor =
+            at::empty({}, at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype)));
+        TORCH_CHECK(static_cast<size_t>(tensor.nbytes()) == bytes.size(), "scalar of ",
+                    bytes.size(), " bytes");
+        std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
+        return Value::Tensor(tensor);
+      });
+    }
+  }
+  return absl::InternalError(
+      absl::StrCat("malformed scalar from another rank: ", std::string(1, kind), text));
+}
+
+// The param group of a state dict with its "params" replaced by 0..count-1 (same position).
+absl::StatusOr<Value> GroupOver(const Value& state_dict, int64_t count) {
+  const Value* groups = state_dict.Find("param_groups");
+  if (groups == nullptr || !groups->is_sequence() || groups->items().size() != 1 ||
+      !groups->items()[0].is_dict()) {
+    return absl::InvalidArgumentError(
+        "the optimizer state dict must have exactly one param group for ZeRO-1 (the trainer's "
+        "optimizers have one)");
+  }
+  std::vector<Value::Entry> entries;
+  for (const Value::Entry& entry : groups->items()[0].entries()) {
+    if (entry.first == DictKey("params")) {
+      std::vector<Value> ids;
+      for (int64_t id = 0; id < count; ++id) ids.push_back(Value::Int(id));
+      entries.emplace_back("params", Value::List(std::move(ids)));
+    } else {
+      entries.push_back(entry);
+    }
+  }
+  return Value::List({Value::Dict(std::move(entries))});
+}
+
+}  // namespace
+
+at::Tensor ZeroOptimizer::FlatSlice(const at::Tensor& tensor, const Slice& slice) {
+  return tensor.detach().reshape({-1}).slice(0, slice.begin, slice.end);
+}
+
+absl::StatusOr<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(
+    const OptimizerSpec& spec, std::vector<at::Tensor> parameters, const ddp::Communicator& comm) {
+  CheckpointContents described;
+  for (size_t index = 0; index < parameters.size(); ++index) {
+    if (!parameters[index].is_contiguous()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", index,
+                       " is not contiguous: ZeRO-1 updates its slices in "
+                       "place through a flat view"));
+    }
+    described.model.InsertOrAssign(absl::StrCat("p", index), parameters[index].detach());
+  }
+  CommitOptions options;
+  options.normalize_keys = false;
+  ASSIGN_OR_RETURN(const PreparedUpload prepared, PrepareUpload(described, options));
+  std::unique_ptr<ZeroOptimizer> zero(new ZeroOptimizer(comm, std::move(parameters)));
+  const std::vector<std::vector<UploadRange>> split = SplitUpload(prepared.header, comm.size());
+  for (int owner = 0; owner < static_cast<int>(split.size()); ++owner) {
+    for (const UploadRange& range : split[owner]) {
+      const int64_t element = zero->parameters_[range.tensor_index].element_size();
+      zero->partition_.push_back(
+          {owner, range.tensor_index, range.begin / element, range.end / element});
+    }
+  }
+  for (const Slice& slice : zero->partition_) {
+    if (slice.owner == comm.rank()) zero->own_.push_back(slice);
+  }
+  ASSIGN_OR_RETURN(
+      zero->shards_, CatchTorchErrors([&] {
+        std::vector<at::Tensor> shards;
+        for (const Slice& slice : zero->own_) {
+          shards.push_back(FlatSlice(zero->parameters_[slice.parameter], slice).clone());
+        }
+        // A rank without a slice (fewer chunks than ranks) steps an empty optimizer.
+        if (shards.empty()) shards.push_back(at::zeros({0}));
+        return shards;
+      }));
+  ASSIGN_OR_RETURN(zero->optimizer_, MakeOptimizer(spec, zero->shards_));
+  return zero;
+}
+
+int64_t ZeroOptimizer::shard_state_bytes() const {
+  absl::StatusOr<Value> state = OptimizerStateDict(*optimizer_);
+  int64_t bytes = 0;
+  if (state.ok()) {
+    state->ForEachTensor(
+        [&](const std::string&, const at::Tensor& tensor) { bytes += tensor.nbytes(); });
+  }
+  return bytes;
+}
+
+void ZeroOptimizer::ZeroGrad() {
+  // What Optimizer::zero_grad does in LibTorch 1.13, over every parameter, so that a ZeRO run
+  // and a plain one accumulate into the same (zeroed, not unset) gradients.
+  for (at::Tensor& parameter : parameters_) {
+    if (parameter.mutable_grad().defined()) {
+      parameter.mutable_grad().detach_();
+      parameter.mutable_grad().zero_();
+    }
+  }
+}
+
+void ZeroOptimizer::Step() {
+  {
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < own_.size(); ++k) {
+      const at::Tensor& parameter = parameters_[own_[k].parameter];
+      shards_[k].copy_(FlatSlice(parameter, own_[k]));
+      const at::Tensor& grad = parameter.grad();
+      shards_[k].mutable_grad() = grad.defined() ? FlatSlice(grad, own_[k]) : at::Tensor();
+    }
+  }
+  optimizer_->step();
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < own_.size(); ++k) {
+    FlatSlice(parameters_[own_[k].parameter], own_[k]).copy_(shards_[k]);
+  }
+  // Every rank's updated slices to every rank: an all-gather, as one broadcast per slice.
+  for (const Slice& slice : partition_) {
+    at::Tensor view = FlatSlice(parameters_[slice.parameter], slice);
+    comm_.Broadcast(view, slice.owner);
+  }
+}
+
+absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
+  ASSIGN_OR_RETURN(const Value shard_dict, OptimizerStateDict(*optimizer_));
+  const Value* shard_states = shard_dict.Find("state");
+  // What this rank holds for each of its slices, one line each: "k<TAB>key=e<dtype>" for a
+  // per-element tensor, "key=s<scalar>" for a per-parameter value, in the state's own order.
+  std::vector<std::string> lines;
+  for (size_t k = 0; k < own_.size(); ++k) {
+    const Value* state =
+        shard_states != nullptr ? shard_states->Find(static_cast<int64_t>(k)) : nullptr;
+    if (state == nullptr || !state->is_dict()) continue;
+    std::vector<std::string> fields = {absl::StrCat(k)};
+    for (const Value::Entry& entry : state->entries()) {
+      const std::string& key = entry.first.string_key();
+      if (IsPerElement(key, entry.second)) {
+        fields.push_back(
+            absl::StrCat(key, "=e", static_cast<int>(entry.second.tensor().scalar_type())));
+      } else {
+        ASSIGN_OR_RETURN(const std::string scalar, EncodeScalar(entry.second));
+        fields.push_back(absl::StrCat(key, "=s", scalar));
+      }
+    }
+    lines.push_back(absl::StrJoin(fields, "\t"));
+  }
+  const std::string mine = absl::StrJoin(lines, "\n");
+
+  // Every rank's lines, then the slices of the partition they describe.
+  struct SliceState {
+    std::vector<std::pair<std::string, std::string>> fields;  // key, "e<dtype>" or "s<scalar>"
+  };
+  std::vector<std::optional<SliceState>> states(partition_.size());
+  for (int owner = 0; owner < comm_.size(); ++owner) {
+    ASSIGN_OR_RETURN(const std::string text,
+                     CatchTorchErrors([&] { return comm_.BroadcastString(mine, owner); }));
+    std::vector<size_t> owned;
+    for (size_t s = 0; s < partition_.size(); ++s) {
+      if (partition_[s].owner == owner) owned.push_back(s);
+    }
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      const std::vector<absl::string_view> fields = absl::StrSplit(line, '\t');
+      size_t k;
+      if (!absl::SimpleAtoi(fields[0], &k) || k >= owned.size()) {
+        return absl::InternalError(absl::StrCat("rank ", owner, " described a slice it lacks"));
+      }
+      SliceState state;
+      for (size_t f = 1; f < fields.size(); ++f) {
+        const std::vector<absl::string_view> pair =
+            absl::StrSplit(fields[f], absl::MaxSplits('=', 1));
+        if (pair.size() != 2 || pair[1].empty()) {
+          return absl::InternalError(absl::StrCat("rank ", owner, " sent ", fields[f]));
+        }
+        state.fields.emplace_back(std::string(pair[0]), std::string(pair[1]));
+      }
+      states[owned[k]] = std::move(state);
+    }
+  }
+
+  // Full state tensors per parameter, laid out by the slice holding its first element; each
+  // slice's part broadcast by its owner.
+  std::vector<Value::Entry> logical_states;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> full(parameters_.size());
+  for (size_t s = 0; s < partition_.size(); ++s) {
+    const Slice& slice = partition_[s];
+    if (slice.begin != 0 || !states[s]) continue;
+    std::vector<Value::Entry> entries;
+    for (const auto& [key, field] : states[s]->fields) {
+      if (field[0] == 'e') {
+        int dtype;
+        if (!absl::SimpleAtoi(absl::string_view(field).substr(1), &dtype)) {
+          return absl::InternalError(absl::StrCat("bad dtype ", field));
+        }
+        ASSIGN_OR_RETURN(at::Tensor tensor, CatchTorchErrors([&] {
+                           const at::Tensor& parameter = parameters_[slice.parameter];
+                           return at::empty(
+                               parameter.sizes(),
+                               parameter.options().dtype(static_cast<at::ScalarType>(dtype)));
+                         }));
+        full[slice.parameter].emplace_back(key, tensor);
+        entries.emplace_back(key, Value::Tensor(tensor));
+      } else {
+        ASSIGN_OR_RETURN(Value scalar, DecodeScalar(absl::string_view(field).substr(1)));
+        entries.emplace_back(key, std::move(scalar));
+      }
+    }
+    logical_states.emplace_back(static_cast<int64_t>(slice.parameter),
+                                Value::Dict(std::move(entries)));
+  }
+  RETURN_IF_ERROR(CatchTorchErrors([&] {
+    at::NoGradGuard no_grad;
+    size_t k = 0;
+    for (size_t s = 0; s < partition_.size(); ++s) {
+      const Slice& slice = partition_[s];
+      const bool mine_slice = slice.owner == comm_.rank();
+      const Value* shard_state = mine_slice && shard_states != nullptr
+                                     ? shard_states->Find(static_cast<int64_t>(k))
+                                     : nullptr;
+      if (mine_slice) ++k;
+      if (!states[s]) continue;
+      for (auto& [key, tensor] : full[slice.parameter]) {
+        at::Tensor view = FlatSlice(tensor, slice);
+        if (shard_state != nullptr) {
+          const Value* own = shard_state->Find(key);
+          TORCH_CHECK(own != nullptr && own->is_tensor(), "shard state lacks ", key);
+          view.copy_(own->tensor().reshape({-1}));
+        }
+        comm_.Broadcast(view, slice.owner);
+      }
+    }
+  }));
+  ASSIGN_OR_RETURN(Value groups, GroupOver(shard_dict, static_cast<int64_t>(parameters_.size())));
+  return Value::Dict(
+      {{"state", Value::Dict(std::move(logical_states))}, {"param_groups", std::move(groups)}});
+}
+
+absl::Status ZeroOptimizer::LoadStateDict(const Value& state_dict) {
+  const Value* states = state_dict.Find("state");
+  if (states != nullptr && !states->is_dict()) {
+    return absl::InvalidArgumentError("the optimizer state dict's 'state' is not a dict");
+  }
+  std::vector<Value::Entry> shard_states;
+  for (size_t k = 0; k < own_.size(); ++k) {
+    const Slice& slice = own_[k];
+    const Value* state =
+        states != nullptr ? states->Find(static_cast<int64_t>(slice.parameter)) : nullptr;
+    if (state == nullptr) continue;
+    if (!state->is_dict()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the state of parameter ", slice.parameter, " is not a dict"));
+    }
+    std::vector<Value::Entry> entries;
+    for (const Value::Entry& entry : state->entries()) {
+      const std::string& key = entry.first.string_key();
+      if (!IsPerElement(key, entry.second)) {
+        entries.push_back(entry);
+        continue;
+      }
+      const at::Tensor& tensor = entry.second.tensor();
+      if (tensor.numel() != parameters_[slice.parameter].numel()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state '", key, "' of parameter ", slice.parameter, " has ", tensor.numel(),
+            " elements, the parameter ", parameters_[slice.parameter].numel()));
+      }
+      ASSIGN_OR_RETURN(at::Tensor part,
+                       CatchTorchErrors([&] { return FlatSlice(tensor, slice).clone(); }));
+      entries.emplace_back(key, Value::Tensor(std::move(part)));
+    }
+    shard_states.emplace_back(static_cast<int64_t>(k), Value::Dict(std::move(entries)));
+  }
+  ASSIGN_OR_RETURN(Value groups, GroupOver(state_dict, static_cast<int64_t>(shards_.size())));
+  return LoadOptimizerStateDict(*optimizer_,
+                                Value::Dict({{"state", Value::Dict(std::move(shard_states))},
+                                             {"param_groups", std::move(groups)}}));
+}
+
+}  // namespace ckpt::train

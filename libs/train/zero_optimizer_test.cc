@@ -1,0 +1,177 @@
+// ZeroOptimizer on real ranks (processes over Gloo): each rank steps its slices of AdamW and SGD
+// and must end with the parameters, and the gathered state, of the same optimizer over all the
+// parameters, bit for bit, for 50 steps; a gathered state restores into another world size.
+
+#include "libs/train/zero_optimizer.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/ddp/local_launcher.h"
+#include "libs/ddp/process_group.h"
+#include "libs/train/optimizer.h"
+
+namespace ckpt::train {
+namespace {
+
+using ::testing::Each;
+using ::testing::Eq;
+
+constexpr char kWorkerVariable[] = "CKPT_ZERO_TEST_WORKER";
+
+// A parameter over one 4 MiB chunk (so a rank's slice cuts it), a matrix, a vector, a scalar.
+std::vector<at::Tensor> MakeParameters() {
+  at::manual_seed(7);
+  return {at::randn({1100, 1024}), at::randn({64, 32}), at::randn({32}), at::randn({1})};
+}
+
+// The same "averaged gradients" on every rank for `step` (DDP's all-reduce gives every rank the
+// same), set on `parameters`.
+void SetGradients(std::vector<at::Tensor>& parameters, int step) {
+  at::manual_seed(1000 + step);
+  for (at::Tensor& parameter : parameters) parameter.mutable_grad() = at::randn(parameter.sizes());
+}
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+void ExpectSameTensors(const Value& got, const Value& want, const std::string& where) {
+  Check(got.TensorCount() == want.TensorCount(), where + ": " + std::to_string(got.TensorCount()) +
+                                                     " state tensors, want " +
+                                                     std::to_string(want.TensorCount()));
+  std::vector<at::Tensor> got_tensors, want_tensors;
+  got.ForEachTensor([&](const std::string&, const at::Tensor& t) { got_tensors.push_back(t); });
+  want.ForEachTensor([&](const std::string&, const at::Tensor& t) { want_tensors.push_back(t); });
+  for (size_t i = 0; i < want_tensors.size(); ++i) {
+    Check(got_tensors[i].sizes() == want_tensors[i].sizes() &&
+              at::equal(got_tensors[i], want_tensors[i]),
+          where + ": state tensor " + std::to_string(i) + " differs");
+  }
+}
+
+// One rank: for `kind`, ZeRO-1 against the plain optimizer over a copy of the same parameters.
+void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizerKind(kind);
+  Check(spec.ok(), spec.status().ToString());
+  spec->lr = 1e-2;
+  spec->weight_decay = 0.01;
+  std::vector<at::Tensor> sharded = MakeParameters(), plain = MakeParameters();
+  absl::StatusOr<std::unique_ptr<ZeroOptimizer>> zero =
+      ZeroOptimizer::Create(*spec, sharded, group.comm);
+  Check(zero.ok(), zero.status().ToString());
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> reference = MakeOptimizer(*spec, plain);
+  Check(reference.ok(), reference.status().ToString());
+  if (group.world_size == 2) {
+    // The big parameter is cut between the two ranks: each holds part of its state.
+    const std::vector<ZeroOptimizer::Slice>& partition = (*zero)->partition();
+    Check(partition.size() >= 2 && partition[0].parameter == 0 && partition[1].parameter == 0 &&
+              partition[0].owner == 0 && partition[1].owner == 1,
+          "parameter 0 is not cut between the two ranks");
+  }
+  for (int step = 0; step < 50; ++step) {
+    (*zero)->ZeroGrad();
+    SetGradients(sharded, step);
+    (*zero)->Step();
+    (*reference)->zero_grad();
+    SetGradients(plain, step);
+    (*reference)->step();
+    for (size_t i = 0; i < plain.size(); ++i) {
+      Check(at::equal(sharded[i], plain[i]), kind + ": parameter " + std::to_string(i) +
+                                                 " differs from the plain optimizer's at step " +
+                                                 std::to_string(step + 1));
+    }
+  }
+  absl::StatusOr<Value> gathered = (*zero)->GatherStateDict();
+  Check(gathered.ok(), gathered.status().ToString());
+  absl::StatusOr<Value> want = OptimizerStateDict(**reference);
+  Check(want.ok(), want.status().ToString());
+  ExpectSameTensors(*gathered, *want, kind + " gathered state");
+
+  // The plain optimizer's state restores into a fresh ZeRO optimizer (as a version saved by any
+  // world size would), and both go on alike.
+  std::vector<at::Tensor> resumed = plain;
+  for (at::Tensor& tensor : resumed) tensor = tensor.detach().clone();
+  absl::StatusOr<std::unique_ptr<ZeroOptimizer>> restored =
+      ZeroOptimizer::Create(*spec, resumed, group.comm);
+  Check(restored.ok(), restored.status().ToString());
+  absl::Status loaded = (*restored)->LoadStateDict(*want);
+  Check(loaded.ok(), loaded.ToString());
+  for (int step = 50; step < 55; ++step) {
+    (*restored)->ZeroGrad();
+    SetGradients(resumed, step);
+    (*restored)->Step();
+    (*reference)->zero_grad();
+    SetGradients(plain, step);
+    (*reference)->step();
+  }
+  for (size_t i = 0; i < plain.size(); ++i) {
+    Check(at::equal(resumed[i], plain[i]), kind + ": resumed parameter " + std::to_string(i));
+  }
+}
+
+int RunWorker() {
+  try {
+    std::optional<ddp::RendezvousOptions> rendezvous = ddp::RendezvousOptionsFromEnvironment();
+    if (!rendezvous) throw std::runtime_error("worker started without RANK/WORLD_SIZE");
+    rendezvous->timeout = std::chrono::seconds(60);
+    const ddp::ProcessGroupHandle group = ddp::InitProcessGroup(*rendezvous);
+    for (const char* kind : {"adamw", "adam", "sgd"}) RunKind(group, kind);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "zero optimizer worker failed: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+TEST(ZeroOptimizerTest, ShardedStepsMatchThePlainOptimizerBitForBitOnTwoAndThreeRanks) {
+  for (int ranks : {2, 3}) {
+    const std::vector<int> exits =
+        ddp::RunLocalRanks({}, ranks, ddp::PickFreeLoopbackPort(), {{kWorkerVariable, "1"}},
+                           std::chrono::seconds(120));
+    EXPECT_THAT(exits, Each(Eq(0))) << ranks << " ranks: see the workers' stderr above";
+  }
+}
+
+TEST(ZeroOptimizerTest, OneRankHoldsEverything) {
+  ddp::RendezvousOptions rendezvous;
+  rendezvous.master_port = 0;
+  const ddp::ProcessGroupHandle group = ddp::InitProcessGroup(rendezvous);
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizerKind("adamw");
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<std::unique_ptr<ZeroOptimizer>> zero =
+      ZeroOptimizer::Create(*spec, MakeParameters(), group.comm);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ASSERT_EQ((*zero)->partition().size(), 4u);
+  for (const ZeroOptimizer::Slice& slice : (*zero)->partition()) EXPECT_EQ(slice.owner, 0);
+}
+
+TEST(ZeroOptimizerTest, NonContiguousParametersAreRefused) {
+  ddp::RendezvousOptions rendezvous;
+  rendezvous.master_port = 0;
+  const ddp::ProcessGroupHandle group = ddp::InitProcessGroup(rendezvous);
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizerKind("sgd");
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<std::unique_ptr<ZeroOptimizer>> zero =
+      ZeroOptimizer::Create(*spec, {at::randn({8, 4}).t()}, group.comm);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(zero.status().message()), ::testing::HasSubstr("not contiguous"));
+}
+
+}  // namespace
+}  // namespace ckpt::train
+
+// The test binary doubles as the worker: RunLocalRanks starts /proc/self/exe with
+// kWorkerVariable set, and those copies run one rank instead of the tests.
+int main(int argc, char** argv) {
+  if (std::getenv(ckpt::train::kWorkerVariable) != nullptr) return ckpt::train::RunWorker();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
