@@ -198,6 +198,72 @@ TEST(TrainerTest, AVersionTwoRanksWroteResumesOnThreeRanksAndOnOneWithTheSavedSt
   }
 }
 
+// ZeRO-1 against plain DDP, same seed, 50 steps: each rank steps only its slice of AdamW's state,
+// yet every stored tensor (parameters, and the optimizer state gathered from both ranks) is the
+// plain run's, chunk for chunk (AdamW is element-wise: no tolerance needed). The version then
+// resumes on three ZeRO ranks, each holding exactly the saved state.
+TEST(TrainerTest, ZeroOneStoresWhatPlainDdpStoresAndResumesOnThreeRanks) {
+  const std::string plain = TempPath("plain_ddp"), zero = TempPath("zero_one");
+  std::vector<std::string> flags = SmallRun(plain, 2, 16, 50);
+  flags.insert(flags.end(), {"--checkpoint_every=25", "--log_state_digests"});
+  ASSERT_EQ(RunTrainer(flags, plain + ".log"), 0) << ReadFile(plain + ".log");
+  flags[0] = "--store_dir=" + zero;
+  flags.push_back("--zero=1");
+  ASSERT_EQ(RunTrainer(flags, zero + ".log"), 0) << ReadFile(zero + ".log");
+  const std::string zero_log = ReadFile(zero + ".log");
+  // Each rank held part of the optimizer state, not all of it.
+  const std::regex held("held ([0-9]+) bytes of optimizer state");
+  std::vector<int64_t> held_bytes;
+  for (auto it = std::sregex_iterator(zero_log.begin(), zero_log.end(), held);
+       it != std::sregex_iterator(); ++it) {
+    held_bytes.push_back(std::stoll((*it)[1].str()));
+  }
+  ASSERT_EQ(held_bytes.size(), 2u) << zero_log;
+
+  std::unique_ptr<RocksDbCheckpointStore> plain_store = OpenStore(plain);
+  std::unique_ptr<RocksDbCheckpointStore> zero_store = OpenStore(zero);
+  for (const char* ref : {"mlp-synthetic@1", "mlp-synthetic@2"}) {
+    SCOPED_TRACE(ref);
+    absl::StatusOr<v1::Manifest> got = zero_store->GetManifest(*ParseVersionRef(ref));
+    absl::StatusOr<v1::Manifest> want = plain_store->GetManifest(*ParseVersionRef(ref));
+    ASSERT_OK(got.status());
+    ASSERT_OK(want.status());
+    EXPECT_EQ(got->metadata().labels().at("zero_stage"), "1");
+    ASSERT_EQ(got->tensors_size(), want->tensors_size()) << ref;
+    for (int i = 0; i < want->tensors_size(); ++i) {
+      EXPECT_EQ(got->tensors(i).content_hash(), want->tensors(i).content_hash())
+          << ref << " " << want->tensors(i).key();
+    }
+    ASSERT_EQ(got->state_tensors_size(), want->state_tensors_size()) << ref;
+    int64_t state_bytes = 0;
+    for (int i = 0; i < want->state_tensors_size(); ++i) {
+      EXPECT_EQ(got->state_tensors(i).key(), want->state_tensors(i).key());
+      EXPECT_EQ(got->state_tensors(i).content_hash(), want->state_tensors(i).content_hash())
+          << ref << " " << want->state_tensors(i).key();
+      state_bytes += want->state_tensors(i).byte_length();
+    }
+    for (int64_t bytes : held_bytes) {
+      EXPECT_GT(bytes, 0);
+      EXPECT_LT(bytes, state_bytes) << "a rank held the whole optimizer state";
+    }
+  }
+
+  zero_store.reset();  // the resumed run opens it.
+
+  const std::string saved = LoggedStateDigest(zero_log, "rank 0 step 50");
+  ASSERT_FALSE(saved.empty());
+  EXPECT_EQ(LoggedStateDigest(ReadFile(plain + ".log"), "rank 0 step 50"), saved);
+  std::vector<std::string> resumed = SmallRun(zero, 3, 16, 2);
+  resumed.insert(resumed.end(), {"--zero=1", "--log_state_digests"});
+  ASSERT_EQ(RunTrainer(resumed, zero + "_three.log"), 0) << ReadFile(zero + "_three.log");
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(LoggedStateDigest(ReadFile(zero + "_three.log"),
+                                absl::StrCat("rank ", rank, " restored mlp-synthetic@2")),
+              saved)
+        << "rank " << rank;
+  }
+}
+
 TEST(TrainerTest, RunningAgainResumesFromLatestAndTrainsFurther) {
   const std::string dir = TempPath("rerun");
   ASSERT_EQ(RunTrainer(SmallRun(dir, 2, 16, 12), dir + "_1.log"), 0) << ReadFile(dir + "_1.log");
@@ -477,14 +543,17 @@ INSTANTIATE_TEST_SUITE_P(Models, PythonTwinTest, ::testing::Values("mlp", "cnn",
 // optimizer step on it, and the loss after that step all match the C++ model and optimizer
 // restored from the same version.
 TEST(TrainerTest, FinalVersionExportedAsABundleResumesInThePythonTwin) {
-  for (const std::string kind : {"sgd", "adamw"}) {
-    SCOPED_TRACE(kind);
-    const std::string dir = TempPath("bundle_" + kind);
-    std::vector<std::string> flags = SmallRun(dir, 1, 16, 12);
+  // The third: two ranks with ZeRO-1, whose version holds the optimizer state gathered from both.
+  for (const auto& [kind, zero] :
+       {std::pair<std::string, bool>{"sgd", false}, {"adamw", false}, {"adamw", true}}) {
+    SCOPED_TRACE(kind + (zero ? " zero=1" : ""));
+    const std::string dir = TempPath("bundle_" + kind + (zero ? "_zero" : ""));
+    std::vector<std::string> flags = SmallRun(dir, zero ? 2 : 1, 16, 12);
     for (const char* flag : {"--model=mlp", "--scheduler=step", "--step_size=5", "--gamma=0.5"}) {
       flags.push_back(flag);
     }
     flags.push_back("--optimizer=" + kind);
+    if (zero) flags.push_back("--zero=1");
     ASSERT_EQ(RunTrainer(flags, dir + ".log"), 0) << ReadFile(dir + ".log");
 
     std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir);

@@ -27,6 +27,7 @@
 #include "libs/train/trainable_model.h"
 #include "libs/train/trainer.h"
 #include "libs/train/trainer_control.h"
+#include "libs/train/zero_optimizer.h"
 #include "proto/ckpt/v1/types.pb.h"
 #include "torch/optim/optimizer.h"
 
@@ -161,7 +162,15 @@ class RankRun {
   std::unique_ptr<TrainableModel> model_;
   ModelIdentity identity_;
   std::vector<at::Tensor> parameters_;
+  // The optimizer the loop steps: optimizer_, or with ZeRO-1 zero_ (whose shard optimizer holds
+  // the param group's hyper-parameters). Optimizer() is the one the scheduler and the logs see.
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<ZeroOptimizer> zero_;
+  torch::optim::Optimizer& Optimizer() const {
+    return zero_ != nullptr ? zero_->shard_optimizer() : *optimizer_;
+  }
+  // The optimizer's logical state dict (gathered from every rank with ZeRO-1: a collective).
+  absl::StatusOr<Value> OptimizerState() const;
   std::unique_ptr<LrScheduler> scheduler_;
   std::unique_ptr<ddp::DistributedDataParallel> data_parallel_;
   std::unique_ptr<ddp::DistributedSampler> sampler_;

@@ -106,7 +106,7 @@ absl::Status RankRun::SettleSharedCheckpoint() {
 absl::Status RankRun::TakeCheckpoint(bool wait) {
   CheckpointContents contents;
   contents.model = model_->Weights();
-  ASSIGN_OR_RETURN(Value optimizer_state, OptimizerStateDict(*optimizer_));
+  ASSIGN_OR_RETURN(Value optimizer_state, OptimizerState());
   contents.optimizer = std::move(optimizer_state);
   contents.scheduler = scheduler_->StateDict();
   contents.optimizer_param_names = model_->OptimizerParamNames();
@@ -141,7 +141,7 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   metadata.set_global_step(loop_.global_step);
   (*metadata.mutable_metrics())["loss"] = last_loss_;
   (*metadata.mutable_metrics())["samples_per_second"] = samples_per_second_;
-  (*metadata.mutable_metrics())["learning_rate"] = CurrentLearningRate(*optimizer_);
+  (*metadata.mutable_metrics())["learning_rate"] = CurrentLearningRate(Optimizer());
   if (eval_) {
     (*metadata.mutable_metrics())["val_loss"] = eval_->loss;
     if (eval_->accuracy) (*metadata.mutable_metrics())["val_acc"] = *eval_->accuracy;
@@ -159,6 +159,7 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   if (config_.model.kind == kTorchScriptKind) {
     (*metadata.mutable_labels())["model_file"] = config_.model.path;
   }
+  if (zero_ != nullptr) (*metadata.mutable_labels())["zero_stage"] = "1";
   metadata.set_description(absl::StrCat(config_.model.kind, " step ", loop_.global_step, " epoch ",
                                         loop_.epoch, " loss ", last_loss_));
   CommitOptions options;
@@ -178,7 +179,15 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   // Parameters and optimizer state are copied while the next step's forward and backward passes
   // run; TrainStep's guard waits for them before the optimizer writes them. They are also what
   // every rank holds alike, so a parallel checkpoint splits them between the ranks.
-  const std::vector<at::Tensor> step_writes = StepWrites(*optimizer_, *contents.optimizer);
+  std::vector<at::Tensor> step_writes;
+  if (zero_ != nullptr) {
+    // The parameters (ZeroOptimizer::Step writes them all, by broadcast) and the gathered state,
+    // a private copy every rank holds alike.
+    step_writes = parameters_;
+    AppendTensors(*contents.optimizer, step_writes);
+  } else {
+    step_writes = StepWrites(*optimizer_, *contents.optimizer);
+  }
   absl::Status submitted;
   if (shared_checkpoints_) {
     AsyncCheckpointer::SharedUpload share;
@@ -250,6 +259,10 @@ absl::Status RankRun::Finish() {
         "trainer: rank %d wrote its part of %d parallel checkpoint(s): %d bytes (%.1f MiB)\n",
         group_.rank, stats.parts_written, stats.part_bytes_written,
         static_cast<double>(stats.part_bytes_written) / (1 << 20));
+  }
+  if (zero_ != nullptr) {
+    std::cerr << absl::StrFormat("trainer: rank %d held %d bytes of optimizer state (ZeRO-1)\n",
+                                 group_.rank, zero_->shard_state_bytes());
   }
   // Nobody leaves before rank 0's store has committed: the other ranks may still be reading it.
   RETURN_IF_ERROR(CatchTorchErrors([&] { group_.comm.Barrier(); }));

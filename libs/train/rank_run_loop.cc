@@ -139,8 +139,13 @@ absl::Status RankRun::Evaluate() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Value> RankRun::OptimizerState() const {
+  if (zero_ != nullptr) return zero_->GatherStateDict();
+  return OptimizerStateDict(*optimizer_);
+}
+
 absl::StatusOr<uint64_t> RankRun::StateDigest() const {
-  ASSIGN_OR_RETURN(const Value optimizer_state, OptimizerStateDict(*optimizer_));
+  ASSIGN_OR_RETURN(const Value optimizer_state, OptimizerState());
   return CatchTorchErrors([&] {
     const ddp::ReplicaTensors replica = model_->Replica();
     std::vector<at::Tensor> tensors = replica.parameters;
@@ -160,7 +165,11 @@ absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>
                                           const std::vector<int64_t>& upcoming) {
   return CatchTorchErrors([&] {
     model_->SetTraining(true);
-    optimizer_->zero_grad();
+    if (zero_ != nullptr) {
+      zero_->ZeroGrad();
+    } else {
+      optimizer_->zero_grad();
+    }
     double loss_sum = 0;
     const double scale = 1.0 / static_cast<double>(micro_batches.size());
     for (size_t i = 0; i < micro_batches.size(); ++i) {
@@ -188,7 +197,11 @@ absl::StatusOr<double> RankRun::TrainStep(const std::vector<std::vector<int64_t>
     // The last checkpoint may still be copying the parameters and optimizer state this step
     // writes; it has had the forward and backward passes to finish.
     if (checkpointer_ != nullptr) checkpointer_->BeforeOptimizerStep();
-    optimizer_->step();
+    if (zero_ != nullptr) {
+      zero_->Step();  // this rank's slices, then every rank's broadcast: a collective.
+    } else {
+      optimizer_->step();
+    }
     scheduler_->Step();
     return loss_sum * scale;
   });
@@ -293,7 +306,7 @@ absl::Status RankRun::AfterStep(const StepConsensus& consensus, bool checkpoint_
   const std::string line =
       absl::StrFormat("epoch %d  step %d/%d  loss %.4f  lr %.3g  %.0f samples/s  ETA %s",
                       loop_.epoch, loop_.global_step, loop_.target_step, last_loss_,
-                      CurrentLearningRate(*optimizer_), samples_per_second_, FormatClock(eta));
+                      CurrentLearningRate(Optimizer()), samples_per_second_, FormatClock(eta));
   if (config_.progress_line) {
     std::cerr << "\r\x1b[K" << line << std::flush;
   } else if (steps_done % std::max<int64_t>(config_.log_every, 1) == 0 || last_step) {

@@ -99,8 +99,12 @@ absl::Status RankRun::Build() {
   RETURN_IF_ERROR(CatchTorchErrors([&] { model_->To(device_); }));
   parameters_ = model_->parameters();
   RETURN_IF_ERROR(CheckModelOnFirstBatch());
-  ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_.optimizer, parameters_));
-  ASSIGN_OR_RETURN(scheduler_, MakeScheduler(config_.scheduler, *optimizer_));
+  if (config_.zero_stage == 1) {
+    ASSIGN_OR_RETURN(zero_, ZeroOptimizer::Create(config_.optimizer, parameters_, group_.comm));
+  } else {
+    ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_.optimizer, parameters_));
+  }
+  ASSIGN_OR_RETURN(scheduler_, MakeScheduler(config_.scheduler, Optimizer()));
   return absl::OkStatus();
 }
 
@@ -160,17 +164,20 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
   loop_.sampler_position = state.sampler_position;
   loop_.global_step = state.global_step;
   loop_.target_step = state.target_step;
-  RETURN_IF_ERROR(LoadOptimizerStateDict(*optimizer_, *loaded.contents.optimizer));
+  // With ZeRO-1 each rank keeps its slices of the logical state, whatever world size wrote it.
+  RETURN_IF_ERROR(zero_ != nullptr
+                      ? zero_->LoadStateDict(*loaded.contents.optimizer)
+                      : LoadOptimizerStateDict(*optimizer_, *loaded.contents.optimizer));
   if (loop_.global_step < loop_.target_step) {
     // An interrupted leg continues exactly where it was.
     RETURN_IF_ERROR(scheduler_->LoadStateDict(*loaded.contents.scheduler));
   } else {
     // A finished leg (its schedule ran out, e.g. cosine down to 0): the new leg keeps the
     // weights and optimizer moments but starts a fresh schedule from the configured rate.
-    for (auto& param_group : optimizer_->param_groups()) {
+    for (auto& param_group : Optimizer().param_groups()) {
       param_group.options().set_lr(config_.optimizer.lr);
     }
-    ASSIGN_OR_RETURN(scheduler_, MakeScheduler(config_.scheduler, *optimizer_));
+    ASSIGN_OR_RETURN(scheduler_, MakeScheduler(config_.scheduler, Optimizer()));
     if (leader_) {
       std::cerr << "trainer: " << name << " ended its run at step " << loop_.global_step
                 << "; training " << config_.steps

@@ -59,6 +59,15 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("eval_fraction must be in [0, 1), not ", config.eval_fraction));
   }
+  if (config.zero_stage != 0 && config.zero_stage != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zero must be 0 or 1 (ZeRO stage 1: sharded optimizer state), not ", config.zero_stage));
+  }
+  if (config.zero_stage == 1 && !config.parallel_checkpoints) {
+    return absl::InvalidArgumentError(
+        "zero=1 needs parallel_checkpoints: each rank holds part of the optimizer state, so every "
+        "rank takes part in each checkpoint");
+  }
   if (config.device != "cpu" && config.device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("device must be cpu or cuda, not \"", config.device, "\""));
@@ -104,8 +113,7 @@ std::string FormatSummary(const TrainingSummary& summary) {
     absl::StrAppend(&out, "\n");
   }
   if (summary.last_eval) {
-    absl::StrAppendFormat(&out,
-                          "   held out (%d examples) at step %d: val_loss %.4f%s\n",
+    absl::StrAppendFormat(&out, "   held out (%d examples) at step %d: val_loss %.4f%s\n",
                           summary.last_eval->examples, summary.last_eval->global_step,
                           summary.last_eval->loss,
                           summary.last_eval->accuracy

@@ -90,6 +90,11 @@ struct TrainerConfig {
   // one upload, which rank 0 commits once every part is in (AsyncCheckpointer::SubmitShared).
   // The ranks must share one store. False: rank 0 uploads everything, as torch.save would.
   bool parallel_checkpoints = true;
+  // ZeRO stage: 0 (every rank holds the whole optimizer state) or 1 (each rank holds and steps
+  // only its slice of it: ZeroOptimizer, libs/train/zero_optimizer.h). Checkpoints hold the
+  // logical state either way, so a version restores into a run of either stage and any world
+  // size. Stage 1 with several ranks needs parallel_checkpoints.
+  int zero_stage = 0;
   // A checkpoint that fails (a full disk, a store that is restarting) is reported and training
   // goes on, as long as fewer than this many fail in a row; then the run stops with the error
   // rather than train on with nothing saved. The final checkpoint, and one a client asked for,

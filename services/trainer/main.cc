@@ -135,6 +135,11 @@ ABSL_FLAG(bool, parallel_checkpoints, true,
           "parallel, as its part of one upload that rank 0 commits when every part is in (a rank "
           "that dies mid-save leaves no version). The stored version is the one rank 0 alone would "
           "write. False: rank 0 uploads all of it.");
+ABSL_FLAG(int32_t, zero, 0,
+          "ZeRO stage: 0, or 1 to partition the optimizer state across the ranks (each holds and "
+          "steps its ~1/N slice; parameters are the same as without it, bit for bit). "
+          "Checkpoints hold the whole logical optimizer state_dict, so a version resumes with or "
+          "without ZeRO on any number of ranks and exports as a plain torch.optim state dict.");
 ABSL_FLAG(int32_t, max_failed_checkpoints, 3,
           "A checkpoint that fails (a full disk, the store restarting) is reported and training "
           "goes on; this many failing in a row stop the run with the error. The final "
@@ -241,6 +246,7 @@ absl::StatusOr<train::TrainerConfig> ConfigFromFlags() {
   config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   config.synchronous_checkpoints = absl::GetFlag(FLAGS_sync_checkpoints);
   config.parallel_checkpoints = absl::GetFlag(FLAGS_parallel_checkpoints);
+  config.zero_stage = absl::GetFlag(FLAGS_zero);
   config.max_consecutive_failed_checkpoints = absl::GetFlag(FLAGS_max_failed_checkpoints);
   config.resume = absl::GetFlag(FLAGS_resume);
   config.threads_per_rank = absl::GetFlag(FLAGS_threads_per_rank);

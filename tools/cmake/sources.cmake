@@ -111,6 +111,7 @@ set(CKPT_TRAINER_SOURCES
     libs/train/trainer.cc
     libs/train/trainer_control.cc
     libs/train/trainer_state.cc
+    libs/train/zero_optimizer.cc
     services/checkpoint_store/internal/work_queue.cc
     services/checkpoint_store/store_service.cc
     services/checkpoint_store/store_service_download.cc

@@ -52,11 +52,14 @@ def add_args(parser):
                         help="kills (and --max_restarts) per killed run (default 5)")
     parser.add_argument("--train_steps", type=int, default=2000,
                         help="optimizer steps of each run (default 2000)")
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1),
+                        help="the trainer's --zero (1: ZeRO-1, each rank holds and checkpoints "
+                             "its slice of the optimizer state; default 0)")
 
 
 def config_flags(args, store_dir):
     return ["--backend=gloo", "--device=cpu", "--nproc_per_node=2", f"--steps={args.train_steps}",
-            "--checkpoint_every=25", "--log_every=10", "--hidden=64",
+            "--checkpoint_every=25", "--log_every=10", "--hidden=64", f"--zero={args.zero}",
             f"--store_dir={store_dir}"]
 
 
