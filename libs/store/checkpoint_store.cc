@@ -20,6 +20,7 @@
 #include "libs/status/torch_status.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/chunk_layout.h"
+#include "libs/store/read_checkpoint.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/key_normalization.h"
@@ -487,12 +488,17 @@ absl::StatusOr<at::Tensor> CheckpointStore::ReadTensor(absl::string_view model, 
 
 absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadCheckpoint(const v1::VersionRef& ref) {
   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, OpenVersion(ref));
+  return ReadCheckpoint(*reader);
+}
+
+absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const VersionReader& reader,
+                                                const ReadCheckpointOptions& options) {
   LoadedCheckpoint loaded;
-  loaded.manifest = reader->manifest();
+  loaded.manifest = reader.manifest();
   const v1::Manifest& manifest = loaded.manifest;
   CheckpointContents& contents = loaded.contents;
   for (const v1::TensorMeta& meta : manifest.tensors()) {
-    ASSIGN_OR_RETURN(at::Tensor tensor, reader->ReadTensor(meta));
+    ASSIGN_OR_RETURN(at::Tensor tensor, reader.ReadTensor(meta));
     RETURN_IF_ERROR(contents.model.Insert(meta.key(), std::move(tensor), meta.original_device()));
   }
   absl::flat_hash_map<std::string, const v1::TensorMeta*> state_tensors;
@@ -506,9 +512,9 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::LoadCheckpoint(const v1::Versi
           FormatVersionRef(manifest.model(), manifest.version()),
           ": value tree references state tensor '", key, "', which the manifest lacks"));
     }
-    return reader->ReadTensor(*it->second);
+    return reader.ReadTensor(*it->second);
   };
-  if (manifest.has_optimizer_state()) {
+  if (manifest.has_optimizer_state() && options.optimizer_state) {
     ASSIGN_OR_RETURN(contents.optimizer, ValueFromProto(manifest.optimizer_state(), resolve));
   }
   if (manifest.has_scheduler_state()) {

@@ -255,7 +255,9 @@ absl::Status RankRun::TrainLoop() {
     last_loss_ = consensus.mean_loss;
     if (!std::isfinite(last_loss_)) {
       // Every rank sees the same mean, so all stop here together; the state this step made is
-      // never checkpointed (an upload of an earlier step still completes).
+      // never checkpointed (an upload of an earlier step still completes: a parallel one gets
+      // its verdict here, while every rank can still take part).
+      if (shared_checkpoints_) RETURN_IF_ERROR(SettleSharedCheckpoint());
       const std::string latest = !summary_.versions_written.empty()
                                      ? FormatVersionRef(summary_.versions_written.back())
                                  : summary_.resumed_from ? FormatVersionRef(*summary_.resumed_from)

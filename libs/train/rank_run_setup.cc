@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/read_checkpoint.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/lineage.h"
 #include "libs/train/rank_run.h"
@@ -141,7 +142,14 @@ absl::Status RankRun::Resume() {
 
 absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
   const std::string name = FormatVersionRef(ref);
-  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store_.LoadCheckpoint(ref));
+  // Every rank reads the version from the store itself; a ZeRO-1 rank reads only its slices of
+  // the optimizer state (ZeroOptimizer::LoadStateFrom), from this same reader.
+  ASSIGN_OR_RETURN(const std::unique_ptr<VersionReader> reader, store_.OpenVersion(ref));
+  ReadCheckpointOptions read_options;
+  read_options.optimizer_state = zero_ == nullptr;
+  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, ReadCheckpoint(*reader, read_options));
+  const bool has_optimizer_state = zero_ != nullptr ? loaded.manifest.has_optimizer_state()
+                                                    : loaded.contents.optimizer.has_value();
   const auto& labels = loaded.manifest.metadata().labels();
   for (const char* label : {"python_twin", "torchscript_class"}) {
     auto saved = labels.find(label);
@@ -153,7 +161,7 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
     }
   }
   RETURN_IF_ERROR(RestoreModel(loaded.contents.model, *model_, name));
-  if (!loaded.contents.optimizer || !loaded.contents.scheduler) {
+  if (!has_optimizer_state || !loaded.contents.scheduler) {
     return absl::FailedPreconditionError(
         absl::StrCat(name,
                      " has no optimizer or scheduler state (retention may have dropped it), so it "
@@ -164,9 +172,9 @@ absl::Status RankRun::RestoreFrom(const v1::VersionRef& ref) {
   loop_.sampler_position = state.sampler_position;
   loop_.global_step = state.global_step;
   loop_.target_step = state.target_step;
-  // With ZeRO-1 each rank keeps its slices of the logical state, whatever world size wrote it.
+  // With ZeRO-1 each rank reads its slices of the logical state, whatever world size wrote it.
   RETURN_IF_ERROR(zero_ != nullptr
-                      ? zero_->LoadStateDict(*loaded.contents.optimizer)
+                      ? zero_->LoadStateFrom(*reader)
                       : LoadOptimizerStateDict(*optimizer_, *loaded.contents.optimizer));
   if (loop_.global_step < loop_.target_step) {
     // An interrupted leg continues exactly where it was.

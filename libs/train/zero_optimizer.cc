@@ -7,6 +7,7 @@
 
 #include "ATen/ATen.h"
 #include "ATen/core/grad_mode.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,9 @@
 #include "libs/status/torch_status.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/upload_split.h"
+#include "libs/store/version_ref.h"
+#include "libs/tensor/dtype.h"
+#include "libs/tensor/value_proto.h"
 
 namespace ckpt::train {
 namespace {
@@ -306,6 +310,63 @@ absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
 }
 
 absl::Status ZeroOptimizer::LoadStateDict(const Value& state_dict) {
+  return LoadSlices(state_dict, [](const at::Tensor& full, const Slice& slice) {
+    return CatchTorchErrors([&] { return FlatSlice(full, slice).clone(); });
+  });
+}
+
+absl::Status ZeroOptimizer::LoadStateFrom(const VersionReader& reader) {
+  const v1::Manifest& manifest = reader.manifest();
+  if (!manifest.has_optimizer_state()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        FormatVersionRef(manifest.model(), manifest.version()), " holds no optimizer state"));
+  }
+  absl::flat_hash_map<std::string, const v1::TensorMeta*> state_tensors;
+  for (const v1::TensorMeta& meta : manifest.state_tensors())
+    state_tensors.emplace(meta.key(), &meta);
+  // Per-element tensors stand in as shape-only (meta device) placeholders, each read by range
+  // below; a tensor of one element (a 'step', or the state of a one-element parameter) is read.
+  absl::flat_hash_map<const void*, const v1::TensorMeta*> placeholders;
+  const TensorResolver resolve = [&](absl::string_view key) -> absl::StatusOr<at::Tensor> {
+    auto it = state_tensors.find(key);
+    if (it == state_tensors.end()) {
+      return absl::DataLossError(absl::StrCat("the optimizer state references tensor '", key,
+                                              "', which the manifest lacks"));
+    }
+    const v1::TensorMeta& meta = *it->second;
+    int64_t numel = 1;
+    for (int64_t size : meta.shape()) numel *= size;
+    if (numel <= 1) return reader.ReadTensor(meta);
+    ASSIGN_OR_RETURN(const DType stored, DTypeFromProto(meta.dtype()));
+    ASSIGN_OR_RETURN(const c10::ScalarType dtype, ToScalarType(stored));
+    ASSIGN_OR_RETURN(at::Tensor placeholder, CatchTorchErrors([&] {
+                       return at::empty(
+                           std::vector<int64_t>(meta.shape().begin(), meta.shape().end()),
+                           at::TensorOptions().dtype(dtype).device(at::kMeta));
+                     }));
+    placeholders.emplace(placeholder.unsafeGetTensorImpl(), &meta);
+    return placeholder;
+  };
+  ASSIGN_OR_RETURN(const Value skeleton, ValueFromProto(manifest.optimizer_state(), resolve));
+  return LoadSlices(
+      skeleton, [&](const at::Tensor& full, const Slice& slice) -> absl::StatusOr<at::Tensor> {
+        auto it = placeholders.find(full.unsafeGetTensorImpl());
+        if (it == placeholders.end()) {
+          return CatchTorchErrors([&] { return FlatSlice(full, slice).clone(); });
+        }
+        const int64_t element = full.element_size();
+        ASSIGN_OR_RETURN(at::Tensor part, CatchTorchErrors([&] {
+                           return at::empty({slice.end - slice.begin},
+                                            at::TensorOptions().dtype(full.scalar_type()));
+                         }));
+        RETURN_IF_ERROR(reader.ReadTensorRange(*it->second, slice.begin * element,
+                                               slice.end * element,
+                                               static_cast<char*>(part.data_ptr())));
+        return part;
+      });
+}
+
+absl::Status ZeroOptimizer::LoadSlices(const Value& state_dict, const SliceReader& slice_of) {
   const Value* states = state_dict.Find("state");
   if (states != nullptr && !states->is_dict()) {
     return absl::InvalidArgumentError("the optimizer state dict's 'state' is not a dict");
@@ -333,8 +394,7 @@ absl::Status ZeroOptimizer::LoadStateDict(const Value& state_dict) {
             "optimizer state '", key, "' of parameter ", slice.parameter, " has ", tensor.numel(),
             " elements, the parameter ", parameters_[slice.parameter].numel()));
       }
-      ASSIGN_OR_RETURN(at::Tensor part,
-                       CatchTorchErrors([&] { return FlatSlice(tensor, slice).clone(); }));
+      ASSIGN_OR_RETURN(at::Tensor part, slice_of(tensor, slice));
       entries.emplace_back(key, Value::Tensor(std::move(part)));
     }
     shard_states.emplace_back(static_cast<int64_t>(k), Value::Dict(std::move(entries)));

@@ -34,6 +34,7 @@
 //   ASSIGN_OR_RETURN(Value state, zero->GatherStateDict());   // to CheckpointContents
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "libs/ddp/communicator.h"
+#include "libs/store/checkpoint_store.h"
 #include "libs/tensor/value.h"
 #include "libs/train/optimizer.h"
 #include "torch/optim/optimizer.h"
@@ -90,12 +92,23 @@ class ZeroOptimizer {
   // parameter's.
   absl::Status LoadStateDict(const Value& state_dict);
 
+  // As LoadStateDict for the optimizer state of the version `reader` reads, reading from the store
+  // only this rank's byte ranges of each per-element state tensor (VersionReader::ReadTensorRange)
+  // and the per-parameter values: a resuming rank reads and holds its shard, not the whole state.
+  // FAILED_PRECONDITION when the version has no optimizer state; errors as LoadStateDict and the
+  // reader's.
+  absl::Status LoadStateFrom(const VersionReader& reader);
+
  private:
   ZeroOptimizer(const ddp::Communicator& comm, std::vector<at::Tensor> parameters)
       : comm_(comm), parameters_(std::move(parameters)) {}
 
   // The element range `slice` of `tensor` flattened (a view).
   static at::Tensor FlatSlice(const at::Tensor& tensor, const Slice& slice);
+  // LoadStateDict with `slice_of` giving a slice of a per-element state tensor (a copy).
+  using SliceReader =
+      std::function<absl::StatusOr<at::Tensor>(const at::Tensor& full, const Slice& slice)>;
+  absl::Status LoadSlices(const Value& state_dict, const SliceReader& slice_of);
 
   const ddp::Communicator& comm_;
   std::vector<at::Tensor> parameters_;
