@@ -60,6 +60,33 @@ void ExpectSameTensors(const Value& got, const Value& want, const std::string& w
   }
 }
 
+// Steps [first, end) of both optimizers over the same gradients, then checks that `sharded`
+// equals `plain` bit for bit (`what` names the case in the error).
+void StepBoth(ZeroOptimizer& zero, std::vector<at::Tensor>& sharded,
+              torch::optim::Optimizer& reference, std::vector<at::Tensor>& plain, int first,
+              int end, const std::string& what) {
+  for (int step = first; step < end; ++step) {
+    zero.ZeroGrad();
+    SetGradients(sharded, step);
+    zero.Step();
+    reference.zero_grad();
+    SetGradients(plain, step);
+    reference.step();
+    for (size_t i = 0; i < plain.size(); ++i) {
+      Check(at::equal(sharded[i], plain[i]), what + ": parameter " + std::to_string(i) +
+                                                 " differs from the plain optimizer's at step " +
+                                                 std::to_string(step + 1));
+    }
+  }
+}
+
+// A copy of `tensors` that shares no memory with them.
+std::vector<at::Tensor> Copies(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> copies;
+  for (const at::Tensor& tensor : tensors) copies.push_back(tensor.detach().clone());
+  return copies;
+}
+
 // One rank: for `kind`, ZeRO-1 against the plain optimizer over a copy of the same parameters.
 void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
   absl::StatusOr<OptimizerSpec> spec = ParseOptimizerKind(kind);
@@ -79,19 +106,7 @@ void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
               partition[0].owner == 0 && partition[1].owner == 1,
           "parameter 0 is not cut between the two ranks");
   }
-  for (int step = 0; step < 50; ++step) {
-    (*zero)->ZeroGrad();
-    SetGradients(sharded, step);
-    (*zero)->Step();
-    (*reference)->zero_grad();
-    SetGradients(plain, step);
-    (*reference)->step();
-    for (size_t i = 0; i < plain.size(); ++i) {
-      Check(at::equal(sharded[i], plain[i]), kind + ": parameter " + std::to_string(i) +
-                                                 " differs from the plain optimizer's at step " +
-                                                 std::to_string(step + 1));
-    }
-  }
+  StepBoth(**zero, sharded, **reference, plain, 0, 50, kind);
   absl::StatusOr<Value> gathered = (*zero)->GatherStateDict();
   Check(gathered.ok(), gathered.status().ToString());
   absl::StatusOr<Value> want = OptimizerStateDict(**reference);
@@ -100,24 +115,13 @@ void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
 
   // The plain optimizer's state restores into a fresh ZeRO optimizer (as a version saved by any
   // world size would), and both go on alike.
-  std::vector<at::Tensor> resumed = plain;
-  for (at::Tensor& tensor : resumed) tensor = tensor.detach().clone();
+  std::vector<at::Tensor> resumed = Copies(plain);
   absl::StatusOr<std::unique_ptr<ZeroOptimizer>> restored =
       ZeroOptimizer::Create(*spec, resumed, group.comm);
   Check(restored.ok(), restored.status().ToString());
   absl::Status loaded = (*restored)->LoadStateDict(*want);
   Check(loaded.ok(), loaded.ToString());
-  for (int step = 50; step < 55; ++step) {
-    (*restored)->ZeroGrad();
-    SetGradients(resumed, step);
-    (*restored)->Step();
-    (*reference)->zero_grad();
-    SetGradients(plain, step);
-    (*reference)->step();
-  }
-  for (size_t i = 0; i < plain.size(); ++i) {
-    Check(at::equal(resumed[i], plain[i]), kind + ": resumed parameter " + std::to_string(i));
-  }
+  StepBoth(**restored, resumed, **reference, plain, 50, 55, kind + " restored");
 
   // The same from a stored version, each rank reading only its byte ranges of the state tensors
   // (parameter 0's state spans two 4 MiB chunks, cut between the ranks). Processes cannot share
@@ -140,25 +144,13 @@ void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
   absl::StatusOr<std::unique_ptr<VersionReader>> reader =
       (*store)->OpenVersion(*ParseVersionRef("zero"));
   Check(reader.ok(), reader.status().ToString());
-  std::vector<at::Tensor> reread = plain;
-  for (at::Tensor& tensor : reread) tensor = tensor.detach().clone();
+  std::vector<at::Tensor> reread = Copies(plain);
   absl::StatusOr<std::unique_ptr<ZeroOptimizer>> from_store =
       ZeroOptimizer::Create(*spec, reread, group.comm);
   Check(from_store.ok(), from_store.status().ToString());
   loaded = (*from_store)->LoadStateFrom(**reader);
   Check(loaded.ok(), loaded.ToString());
-  for (int step = 55; step < 58; ++step) {
-    (*from_store)->ZeroGrad();
-    SetGradients(reread, step);
-    (*from_store)->Step();
-    (*reference)->zero_grad();
-    SetGradients(plain, step);
-    (*reference)->step();
-  }
-  for (size_t i = 0; i < plain.size(); ++i) {
-    Check(at::equal(reread[i], plain[i]),
-          kind + ": parameter " + std::to_string(i) + " after resuming from the store");
-  }
+  StepBoth(**from_store, reread, **reference, plain, 55, 58, kind + " resumed from the store");
 }
 
 int RunWorker() {
