@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -5,8 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/randperm.h"
 #include "c10/util/Exception.h"
 
 namespace ckpt::ddp {

@@ -3,7 +3,7 @@
 #include <map>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/format/checkpoint_file.h"

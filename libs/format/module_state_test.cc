@@ -3,7 +3,10 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/scalar_tensor.h"
+#include "ATen/ops/zeros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/format/testing/torch_fixtures.h"

@@ -4,7 +4,8 @@
 #include <cstring>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

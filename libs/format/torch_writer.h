@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "libs/format/zip_writer.h"

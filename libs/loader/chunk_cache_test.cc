@@ -7,7 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"

@@ -17,6 +17,7 @@
 #include "libs/store/version_ref.h"
 #include "libs/tensor/value_proto.h"
 #include "torch/csrc/autograd/grad_mode.h"
+#include "torch/nn/module.h"
 
 namespace ckpt {
 namespace {

@@ -40,7 +40,12 @@
 #include "libs/tensor/value.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
 #include "proto/ckpt/v1/types.pb.h"
-#include "torch/nn/module.h"
+
+// Only references to modules here: the definition (torch/nn/module.h pulls all of ATen's
+// operators, seconds of compile time in every includer) is included where a module is used.
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace ckpt {
 

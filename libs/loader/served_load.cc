@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "ATen/ops/empty.h"
+#include "ATen/ops/from_blob.h"
 #include "absl/strings/str_cat.h"
 #include "libs/io/xxh3.h"
 #include "libs/loader/loader.h"

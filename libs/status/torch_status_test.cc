@@ -3,7 +3,9 @@
 #include <new>
 #include <stdexcept>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/zeros.h"
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"

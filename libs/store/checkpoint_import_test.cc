@@ -9,7 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/format/checkpoint_file.h"

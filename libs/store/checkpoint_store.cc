@@ -7,7 +7,12 @@
 #include <tuple>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/_empty_affine_quantized.h"
+#include "ATen/ops/_empty_per_channel_affine_quantized.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/from_blob.h"
+#include "ATen/ops/tensor.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -24,7 +24,9 @@
 #include <map>
 #include <string>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/rand.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/store/checkpoint_store.h"

@@ -12,7 +12,12 @@
 #include <thread>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/zeros.h"
+#include "ATen/ops/zeros_like.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"

@@ -1,7 +1,9 @@
 #include "libs/tensor/device.h"
 
-#include "ATen/ATen.h"
 #include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/equal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"

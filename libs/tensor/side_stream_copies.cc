@@ -1,6 +1,7 @@
 #include "libs/tensor/side_stream_copies.h"
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
 #include "c10/core/Event.h"
 #include "c10/core/StreamGuard.h"
 #include "c10/util/Exception.h"

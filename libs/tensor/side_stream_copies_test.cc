@@ -5,7 +5,8 @@
 
 #include <string>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/testing/torch_error.h"

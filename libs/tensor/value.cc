@@ -4,7 +4,7 @@
 #include <cstring>
 #include <functional>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -10,7 +10,9 @@
 #include <iterator>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/tensor.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -15,7 +15,12 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/randn.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"

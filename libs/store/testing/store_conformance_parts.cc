@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"

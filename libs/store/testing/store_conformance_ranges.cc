@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/chunk_hasher.h"
