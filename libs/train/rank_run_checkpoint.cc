@@ -91,15 +91,13 @@ void RankRun::JudgeSharedCheckpoint(int parts_written, int parts_failed) {
 
 absl::Status RankRun::SettleSharedCheckpoint() {
   if (shared_checkpoint_step_ < 0) return absl::OkStatus();
-  const AsyncCheckpointer::PartState part = checkpointer_->WaitForPart();
+  const bool written = checkpointer_->WaitForPart() == AsyncCheckpointer::PartState::kWritten;
   ASSIGN_OR_RETURN(const std::vector<double> sums, CatchTorchErrors([&] {
-                     return group_.comm.AllReduceSum(
-                         {part == AsyncCheckpointer::PartState::kWritten ? 1.0 : 0.0,
-                          part == AsyncCheckpointer::PartState::kFailed ? 1.0 : 0.0});
+                     return group_.comm.AllReduceSum({written ? 1.0 : 0.0});
                    }));
-  // Every part is written or failed now, so this gives the verdict.
-  JudgeSharedCheckpoint(static_cast<int>(sums[0]),
-                        static_cast<int>(sums[1]) + (sums[0] + sums[1] < group_.world_size));
+  // Every part has ended now: any not written failed, so this gives the verdict.
+  const int parts_written = static_cast<int>(sums[0]);
+  JudgeSharedCheckpoint(parts_written, group_.world_size - parts_written);
   return absl::OkStatus();
 }
 

@@ -166,9 +166,11 @@ ABSL_FLAG(std::string, control_port_file, "",
 CKPT_DEFINE_SERVER_SECURITY_FLAGS(control_);
 ABSL_FLAG(int64_t, log_every, 20, "Steps between log lines when stderr is not a terminal.");
 ABSL_FLAG(bool, log_state_digests, false,
-          "Every rank logs \"rank R step S state HASH\" after every step: a hash of its "
-          "parameters and buffers, to show that all ranks (e.g. on different hosts) and two runs "
-          "hold the same model step by step. Default false.");
+          "Every rank logs \"rank R step S state HASH\" after every step, and \"rank R restored "
+          "MODEL@V state HASH\" after a resume: a hash of its parameters, buffers and optimizer "
+          "state, to show that all ranks (e.g. on different hosts), two runs, and a run resumed "
+          "on another number of ranks hold the same state. With --zero=1 it gathers the "
+          "optimizer state every step (a collective). Default false.");
 
 namespace ckpt {
 namespace {
