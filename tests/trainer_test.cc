@@ -415,6 +415,48 @@ TEST(TrainerTest, KilledRankWithoutRestartsStopsEveryRankWithinTheTimeout) {
   EXPECT_NE(kill(rank0, 0), 0) << "rank 0 outlived the launcher";
 }
 
+// The issue's whole story for ZeRO-1: a 2-rank ZeRO-1 run checkpoints in parallel (each rank
+// writing its own slices), a rank is killed (no restarts: the run stops), and its last version
+// resumes on 3 ZeRO ranks, each holding exactly the state the killed run had at that step (one
+// digest over parameters and optimizer state), then trains on to the run's target.
+TEST(TrainerTest, KilledZeroOneRunResumesOnThreeRanksWithTheStateOfItsLastCheckpoint) {
+  const std::string dir = TempPath("zero_killed");
+  std::vector<std::string> flags = LongRun(dir);
+  flags.insert(flags.end(), {"--steps=600", "--zero=1", "--log_state_digests"});
+  TrainerProcess process = StartTrainer(flags, dir + ".log");
+  ASSERT_TRUE(WaitForStep(process, 250, absl::Seconds(90))) << ReadFile(process.log);
+  const pid_t rank1 = FindRank(process.pid, 1);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  EXPECT_EQ(WaitForExit(process, absl::Seconds(30)), 1) << ReadFile(process.log);
+  const std::string killed_log = ReadFile(process.log);
+
+  // The latest version: the last parallel checkpoint (every 100 steps and at each epoch's end)
+  // whose parts were all written before the kill.
+  const LoadedCheckpoint latest = LoadLatest(dir, "mlp-synthetic");
+  const int64_t step = latest.manifest.metadata().global_step();
+  const std::string ref = absl::StrCat("mlp-synthetic@", latest.manifest.version());
+  ASSERT_GE(step, 200);
+  ASSERT_LT(step, 600) << "the run ended before the kill";
+  EXPECT_EQ(latest.manifest.metadata().labels().at("zero_stage"), "1");
+  const std::string saved = LoggedStateDigest(killed_log, absl::StrCat("rank 0 step ", step));
+  ASSERT_FALSE(saved.empty()) << killed_log;
+
+  const std::vector<std::string> resumed = {
+      "--store_dir=" + dir,   "--nproc_per_node=3", "--hidden=128", "--steps=600",
+      "--checkpoint_every=0", "--log_every=1",      "--zero=1",     "--log_state_digests"};
+  const std::string log = dir + "_three.log";
+  ASSERT_EQ(RunTrainer(resumed, log), 0) << ReadFile(log);
+  EXPECT_THAT(ReadFile(log), HasSubstr("was written by 2 ranks, this run has 3"));
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(LoggedStateDigest(ReadFile(log), absl::StrCat("rank ", rank, " restored ", ref)),
+              saved)
+        << "rank " << rank << ":\n"
+        << ReadFile(log);
+  }
+  EXPECT_EQ(LoadLatest(dir, "mlp-synthetic").manifest.metadata().global_step(), 600);
+}
+
 TEST(TrainerTest, ControlApiCheckpointsOnRequestAndStopsGracefully) {
   const std::string dir = TempPath("control");
   const std::string port_file = dir + ".port";

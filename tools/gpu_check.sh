@@ -3,7 +3,8 @@
 # load_from_loader and ddp_smoke_main with CMake (tools/cmake) against the PyTorch that $PYTHON
 # imports, then runs, each under `timeout`:
 #   (a) ddp_smoke_main: nccl/cuda on every GPU and on 1; gloo/cpu on 2 ranks always;
-#   (b) the trainer: nccl/cuda with 1 rank and with every GPU; gloo/cpu with 2 ranks always;
+#   (b) the trainer: nccl/cuda with 1 rank and with every GPU, and ZeRO-1 (--zero=1) on every
+#       GPU; gloo/cpu with 2 ranks always;
 #   (c) a rank SIGKILLed mid-run, restarted by --max_restarts, ending bit-identical to an
 #       uninterrupted run of the same config (the whole bundle, via ckpt export);
 #   (d) the trainer's checkpoint stall with asynchronous uploads (the default) against the same
@@ -352,6 +353,11 @@ check_trainer() {
     else
       result "(b) trainer nccl cuda, all GPUs" NOT_RUN "one GPU only: the 1-rank run is the all-GPU run"
     fi
+    # ZeRO-1 over NCCL: each rank's optimizer shard on its GPU, its slices copied to pinned host
+    # memory and written as its part of every checkpoint (on one GPU: one rank owning it all).
+    run_trainer "(b) trainer nccl cuda ZeRO-1, $gpus rank(s)" "$work/trainer-nccl-zero.log" \
+      "${common[@]}" --backend=nccl --device=cuda --nproc_per_node="$gpus" --zero=1 \
+      --store_dir="$work/store-nccl-zero" || true
   else
     result "(b) trainer nccl cuda" NOT_RUN "$gpu_reason"
   fi

@@ -158,9 +158,31 @@ absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta) {
 }
 
 // Collects the tensors of a value tree as state tensors under "<prefix>/<path>".
+// The devices that shape-only placeholders (meta-device tensors whose bytes other writers
+// supply: a ZeRO-1 rank's optimizer state) say their tensors live on, by tensor.
+void CollectPlaceholderDevices(const Value& value,
+                               absl::flat_hash_map<const void*, std::string>& devices) {
+  if (value.is_tensor()) {
+    if (value.tensor().is_meta() && !value.tensor_original_device().empty()) {
+      devices.emplace(value.tensor().unsafeGetTensorImpl(), value.tensor_original_device());
+    }
+  } else if (value.is_sequence()) {
+    for (const Value& item : value.items()) CollectPlaceholderDevices(item, devices);
+  } else if (value.is_dict()) {
+    for (const Value::Entry& entry : value.entries()) {
+      CollectPlaceholderDevices(entry.second, devices);
+    }
+  } else if (value.is_opaque()) {
+    CollectPlaceholderDevices(value.opaque_args(), devices);
+    CollectPlaceholderDevices(value.opaque_state(), devices);
+  }
+}
+
 class StateTensorTable {
  public:
   absl::StatusOr<v1::Value> Add(absl::string_view prefix, const Value& tree, v1::Manifest& header) {
+    absl::flat_hash_map<const void*, std::string> placeholder_devices;
+    CollectPlaceholderDevices(tree, placeholder_devices);
     return ValueToProto(
         tree,
         [&](const std::string& path, const at::Tensor& tensor) -> absl::StatusOr<std::string> {
@@ -174,7 +196,10 @@ class StateTensorTable {
           meta->set_key(key);
           meta->set_original_key(absl::StrCat(prefix, "/", path));
           RETURN_IF_ERROR(DescribeTensor(tensor, *meta));
-          meta->set_original_device(tensor.device().str());
+          auto placeholder = placeholder_devices.find(tensor.unsafeGetTensorImpl());
+          meta->set_original_device(placeholder != placeholder_devices.end()
+                                        ? placeholder->second
+                                        : tensor.device().str());
           tensors_.push_back(tensor);
           return key;
         });

@@ -9,10 +9,12 @@
 namespace ckpt {
 
 std::vector<std::vector<UploadRange>> SplitUpload(const v1::Manifest& header, int writers,
-                                                  const std::vector<int>& first_writer_only) {
+                                                  const std::vector<int>& first_writer_only,
+                                                  const std::vector<int>& supplied_by_writers) {
   writers = std::max(writers, 1);
   std::vector<std::vector<UploadRange>> split(writers);
   const absl::flat_hash_set<int> pinned(first_writer_only.begin(), first_writer_only.end());
+  const absl::flat_hash_set<int> supplied(supplied_by_writers.begin(), supplied_by_writers.end());
   const int model_tensors = header.tensors_size();
   const int tensors = model_tensors + header.state_tensors_size();
   auto length_of = [&](int index) {
@@ -22,10 +24,11 @@ std::vector<std::vector<UploadRange>> SplitUpload(const v1::Manifest& header, in
   int64_t pinned_bytes = 0;
   int64_t shared_bytes = 0;
   for (int index = 0; index < tensors; ++index) {
+    if (supplied.contains(index)) continue;
     (pinned.contains(index) ? pinned_bytes : shared_bytes) += length_of(index);
   }
   for (int index : first_writer_only) {
-    if (index >= 0 && index < tensors && length_of(index) > 0) {
+    if (index >= 0 && index < tensors && length_of(index) > 0 && !supplied.contains(index)) {
       split[0].push_back(UploadRange{index, 0, length_of(index)});
     }
   }
@@ -39,7 +42,7 @@ std::vector<std::vector<UploadRange>> SplitUpload(const v1::Manifest& header, in
   int writer = 0;
   int64_t handed_out = 0;  // shared bytes given to writers so far.
   for (int index = 0; index < tensors; ++index) {
-    if (pinned.contains(index)) continue;
+    if (pinned.contains(index) || supplied.contains(index)) continue;
     const int64_t length = length_of(index);
     int64_t begin = 0;
     while (begin < length) {

@@ -11,8 +11,10 @@
 //   ASSIGN_OR_RETURN(auto part, store.JoinUpload(name, split[rank]));   // if split[rank] is not
 //   empty RETURN_IF_ERROR(UploadTensorRanges(*part, prepared.tensors));
 
+#include <cstdint>
 #include <vector>
 
+#include "ATen/core/Tensor.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
 
@@ -25,9 +27,25 @@ namespace ckpt {
 // (never off by more than one chunk, except that a tensor of under one chunk is never cut); a
 // writer may get none when there are fewer bytes than writers have chunks. Tensors listed in
 // `first_writer_only` (tensor indices) go whole to writer 0: state that differs between ranks
-// (their random generators) is saved from rank 0's copy, as a one-writer save would.
+// (their random generators) is saved from rank 0's copy, as a one-writer save would. Tensors
+// listed in `supplied_by_writers` are left out (no writer gets a range of them, nor do their bytes
+// count towards a share): the writers supply them as OwnedTensorBytes, below.
 std::vector<std::vector<UploadRange>> SplitUpload(const v1::Manifest& header, int writers,
-                                                  const std::vector<int>& first_writer_only = {});
+                                                  const std::vector<int>& first_writer_only = {},
+                                                  const std::vector<int>& supplied_by_writers = {});
+
+// Bytes [begin, end) of a checkpoint tensor that one writer of a parted upload supplies from
+// memory of its own, `source`: contiguous, of `tensor`'s dtype, holding exactly those bytes. What
+// a ZeRO-1 rank saves of its slices: of an optimizer state tensor that no rank holds whole
+// (`tensor` is then a shape-only placeholder on the meta device, which PrepareUpload describes
+// and nothing reads), and of the parameters it updates. The writers' ranges of a tensor must
+// cover it exactly, each valid for JoinUpload; the store refuses the commit otherwise.
+struct OwnedTensorBytes {
+  at::Tensor tensor;
+  int64_t begin = 0;
+  int64_t end = 0;
+  at::Tensor source;
+};
 
 }  // namespace ckpt
 

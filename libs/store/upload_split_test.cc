@@ -119,6 +119,29 @@ TEST(UploadSplitTest, TensorsOnlyTheFirstWriterHasGoWholeToIt) {
   EXPECT_LE(std::abs(bytes[0] - bytes[1]), kChunk);
 }
 
+// What a ZeRO-1 save leaves to the split: the tensors the writers supply by their own ranges get
+// no range and do not weigh on the balance of the rest.
+TEST(UploadSplitTest, TensorsTheWritersSupplyAreLeftOut) {
+  const v1::Manifest header = Header({8 * kChunk, 20 * kChunk}, {20 * kChunk, 600});
+  const auto split =
+      SplitUpload(header, 2, /*first_writer_only=*/{3}, /*supplied_by_writers=*/{1, 2});
+  int64_t total = 0;
+  for (const std::vector<UploadRange>& part : split) {
+    if (!part.empty()) EXPECT_OK(CheckUploadRanges(header, part));
+    for (const UploadRange& range : part) {
+      EXPECT_NE(range.tensor_index, 1);
+      EXPECT_NE(range.tensor_index, 2);
+      total += range.end - range.begin;
+    }
+  }
+  EXPECT_EQ(total, 8 * kChunk + 600);
+  // Writer 0 takes the pinned 600 bytes and about half of tensor 0; writer 1 the rest of it.
+  ASSERT_FALSE(split[1].empty());
+  EXPECT_EQ(split[1].front().tensor_index, 0);
+  EXPECT_EQ(split[1].front().end, 8 * kChunk);
+  EXPECT_EQ(split[1].front().begin, 4 * kChunk);
+}
+
 TEST(UploadSplitTest, MoreWritersThanChunksLeavesSomeWithNothing) {
   const v1::Manifest header = Header({100, 200});
   const auto split = SplitUpload(header, 4);

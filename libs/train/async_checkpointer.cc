@@ -1,265 +1,61 @@
 #include "libs/train/async_checkpointer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "libs/io/parallel_copy.h"
-#include "libs/io/prefault.h"
+#include "absl/strings/str_cat.h"
 #include "libs/rpc/backoff.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
-#include "libs/store/upload_split.h"
-#include "libs/tensor/side_stream_copies.h"
+#include "libs/store/internal/failpoint.h"
 
 namespace ckpt::train {
 namespace {
 
-// Host tensors of an earlier snapshot, reused by shape and dtype. Writing into memory that is
-// already mapped avoids a page fault per 4 KiB, which made the first copy of fresh memory cost
-// most of the stall (tools/bench R7).
-class BufferPool {
- public:
-  void Add(at::Tensor tensor) {
-    std::string key = Key(tensor, tensor.is_pinned());
-    buffers_.emplace(std::move(key), std::move(tensor));
-  }
-  struct Buffer {
-    at::Tensor tensor;
-    bool fresh;  // newly allocated: its pages are not mapped yet.
-  };
-  // A contiguous CPU tensor shaped and typed like `like`: a spare one when there is one. Pinned
-  // (page-locked) for copies from an accelerator, which can then run asynchronously.
-  Buffer Take(const at::Tensor& like, bool pinned) {
-    auto it = buffers_.find(Key(like, pinned));
-    if (it == buffers_.end()) {
-      return {pinned ? EmptyPinned(like.sizes(), like.scalar_type())
-                     : at::empty(like.sizes(), like.options().device(at::kCPU)),
-              /*fresh=*/!pinned};  // pinned memory is mapped when it is allocated.
-    }
-    at::Tensor buffer = std::move(it->second);
-    buffers_.erase(it);
-    return {std::move(buffer), /*fresh=*/false};
-  }
-
- private:
-  static std::string Key(const at::Tensor& tensor, bool pinned) {
-    return c10::str(tensor.scalar_type(), tensor.sizes(), pinned ? " pinned" : "");
-  }
-  std::multimap<std::string, at::Tensor> buffers_;
-};
-
-// Mapping fresh pages in one call pays off for buffers of this size and up (libs/io/prefault.h).
-constexpr size_t kPrefaultMinBytes = size_t{1} << 20;
-
-// How a snapshot is taken: into the pool's buffers (fresh ones when it has none to spare), with
-// the plain copies collected and run together by ParallelCopy once every buffer is chosen, and
-// accelerator tensors copied into pinned buffers on a side stream per device.
-struct SnapshotContext {
-  BufferPool& pool;
-  std::vector<CopyRange> plain_copies;
-  std::map<std::string, std::shared_ptr<SideStreamCopies>> device_copies;  // by device name
-  // SubmitOverlapped: the position in the copy order of a storage whose plain copies are left to
-  // the background thread, and those copies (position, source, range).
-  std::map<const void*, size_t> deferred_memory;
-  struct Deferred {
-    size_t order;
-    at::Tensor source;
-    CopyRange range;
-  };
-  std::vector<Deferred> deferred_copies;
-
-  SideStreamCopies& CopiesFor(const c10::Device& device) {
-    std::shared_ptr<SideStreamCopies>& copies = device_copies[device.str()];
-    if (copies == nullptr) copies = std::make_shared<SideStreamCopies>(device);
-    return *copies;
-  }
-};
-
-// A snapshot whose accelerator copies may still be running: its host tensors may be read once
-// WaitForDeviceCopies() has returned.
-struct StagedSnapshot {
-  CheckpointContents contents;
-  std::vector<std::shared_ptr<SideStreamCopies>> device_copies;
-
-  absl::Status WaitForDeviceCopies() {
-    return CatchTorchErrors([&] {
-      for (const auto& copies : device_copies) copies->WaitOnHost();
-      device_copies.clear();
-    });
-  }
-};
-
-// The training stream stalls only to launch the copies: later kernels wait for them on the
-// device (they may overwrite what is being copied), the host does not.
-std::vector<std::shared_ptr<SideStreamCopies>> LaunchedDeviceCopies(SnapshotContext& context) {
-  std::vector<std::shared_ptr<SideStreamCopies>> launched;
-  for (auto& [device, copies] : context.device_copies) {
-    copies->OrderBeforeCurrentStream();
-    launched.push_back(copies);
-  }
-  return launched;
+// Which memory a tensor names: its storage, where in it, how many elements of which type. The
+// model's handle of a parameter and a state dict's detached one match; a placeholder on the meta
+// device matches only itself (each has a storage of its own).
+using TensorIdentity = std::tuple<const void*, int64_t, int64_t, int>;
+TensorIdentity IdentityOf(const at::Tensor& tensor) {
+  return {MemoryOf(tensor), tensor.has_storage() ? tensor.storage_offset() : 0, tensor.numel(),
+          static_cast<int>(tensor.scalar_type())};
 }
 
-// Whether `source`'s bytes are exactly its values in memory order, so that a memcpy into a
-// contiguous tensor of the same shape and dtype copies it.
-bool IsPlainCpuTensor(const at::Tensor& source) {
-  return source.device().is_cpu() && source.layout() == at::kStrided && source.is_contiguous() &&
-         !source.is_quantized() && !source.is_conj() && !source.is_neg() &&
-         !source._is_zerotensor();  // a zero tensor has no storage to copy from.
-}
-
-// What the guards match tensors by: the memory an in-place update of `tensor` writes.
-const void* MemoryOf(const at::Tensor& tensor) {
-  return tensor.has_storage() ? tensor.storage().unsafeGetStorageImpl() : nullptr;
-}
-
-// A private contiguous CPU copy. A plain CPU tensor's copy is only scheduled in
-// `context.plain_copies`: its bytes are there once the caller has run them.
-at::Tensor HostCopy(const at::Tensor& tensor, SnapshotContext& context) {
-  const at::Tensor source = tensor.detach();
-  if (source.layout() != at::kStrided || source.is_quantized()) {
-    // Sparse and other layouts, and quantized tensors (their quantizer comes along): as they are.
-    at::Tensor copy = source.to(at::kCPU, source.scalar_type(), /*non_blocking=*/false,
-                                /*copy=*/true);
-    return copy.is_contiguous() ? copy : copy.contiguous();
-  }
-  if (!source.device().is_cpu() && source.device().has_index()) {
-    // An accelerator tensor (the trainer's cuda:<local rank>): asynchronously, into pinned memory.
-    BufferPool::Buffer buffer = context.pool.Take(source, /*pinned=*/true);
-    context.CopiesFor(source.device()).CopyToHost(source, buffer.tensor);
-    return buffer.tensor;
-  }
-  BufferPool::Buffer buffer = context.pool.Take(source, /*pinned=*/false);
-  const bool prefault = buffer.fresh && buffer.tensor.nbytes() >= kPrefaultMinBytes;
-  if (IsPlainCpuTensor(source) && buffer.tensor.is_contiguous() &&
-      buffer.tensor.scalar_type() == source.scalar_type()) {
-    if (source.nbytes() > 0) {
-      const CopyRange range{buffer.tensor.data_ptr(), source.data_ptr(), source.nbytes(), prefault};
-      auto deferred = context.deferred_memory.find(MemoryOf(source));
-      if (deferred != context.deferred_memory.end()) {
-        context.deferred_copies.push_back({deferred->second, source, range});
-      } else {
-        context.plain_copies.push_back(range);
-      }
-    }
-    return buffer.tensor;
-  }
-  if (prefault) PrefaultForWrite(buffer.tensor.data_ptr(), buffer.tensor.nbytes());
-  buffer.tensor.copy_(source);  // another device, strides, a conjugate, negative or zero view.
-  return buffer.tensor;
-}
-
-Value SnapshotValue(const Value& value, SnapshotContext& context) {
-  switch (value.kind()) {
-    case Value::Kind::kTensor:
-      return Value::Tensor(HostCopy(value.tensor(), context), value.tensor_original_device());
-    case Value::Kind::kList:
-    case Value::Kind::kTuple: {
-      std::vector<Value> items;
-      items.reserve(value.items().size());
-      for (const Value& item : value.items()) items.push_back(SnapshotValue(item, context));
-      return value.is_list() ? Value::List(std::move(items)) : Value::Tuple(std::move(items));
-    }
-    case Value::Kind::kDict: {
-      std::vector<Value::Entry> entries;
-      entries.reserve(value.entries().size());
-      for (const Value::Entry& entry : value.entries()) {
-        entries.emplace_back(entry.first, SnapshotValue(entry.second, context));
-      }
-      return Value::Dict(std::move(entries));
-    }
-    case Value::Kind::kOpaque:
-      return Value::Opaque(value.opaque_class_name(), SnapshotValue(value.opaque_args(), context),
-                           SnapshotValue(value.opaque_state(), context));
-    default:
-      return value;  // scalars and strings are values already.
-  }
-}
-
-void CollectTensors(const Value& value, std::vector<at::Tensor>& out) {
-  if (value.is_tensor()) {
-    out.push_back(value.tensor());
-  } else if (value.is_sequence()) {
-    for (const Value& item : value.items()) CollectTensors(item, out);
-  } else if (value.is_dict()) {
-    for (const Value::Entry& entry : value.entries()) CollectTensors(entry.second, out);
-  } else if (value.is_opaque()) {
-    CollectTensors(value.opaque_args(), out);
-    CollectTensors(value.opaque_state(), out);
-  }
-}
-
-// With `deferred`, the plain copies of tensors sharing memory with one of them are not run but
-// appended to `deferred_copies`, in the order of `deferred`.
-absl::StatusOr<StagedSnapshot> Snapshot(
-    const CheckpointContents& contents, BufferPool& pool,
-    absl::Span<const at::Tensor> deferred = {},
-    std::vector<SnapshotContext::Deferred>* deferred_copies = nullptr) {
-  return CatchTorchErrors([&]() -> StagedSnapshot {
-    SnapshotContext context{pool, {}, {}, {}, {}};
-    for (size_t i = 0; i < deferred.size(); ++i) {
-      const void* memory = MemoryOf(deferred[i]);
-      if (memory != nullptr) context.deferred_memory.emplace(memory, i);  // the first one's place.
-    }
-    CheckpointContents copy;
-    for (const StateDict::Entry& entry : contents.model) {
-      copy.model.InsertOrAssign(
-          entry.key, HostCopy(entry.tensor, context),
-          entry.original_device.empty() ? entry.tensor.device().str() : entry.original_device);
-    }
-    if (contents.optimizer) copy.optimizer = SnapshotValue(*contents.optimizer, context);
-    if (contents.scheduler) copy.scheduler = SnapshotValue(*contents.scheduler, context);
-    copy.extra = SnapshotValue(contents.extra, context);
-    copy.metadata = contents.metadata;
-    copy.optimizer_param_names = contents.optimizer_param_names;
-    // The sources are `contents`' tensors, alive until this returns. The trainer waits for the
-    // snapshot, so the copy may take every core.
-    ParallelCopy(context.plain_copies, DefaultCopyThreads());
-    if (deferred_copies != nullptr) {
-      std::stable_sort(context.deferred_copies.begin(), context.deferred_copies.end(),
-                       [](const auto& a, const auto& b) { return a.order < b.order; });
-      *deferred_copies = std::move(context.deferred_copies);
-    }
-    return StagedSnapshot{std::move(copy), LaunchedDeviceCopies(context)};
-  });
-}
-
-// Every tensor a snapshot holds, for reuse by the next one.
-std::vector<at::Tensor> TensorsOf(const CheckpointContents& contents) {
-  std::vector<at::Tensor> tensors;
-  for (const StateDict::Entry& entry : contents.model) tensors.push_back(entry.tensor);
-  if (contents.optimizer) CollectTensors(*contents.optimizer, tensors);
-  if (contents.scheduler) CollectTensors(*contents.scheduler, tensors);
-  CollectTensors(contents.extra, tensors);
-  return tensors;
+// Bytes [begin, end) of `tensor` as a flat tensor to snapshot: a view of the live memory when the
+// tensor is contiguous and the range whole elements (what the guards of deferred copies match),
+// otherwise a private copy of those bytes of its contiguous CPU form, which is what
+// UploadTensorRanges sends.
+absl::StatusOr<at::Tensor> FlatByteRange(const at::Tensor& tensor, int64_t begin, int64_t end) {
+  return CatchTorchErrors(
+      [&]() -> at::Tensor {
+        const at::Tensor source = tensor.detach();
+        const int64_t element = static_cast<int64_t>(source.element_size());
+        if (source.layout() == at::kStrided && !source.is_quantized() && begin % element == 0 &&
+            end % element == 0) {
+          return source.reshape({-1}).slice(0, begin / element, end / element);
+        }
+        const at::Tensor cpu = source.to(at::kCPU).contiguous();
+        TORCH_CHECK(end <= static_cast<int64_t>(cpu.nbytes()), "range ", begin, "..", end,
+                    " of a tensor of ", cpu.nbytes(), " bytes");
+        at::Tensor bytes = at::empty({end - begin}, at::TensorOptions().dtype(at::kByte));
+        std::memcpy(bytes.data_ptr(), static_cast<const char*>(cpu.data_ptr()) + begin,
+                    static_cast<size_t>(end - begin));
+        return bytes;
+      },
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
-
-absl::StatusOr<Value> SnapshotValueToHost(const Value& value) {
-  return CatchTorchErrors([&] {
-    BufferPool fresh_buffers;
-    SnapshotContext context{fresh_buffers, {}, {}, {}, {}};
-    Value copy = SnapshotValue(value, context);
-    ParallelCopy(context.plain_copies, DefaultCopyThreads());
-    for (const auto& copies : LaunchedDeviceCopies(context)) copies->WaitOnHost();
-    return copy;
-  });
-}
-
-absl::StatusOr<CheckpointContents> SnapshotToHost(const CheckpointContents& contents) {
-  BufferPool fresh_buffers;
-  ASSIGN_OR_RETURN(StagedSnapshot staged, Snapshot(contents, fresh_buffers));
-  RETURN_IF_ERROR(staged.WaitForDeviceCopies());
-  return std::move(staged.contents);
-}
 
 AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store, std::string model_name)
     : store_(store), model_name_(std::move(model_name)) {}
@@ -296,48 +92,107 @@ absl::Status AsyncCheckpointer::JoinInFlight() {
 }
 
 absl::Status AsyncCheckpointer::Submit(const CheckpointContents& contents, CommitOptions options) {
-  return Start(contents, std::move(options), {});
+  return SubmitOverlapped(contents, std::move(options), {});
 }
 
 absl::Status AsyncCheckpointer::SubmitOverlapped(const CheckpointContents& contents,
                                                  CommitOptions options,
                                                  absl::Span<const at::Tensor> deferred) {
-  return Start(contents, std::move(options), deferred);
+  return Start(
+      [&](BufferPool& pool, std::vector<DeferredSnapshotCopy>* deferred_copies) {
+        return Snapshot(contents, pool, deferred, deferred_copies);
+      },
+      std::move(options), std::nullopt);
 }
 
 absl::Status AsyncCheckpointer::SubmitShared(const CheckpointContents& contents,
                                              CommitOptions options,
                                              absl::Span<const at::Tensor> deferred,
                                              SharedUpload share) {
-  absl::StatusOr<Share> mine = ShareOf(contents, options, share);
+  // Only this rank's ranges are copied: a rank holds a snapshot of its share, not of the state.
+  absl::StatusOr<PlannedShare> planned = PlanShare(contents, options, share);
   absl::Status started =
-      mine.ok() ? Start(contents, std::move(options), deferred, *std::move(mine)) : mine.status();
+      planned.ok() ? Start(
+                         [&](BufferPool& pool, std::vector<DeferredSnapshotCopy>* deferred_copies) {
+                           return SnapshotPieces(planned->sources, pool, deferred, deferred_copies);
+                         },
+                         std::move(options), std::move(planned->share))
+                   : planned.status();
   if (!started.ok()) SetPartState(PartState::kFailed);
   return started;
 }
 
-absl::StatusOr<AsyncCheckpointer::Share> AsyncCheckpointer::ShareOf(
+absl::StatusOr<AsyncCheckpointer::PlannedShare> AsyncCheckpointer::PlanShare(
     const CheckpointContents& contents, const CommitOptions& options, const SharedUpload& share) {
   if (share.world_size < 1 || share.rank < 0 || share.rank >= share.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", share.rank, " of ", share.world_size, " ranks"));
   }
-  ASSIGN_OR_RETURN(const PreparedUpload prepared, PrepareUpload(contents, options));
+  ASSIGN_OR_RETURN(PreparedUpload prepared, PrepareUpload(contents, options));
+  const int tensor_count = static_cast<int>(prepared.tensors.size());
+  absl::flat_hash_map<TensorIdentity, std::vector<int>> indices_of;
+  for (int index = 0; index < tensor_count; ++index) {
+    indices_of[IdentityOf(prepared.tensors[index])].push_back(index);
+  }
+  // The tensors the ranks supply by owned ranges, by index (a tied parameter has two).
+  absl::flat_hash_set<int> supplied;
+  for (const at::Tensor& tensor : share.partitioned) {
+    auto it = indices_of.find(IdentityOf(tensor));
+    if (it == indices_of.end()) {
+      return absl::InvalidArgumentError(
+          "a partitioned tensor of a shared upload is not one of the checkpoint's tensors");
+    }
+    supplied.insert(it->second.begin(), it->second.end());
+  }
   absl::flat_hash_set<const void*> replicated;
   for (const at::Tensor& tensor : share.replicated) replicated.insert(MemoryOf(tensor));
   std::vector<int> rank_zero_only;
-  for (size_t index = 0; index < prepared.tensors.size(); ++index) {
-    const void* memory = MemoryOf(prepared.tensors[index]);
-    if (memory == nullptr || !replicated.contains(memory)) {
-      rank_zero_only.push_back(static_cast<int>(index));
+  for (int index = 0; index < tensor_count; ++index) {
+    const at::Tensor& tensor = prepared.tensors[index];
+    if (supplied.contains(index)) continue;
+    if (tensor.is_meta()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint tensor ", index,
+                       " is a shape-only placeholder (meta device) but not partitioned: no rank "
+                       "would supply its bytes"));
     }
+    const void* memory = MemoryOf(tensor);
+    if (memory == nullptr || !replicated.contains(memory)) rank_zero_only.push_back(index);
   }
-  Share mine;
+  PlannedShare planned;
+  Share& mine = planned.share;
   mine.upload_name = share.upload_name;
   mine.leader = share.rank == 0;
-  mine.ranges = SplitUpload(prepared.header, share.world_size, rank_zero_only)[share.rank];
   mine.join_timeout = share.join_timeout;
-  return mine;
+  mine.ranges = SplitUpload(prepared.header, share.world_size, rank_zero_only,
+                            std::vector<int>(supplied.begin(), supplied.end()))[share.rank];
+  for (const UploadRange& range : mine.ranges) {
+    ASSIGN_OR_RETURN(at::Tensor source,
+                     FlatByteRange(prepared.tensors[range.tensor_index], range.begin, range.end));
+    planned.sources.push_back(std::move(source));
+  }
+  for (const OwnedTensorBytes& owned : share.owned) {
+    auto it = indices_of.find(IdentityOf(owned.tensor));
+    if (it == indices_of.end() || !supplied.contains(it->second.front())) {
+      return absl::InvalidArgumentError(
+          "owned bytes of a tensor that is not a partitioned tensor of the checkpoint");
+    }
+    const int64_t length = owned.end - owned.begin;
+    if (!owned.source.defined() || !owned.source.is_contiguous() ||
+        owned.source.scalar_type() != owned.tensor.scalar_type() || owned.begin < 0 ||
+        length <= 0 || owned.end > static_cast<int64_t>(owned.tensor.nbytes()) ||
+        static_cast<int64_t>(owned.source.nbytes()) != length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "owned bytes ", owned.begin, "..", owned.end, " of a tensor of ", owned.tensor.nbytes(),
+          " bytes need a contiguous source of its dtype holding exactly those bytes"));
+    }
+    for (int index : it->second) {
+      mine.ranges.push_back(UploadRange{index, owned.begin, owned.end});
+      planned.sources.push_back(owned.source.detach().reshape({-1}));
+    }
+  }
+  mine.header = std::move(prepared.header);
+  return planned;
 }
 
 AsyncCheckpointer::PartState AsyncCheckpointer::part_state() const {
@@ -392,14 +247,15 @@ absl::StatusOr<std::unique_ptr<UploadPart>> AsyncCheckpointer::JoinWhenBegun(con
 }
 
 absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::UploadShare(
-    const CheckpointContents& snapshot, CommitOptions options, const Share& share) {
-  // Every rank prepares the same header from the same state, so the ranges it was given (cut
-  // from the live state's header) are ranges of the leader's upload too.
-  ASSIGN_OR_RETURN(PreparedUpload prepared, PrepareUpload(snapshot, options));
+    const StagedSnapshot& snapshot, CommitOptions options, const Share& share) {
+  // Every rank prepared the same header from the same state, so its ranges are ranges of the
+  // leader's upload too. The failpoints (test builds only, libs/store/internal/failpoint.h) kill
+  // a rank at each phase of its part: parallel_save_kill_test.cc.
+  CKPT_FAILPOINT("shared_upload.before_join");
   std::unique_ptr<UploadSession> session;
   if (share.leader) {
     options.joinable_as = share.upload_name;
-    ASSIGN_OR_RETURN(session, store_->BeginUpload(model_name_, prepared.header, options));
+    ASSIGN_OR_RETURN(session, store_->BeginUpload(model_name_, share.header, options));
   }
   if (!share.ranges.empty()) {
     std::unique_ptr<UploadPart> part;
@@ -408,8 +264,21 @@ absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::UploadShare(
     } else {
       ASSIGN_OR_RETURN(part, JoinWhenBegun(share));
     }
-    RETURN_IF_ERROR(UploadTensorRanges(*part, prepared.tensors));
+    for (size_t index = 0; index < share.ranges.size(); ++index) {
+      const UploadRange& range = share.ranges[index];
+      const at::Tensor& piece = snapshot.pieces[index];
+      if (static_cast<int64_t>(piece.nbytes()) != range.end - range.begin) {
+        return absl::InternalError(absl::StrCat("snapshot piece ", index, " holds ", piece.nbytes(),
+                                                " bytes for range ", range.begin, "..", range.end));
+      }
+      RETURN_IF_ERROR(part->AddRangeData(
+          static_cast<int>(index), 0,
+          absl::string_view(static_cast<const char*>(piece.data_ptr()), piece.nbytes())));
+      if (index == 0) CKPT_FAILPOINT("shared_upload.mid_part");
+    }
+    RETURN_IF_ERROR(part->Finish());
   }
+  CKPT_FAILPOINT("shared_upload.part_written");
   int64_t part_bytes = 0;
   for (const UploadRange& range : share.ranges) part_bytes += range.end - range.begin;
   Decision decision;
@@ -431,15 +300,16 @@ absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::UploadShare(
                                            " abandoned: another rank's part of it failed (its "
                                            "log says why)"));
   }
+  CKPT_FAILPOINT("shared_upload.before_commit");
   ASSIGN_OR_RETURN(CommitResult committed, session->Commit());
   return committed;
 }
 
 absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::Upload(
-    const CheckpointContents& snapshot, CommitOptions options, const std::optional<Share>& share) {
+    const StagedSnapshot& snapshot, CommitOptions options, const std::optional<Share>& share) {
   if (share) return UploadShare(snapshot, std::move(options), *share);
   ASSIGN_OR_RETURN(CommitResult committed,
-                   store_->CommitCheckpoint(model_name_, snapshot, options));
+                   store_->CommitCheckpoint(model_name_, snapshot.contents, options));
   return committed;
 }
 
@@ -518,8 +388,7 @@ void AsyncCheckpointer::CopyDeferred() {
   stats_.last_deferred_copy = absl::Now() - start;
 }
 
-absl::Status AsyncCheckpointer::Start(const CheckpointContents& contents, CommitOptions options,
-                                      absl::Span<const at::Tensor> deferred,
+absl::Status AsyncCheckpointer::Start(const SnapshotTaker& take_snapshot, CommitOptions options,
                                       std::optional<Share> share) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(JoinInFlight());
@@ -531,20 +400,24 @@ absl::Status AsyncCheckpointer::Start(const CheckpointContents& contents, Commit
     for (at::Tensor& tensor : spare_buffers_) pool.Add(std::move(tensor));
     spare_buffers_.clear();
   }
-  std::vector<SnapshotContext::Deferred> deferred_copies;
-  ASSIGN_OR_RETURN(StagedSnapshot snapshot, Snapshot(contents, pool, deferred, &deferred_copies));
+  std::vector<DeferredSnapshotCopy> deferred_copies;
+  ASSIGN_OR_RETURN(StagedSnapshot snapshot, take_snapshot(pool, &deferred_copies));
   const absl::Time end = absl::Now();
   {
     absl::MutexLock lock(&mu_);
     in_flight_ = true;
     ++stats_.submitted;
     stats_.last_snapshot = end - snapshot_start;
+    stats_.last_snapshot_bytes = 0;
+    for (const at::Tensor& tensor : snapshot.Tensors()) {
+      stats_.last_snapshot_bytes += static_cast<int64_t>(tensor.nbytes());
+    }
     stats_.last_stall = end - start;
     stats_.total_stall += end - start;
     stats_.last_guard_wait = absl::ZeroDuration();
     stats_.last_deferred_copy = absl::ZeroDuration();
     deferred_.clear();
-    for (SnapshotContext::Deferred& copy : deferred_copies) {
+    for (DeferredSnapshotCopy& copy : deferred_copies) {
       deferred_.push_back({MemoryOf(copy.source), std::move(copy.source), copy.range, false});
     }
     deferred_pending_ = deferred_.size();
@@ -561,9 +434,9 @@ absl::Status AsyncCheckpointer::Start(const CheckpointContents& contents, Commit
     // Accelerator tensors arrive in their pinned buffers while the training runs on.
     absl::Status copied = snapshot.WaitForDeviceCopies();
     absl::StatusOr<std::optional<CommitResult>> committed =
-        copied.ok() ? Upload(snapshot.contents, std::move(options), share)
+        copied.ok() ? Upload(snapshot, std::move(options), share)
                     : absl::StatusOr<std::optional<CommitResult>>(copied);
-    std::vector<at::Tensor> spare = TensorsOf(snapshot.contents);
+    std::vector<at::Tensor> spare = snapshot.Tensors();
     snapshot = StagedSnapshot();
     absl::MutexLock lock(&mu_);
     spare_buffers_ = std::move(spare);  // kept for the next snapshot.

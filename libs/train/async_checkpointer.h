@@ -27,13 +27,15 @@
 // accelerator tensors) is copied before SubmitOverlapped returns, as Submit does.
 //
 // SubmitShared() writes one rank's share of a checkpoint that every rank of a job writes in
-// parallel (CheckpointStore::JoinUpload): each rank snapshots as above, the leader begins the
-// upload under a name every rank knows, each rank (the leader too) joins it for the byte ranges it
-// owns (SplitUpload) and finishes its part, and the leader commits only when told that every
-// part is in (EndSharedUpload(true), after the ranks agreed on it over a collective, which this
-// class never issues: the background thread runs no collectives). A part that fails, or a rank
-// that dies, leaves no version: the leader abandons the upload and the store's GC reclaims the
-// parts. The leader's commit waits for EndSharedUpload, so the leader must call it before Wait().
+// parallel (CheckpointStore::JoinUpload): each rank snapshots only the byte ranges it owns
+// (SplitUpload, or ranges it names itself: a ZeRO-1 rank's slices), so that a rank holds a copy of
+// its share and not of the whole state; the leader begins the upload under a name every rank
+// knows, each rank (the leader too) joins it for its ranges and finishes its part, and the leader
+// commits only when told that every part is in (EndSharedUpload(true), after the ranks agreed on it
+// over a collective, which this class never issues: the background thread runs no collectives). A
+// part that fails, or a rank that dies, leaves no version: the leader abandons the upload and the
+// store's GC reclaims the parts. The leader's commit waits for EndSharedUpload, so the leader must
+// call it before Wait().
 //
 // Thread-safety: Submit*, the guards, WaitForPart, EndSharedUpload and Wait are called from one
 // thread (the training loop); stats(), busy() and part_state() from any.
@@ -61,16 +63,12 @@
 #include "absl/types/span.h"
 #include "libs/io/parallel_copy.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/upload_split.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"
+#include "libs/train/host_snapshot.h"
 
 namespace ckpt::train {
-
-// A copy of `contents` whose every tensor (model, optimizer, scheduler, extra) is a fresh,
-// contiguous CPU tensor that shares no memory with the original: later in-place updates of the
-// live tensors (the next optimizer step) cannot change it.
-absl::StatusOr<CheckpointContents> SnapshotToHost(const CheckpointContents& contents);
-absl::StatusOr<Value> SnapshotValueToHost(const Value& value);
 
 class AsyncCheckpointer {
  public:
@@ -86,6 +84,8 @@ class AsyncCheckpointer {
     absl::Duration last_guard_wait;     // the guards' part of last_stall.
     absl::Duration last_deferred_copy;  // background: the deferred copies of the last snapshot.
     absl::Duration last_upload;         // background: store commit of the last finished upload.
+    // Host bytes the last snapshot copied (its buffers: a shared upload's are this rank's share).
+    int64_t last_snapshot_bytes = 0;
     // Shared uploads: the parts this rank wrote and their bytes.
     int64_t parts_written = 0;
     int64_t part_bytes_written = 0;
@@ -127,6 +127,13 @@ class AsyncCheckpointer {
     // state): their bytes are split between the ranks (SplitUpload). Every other tensor of the
     // checkpoint (buffers, RNG states) goes whole to rank 0, whose copy a one-writer save stores.
     std::vector<at::Tensor> replicated;
+    // Tensors whose bytes the ranks supply from memory of their own rather than by the split:
+    // the same tensors on every rank, listed in `partitioned`; this rank's ranges of them in
+    // `owned` (a ZeRO-1 rank's slices of the parameters and of their optimizer state, whose
+    // state tensors are then shape-only placeholders on the meta device). All ranks' ranges of
+    // a tensor must cover it exactly, or the commit fails.
+    std::vector<at::Tensor> partitioned;
+    std::vector<OwnedTensorBytes> owned;
     // How long the other ranks retry joining an upload the leader has not begun yet.
     absl::Duration join_timeout = absl::Minutes(2);
   };
@@ -137,8 +144,11 @@ class AsyncCheckpointer {
 
   // Like SubmitOverlapped, for one rank's share of a checkpoint all ranks write (see above).
   // `contents` must be the same state on every rank (replicated tensors; the split gives tensors
-  // that differ between ranks to the leader). Errors as SubmitOverlapped; after one the part is
-  // kFailed.
+  // that differ between ranks to the leader; placeholders of partitioned tensors stand for
+  // state no rank holds whole). Only this rank's ranges are snapshotted. Errors as
+  // SubmitOverlapped, and INVALID_ARGUMENT for owned bytes that do not fit their tensor, a
+  // partitioned tensor not in `contents` or a placeholder that is not partitioned; after one the
+  // part is kFailed.
   absl::Status SubmitShared(const CheckpointContents& contents, CommitOptions options,
                             absl::Span<const at::Tensor> deferred, SharedUpload share);
   PartState part_state() const;
@@ -173,26 +183,37 @@ class AsyncCheckpointer {
   };
 
   enum class Decision { kUndecided, kCommit, kAbandon };
-  // This rank's share of a shared upload, as the background thread writes it.
+  // This rank's share of a shared upload, as the background thread writes it: the upload's header
+  // (every rank prepares the same one; the leader begins the upload with it) and this rank's
+  // ranges, whose bytes are the snapshot's pieces, in order.
   struct Share {
     std::string upload_name;
     bool leader = false;
+    v1::Manifest header;
     std::vector<UploadRange> ranges;  // empty: no bytes for this rank this time.
     absl::Duration join_timeout;
   };
+  // A Share and, per range, the live bytes to snapshot (a flat view of them where it can be).
+  struct PlannedShare {
+    Share share;
+    std::vector<at::Tensor> sources;
+  };
+  using SnapshotTaker = std::function<absl::StatusOr<StagedSnapshot>(
+      BufferPool& pool, std::vector<DeferredSnapshotCopy>* deferred_copies)>;
 
   absl::Status JoinInFlight();
-  absl::Status Start(const CheckpointContents& contents, CommitOptions options,
-                     absl::Span<const at::Tensor> deferred,
-                     std::optional<Share> share = std::nullopt);
+  // Waits for the upload in flight, takes the snapshot, starts its upload.
+  absl::Status Start(const SnapshotTaker& take_snapshot, CommitOptions options,
+                     std::optional<Share> share);
+  // Cuts `contents` (the live state) into the ranks' shares and returns this rank's.
+  static absl::StatusOr<PlannedShare> PlanShare(const CheckpointContents& contents,
+                                                const CommitOptions& options,
+                                                const SharedUpload& share);
   // The background thread's store work: one commit, or one rank's part of a shared upload.
-  // Cuts `contents` (the live state: only its metadata is read) into the ranks' shares.
-  static absl::StatusOr<Share> ShareOf(const CheckpointContents& contents,
-                                       const CommitOptions& options, const SharedUpload& share);
-  absl::StatusOr<std::optional<CommitResult>> Upload(const CheckpointContents& snapshot,
+  absl::StatusOr<std::optional<CommitResult>> Upload(const StagedSnapshot& snapshot,
                                                      CommitOptions options,
                                                      const std::optional<Share>& share);
-  absl::StatusOr<std::optional<CommitResult>> UploadShare(const CheckpointContents& snapshot,
+  absl::StatusOr<std::optional<CommitResult>> UploadShare(const StagedSnapshot& snapshot,
                                                           CommitOptions options,
                                                           const Share& share);
   // A follower's JoinUpload, retried while the leader has not begun the upload.

@@ -389,6 +389,9 @@ TEST_F(AsyncCheckpointerTest, SharedUploadStoresWhatOneWriterWouldWithEachRankWr
   EXPECT_GE(leader.stats().part_bytes_written, 20 * mib);
   EXPECT_EQ(leader.stats().part_bytes_written + follower.stats().part_bytes_written,
             48 * mib + 4096 * 4 * 3);
+  // Each rank copied its share and nothing else.
+  EXPECT_EQ(follower.stats().last_snapshot_bytes, follower.stats().part_bytes_written);
+  EXPECT_EQ(leader.stats().last_snapshot_bytes, leader.stats().part_bytes_written);
   ExpectStored(*store_, "net@1", 2);
   absl::StatusOr<at::Tensor> late_buffer = store_->ReadTensor("net", 1, "bn2.running_var");
   ASSERT_THAT(late_buffer.status(), IsOk());
@@ -410,6 +413,93 @@ TEST_F(AsyncCheckpointerTest, SharedUploadStoresWhatOneWriterWouldWithEachRankWr
     EXPECT_EQ(shared->state_tensors(i).content_hash(), alone->state_tensors(i).content_hash())
         << alone->state_tensors(i).key();
   }
+}
+
+// TrainingContents(fill) as a ZeRO-1 rank of two holds it: the momentum buffer is a shape-only
+// placeholder, and a rank holds only its half of it (the first or last 8 MiB; both are -fill).
+struct ShardedRank {
+  CheckpointContents contents;
+  at::Tensor placeholder;
+  at::Tensor own_half;
+};
+ShardedRank ShardedContents(float fill) {
+  ShardedRank sharded;
+  sharded.contents = TrainingContents(fill);
+  sharded.placeholder = at::empty({4096, 1024}, at::TensorOptions().device(at::kMeta));
+  sharded.own_half = at::full({2048 * 1024}, -fill);
+  *sharded.contents.optimizer->FindMutable("state")->FindMutable(0) =
+      Value::Dict({{"momentum_buffer", Value::Tensor(sharded.placeholder, "cpu")}});
+  return sharded;
+}
+AsyncCheckpointer::SharedUpload ShardedShareFor(int rank, const ShardedRank& sharded) {
+  AsyncCheckpointer::SharedUpload share = ShareFor(rank, sharded.contents);
+  const int64_t half = int64_t{8} << 20;
+  share.replicated = {*sharded.contents.model.Find("fc1.weight"),
+                      *sharded.contents.model.Find("fc1.bias"),
+                      *sharded.contents.model.Find("fc2.weight")};
+  share.partitioned = {sharded.placeholder};
+  share.owned = {{sharded.placeholder, rank * half, (rank + 1) * half, sharded.own_half}};
+  return share;
+}
+
+TEST_F(AsyncCheckpointerTest, RanksOwningHalvesOfAPlaceholderStoreTheWholeTensor) {
+  AsyncCheckpointer leader(store_.get(), "net");
+  AsyncCheckpointer follower(store_.get(), "net");
+  ShardedRank rank0 = ShardedContents(6), rank1 = ShardedContents(6);
+  ASSERT_THAT(leader.SubmitShared(rank0.contents, {}, {rank0.own_half}, ShardedShareFor(0, rank0)),
+              IsOk());
+  ASSERT_THAT(
+      follower.SubmitShared(rank1.contents, {}, {rank1.own_half}, ShardedShareFor(1, rank1)),
+      IsOk());
+  ASSERT_EQ(leader.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  ASSERT_EQ(follower.WaitForPart(), AsyncCheckpointer::PartState::kWritten);
+  leader.EndSharedUpload(true);
+  follower.EndSharedUpload(true);
+  ASSERT_THAT(leader.Wait().status(), IsOk());
+  ASSERT_THAT(follower.Wait().status(), IsOk());
+  ExpectStored(*store_, "net@1", 6);
+  // Every rank copied its own bytes only: its 8 MiB of the state and about half of the rest.
+  const int64_t mib = int64_t{1} << 20;
+  EXPECT_EQ(follower.stats().last_snapshot_bytes, follower.stats().part_bytes_written);
+  EXPECT_LE(follower.stats().last_snapshot_bytes, 25 * mib);
+  EXPECT_EQ(leader.stats().part_bytes_written + follower.stats().part_bytes_written,
+            48 * mib + 4096 * 4 * 2);
+
+  // What one writer of the whole state stores, hash for hash, and where the state was.
+  ASSERT_THAT(store_->CommitCheckpoint("alone", TrainingContents(6)).status(), IsOk());
+  absl::StatusOr<v1::Manifest> shared = store_->GetManifest(*ParseVersionRef("net@1"));
+  absl::StatusOr<v1::Manifest> alone = store_->GetManifest(*ParseVersionRef("alone@1"));
+  ASSERT_THAT(shared.status(), IsOk());
+  ASSERT_THAT(alone.status(), IsOk());
+  ASSERT_EQ(shared->state_tensors_size(), alone->state_tensors_size());
+  for (int i = 0; i < alone->state_tensors_size(); ++i) {
+    EXPECT_EQ(shared->state_tensors(i).content_hash(), alone->state_tensors(i).content_hash());
+    EXPECT_EQ(shared->state_tensors(i).original_device(), "cpu");
+  }
+}
+
+TEST_F(AsyncCheckpointerTest, OwnedBytesThatCannotBeStoredAreRefusedAtSubmit) {
+  AsyncCheckpointer leader(store_.get(), "net");
+  ShardedRank rank0 = ShardedContents(7);
+  // A placeholder nobody supplies.
+  AsyncCheckpointer::SharedUpload unsupplied = ShardedShareFor(0, rank0);
+  unsupplied.partitioned.clear();
+  unsupplied.owned.clear();
+  EXPECT_THAT(leader.SubmitShared(rank0.contents, {}, {}, unsupplied),
+              StatusIs(absl::StatusCode::kInvalidArgument, "placeholder"));
+  EXPECT_EQ(leader.part_state(), AsyncCheckpointer::PartState::kFailed);
+  // A source that does not hold the bytes it claims.
+  AsyncCheckpointer::SharedUpload short_source = ShardedShareFor(0, rank0);
+  short_source.owned[0].source = at::zeros({1024});
+  EXPECT_THAT(leader.SubmitShared(rank0.contents, {}, {}, short_source),
+              StatusIs(absl::StatusCode::kInvalidArgument, "exactly those bytes"));
+  // Owned bytes of a tensor that is not partitioned.
+  AsyncCheckpointer::SharedUpload stray = ShardedShareFor(0, rank0);
+  stray.owned.push_back({*rank0.contents.model.Find("fc1.bias"), 0, 4096 * 4, at::zeros({4096})});
+  EXPECT_THAT(leader.SubmitShared(rank0.contents, {}, {}, stray),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a partitioned tensor"));
+  EXPECT_THAT(store_->GetManifest(*ParseVersionRef("net")).status(),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(AsyncCheckpointerTest, AbandonedSharedUploadLeavesNoVersion) {

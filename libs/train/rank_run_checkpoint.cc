@@ -5,6 +5,7 @@
 
 #include <iostream>
 #include <mutex>
+#include <optional>
 
 #include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
@@ -104,8 +105,15 @@ absl::Status RankRun::SettleSharedCheckpoint() {
 absl::Status RankRun::TakeCheckpoint(bool wait) {
   CheckpointContents contents;
   contents.model = model_->Weights();
-  ASSIGN_OR_RETURN(Value optimizer_state, OptimizerState());
-  contents.optimizer = std::move(optimizer_state);
+  // A ZeRO-1 rank gathers nothing: its part of the checkpoint is its slices, and the optimizer
+  // state no rank holds whole stands in the contents as shape-only placeholders.
+  std::optional<ZeroOptimizer::ShardedState> sharded;
+  if (zero_ != nullptr) {
+    ASSIGN_OR_RETURN(sharded, zero_->ShardedStateDict());
+    contents.optimizer = sharded->state_dict;
+  } else {
+    ASSIGN_OR_RETURN(contents.optimizer, OptimizerStateDict(*optimizer_));
+  }
   contents.scheduler = scheduler_->StateDict();
   contents.optimizer_param_names = model_->OptimizerParamNames();
   TrainerState state;
@@ -179,10 +187,10 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   // every rank holds alike, so a parallel checkpoint splits them between the ranks.
   std::vector<at::Tensor> step_writes;
   if (zero_ != nullptr) {
-    // The parameters (ZeroOptimizer::Step writes them all, by broadcast) and the gathered state,
-    // a private copy every rank holds alike.
+    // The parameters (ZeroOptimizer::Step writes them all, by broadcast) and this rank's live
+    // optimizer state, which its slices are copied from.
     step_writes = parameters_;
-    AppendTensors(*contents.optimizer, step_writes);
+    for (const OwnedTensorBytes& owned : sharded->owned) step_writes.push_back(owned.source);
   } else {
     step_writes = StepWrites(*optimizer_, *contents.optimizer);
   }
@@ -196,6 +204,10 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
     share.rank = group_.rank;
     share.world_size = group_.world_size;
     share.replicated = step_writes;
+    if (sharded) {
+      share.partitioned = std::move(sharded->partitioned);
+      share.owned = std::move(sharded->owned);
+    }
     submitted =
         checkpointer_->SubmitShared(contents, std::move(options), step_writes, std::move(share));
     // Even when this rank's part failed to start: the ranks judge the checkpoint together.

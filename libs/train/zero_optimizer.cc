@@ -1,6 +1,7 @@
 #include "libs/train/zero_optimizer.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -196,9 +197,11 @@ void ZeroOptimizer::Step() {
   }
 }
 
-absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
-  ASSIGN_OR_RETURN(const Value shard_dict, OptimizerStateDict(*optimizer_));
-  const Value* shard_states = shard_dict.Find("state");
+absl::StatusOr<ZeroOptimizer::LogicalState> ZeroOptimizer::DescribeLogicalState(
+    const TensorMaker& make_tensor) const {
+  LogicalState logical;
+  ASSIGN_OR_RETURN(logical.shard_dict, OptimizerStateDict(*optimizer_));
+  const Value* shard_states = logical.shard_dict.Find("state");
   // What this rank holds for each of its slices, one line each: "k<TAB>key=e<dtype>" for a
   // per-element tensor, "key=s<scalar>" for a per-parameter value, in the state's own order.
   std::vector<std::string> lines;
@@ -222,10 +225,8 @@ absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
   const std::string mine = absl::StrJoin(lines, "\n");
 
   // Every rank's lines, then the slices of the partition they describe.
-  struct SliceState {
-    std::vector<std::pair<std::string, std::string>> fields;  // key, "e<dtype>" or "s<scalar>"
-  };
-  std::vector<std::optional<SliceState>> states(partition_.size());
+  using Fields = std::vector<std::pair<std::string, std::string>>;  // key, "e<dtype>"/"s<scalar>"
+  std::vector<std::optional<Fields>> states(partition_.size());
   for (int owner = 0; owner < comm_.size(); ++owner) {
     ASSIGN_OR_RETURN(const std::string text,
                      CatchTorchErrors([&] { return comm_.BroadcastString(mine, owner); }));
@@ -239,41 +240,40 @@ absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
       if (!absl::SimpleAtoi(fields[0], &k) || k >= owned.size()) {
         return absl::InternalError(absl::StrCat("rank ", owner, " described a slice it lacks"));
       }
-      SliceState state;
+      Fields state;
       for (size_t f = 1; f < fields.size(); ++f) {
         const std::vector<absl::string_view> pair =
             absl::StrSplit(fields[f], absl::MaxSplits('=', 1));
         if (pair.size() != 2 || pair[1].empty()) {
           return absl::InternalError(absl::StrCat("rank ", owner, " sent ", fields[f]));
         }
-        state.fields.emplace_back(std::string(pair[0]), std::string(pair[1]));
+        state.emplace_back(std::string(pair[0]), std::string(pair[1]));
       }
       states[owned[k]] = std::move(state);
     }
   }
 
-  // Full state tensors per parameter, laid out by the slice holding its first element; each
-  // slice's part broadcast by its owner.
+  // Per parameter, the entries its first slice's owner described: per-element tensors made by
+  // `make_tensor`, per-parameter values as they are.
   std::vector<Value::Entry> logical_states;
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> full(parameters_.size());
+  logical.per_element.resize(parameters_.size());
+  logical.described.resize(partition_.size());
   for (size_t s = 0; s < partition_.size(); ++s) {
     const Slice& slice = partition_[s];
+    logical.described[s] = states[s].has_value();
     if (slice.begin != 0 || !states[s]) continue;
+    const at::Tensor& parameter = parameters_[slice.parameter];
     std::vector<Value::Entry> entries;
-    for (const auto& [key, field] : states[s]->fields) {
+    for (const auto& [key, field] : *states[s]) {
       if (field[0] == 'e') {
         int dtype;
         if (!absl::SimpleAtoi(absl::string_view(field).substr(1), &dtype)) {
           return absl::InternalError(absl::StrCat("bad dtype ", field));
         }
-        ASSIGN_OR_RETURN(at::Tensor tensor, CatchTorchErrors([&] {
-                           const at::Tensor& parameter = parameters_[slice.parameter];
-                           return at::empty(
-                               parameter.sizes(),
-                               parameter.options().dtype(static_cast<at::ScalarType>(dtype)));
-                         }));
-        full[slice.parameter].emplace_back(key, tensor);
-        entries.emplace_back(key, Value::Tensor(tensor));
+        ASSIGN_OR_RETURN(at::Tensor tensor,
+                         make_tensor(parameter, static_cast<at::ScalarType>(dtype)));
+        logical.per_element[slice.parameter].emplace_back(key, tensor);
+        entries.emplace_back(key, Value::Tensor(tensor, parameter.device().str()));
       } else {
         ASSIGN_OR_RETURN(Value scalar, DecodeScalar(absl::string_view(field).substr(1)));
         entries.emplace_back(key, std::move(scalar));
@@ -282,6 +282,22 @@ absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
     logical_states.emplace_back(static_cast<int64_t>(slice.parameter),
                                 Value::Dict(std::move(entries)));
   }
+  ASSIGN_OR_RETURN(Value groups,
+                   GroupOver(logical.shard_dict, static_cast<int64_t>(parameters_.size())));
+  logical.state_dict = Value::Dict(
+      {{"state", Value::Dict(std::move(logical_states))}, {"param_groups", std::move(groups)}});
+  return logical;
+}
+
+absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
+  ASSIGN_OR_RETURN(LogicalState logical,
+                   DescribeLogicalState([](const at::Tensor& parameter, at::ScalarType dtype) {
+                     return CatchTorchErrors([&] {
+                       return at::empty(parameter.sizes(), parameter.options().dtype(dtype));
+                     });
+                   }));
+  const Value* shard_states = logical.shard_dict.Find("state");
+  // Each slice's part of the full tensors, broadcast by its owner.
   RETURN_IF_ERROR(CatchTorchErrors([&] {
     at::NoGradGuard no_grad;
     size_t k = 0;
@@ -292,8 +308,8 @@ absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
                                      ? shard_states->Find(static_cast<int64_t>(k))
                                      : nullptr;
       if (mine_slice) ++k;
-      if (!states[s]) continue;
-      for (auto& [key, tensor] : full[slice.parameter]) {
+      if (!logical.described[s]) continue;
+      for (auto& [key, tensor] : logical.per_element[slice.parameter]) {
         at::Tensor view = FlatSlice(tensor, slice);
         if (shard_state != nullptr) {
           const Value* own = shard_state->Find(key);
@@ -304,9 +320,49 @@ absl::StatusOr<Value> ZeroOptimizer::GatherStateDict() const {
       }
     }
   }));
-  ASSIGN_OR_RETURN(Value groups, GroupOver(shard_dict, static_cast<int64_t>(parameters_.size())));
-  return Value::Dict(
-      {{"state", Value::Dict(std::move(logical_states))}, {"param_groups", std::move(groups)}});
+  return std::move(logical.state_dict);
+}
+
+absl::StatusOr<ZeroOptimizer::ShardedState> ZeroOptimizer::ShardedStateDict() const {
+  ASSIGN_OR_RETURN(LogicalState logical,
+                   DescribeLogicalState([](const at::Tensor& parameter, at::ScalarType dtype) {
+                     return CatchTorchErrors([&] {
+                       return at::empty(parameter.sizes(),
+                                        at::TensorOptions().dtype(dtype).device(at::kMeta));
+                     });
+                   }));
+  const Value* shard_states = logical.shard_dict.Find("state");
+  ShardedState sharded;
+  std::vector<bool> partitioned(parameters_.size(), false);
+  for (const Slice& slice : partition_) partitioned[slice.parameter] = true;
+  for (size_t p = 0; p < parameters_.size(); ++p) {
+    if (!partitioned[p]) continue;
+    sharded.partitioned.push_back(parameters_[p]);
+    for (const auto& [key, placeholder] : logical.per_element[p]) {
+      sharded.partitioned.push_back(placeholder);
+    }
+  }
+  RETURN_IF_ERROR(CatchTorchErrors([&] {
+    for (size_t k = 0; k < own_.size(); ++k) {
+      const Slice& slice = own_[k];
+      const at::Tensor& parameter = parameters_[slice.parameter];
+      const int64_t element = static_cast<int64_t>(parameter.element_size());
+      sharded.owned.push_back(
+          {parameter, slice.begin * element, slice.end * element, FlatSlice(parameter, slice)});
+      const Value* shard_state =
+          shard_states != nullptr ? shard_states->Find(static_cast<int64_t>(k)) : nullptr;
+      for (const auto& [key, placeholder] : logical.per_element[slice.parameter]) {
+        const Value* own = shard_state != nullptr ? shard_state->Find(key) : nullptr;
+        TORCH_CHECK(own != nullptr && own->is_tensor(), "this rank's slice ", k,
+                    " has no optimizer state '", key, "' while its parameter's first slice has");
+        const int64_t state_element = static_cast<int64_t>(placeholder.element_size());
+        sharded.owned.push_back({placeholder, slice.begin * state_element,
+                                 slice.end * state_element, own->tensor().detach()});
+      }
+    }
+  }));
+  sharded.state_dict = std::move(logical.state_dict);
+  return sharded;
 }
 
 absl::Status ZeroOptimizer::LoadStateDict(const Value& state_dict) {

@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ATen/core/Tensor.h"
@@ -43,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "libs/ddp/communicator.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/upload_split.h"
 #include "libs/tensor/value.h"
 #include "libs/train/optimizer.h"
 #include "torch/optim/optimizer.h"
@@ -86,6 +89,21 @@ class ZeroOptimizer {
   // comment), assembled from every rank's shards (a collective). Fresh tensors, not live ones.
   absl::StatusOr<Value> GatherStateDict() const;
 
+  // What a rank writes of a parallel checkpoint without gathering anything (a collective that
+  // exchanges only dtypes and per-parameter values): GatherStateDict()'s layout with each
+  // per-element state tensor a shape-only placeholder (meta device, the full shape; its Value
+  // names the parameters' device), this rank's slices of the parameters and of those state
+  // tensors as OwnedTensorBytes over the live tensors (snapshot them before the next Step), and
+  // the tensors the ranks' slices partition (the parameters and the placeholders, alike on every
+  // rank). For AsyncCheckpointer::SharedUpload's `owned` and `partitioned`: each rank then holds a
+  // copy of its slices only.
+  struct ShardedState {
+    Value state_dict;
+    std::vector<OwnedTensorBytes> owned;
+    std::vector<at::Tensor> partitioned;
+  };
+  absl::StatusOr<ShardedState> ShardedStateDict() const;
+
   // Restores a logical state dict (GatherStateDict's or a plain optimizer's, from any world
   // size): this rank keeps its slices of each state tensor. Errors as LoadOptimizerStateDict, and
   // INVALID_ARGUMENT for more than one param group or a state tensor whose size differs from its
@@ -102,6 +120,21 @@ class ZeroOptimizer {
  private:
   ZeroOptimizer(const ddp::Communicator& comm, std::vector<at::Tensor> parameters)
       : comm_(comm), parameters_(std::move(parameters)) {}
+
+  // The logical state dict's layout, from every rank's description of its slices (a collective:
+  // dtypes and per-parameter values only), its per-element tensors made by `make_tensor` (the
+  // parameter, the entry's dtype). per_element[p]: parameter p's such tensors by key;
+  // described[s]: whether slice s of partition_ has state; shard_dict: this rank's optimizer's
+  // state_dict(), over live tensors.
+  struct LogicalState {
+    Value state_dict;
+    std::vector<std::vector<std::pair<std::string, at::Tensor>>> per_element;
+    std::vector<bool> described;
+    Value shard_dict;
+  };
+  using TensorMaker =
+      std::function<absl::StatusOr<at::Tensor>(const at::Tensor& parameter, at::ScalarType dtype)>;
+  absl::StatusOr<LogicalState> DescribeLogicalState(const TensorMaker& make_tensor) const;
 
   // The element range `slice` of `tensor` flattened (a view).
   static at::Tensor FlatSlice(const at::Tensor& tensor, const Slice& slice);

@@ -87,6 +87,49 @@ std::vector<at::Tensor> Copies(const std::vector<at::Tensor>& tensors) {
   return copies;
 }
 
+// What a rank writes of a parallel checkpoint (ShardedStateDict) against the plain optimizer's
+// state `want`: placeholders of the full shapes in the same layout, and owned bytes that are
+// exactly the matching bytes of the parameters and of `want`'s tensors, for this rank's slices.
+void CheckShardedState(const ZeroOptimizer& zero, const std::vector<at::Tensor>& parameters,
+                       const Value& want, const std::string& kind) {
+  absl::StatusOr<ZeroOptimizer::ShardedState> sharded = zero.ShardedStateDict();
+  Check(sharded.ok(), sharded.status().ToString());
+  std::vector<at::Tensor> placeholders, full;
+  sharded->state_dict.ForEachTensor(
+      [&](const std::string&, const at::Tensor& t) { placeholders.push_back(t); });
+  want.ForEachTensor([&](const std::string&, const at::Tensor& t) { full.push_back(t); });
+  Check(placeholders.size() == full.size(), kind + ": sharded state has another layout");
+  for (size_t i = 0; i < full.size(); ++i) {
+    if (full[i].numel() <= 1) continue;  // 'step': a value, not a placeholder.
+    Check(placeholders[i].is_meta() && placeholders[i].sizes() == full[i].sizes(),
+          kind + ": state tensor " + std::to_string(i) + " is not a full-shape placeholder");
+  }
+  size_t owned_bytes = 0;
+  for (const OwnedTensorBytes& owned : sharded->owned) {
+    at::Tensor expected;
+    for (size_t p = 0; p < parameters.size(); ++p) {
+      if (owned.tensor.is_same(parameters[p])) expected = parameters[p];
+    }
+    for (size_t i = 0; i < full.size(); ++i) {
+      if (owned.tensor.is_same(placeholders[i])) expected = full[i];
+    }
+    Check(expected.defined(), kind + ": owned bytes of an unknown tensor");
+    const int64_t element = static_cast<int64_t>(expected.element_size());
+    const at::Tensor slice =
+        expected.reshape({-1}).slice(0, owned.begin / element, owned.end / element);
+    Check(at::equal(slice, owned.source.reshape({-1})),
+          kind + ": owned bytes differ from the plain optimizer's");
+    owned_bytes += owned.end - owned.begin;
+  }
+  // This rank's slices of the parameters and of each per-element state tensor, nothing more.
+  size_t own_elements = 0;
+  for (const ZeroOptimizer::Slice& slice : zero.own_slices())
+    own_elements += slice.end - slice.begin;
+  const size_t per_element_states = kind == "sgd" ? 1 : 2;
+  Check(owned_bytes == own_elements * 4 * (1 + per_element_states),
+        kind + ": owned bytes are not this rank's slices");
+}
+
 // One rank: for `kind`, ZeRO-1 against the plain optimizer over a copy of the same parameters.
 void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
   absl::StatusOr<OptimizerSpec> spec = ParseOptimizerKind(kind);
@@ -112,6 +155,7 @@ void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
   absl::StatusOr<Value> want = OptimizerStateDict(**reference);
   Check(want.ok(), want.status().ToString());
   ExpectSameTensors(*gathered, *want, kind + " gathered state");
+  CheckShardedState(**zero, sharded, *want, kind);
 
   // The plain optimizer's state restores into a fresh ZeRO optimizer (as a version saved by any
   // world size would), and both go on alike.

@@ -138,8 +138,10 @@ ABSL_FLAG(bool, parallel_checkpoints, true,
 ABSL_FLAG(int32_t, zero, 0,
           "ZeRO stage: 0, or 1 to partition the optimizer state across the ranks (each holds and "
           "steps its ~1/N slice; parameters are the same as without it, bit for bit). "
-          "Checkpoints hold the whole logical optimizer state_dict, so a version resumes with or "
-          "without ZeRO on any number of ranks and exports as a plain torch.optim state dict.");
+          "Checkpoints hold the whole logical optimizer state_dict, each rank writing its own "
+          "slices (nothing is gathered to save), so a version resumes with or without ZeRO on "
+          "any number of ranks and exports as a plain torch.optim state dict. Needs "
+          "--parallel_checkpoints.");
 ABSL_FLAG(int32_t, max_failed_checkpoints, 3,
           "A checkpoint that fails (a full disk, the store restarting) is reported and training "
           "goes on; this many failing in a row stop the run with the error. The final "

@@ -97,6 +97,7 @@ set(CKPT_TRAINER_SOURCES
     libs/tensor/value_proto.cc
     libs/train/async_checkpointer.cc
     libs/train/dataset.cc
+    libs/train/host_snapshot.cc
     libs/train/lineage.cc
     libs/train/lr_scheduler.cc
     libs/train/models.cc
@@ -697,6 +698,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/tensor/value_proto.cc
     libs/train/async_checkpointer.cc
     libs/train/dataset.cc
+    libs/train/host_snapshot.cc
     libs/train/lineage.cc
     libs/train/lr_scheduler.cc
     libs/train/models.cc
