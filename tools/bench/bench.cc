@@ -17,7 +17,8 @@
 // Each figure is one function in the file of its family: R1, R2, R3, R6 and R7 (saves and loads)
 // in save_load_figures.cc, R4 (the network) in network_figures.cc, R5 (the loader) in
 // loader_figures.cc, M1 and M2 (memory) in memory_figures.cc, R8 and R9 (training) in
-// training_figures.cc, R10 (parallel checkpoints) in parallel_save_figures.cc, D1 and D1 scoped
+// training_figures.cc, R10 (parallel checkpoints) in parallel_save_figures.cc, M3 (a ZeRO-1
+// rank's memory while it saves) in zero_save_figures.cc, D1 and D1 scoped
 // in dedup_figures.cc, R11 (Python saves) in
 // python_save_figures.cc; measurements.h has what several of them measure alike, and this file
 // the flags and the order they run in. --figures=R5,R8 measures only those (and what they need).
@@ -64,6 +65,7 @@
 #include "tools/bench/save_load_figures.h"
 #include "tools/bench/training_figures.h"
 #include "tools/bench/workloads.h"
+#include "tools/bench/zero_save_figures.h"
 
 ABSL_FLAG(bool, quick, false,
           "Small sizes and 2 runs: a smoke run of every code path in well under two minutes.");
@@ -103,6 +105,13 @@ ABSL_FLAG(int, r9_steps, 0,
           "steps; batch 32 (16) per rank.");
 ABSL_FLAG(int64_t, r11_mib, 0,
           "R11: MiB of the Python state dict saved (0: 1024, or 64 with --quick).");
+ABSL_FLAG(std::string, m3_rank, "",
+          "Internal: 'sharded' or 'gathered' runs one M3 rank in this (child) process.");
+ABSL_FLAG(std::string, m3_store, "", "Internal: the store service an M3 rank saves to.");
+ABSL_FLAG(std::string, m3_out, "", "Internal: file prefix an M3 rank writes its measurement to.");
+ABSL_FLAG(int64_t, m3_param_mib, 0,
+          "M3: MiB of float32 parameters a ZeRO-1 pair saves, with AdamW state twice that (0: "
+          "256, or 16 with --quick).");
 ABSL_FLAG(double, r8_bucket_cap_mib, 25,
           "R8: DataParallelOptions::bucket_cap_bytes in MiB (PyTorch's default: 25).");
 
@@ -166,6 +175,7 @@ absl::Status Run(const BenchOptions& options) {
   if (options.Wants("R8")) RETURN_IF_ERROR(FigureR8(options, report));
   if (options.Wants("R9")) RETURN_IF_ERROR(FigureR9(options, report));
   if (options.Wants("R10")) RETURN_IF_ERROR(FigureR10(options, report));
+  if (options.Wants("M3")) RETURN_IF_ERROR(FigureM3(options, report));
   if (options.Wants("R11")) RETURN_IF_ERROR(FigureR11(options, report));
 
   if (wants_any({"R1", "R2", "R3", "R6"})) {
@@ -261,6 +271,19 @@ int main(int argc, char** argv) {
         r8_rank, absl::GetFlag(FLAGS_r8_out), options.r8_steps, options.r8_bucket_cap_bytes);
     if (!status.ok()) {
       std::cerr << "bench R8 rank: " << status << std::endl;
+      return 1;
+    }
+    return 0;
+  }
+
+  options.m3_param_bytes = or_default(absl::GetFlag(FLAGS_m3_param_mib), 256, 16) << 20;
+  const std::string m3_rank = absl::GetFlag(FLAGS_m3_rank);
+  if (!m3_rank.empty()) {
+    const absl::Status status =
+        ckpt::bench::RunM3Rank(m3_rank, absl::GetFlag(FLAGS_m3_store), absl::GetFlag(FLAGS_m3_out),
+                               options.m3_param_bytes);
+    if (!status.ok()) {
+      std::cerr << "bench M3 rank: " << status << std::endl;
       return 1;
     }
     return 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -203,5 +204,20 @@ absl::StatusOr<double> TimeStoreLoad(CheckpointStore& store, const Workload& wor
   }
   return seconds;
 }
+
+absl::StatusOr<ProcMemory> ReadProcMemory() {
+  std::ifstream status("/proc/self/status");
+  if (!status) return absl::InternalError("cannot read /proc/self/status");
+  ProcMemory memory;
+  std::string line;
+  while (std::getline(status, line)) {
+    int64_t value = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &value) == 1) memory.rss_kib = value;
+    if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &value) == 1) memory.hwm_kib = value;
+  }
+  return memory;
+}
+
+void ResetPeakMemory() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 }  // namespace ckpt::bench

@@ -78,6 +78,16 @@ int64_t LoadedBytes(const LoadedCheckpoint& loaded);
 absl::StatusOr<double> TimeStoreLoad(CheckpointStore& store, const Workload& workload,
                                      bool compare);
 
+// This process's resident memory now and its peak since the last reset (VmRSS and VmHWM of
+// /proc/self/status), in KiB.
+struct ProcMemory {
+  int64_t rss_kib = 0;
+  int64_t hwm_kib = 0;
+};
+absl::StatusOr<ProcMemory> ReadProcMemory();
+// Resets VmHWM to the current RSS (clear_refs 5), so the next peak is one measurement's alone.
+void ResetPeakMemory();
+
 }  // namespace ckpt::bench
 
 #endif  // CKPT_TOOLS_BENCH_MEASUREMENTS_H_

@@ -30,24 +30,6 @@ namespace fs = std::filesystem;
 // ---- M1: peak RSS, each measured in a fresh child process (this binary re-executed with
 // --m1_child) so the parent's heap, page cache of other figures and allocator state do not count.
 
-struct ProcMemory {
-  int64_t rss_kib = 0;
-  int64_t hwm_kib = 0;
-};
-
-absl::StatusOr<ProcMemory> ReadProcMemory() {
-  std::ifstream status("/proc/self/status");
-  if (!status) return absl::InternalError("cannot read /proc/self/status");
-  ProcMemory memory;
-  std::string line;
-  while (std::getline(status, line)) {
-    int64_t value = 0;
-    if (std::sscanf(line.c_str(), "VmRSS: %ld kB", &value) == 1) memory.rss_kib = value;
-    if (std::sscanf(line.c_str(), "VmHWM: %ld kB", &value) == 1) memory.hwm_kib = value;
-  }
-  return memory;
-}
-
 absl::StatusOr<double> MeasureM1(const BenchOptions& options, const std::string& mode,
                                  const std::string& db, std::string& detail) {
   ASSIGN_OR_RETURN(
@@ -81,8 +63,7 @@ constexpr int kM2Tensors = 8;
 // Runs in the child. Prints "M1 <baseline KiB> <peak KiB> <checkpoint bytes>".
 absl::Status RunM1Child(const BenchOptions& options, const std::string& mode,
                         const std::string& db) {
-  // Resets VmHWM to the current RSS, so the peak is this measurement's alone.
-  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  ResetPeakMemory();  // the peak is this measurement's alone.
   ASSIGN_OR_RETURN(ProcMemory baseline, ReadProcMemory());
   int64_t bytes = 0;
   ProcMemory peak;
@@ -139,7 +120,7 @@ absl::Status RunM2Child(const std::string& format_name, const std::string& db,
   }
   ExportOptions options;
   ASSIGN_OR_RETURN(options.format, ParseExportFormat(format_name));
-  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  ResetPeakMemory();
   ASSIGN_OR_RETURN(ProcMemory baseline, ReadProcMemory());
   ASSIGN_OR_RETURN(ExportResult result, ExportToFile(*reader, options, out));
   ASSIGN_OR_RETURN(ProcMemory peak, ReadProcMemory());

@@ -12,16 +12,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "libs/client/remote_checkpoint_store.h"
-#include "libs/rpc/grpc_server.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
-#include "services/checkpoint_store/store_service.h"
 #include "tools/bench/grpc_baseline.h"
 #include "tools/bench/measurements.h"
+#include "tools/bench/served_store.h"
 #include "tools/bench/stats.h"
 
 namespace ckpt::bench {
@@ -102,11 +101,7 @@ absl::StatusOr<std::vector<at::Tensor>> FreshByteTensors(const Workload& workloa
 absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
                       const SaveLoadTimes& times, Report& report) {
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(times.kept_store));
-  ASSIGN_OR_RETURN(std::unique_ptr<StoreService> service,
-                   StoreService::Create(store.get(), StoreServiceOptions()));
-  ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
-                   GrpcServer::Start(GrpcServerOptions(),
-                                     {{service.get(), v1::CheckpointStore::service_full_name()}}));
+  ASSIGN_OR_RETURN(ServedStore served, ServeStore(*store));
   struct Side {
     std::vector<double> download_s, download_faults, tcp_s, tcp_faults, memcpy_s, memcpy_faults;
     // gRPC alone (grpc_baseline.h): the same bytes in one gRPC stream without the store.
@@ -126,7 +121,7 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
   };
   absl::Status measured = [&]() -> absl::Status {
     RemoteStoreOptions remote_options;
-    remote_options.address = server->address();
+    remote_options.address = served.server->address();
     ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> remote,
                      RemoteCheckpointStore::Connect(remote_options));
     ASSIGN_OR_RETURN(std::unique_ptr<GrpcBaseline> grpc_alone, GrpcBaseline::Start());
@@ -191,8 +186,8 @@ absl::Status FigureR4(const BenchOptions& options, const Workload& workload,
     }
     return absl::OkStatus();
   }();
-  server->Shutdown(absl::Seconds(5));
-  server->Wait();
+  served.server->Shutdown(absl::Seconds(5));
+  served.server->Wait();
   RETURN_IF_ERROR(measured);
   warm.memcpy_s = times.memcpy_s;
   report.AddTiming("gRPC download, 1 stream, loopback, into faulted-in memory (ReadTensorInto)",

@@ -7,12 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "libs/rpc/grpc_server.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "nlohmann/json.hpp"
-#include "services/checkpoint_store/store_service.h"
 #include "tools/bench/run_command.h"
+#include "tools/bench/served_store.h"
 #include "tools/bench/stats.h"
 
 namespace ckpt::bench {
@@ -40,11 +39,7 @@ absl::Status FigureR11(const BenchOptions& options, Report& report) {
   store_options.db_path = dir + "/store";
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
                    RocksDbCheckpointStore::Open(store_options));
-  ASSIGN_OR_RETURN(std::unique_ptr<StoreService> service,
-                   StoreService::Create(store.get(), StoreServiceOptions()));
-  ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> server,
-                   GrpcServer::Start(GrpcServerOptions(),
-                                     {{service.get(), v1::CheckpointStore::service_full_name()}}));
+  ASSIGN_OR_RETURN(const ServedStore served, ServeStore(*store));
   const int64_t bytes = options.r11_bytes;
   // The upload must fit between two saves, or save_async waits for it (and counts the wait):
   // 1 GiB took 3-7 s here beside the loop's matrix products on 2 cores.
@@ -58,8 +53,8 @@ absl::Status FigureR11(const BenchOptions& options, Report& report) {
       const std::string output,
       RunCommand(absl::StrCat(
           "PYTHONPATH=", options.python_client_dir, " ", PythonMallocEnvironment(Regime::kWarm),
-          " ", options.python, " ", options.r11_script, " 127.0.0.1:", server->port(), " ", dir,
-          " ", bytes, " ", options.runs, " ", step_seconds, " ", steps_between_saves)));
+          " ", options.python, " ", options.r11_script, " 127.0.0.1:", served.port(), " ", dir, " ",
+          bytes, " ", options.runs, " ", step_seconds, " ", steps_between_saves)));
   const nlohmann::json result = nlohmann::json::parse(output, nullptr, /*allow_exceptions=*/false);
   if (result.is_discarded()) {
     return absl::InternalError("R11: the Python side printed no JSON:\n" + output);

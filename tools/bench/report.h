@@ -45,11 +45,12 @@ struct BenchOptions {
   int64_t r8_bucket_cap_bytes = int64_t{25} << 20;
   int64_t m2_tensor_bytes = int64_t{64} << 20;
   int r9_steps = 30;
-  std::string r9_script;                 // scripted_training_baseline.py
-  std::string trainer;                   // the //services/trainer binary
-  int64_t r11_bytes = int64_t{1} << 30;  // R11's state dict.
-  std::string r11_script;                // python_save_baseline.py
-  std::string python_client_dir;         // clients/python (ckpt_client), for PYTHONPATH
+  std::string r9_script;                        // scripted_training_baseline.py
+  std::string trainer;                          // the //services/trainer binary
+  int64_t r11_bytes = int64_t{1} << 30;         // R11's state dict.
+  std::string r11_script;                       // python_save_baseline.py
+  std::string python_client_dir;                // clients/python (ckpt_client), for PYTHONPATH
+  int64_t m3_param_bytes = int64_t{256} << 20;  // M3's parameters (AdamW state: twice this).
 
   bool Wants(const std::string& figure) const {
     return figures.empty() || std::find(figures.begin(), figures.end(), figure) != figures.end();
