@@ -116,16 +116,7 @@ Value SnapshotValue(const Value& value, SnapshotContext& context) {
 }
 
 void CollectTensors(const Value& value, std::vector<at::Tensor>& out) {
-  if (value.is_tensor()) {
-    out.push_back(value.tensor());
-  } else if (value.is_sequence()) {
-    for (const Value& item : value.items()) CollectTensors(item, out);
-  } else if (value.is_dict()) {
-    for (const Value::Entry& entry : value.entries()) CollectTensors(entry.second, out);
-  } else if (value.is_opaque()) {
-    CollectTensors(value.opaque_args(), out);
-    CollectTensors(value.opaque_state(), out);
-  }
+  value.ForEachTensor([&](const std::string&, const at::Tensor& tensor) { out.push_back(tensor); });
 }
 
 // Runs `copy_all` (which schedules copies into `context` and builds the snapshot's host side)

@@ -22,16 +22,6 @@
 namespace ckpt::train::internal {
 namespace {
 
-void AppendTensors(const Value& value, std::vector<at::Tensor>& out) {
-  if (value.is_tensor()) {
-    out.push_back(value.tensor());
-  } else if (value.is_sequence()) {
-    for (const Value& item : value.items()) AppendTensors(item, out);
-  } else if (value.is_dict()) {
-    for (const Value::Entry& entry : value.entries()) AppendTensors(entry.second, out);
-  }
-}
-
 // What optimizer.step() writes in place, in the order it writes it: each parameter with its state
 // (`optimizer_state`'s "state" entry under the parameter's id). A checkpoint copies these on the
 // upload thread in this order while the next forward and backward passes run, and TrainStep waits
@@ -46,7 +36,10 @@ std::vector<at::Tensor> StepWrites(const torch::optim::Optimizer& optimizer,
     for (const at::Tensor& parameter : group.params()) {
       writes.push_back(parameter);
       const Value* own = state != nullptr && state->is_dict() ? state->Find(id) : nullptr;
-      if (own != nullptr) AppendTensors(*own, writes);
+      if (own != nullptr) {
+        own->ForEachTensor(
+            [&](const std::string&, const at::Tensor& tensor) { writes.push_back(tensor); });
+      }
       ++id;
     }
   }
