@@ -11,6 +11,8 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev zlib1g-dev libssl-dev nlohmann-json3-dev
   # HTTP(S) for the S3 client in libs/s3 (the OpenSSL flavour, like the rest of the TLS code).
   libcurl4-openssl-dev
+  # The console's HTTP server (services/console); curl drives its API in tests.
+  libcpp-httplib-dev curl
   # Real PyTorch as a peer in interop tests (/usr/bin/python3).
   python3-torch python3-numpy
   # torchvision models (ResNet-18) scripted as a team would bring them to the trainer.

@@ -1,0 +1,80 @@
+#ifndef CKPT_LIBS_CONSOLE_CONSOLE_API_H_
+#define CKPT_LIBS_CONSOLE_CONSOLE_API_H_
+
+// ConsoleApi: the console's HTTP/JSON API (/api/v1/...) as a function from a parsed request to a
+// response, with no HTTP library in it: services/console parses the wire and writes the answer,
+// tests call Handle directly.
+//
+// The console holds no rights of its own. Every request is answered with the store client that
+// `StoreForCaller` gives for the caller's bearer token (one that sends that token to the store),
+// so the store's one access policy decides what the caller may see, exactly as over gRPC: a
+// missing or wrong token is the store's UNAUTHENTICATED (401), a scope or role it lacks the
+// store's NOT_FOUND or PERMISSION_DENIED (404, 403).
+//
+// Read endpoints (GET), JSON in protobuf's mapping with the .proto field names
+// (libs/io/proto_json.h, as `ckpt ... --json` prints):
+//   /api/v1/models                           ListModelsResponse
+//   /api/v1/models/MODEL/versions            ListVersionsResponse, oldest first
+//   /api/v1/models/MODEL/versions/REF        the version's manifest without its chunk lists
+//                                            (REF: a number or an alias, e.g. "production")
+// Errors: {"error": {"code": "NOT_FOUND", "message": "..."}} with the HTTP status of the code
+// (400 INVALID_ARGUMENT, 401, 403, 404, 405 for another method, 409 FAILED_PRECONDITION and
+// ALREADY_EXISTS, 503 UNAVAILABLE, 500 otherwise).
+//
+// Thread-safe: Handle may run on any number of threads at once.
+//
+// Example:
+//   ConsoleApi api([&](const std::string& token) { return stores.For(token); });
+//   ApiResponse response = api.Handle({"GET", "/api/v1/models", {}, "", token});
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "libs/store/checkpoint_store.h"
+
+namespace ckpt {
+
+struct ApiRequest {
+  std::string method;  // "GET", ...
+  std::string path;    // without the query, percent-decoded segments are the caller's job
+  std::map<std::string, std::string> query;
+  std::string body;
+  std::string bearer_token;  // from "Authorization: Bearer ..."; empty: none sent.
+};
+
+struct ApiResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+// The store client that acts for the holder of `bearer_token` (empty: for a caller without one).
+using StoreForCaller =
+    std::function<absl::StatusOr<std::shared_ptr<CheckpointStore>>(const std::string& token)>;
+
+// The HTTP status for `code` (see the file comment).
+int HttpStatusOf(absl::StatusCode code);
+// {"error": {"code": ..., "message": ...}} for `status` (not OK).
+ApiResponse ErrorResponse(const absl::Status& status);
+
+class ConsoleApi {
+ public:
+  explicit ConsoleApi(StoreForCaller store_for_caller)
+      : store_for_caller_(std::move(store_for_caller)) {}
+
+  // Answers one request under /api/v1/ (404 for any other path).
+  ApiResponse Handle(const ApiRequest& request) const;
+
+ private:
+  absl::StatusOr<std::string> Route(const ApiRequest& request) const;
+
+  const StoreForCaller store_for_caller_;
+};
+
+}  // namespace ckpt
+
+#endif  // CKPT_LIBS_CONSOLE_CONSOLE_API_H_

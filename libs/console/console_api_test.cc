@@ -1,0 +1,117 @@
+#include "libs/console/console_api.h"
+
+#include <memory>
+#include <string>
+
+#include "ATen/ATen.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/status/status_matchers.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "nlohmann/json.hpp"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kToken[] = "reader-token";
+
+class ConsoleApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StoreOptions options;
+    options.db_path = std::string(std::getenv("TEST_TMPDIR")) + "/" +
+                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<RocksDbCheckpointStore> opened,
+                         RocksDbCheckpointStore::Open(options));
+    store_ = std::move(opened);
+    for (float fill : {1.0f, 2.0f}) {
+      CheckpointContents contents;
+      contents.model.InsertOrAssign("fc.weight", at::full({4, 3}, fill));
+      contents.metadata.set_global_step(static_cast<int64_t>(fill) * 100);
+      (*contents.metadata.mutable_metrics())["val_acc"] = 0.5 + fill / 10;
+      ASSERT_OK(store_->CommitCheckpoint("resnet", contents).status());
+    }
+    ASSERT_OK(store_->SetAlias("resnet", "production", 1).status());
+  }
+
+  // The store acts for the holder of kToken; anyone else is refused as the store would.
+  ApiResponse Get(const std::string& path, const std::string& token = kToken) const {
+    ConsoleApi api(
+        [this](const std::string& caller) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+          if (caller != kToken)
+            return absl::UnauthenticatedError("missing or unknown bearer token");
+          return store_;
+        });
+    return api.Handle({"GET", path, {}, "", token});
+  }
+
+  std::shared_ptr<CheckpointStore> store_;
+};
+
+TEST_F(ConsoleApiTest, ListsModelsAndVersionsAsTheCliPrintsThem) {
+  ApiResponse models = Get("/api/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(models.content_type, "application/json");
+  const nlohmann::json listed = nlohmann::json::parse(models.body);
+  ASSERT_EQ(listed["models"].size(), 1u);
+  EXPECT_EQ(listed["models"][0]["name"], "resnet");
+
+  ApiResponse versions = Get("/api/v1/models/resnet/versions");
+  ASSERT_EQ(versions.status, 200) << versions.body;
+  const nlohmann::json json = nlohmann::json::parse(versions.body);
+  ASSERT_EQ(json["versions"].size(), 2u);
+  EXPECT_EQ(json["versions"][0]["version"], "1");  // int64 is a string in protobuf's JSON.
+  EXPECT_EQ(json["versions"][0]["aliases"][0], "production");
+  // Metrics are float32 in the manifest.
+  EXPECT_NEAR(json["versions"][1]["metadata"]["metrics"]["val_acc"].get<double>(), 0.7, 1e-6);
+}
+
+TEST_F(ConsoleApiTest, AVersionByNumberOrAliasWithoutItsChunkLists) {
+  for (const char* ref : {"1", "production"}) {
+    SCOPED_TRACE(ref);
+    ApiResponse version = Get(std::string("/api/v1/models/resnet/versions/") + ref);
+    ASSERT_EQ(version.status, 200) << version.body;
+    const nlohmann::json json = nlohmann::json::parse(version.body);
+    EXPECT_EQ(json["version"], "1");
+    EXPECT_EQ(json["tensors"][0]["key"], "fc.weight");
+    EXPECT_EQ(json["tensors"][0]["shape"], nlohmann::json::array({"4", "3"}));
+    EXPECT_THAT(version.body, Not(HasSubstr("chunks")));
+  }
+}
+
+TEST_F(ConsoleApiTest, ErrorsAreJsonWithTheStatusOfTheirCode) {
+  const auto expect_error = [&](const ApiResponse& response, int status, const std::string& code,
+                                const std::string& says) {
+    EXPECT_EQ(response.status, status) << response.body;
+    const nlohmann::json json = nlohmann::json::parse(response.body);
+    EXPECT_EQ(json["error"]["code"], code) << response.body;
+    EXPECT_THAT(json["error"]["message"].get<std::string>(), HasSubstr(says));
+  };
+  expect_error(Get("/api/v1/models/nosuch/versions"), 404, "NOT_FOUND", "nosuch");
+  expect_error(Get("/api/v1/models/resnet/versions/9"), 404, "NOT_FOUND", "9");
+  expect_error(Get("/api/v1/models/resnet/versions/0"), 400, "INVALID_ARGUMENT", "0");
+  expect_error(Get("/api/v1/nothing"), 404, "NOT_FOUND", "/api/v1/nothing");
+  expect_error(Get("/api/v1/models", ""), 401, "UNAUTHENTICATED", "token");
+  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+    return store_;
+  });
+  expect_error(api.Handle({"DELETE", "/api/v1/models", {}, "", kToken}), 405, "UNIMPLEMENTED",
+               "GET");
+}
+
+TEST(HttpStatusTest, EachCodeHasItsStatus) {
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kPermissionDenied), 403);
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kInternal), 500);
+  // A message with quotes and markup stays inside its JSON string.
+  const ApiResponse response =
+      ErrorResponse(absl::NotFoundError("model \"<img src=x onerror=alert(1)>\""));
+  EXPECT_EQ(nlohmann::json::parse(response.body)["error"]["message"],
+            "model \"<img src=x onerror=alert(1)>\"");
+}
+
+}  // namespace
+}  // namespace ckpt

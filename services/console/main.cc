@@ -1,0 +1,149 @@
+// console: the registry's HTTP/JSON API (/api/v1/..., libs/console/console_api.h) over a
+// checkpoint_store service, for callers without a gRPC client (curl, a browser).
+//
+//   bazel run //services/console -- --store=127.0.0.1:50051
+//   curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/api/v1/models
+//
+// The console holds no rights: each request goes to the store with the caller's own bearer token
+// ("Authorization: Bearer ..."), so the store's identities and scopes decide what the caller sees
+// (--store_auth_token_file is refused). Plain HTTP on a loopback address only, for now: serving
+// other machines needs TLS, which the console does not have yet (put a TLS proxy in front).
+//
+// Prints "console serving STORE on http://ADDRESS/" once serving (with --port_file, the port is
+// written there first). SIGINT / SIGTERM stop it (requests in flight finish), exit status 0. Bad
+// flags exit 2; an address that cannot be bound exits 1.
+
+#include <signal.h>
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "httplib.h"
+#include "libs/client/open_store.h"
+#include "libs/console/caller_stores.h"
+#include "libs/console/console_api.h"
+#include "libs/rpc/server_main.h"
+#include "libs/rpc/service_flags.h"
+
+CKPT_DEFINE_STORE_CLIENT_FLAGS("");
+CKPT_DEFINE_LISTEN_FLAGS(, "127.0.0.1:8080");
+CKPT_DEFINE_SHUTDOWN_GRACE_FLAG();
+
+namespace ckpt {
+namespace {
+
+int BadFlag(const std::string& message) {
+  std::cerr << "console: " << message << "\n";
+  return 2;
+}
+
+// The token of "Authorization: Bearer TOKEN"; empty when there is none.
+std::string BearerToken(const httplib::Request& request) {
+  const std::string header = request.get_header_value("Authorization");  // a copy, by value.
+  absl::string_view value = header;
+  if (!absl::ConsumePrefix(&value, "Bearer ")) return "";
+  return std::string(absl::StripAsciiWhitespace(value));
+}
+
+int Run() {
+  const StoreClientFlags store_flags = CKPT_STORE_CLIENT_FROM_FLAGS();
+  if (store_flags.store.empty()) {
+    return BadFlag(
+        "--store is required: the console sends each caller's token to a checkpoint_store "
+        "service, which decides what the caller may see");
+  }
+  if (!store_flags.auth_token_file.empty()) {
+    return BadFlag(
+        "--store_auth_token_file is refused: the console holds no rights of its own; callers "
+        "send their tokens with each request");
+  }
+  absl::StatusOr<StoreLocation> location = StoreLocationFromFlags(store_flags);
+  if (!location.ok()) return BadFlag(std::string(location.status().message()));
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return BadFlag("--listen must be HOST:PORT, got '" + listen + "'");
+  }
+  const std::string host = listen.substr(0, colon);
+  if (host != "127.0.0.1" && host != "localhost" && host != "::1" && host != "[::1]") {
+    return BadFlag("--listen=" + listen +
+                   ": the console serves plain HTTP, so only on a loopback address (127.0.0.1); "
+                   "reach it from other machines through a TLS proxy");
+  }
+  const sigset_t stop_signals = BlockStopSignals();
+
+  ClientOptions options;
+  options.address = location->address;
+  options.tls = location->tls;
+  CallerStores stores(options);
+  const ConsoleApi api([&stores](const std::string& token) { return stores.For(token); });
+
+  httplib::Server server;
+  server.set_default_headers({{"Cache-Control", "no-store"},
+                              {"X-Content-Type-Options", "nosniff"},
+                              {"Content-Security-Policy", "default-src 'self'"}});
+  const auto handle = [&api](const httplib::Request& request, httplib::Response& response) {
+    ApiRequest call;
+    call.method = request.method;
+    call.path = request.path;
+    for (const auto& [name, value] : request.params) call.query.emplace(name, value);
+    call.body = request.body;
+    call.bearer_token = BearerToken(request);
+    const ApiResponse answer = api.Handle(call);
+    response.status = answer.status;
+    response.set_content(answer.body, answer.content_type.c_str());
+  };
+  const char* const kApi = R"(/api/.*)";
+  server.Get(kApi, handle);
+  server.Post(kApi, handle);
+  server.Put(kApi, handle);
+  server.Patch(kApi, handle);
+  server.Delete(kApi, handle);
+  const std::string bind_host = host == "localhost" ? "127.0.0.1" : host;
+  const int bound = port == 0 ? server.bind_to_any_port(bind_host)
+                              : (server.bind_to_port(bind_host, port) ? port : -1);
+  if (bound <= 0) {
+    std::cerr << "console: cannot listen on " << listen << "\n";
+    return 1;
+  }
+  std::thread serving([&server] { server.listen_after_bind(); });
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status written = WritePortFile(port_file, bound); !written.ok()) {
+      std::cerr << "console: " << written << "\n";
+      server.stop();
+      serving.join();
+      return 1;
+    }
+  }
+  std::cout << "console serving " << location->address << " on http://" << host << ":" << bound
+            << "/ (API: http://" << host << ":" << bound << "/api/v1/models)" << std::endl;
+  WaitForStopSignal(stop_signals, "console", absl::GetFlag(FLAGS_shutdown_grace));
+  server.stop();
+  serving.join();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) {
+  ckpt::SetHelpFlagsFile("services/console/main.cc");
+  absl::SetProgramUsageMessage(
+      "The registry's HTTP/JSON API over a checkpoint_store service:\n"
+      "  console --store=HOST:PORT [--listen=127.0.0.1:8080]\n"
+      "Each request is sent to the store with the caller's own bearer token.");
+  absl::ParseCommandLine(argc, argv);
+  return ckpt::Run();
+}

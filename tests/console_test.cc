@@ -1,0 +1,200 @@
+// The console binary over the real store service, exercised with curl as a user without a client
+// would: every API endpoint, and each error as JSON with its HTTP status (no token 401, an unknown
+// model 404, a bad version 400, a model outside the caller's scope 403 as through gRPC, a method
+// the API does not have 405). The store decides who sees what: the console has no token of its
+// own, it sends each caller's.
+
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ATen/ATen.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/client/remote_checkpoint_store.h"
+#include "libs/status/status_matchers.h"
+#include "libs/testing/child_process.h"
+#include "nlohmann/json.hpp"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Curl {
+  int status = 0;
+  nlohmann::json body;
+  std::string text;
+};
+
+class ConsoleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TestCaseDir();
+    std::filesystem::create_directories(dir_ + "/store");
+    std::filesystem::create_directories(dir_ + "/console");
+    // A reader of everything, and writers scoped to their team's models (tokens by their
+    // SHA-256).
+    std::string identities = R"({"identities": [)";
+    for (const auto& [name, token, extra] :
+         std::vector<std::tuple<std::string, std::string, std::string>>{
+             {"serving", "reader-token", R"("role": "reader")"},
+             {"team-a", "team-a-token", R"("role": "writer", "models": ["team-a-*"])"},
+             {"team-b", "team-b-token", R"("role": "writer", "models": ["team-b-*"])"}}) {
+      const std::string sha =
+          testing::RunShell("printf %s '" + token + "' | sha256sum | cut -d' ' -f1").output;
+      absl::StrAppend(&identities, name == "serving" ? "" : ",", R"({"name": ")", name,
+                      R"(", "token_sha256": ")", absl::StripTrailingAsciiWhitespace(sha), R"(", )",
+                      extra, "}");
+    }
+    absl::StrAppend(&identities, "]}");
+    testing::WriteTextFile(dir_ + "/identities.json", identities);
+    store_ = std::make_unique<testing::ChildProcess>(
+        testing::RunfilesPath("services/checkpoint_store/checkpoint_store"), dir_ + "/store");
+    ASSERT_TRUE(store_->Start({"--store_dir=" + dir_ + "/db", "--listen=127.0.0.1:0",
+                               "--port_file=" + dir_ + "/store.port",
+                               "--identities_file=" + dir_ + "/identities.json"}));
+    const int store_port = store_->WaitForPort(dir_ + "/store.port", absl::Seconds(60));
+    ASSERT_GT(store_port, 0) << store_->stderr_text();
+    store_address_ = absl::StrCat("127.0.0.1:", store_port);
+
+    // Two versions of a team-a model and one of another team's, written as their writers would.
+    for (const auto& [model, token] :
+         std::vector<std::pair<std::string, std::string>>{{"team-a-resnet", "team-a-token"},
+                                                          {"team-a-resnet", "team-a-token"},
+                                                          {"team-b-bert", "team-b-token"}}) {
+      RemoteStoreOptions options;
+      options.address = store_address_;
+      options.auth_token = token;
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> client,
+                           RemoteCheckpointStore::Connect(options));
+      CheckpointContents contents;
+      contents.model.InsertOrAssign("fc.weight", at::randn({8, 4}));
+      (*contents.metadata.mutable_metrics())["val_acc"] = 0.9;
+      ASSERT_OK(client->CommitCheckpoint(model, contents).status());
+    }
+
+    console_ = std::make_unique<testing::ChildProcess>(
+        testing::RunfilesPath("services/console/console"), dir_ + "/console");
+    ASSERT_TRUE(console_->Start({"--store=" + store_address_, "--listen=127.0.0.1:0",
+                                 "--port_file=" + dir_ + "/console.port"}));
+    const int port = console_->WaitForPort(dir_ + "/console.port", absl::Seconds(60));
+    ASSERT_GT(port, 0) << console_->stderr_text();
+    base_ = absl::StrCat("http://127.0.0.1:", port);
+  }
+
+  // curl PATH as the holder of `token` (none when empty), with `method`.
+  Curl Call(const std::string& path, const std::string& token, const std::string& method = "GET") {
+    const std::string out = dir_ + "/body.json";
+    std::string command = absl::StrCat("curl -s -o ", out, " -w '%{http_code}' -X ", method);
+    if (!token.empty()) absl::StrAppend(&command, " -H 'Authorization: Bearer ", token, "'");
+    absl::StrAppend(&command, " '", base_, path, "'");
+    const testing::ShellResult result = testing::RunShell(command);
+    Curl curl;
+    EXPECT_EQ(result.exit_code, 0) << command << ": " << result.output;
+    EXPECT_TRUE(absl::SimpleAtoi(result.output, &curl.status)) << result.output;
+    curl.text = testing::ReadFileOrEmpty(out);
+    curl.body = nlohmann::json::parse(curl.text, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(curl.body.is_discarded()) << path << ": not JSON: " << curl.text;
+    return curl;
+  }
+
+  std::string dir_, store_address_, base_;
+  std::unique_ptr<testing::ChildProcess> store_, console_;
+};
+
+TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
+  const Curl models = Call("/api/v1/models", "reader-token");
+  ASSERT_EQ(models.status, 200) << models.text;
+  ASSERT_EQ(models.body["models"].size(), 2u) << models.text;
+  EXPECT_EQ(models.body["models"][0]["name"], "team-a-resnet");
+  EXPECT_EQ(models.body["models"][1]["name"], "team-b-bert");
+
+  const Curl versions = Call("/api/v1/models/team-a-resnet/versions", "reader-token");
+  ASSERT_EQ(versions.status, 200) << versions.text;
+  ASSERT_EQ(versions.body["versions"].size(), 2u);
+  EXPECT_EQ(versions.body["versions"][1]["version"], "2");
+
+  for (const char* ref : {"1", "latest"}) {
+    const Curl version =
+        Call(absl::StrCat("/api/v1/models/team-a-resnet/versions/", ref), "reader-token");
+    ASSERT_EQ(version.status, 200) << version.text;
+    EXPECT_EQ(version.body["tensors"][0]["key"], "fc.weight");
+    EXPECT_EQ(version.body["version"], std::string(ref) == "1" ? "1" : "2");
+  }
+  // The scoped writer sees its team's model as well.
+  EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions", "team-a-token").status, 200);
+}
+
+TEST_F(ConsoleTest, ErrorsAreJsonWithTheirHttpStatus) {
+  const auto expect = [&](const Curl& curl, int status, const std::string& code) {
+    EXPECT_EQ(curl.status, status) << curl.text;
+    EXPECT_EQ(curl.body["error"]["code"], code) << curl.text;
+    EXPECT_FALSE(curl.body["error"]["message"].get<std::string>().empty());
+  };
+  expect(Call("/api/v1/models", ""), 401, "UNAUTHENTICATED");
+  expect(Call("/api/v1/models", "no-such-token"), 401, "UNAUTHENTICATED");
+  expect(Call("/api/v1/models/nosuch/versions", "reader-token"), 404, "NOT_FOUND");
+  expect(Call("/api/v1/models/team-a-resnet/versions/0", "reader-token"), 400, "INVALID_ARGUMENT");
+  expect(Call("/api/v1/models/team-a-resnet/versions/9", "reader-token"), 404, "NOT_FOUND");
+  expect(Call("/api/v1/models", "reader-token", "DELETE"), 405, "UNIMPLEMENTED");
+  expect(Call("/api/v2/models", "reader-token"), 404, "NOT_FOUND");
+}
+
+TEST_F(ConsoleTest, AScopedCallerSeesNothingOutsideItsScopeAsThroughGrpc) {
+  // The team-a writer lists its team's model only, and a call naming team-b's model is refused
+  // (403, the store's PERMISSION_DENIED), as the store answers it over gRPC
+  // (libs/store/scoped_store.h).
+  const Curl models = Call("/api/v1/models", "team-a-token");
+  ASSERT_EQ(models.status, 200) << models.text;
+  ASSERT_EQ(models.body["models"].size(), 1u) << models.text;
+  EXPECT_EQ(models.body["models"][0]["name"], "team-a-resnet");
+  const Curl other = Call("/api/v1/models/team-b-bert/versions", "team-a-token");
+  EXPECT_EQ(other.status, 403) << other.text;
+  EXPECT_EQ(other.body["error"]["code"], "PERMISSION_DENIED");
+  EXPECT_THAT(other.body["error"]["message"].get<std::string>(), HasSubstr("team-a-*"));
+  EXPECT_EQ(Call("/api/v1/models/team-b-bert/versions/1", "team-a-token").status, 403);
+  EXPECT_EQ(Call("/api/v1/models/team-b-bert/versions", "team-b-token").status, 200);
+}
+
+TEST(ConsoleHelpTest, HelpListsTheSharedFlags) {
+  const testing::ShellResult help =
+      testing::RunShell(testing::RunfilesPath("services/console/console") + " --help 2>&1");
+  for (const char* flag :
+       {"--store ", "--store_tls_ca_file", "--listen", "--port_file", "--shutdown_grace"}) {
+    EXPECT_THAT(help.output, HasSubstr(flag)) << help.output;
+  }
+}
+
+TEST_F(ConsoleTest, RefusesToHoldRightsOrServeOtherMachinesInPlainHttp) {
+  testing::ChildProcess with_token(testing::RunfilesPath("services/console/console"),
+                                   dir_ + "/console");
+  testing::WriteTextFile(dir_ + "/token", "reader-token");
+  ASSERT_TRUE(with_token.Start(
+      {"--store=" + store_address_, "--store_auth_token_file=" + dir_ + "/token"}));
+  std::optional<int> exited = with_token.WaitForExit(absl::Seconds(30));
+  ASSERT_TRUE(exited.has_value());
+  EXPECT_EQ(WEXITSTATUS(*exited), 2);
+  EXPECT_THAT(with_token.stderr_text(), HasSubstr("holds no rights"));
+
+  testing::ChildProcess public_listen(testing::RunfilesPath("services/console/console"),
+                                      dir_ + "/console");
+  ASSERT_TRUE(public_listen.Start({"--store=" + store_address_, "--listen=0.0.0.0:0"}));
+  exited = public_listen.WaitForExit(absl::Seconds(30));
+  ASSERT_TRUE(exited.has_value());
+  EXPECT_EQ(WEXITSTATUS(*exited), 2);
+  EXPECT_THAT(public_listen.stderr_text(), HasSubstr("loopback"));
+}
+
+}  // namespace
+}  // namespace ckpt
