@@ -132,6 +132,12 @@ TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
     EXPECT_EQ(version.body["tensors"][0]["key"], "fc.weight");
     EXPECT_EQ(version.body["version"], std::string(ref) == "1" ? "1" : "2");
   }
+  // Filtered as `ckpt ls --where ... --since ...` filters (URL-encoded >=).
+  const Curl filtered =
+      Call("/api/v1/models/team-a-resnet/versions?where=val_acc%3E%3D0.5&since=1h", "reader-token");
+  ASSERT_EQ(filtered.status, 200) << filtered.text;
+  EXPECT_EQ(filtered.body["versions"].size(), 2u);
+  EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions?where=oops", "reader-token").status, 400);
   // The scoped writer sees its team's model as well.
   EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions", "team-a-token").status, 200);
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "libs/io/proto_json.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/version_filter_text.h"
 #include "libs/store/version_ref.h"
 #include "nlohmann/json.hpp"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
@@ -24,6 +25,31 @@ v1::Manifest WithoutChunks(v1::Manifest manifest) {
   for (v1::TensorMeta& meta : *manifest.mutable_tensors()) meta.clear_chunks();
   for (v1::TensorMeta& meta : *manifest.mutable_state_tensors()) meta.clear_chunks();
   return manifest;
+}
+
+// The version filter of a /versions request's query (`ckpt ls`'s options by their names).
+absl::StatusOr<VersionFilterText> FilterOf(const std::multimap<std::string, std::string>& query) {
+  VersionFilterText text;
+  for (const auto& [name, value] : query) {
+    if (name == "tag") {
+      text.tags.push_back(value);
+    } else if (name == "label") {
+      text.labels.push_back(value);
+    } else if (name == "where") {
+      text.where.push_back(value);
+    } else if ((name == "since" || name == "until") && query.count(name) > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("'", name, "' may be given once"));
+    } else if (name == "since") {
+      text.since = value;
+    } else if (name == "until") {
+      text.until = value;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown query parameter '", name,
+                       "' (the filters are tag, label, where, since, until)"));
+    }
+  }
+  return text;
 }
 
 }  // namespace
@@ -102,7 +128,14 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   }
   const std::string& model = parts[1];
   if (parts.size() == 3) {
-    ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> listed, store->ListVersions(model));
+    ASSIGN_OR_RETURN(const VersionFilterText text, FilterOf(request.query));
+    std::vector<v1::VersionInfo> listed;
+    if (text.empty()) {
+      ASSIGN_OR_RETURN(listed, store->ListVersions(model));
+    } else {
+      ASSIGN_OR_RETURN(const v1::VersionFilter filter, VersionFilterFromText(text));
+      ASSIGN_OR_RETURN(listed, store->FindVersions(model, filter));
+    }
     v1::ListVersionsResponse response;
     for (v1::VersionInfo& info : listed) *response.add_versions() = std::move(info);
     return ProtoToJson(response);

@@ -14,7 +14,10 @@
 // Read endpoints (GET), JSON in protobuf's mapping with the .proto field names
 // (libs/io/proto_json.h, as `ckpt ... --json` prints):
 //   /api/v1/models                           ListModelsResponse
-//   /api/v1/models/MODEL/versions            ListVersionsResponse, oldest first
+//   /api/v1/models/MODEL/versions            ListVersionsResponse, oldest first; filtered as
+//                                            `ckpt ls` is by ?tag= &label= &where= &since= &until=
+//                                            (libs/store/version_filter_text.h; each may repeat
+//                                            but since and until)
 //   /api/v1/models/MODEL/versions/REF        the version's manifest without its chunk lists
 //                                            (REF: a number or an alias, e.g. "production")
 // Errors: {"error": {"code": "NOT_FOUND", "message": "..."}} with the HTTP status of the code
@@ -41,7 +44,7 @@ namespace ckpt {
 struct ApiRequest {
   std::string method;  // "GET", ...
   std::string path;    // without the query, percent-decoded segments are the caller's job
-  std::map<std::string, std::string> query;
+  std::multimap<std::string, std::string> query;  // a parameter may repeat (?tag=a&tag=b)
   std::string body;
   std::string bearer_token;  // from "Authorization: Bearer ..."; empty: none sent.
 };

@@ -1,7 +1,9 @@
 #include "libs/console/console_api.h"
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "ATen/ATen.h"
 #include "gmock/gmock.h"
@@ -67,6 +69,32 @@ TEST_F(ConsoleApiTest, ListsModelsAndVersionsAsTheCliPrintsThem) {
   EXPECT_EQ(json["versions"][0]["aliases"][0], "production");
   // Metrics are float32 in the manifest.
   EXPECT_NEAR(json["versions"][1]["metadata"]["metrics"]["val_acc"].get<double>(), 0.7, 1e-6);
+}
+
+TEST_F(ConsoleApiTest, VersionsAreFilteredAsCkptLsFiltersThem) {
+  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+    return store_;
+  });
+  const auto versions = [&](std::multimap<std::string, std::string> query) {
+    return api.Handle({"GET", "/api/v1/models/resnet/versions", std::move(query), "", kToken});
+  };
+  ApiResponse good = versions({{"where", "val_acc>=0.65"}, {"since", "1h"}});
+  ASSERT_EQ(good.status, 200) << good.body;
+  const nlohmann::json json = nlohmann::json::parse(good.body);
+  ASSERT_EQ(json["versions"].size(), 1u) << good.body;
+  EXPECT_EQ(json["versions"][0]["version"], "2");
+  ApiResponse none = versions({{"where", "val_acc>=0.65"}, {"where", "val_acc<=0.65"}});
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_FALSE(nlohmann::json::parse(none.body).contains("versions"));  // empty lists are omitted
+
+  ApiResponse bad_time = versions({{"since", "last week"}});
+  EXPECT_EQ(bad_time.status, 400);
+  EXPECT_THAT(bad_time.body, HasSubstr("--since 'last week'"));
+  EXPECT_EQ(versions({{"where", "val_acc>0.5"}}).status, 400);
+  ApiResponse unknown = versions({{"sort", "desc"}});
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_THAT(unknown.body, HasSubstr("unknown query parameter 'sort'"));
+  EXPECT_EQ(versions({{"since", "1h"}, {"since", "2h"}}).status, 400);
 }
 
 TEST_F(ConsoleApiTest, AVersionByNumberOrAliasWithoutItsChunkLists) {

@@ -14,6 +14,7 @@
 #include "libs/registry/promotion.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/version_filter.h"
+#include "libs/store/version_filter_text.h"
 #include "libs/store/version_ref.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt/store_access.h"
@@ -462,22 +463,13 @@ bool HasVersionFilter(const cli::ParsedCommandLine& line) {
 }
 
 absl::StatusOr<v1::VersionFilter> VersionFilterFromOptions(const cli::ParsedCommandLine& line) {
-  v1::VersionFilter filter;
-  for (const std::string& tag : line.GetAll("tag")) filter.add_tags(tag);
-  for (const std::string& label : line.GetAll("label")) filter.add_labels(label);
-  for (const std::string& condition : line.GetAll("where")) {
-    ASSIGN_OR_RETURN(*filter.add_metrics(), ParseMetricCondition(condition));
-  }
-  if (line.Has("since")) {
-    ASSIGN_OR_RETURN(absl::Time since, ParseTimeOption("since", line.Get("since")));
-    filter.set_created_after_unix_micros(absl::ToUnixMicros(since));
-  }
-  if (line.Has("until")) {
-    ASSIGN_OR_RETURN(absl::Time until, ParseTimeOption("until", line.Get("until")));
-    filter.set_created_before_unix_micros(absl::ToUnixMicros(until));
-  }
-  RETURN_IF_ERROR(ValidateVersionFilter(filter));
-  return filter;
+  VersionFilterText text;
+  text.tags = line.GetAll("tag");
+  text.labels = line.GetAll("label");
+  text.where = line.GetAll("where");
+  if (line.Has("since")) text.since = line.Get("since");
+  if (line.Has("until")) text.until = line.Get("until");
+  return VersionFilterFromText(text);
 }
 
 std::vector<cli::OptionSpec> ImportRecordOptions() {

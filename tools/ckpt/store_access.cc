@@ -16,6 +16,7 @@
 #include "libs/rpc/bearer_auth.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/s3_chunk_backend.h"
+#include "libs/store/version_filter_text.h"
 #include "libs/store/version_ref.h"
 
 namespace ckpt {
@@ -179,21 +180,7 @@ absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
 }
 
 absl::StatusOr<absl::Time> ParseTimeOption(const std::string& option, const std::string& text) {
-  absl::Duration duration;
-  int64_t days = 0;
-  if (absl::EndsWith(text, "d") && absl::SimpleAtoi(text.substr(0, text.size() - 1), &days) &&
-      days >= 0) {
-    return absl::Now() - absl::Hours(24 * days);
-  }
-  if (absl::ParseDuration(text, &duration) && duration >= absl::ZeroDuration()) {
-    return absl::Now() - duration;
-  }
-  absl::Time time;
-  std::string error;
-  if (absl::ParseTime(absl::RFC3339_full, text, &time, &error)) return time;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--", option, " '", text,
-      "' is neither a duration (30m, 24h, 7d) nor an RFC 3339 time (2024-05-01T12:00:00Z)"));
+  return ParseTimeSpec(absl::StrCat("--", option), text);
 }
 
 std::string UtcTimeText(int64_t unix_micros) {

@@ -259,6 +259,7 @@ set(CKPT_CLI_SOURCES
     libs/store/s3_chunk_backend.cc
     libs/store/version_diff.cc
     libs/store/version_filter.cc
+    libs/store/version_filter_text.cc
     libs/store/version_ref.cc
     libs/tensor/device.cc
     libs/tensor/dtype.cc
@@ -688,6 +689,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/upload_split.cc
     libs/store/version_diff.cc
     libs/store/version_filter.cc
+    libs/store/version_filter_text.cc
     libs/store/version_ref.cc
     libs/tensor/device.cc
     libs/tensor/dtype.cc
