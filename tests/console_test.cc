@@ -138,6 +138,16 @@ TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
   ASSERT_EQ(filtered.status, 200) << filtered.text;
   EXPECT_EQ(filtered.body["versions"].size(), 2u);
   EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions?where=oops", "reader-token").status, 400);
+  // Who committed, in the history and the audit log: the writer's identity, not the console's.
+  const Curl history = Call("/api/v1/models/team-a-resnet/history", "reader-token");
+  ASSERT_EQ(history.status, 200) << history.text;
+  EXPECT_EQ(history.body["events"].back()["identity"], "team-a") << history.text;
+  const Curl audit = Call("/api/v1/models/team-a-resnet/audit", "reader-token");
+  ASSERT_EQ(audit.status, 200) << audit.text;
+  EXPECT_EQ(audit.body["records"][0]["identity"], "team-a") << audit.text;
+  const Curl diff = Call("/api/v1/models/team-a-resnet/diff?a=1&b=2", "reader-token");
+  ASSERT_EQ(diff.status, 200) << diff.text;
+  EXPECT_EQ(diff.body["changed"][0]["key"], "fc.weight");
   // The scoped writer sees its team's model as well.
   EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions", "team-a-token").status, 200);
 }

@@ -1,14 +1,20 @@
 #include "libs/console/console_api.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "libs/io/proto_json.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/version_diff.h"
 #include "libs/store/version_filter_text.h"
 #include "libs/store/version_ref.h"
 #include "nlohmann/json.hpp"
@@ -26,6 +32,44 @@ v1::Manifest WithoutChunks(v1::Manifest manifest) {
   for (v1::TensorMeta& meta : *manifest.mutable_state_tensors()) meta.clear_chunks();
   return manifest;
 }
+
+// 400 for a query parameter `allowed` does not name, or one given twice.
+absl::Status CheckQuery(const std::multimap<std::string, std::string>& query,
+                        const std::vector<absl::string_view>& allowed) {
+  for (const auto& [name, value] : query) {
+    if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown query parameter '", name, "' (this request takes ",
+                       allowed.empty() ? "none" : absl::StrJoin(allowed, ", "), ")"));
+    }
+    if (query.count(name) > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("'", name, "' may be given once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string QueryValue(const std::multimap<std::string, std::string>& query,
+                       const std::string& name) {
+  auto it = query.find(name);
+  return it == query.end() ? "" : it->second;
+}
+
+// A non-negative integer parameter; `fallback` when absent.
+absl::StatusOr<int64_t> QueryCount(const std::multimap<std::string, std::string>& query,
+                                   const std::string& name, int64_t fallback) {
+  const std::string text = QueryValue(query, name);
+  if (text.empty()) return fallback;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", name, "' must be a non-negative integer, got '", text, "'"));
+  }
+  return value;
+}
+
+// The longest page a history or audit request gets: the page's next_after_sequence continues it.
+constexpr int64_t kMaxPage = 1000;
 
 // The version filter of a /versions request's query (`ckpt ls`'s options by their names).
 absl::StatusOr<VersionFilterText> FilterOf(const std::multimap<std::string, std::string>& query) {
@@ -111,8 +155,10 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   }
   const std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
   const bool models = !parts.empty() && parts[0] == "models";
-  const bool known = models && (parts.size() == 1 ||
-                                (parts.size() >= 3 && parts.size() <= 4 && parts[2] == "versions"));
+  const bool known =
+      models &&
+      (parts.size() == 1 || (parts.size() >= 3 && parts.size() <= 4 && parts[2] == "versions") ||
+       (parts.size() == 3 && (parts[2] == "history" || parts[2] == "audit" || parts[2] == "diff")));
   if (!known) return absl::NotFoundError(absl::StrCat("no API at ", request.path));
   if (request.method != "GET") {
     return absl::UnimplementedError(
@@ -121,12 +167,16 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   ASSIGN_OR_RETURN(const std::shared_ptr<CheckpointStore> store,
                    store_for_caller_(request.bearer_token));
   if (parts.size() == 1) {
+    RETURN_IF_ERROR(CheckQuery(request.query, {}));
     ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> listed, store->ListModels());
     v1::ListModelsResponse response;
     for (v1::ModelInfo& info : listed) *response.add_models() = std::move(info);
     return ProtoToJson(response);
   }
   const std::string& model = parts[1];
+  if (parts[2] == "history") return History(*store, model, request.query);
+  if (parts[2] == "audit") return Audit(*store, model, request.query);
+  if (parts[2] == "diff") return Diff(*store, model, request.query);
   if (parts.size() == 3) {
     ASSIGN_OR_RETURN(const VersionFilterText text, FilterOf(request.query));
     std::vector<v1::VersionInfo> listed;
@@ -140,9 +190,82 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
     for (v1::VersionInfo& info : listed) *response.add_versions() = std::move(info);
     return ProtoToJson(response);
   }
+  RETURN_IF_ERROR(CheckQuery(request.query, {}));
   ASSIGN_OR_RETURN(const v1::VersionRef ref, ParseVersionRef(absl::StrCat(model, "@", parts[3])));
   ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
   return ProtoToJson(WithoutChunks(std::move(manifest)));
+}
+absl::StatusOr<std::string> ConsoleApi::History(
+    CheckpointStore& store, const std::string& model,
+    const std::multimap<std::string, std::string>& query) {
+  RETURN_IF_ERROR(CheckQuery(query, {"alias", "since", "after", "limit"}));
+  HistoryQuery history;
+  history.model = model;
+  history.alias = QueryValue(query, "alias");
+  if (const std::string since = QueryValue(query, "since"); !since.empty()) {
+    ASSIGN_OR_RETURN(history.since, ParseTimeSpec("since", since));
+  }
+  ASSIGN_OR_RETURN(history.after_sequence, QueryCount(query, "after", 0));
+  ASSIGN_OR_RETURN(history.limit, QueryCount(query, "limit", kMaxPage));
+  history.limit = std::clamp<int64_t>(history.limit, 1, kMaxPage);
+  ASSIGN_OR_RETURN(std::vector<v1::RegistryEvent> events, store.ListHistory(history));
+  v1::ListHistoryResponse response;
+  if (static_cast<int64_t>(events.size()) == history.limit) {
+    response.set_next_after_sequence(events.back().sequence());
+  }
+  for (v1::RegistryEvent& event : events) *response.add_events() = std::move(event);
+  return ProtoToJson(response);
+}
+
+absl::StatusOr<std::string> ConsoleApi::Audit(
+    CheckpointStore& store, const std::string& model,
+    const std::multimap<std::string, std::string>& query) {
+  RETURN_IF_ERROR(CheckQuery(query, {"since", "after", "limit"}));
+  AuditQuery audit;
+  audit.model = model;
+  if (const std::string since = QueryValue(query, "since"); !since.empty()) {
+    ASSIGN_OR_RETURN(audit.since, ParseTimeSpec("since", since));
+  }
+  ASSIGN_OR_RETURN(audit.after_sequence, QueryCount(query, "after", 0));
+  ASSIGN_OR_RETURN(audit.limit, QueryCount(query, "limit", kMaxPage));
+  audit.limit = std::clamp<int64_t>(audit.limit, 1, kMaxPage);
+  ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, store.ListAudit(audit));
+  v1::ListAuditResponse response;
+  if (static_cast<int64_t>(records.size()) == audit.limit) {
+    response.set_next_after_sequence(records.back().sequence());
+  }
+  for (v1::AuditRecord& record : records) *response.add_records() = std::move(record);
+  return ProtoToJson(response);
+}
+
+absl::StatusOr<std::string> ConsoleApi::Diff(CheckpointStore& store, const std::string& model,
+                                             const std::multimap<std::string, std::string>& query) {
+  RETURN_IF_ERROR(CheckQuery(query, {"a", "b"}));
+  const std::string a = QueryValue(query, "a"), b = QueryValue(query, "b");
+  if (a.empty() || b.empty()) {
+    return absl::InvalidArgumentError(
+        "a diff needs both versions: ?a=REF&b=REF (a number or an alias each)");
+  }
+  ASSIGN_OR_RETURN(const v1::VersionRef ref_a, ParseVersionRef(absl::StrCat(model, "@", a)));
+  ASSIGN_OR_RETURN(const v1::VersionRef ref_b, ParseVersionRef(absl::StrCat(model, "@", b)));
+  ASSIGN_OR_RETURN(const VersionDiff diff, DiffVersions(store, ref_a, ref_b));
+  nlohmann::json changed = nlohmann::json::array();
+  for (const TensorChange& change : diff.changed) {
+    nlohmann::json entry = {{"key", change.key},
+                            {"shape_a", change.shape_a},
+                            {"shape_b", change.shape_b},
+                            {"dtype_a", change.dtype_a},
+                            {"dtype_b", change.dtype_b}};
+    if (change.max_abs_difference) entry["max_abs_difference"] = *change.max_abs_difference;
+    changed.push_back(std::move(entry));
+  }
+  const nlohmann::json body = {{"a", diff.a},
+                               {"b", diff.b},
+                               {"added", diff.added},
+                               {"removed", diff.removed},
+                               {"changed", std::move(changed)},
+                               {"unchanged", diff.unchanged}};
+  return body.dump();
 }
 
 }  // namespace ckpt

@@ -20,6 +20,16 @@
 //                                            but since and until)
 //   /api/v1/models/MODEL/versions/REF        the version's manifest without its chunk lists
 //                                            (REF: a number or an alias, e.g. "production")
+//   /api/v1/models/MODEL/history             ListHistoryResponse: commits, alias moves (who,
+//                                            when, from -> to, why), annotations; ?alias= &since=
+//                                            &after= &limit= (pages of at most 1000; a full page
+//                                            names next_after_sequence)
+//   /api/v1/models/MODEL/audit               ListAuditResponse, paged the same way (?since=
+//                                            &after= &limit=)
+//   /api/v1/models/MODEL/diff?a=REF&b=REF    {a, b, added, removed, changed: [{key, shape_a,
+//                                            shape_b, dtype_a, dtype_b, max_abs_difference}],
+//                                            unchanged} (libs/store/version_diff.h)
+// A query parameter a request does not take is 400.
 // Errors: {"error": {"code": "NOT_FOUND", "message": "..."}} with the HTTP status of the code
 // (400 INVALID_ARGUMENT, 401, 403, 404, 405 for another method, 409 FAILED_PRECONDITION and
 // ALREADY_EXISTS, 503 UNAVAILABLE, 500 otherwise).
@@ -74,6 +84,12 @@ class ConsoleApi {
 
  private:
   absl::StatusOr<std::string> Route(const ApiRequest& request) const;
+  static absl::StatusOr<std::string> History(CheckpointStore& store, const std::string& model,
+                                             const std::multimap<std::string, std::string>& query);
+  static absl::StatusOr<std::string> Audit(CheckpointStore& store, const std::string& model,
+                                           const std::multimap<std::string, std::string>& query);
+  static absl::StatusOr<std::string> Diff(CheckpointStore& store, const std::string& model,
+                                          const std::multimap<std::string, std::string>& query);
 
   const StoreForCaller store_for_caller_;
 };

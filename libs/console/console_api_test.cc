@@ -97,6 +97,45 @@ TEST_F(ConsoleApiTest, VersionsAreFilteredAsCkptLsFiltersThem) {
   EXPECT_EQ(versions({{"since", "1h"}, {"since", "2h"}}).status, 400);
 }
 
+TEST_F(ConsoleApiTest, HistoryAuditAndDiff) {
+  ApiResponse history = Get("/api/v1/models/resnet/history");
+  ASSERT_EQ(history.status, 200) << history.body;
+  const nlohmann::json events = nlohmann::json::parse(history.body)["events"];
+  ASSERT_GE(events.size(), 4u) << history.body;  // created, two commits, the alias set.
+  EXPECT_EQ(events.back()["kind"], "ALIAS_SET");
+  EXPECT_EQ(events.back()["alias"], "production");
+  EXPECT_EQ(events.back()["version"], "1");
+
+  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+    return store_;
+  });
+  const auto call = [&](const std::string& path, std::multimap<std::string, std::string> query) {
+    return api.Handle({"GET", path, std::move(query), "", kToken});
+  };
+  ApiResponse page = call("/api/v1/models/resnet/history", {{"limit", "1"}});
+  ASSERT_EQ(page.status, 200) << page.body;
+  const nlohmann::json first = nlohmann::json::parse(page.body);
+  ASSERT_EQ(first["events"].size(), 1u);
+  ApiResponse next = call("/api/v1/models/resnet/history",
+                          {{"after", first["next_after_sequence"].get<std::string>()}});
+  EXPECT_EQ(nlohmann::json::parse(next.body)["events"].size(), events.size() - 1);
+  ApiResponse moves = call("/api/v1/models/resnet/history", {{"alias", "production"}});
+  EXPECT_EQ(nlohmann::json::parse(moves.body)["events"].size(), 1u) << moves.body;
+  EXPECT_EQ(call("/api/v1/models/resnet/history", {{"limit", "-1"}}).status, 400);
+  EXPECT_EQ(call("/api/v1/models/resnet/audit", {}).status, 200);
+
+  ApiResponse diff = call("/api/v1/models/resnet/diff", {{"a", "1"}, {"b", "latest"}});
+  ASSERT_EQ(diff.status, 200) << diff.body;
+  const nlohmann::json json = nlohmann::json::parse(diff.body);
+  EXPECT_EQ(json["a"], "resnet@1");
+  ASSERT_EQ(json["changed"].size(), 1u) << diff.body;
+  EXPECT_EQ(json["changed"][0]["key"], "fc.weight");
+  EXPECT_DOUBLE_EQ(json["changed"][0]["max_abs_difference"].get<double>(), 1.0);
+  EXPECT_EQ(call("/api/v1/models/resnet/diff", {{"a", "1"}}).status, 400);
+  EXPECT_EQ(call("/api/v1/models/resnet/diff", {{"a", "1"}, {"b", "9"}}).status, 404);
+  EXPECT_EQ(call("/api/v1/models", {{"page", "2"}}).status, 400);
+}
+
 TEST_F(ConsoleApiTest, AVersionByNumberOrAliasWithoutItsChunkLists) {
   for (const char* ref : {"1", "production"}) {
     SCOPED_TRACE(ref);
