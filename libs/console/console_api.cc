@@ -16,6 +16,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/store/version_diff.h"
 #include "libs/store/version_filter_text.h"
+#include "libs/store/version_lineage.h"
 #include "libs/store/version_ref.h"
 #include "nlohmann/json.hpp"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
@@ -155,9 +156,11 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   }
   const std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
   const bool models = !parts.empty() && parts[0] == "models";
+  const bool versions = parts.size() >= 3 && parts[2] == "versions";
   const bool known =
       models &&
-      (parts.size() == 1 || (parts.size() >= 3 && parts.size() <= 4 && parts[2] == "versions") ||
+      (parts.size() == 1 || (versions && parts.size() <= 4) ||
+       (versions && parts.size() == 5 && parts[4] == "lineage") ||
        (parts.size() == 3 && (parts[2] == "history" || parts[2] == "audit" || parts[2] == "diff")));
   if (!known) return absl::NotFoundError(absl::StrCat("no API at ", request.path));
   if (request.method != "GET") {
@@ -192,6 +195,7 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   }
   RETURN_IF_ERROR(CheckQuery(request.query, {}));
   ASSIGN_OR_RETURN(const v1::VersionRef ref, ParseVersionRef(absl::StrCat(model, "@", parts[3])));
+  if (parts.size() == 5) return Lineage(*store, ref);
   ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
   return ProtoToJson(WithoutChunks(std::move(manifest)));
 }
@@ -236,6 +240,26 @@ absl::StatusOr<std::string> ConsoleApi::Audit(
   }
   for (v1::AuditRecord& record : records) *response.add_records() = std::move(record);
   return ProtoToJson(response);
+}
+
+absl::StatusOr<std::string> ConsoleApi::Lineage(CheckpointStore& store, const v1::VersionRef& ref) {
+  ASSIGN_OR_RETURN(const VersionLineage lineage, LineageOf(store, ref));
+  const auto links = [](const std::vector<LineageLink>& from) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const LineageLink& link : from) {
+      out.push_back({{"version", link.version},
+                     {"relation", link.relation},
+                     {"run_id", link.run_id},
+                     {"state", link.state}});
+    }
+    return out;
+  };
+  ASSIGN_OR_RETURN(const std::string own, ProtoToJson(lineage.lineage));
+  const nlohmann::json body = {{"version", lineage.version},
+                               {"lineage", nlohmann::json::parse(own)},
+                               {"ancestors", links(lineage.ancestors)},
+                               {"children", links(lineage.children)}};
+  return body.dump();
 }
 
 absl::StatusOr<std::string> ConsoleApi::Diff(CheckpointStore& store, const std::string& model,

@@ -20,6 +20,9 @@
 //                                            but since and until)
 //   /api/v1/models/MODEL/versions/REF        the version's manifest without its chunk lists
 //                                            (REF: a number or an alias, e.g. "production")
+//   /api/v1/models/MODEL/versions/REF/lineage  {version, lineage, ancestors: [{version, relation,
+//                                            run_id, state}] nearest first, children: [...]}
+//                                            (libs/store/version_lineage.h)
 //   /api/v1/models/MODEL/history             ListHistoryResponse: commits, alias moves (who,
 //                                            when, from -> to, why), annotations; ?alias= &since=
 //                                            &after= &limit= (pages of at most 1000; a full page
@@ -88,6 +91,7 @@ class ConsoleApi {
                                              const std::multimap<std::string, std::string>& query);
   static absl::StatusOr<std::string> Audit(CheckpointStore& store, const std::string& model,
                                            const std::multimap<std::string, std::string>& query);
+  static absl::StatusOr<std::string> Lineage(CheckpointStore& store, const v1::VersionRef& ref);
   static absl::StatusOr<std::string> Diff(CheckpointStore& store, const std::string& model,
                                           const std::multimap<std::string, std::string>& query);
 

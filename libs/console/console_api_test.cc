@@ -136,6 +136,28 @@ TEST_F(ConsoleApiTest, HistoryAuditAndDiff) {
   EXPECT_EQ(call("/api/v1/models", {{"page", "2"}}).status, 400);
 }
 
+TEST_F(ConsoleApiTest, LineageNamesParentsAndChildren) {
+  CheckpointContents tuned;
+  tuned.model.InsertOrAssign("fc.weight", at::zeros({4, 3}));
+  tuned.metadata.mutable_lineage()->set_parent("resnet@1");
+  tuned.metadata.mutable_lineage()->set_parent_relation("fine_tuned_from");
+  ASSERT_OK(store_->CommitCheckpoint("resnet-ft", tuned).status());
+  ApiResponse up = Get("/api/v1/models/resnet-ft/versions/latest/lineage");
+  ASSERT_EQ(up.status, 200) << up.body;
+  const nlohmann::json child = nlohmann::json::parse(up.body);
+  EXPECT_EQ(child["version"], "resnet-ft@1");
+  EXPECT_EQ(child["lineage"]["parent"], "resnet@1");
+  ASSERT_EQ(child["ancestors"].size(), 1u);
+  EXPECT_EQ(child["ancestors"][0]["version"], "resnet@1");
+  EXPECT_EQ(child["ancestors"][0]["relation"], "fine_tuned_from");
+  ApiResponse down = Get("/api/v1/models/resnet/versions/production/lineage");
+  ASSERT_EQ(down.status, 200) << down.body;
+  const nlohmann::json parent = nlohmann::json::parse(down.body);
+  ASSERT_EQ(parent["children"].size(), 1u) << down.body;
+  EXPECT_EQ(parent["children"][0]["version"], "resnet-ft@1");
+  EXPECT_EQ(Get("/api/v1/models/resnet/versions/7/lineage").status, 404);
+}
+
 TEST_F(ConsoleApiTest, AVersionByNumberOrAliasWithoutItsChunkLists) {
   for (const char* ref : {"1", "production"}) {
     SCOPED_TRACE(ref);
