@@ -690,6 +690,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/version_diff.cc
     libs/store/version_filter.cc
     libs/store/version_filter_text.cc
+    libs/store/version_lineage.cc
     libs/store/version_ref.cc
     libs/tensor/device.cc
     libs/tensor/dtype.cc
