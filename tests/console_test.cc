@@ -93,10 +93,16 @@ class ConsoleTest : public ::testing::Test {
     base_ = absl::StrCat("http://127.0.0.1:", port);
   }
 
-  // curl PATH as the holder of `token` (none when empty), with `method`.
-  Curl Call(const std::string& path, const std::string& token, const std::string& method = "GET") {
+  // curl PATH as the holder of `token` (none when empty), with `method` (and a JSON `body`).
+  Curl Call(const std::string& path, const std::string& token, const std::string& method = "GET",
+            const std::string& body = "") {
     const std::string out = dir_ + "/body.json";
     std::string command = absl::StrCat("curl -s -o ", out, " -w '%{http_code}' -X ", method);
+    if (!body.empty()) {
+      testing::WriteTextFile(dir_ + "/request.json", body);
+      absl::StrAppend(&command, " -H 'Content-Type: application/json' --data-binary @", dir_,
+                      "/request.json");
+    }
     if (!token.empty()) absl::StrAppend(&command, " -H 'Authorization: Bearer ", token, "'");
     absl::StrAppend(&command, " '", base_, path, "'");
     const testing::ShellResult result = testing::RunShell(command);
@@ -181,6 +187,31 @@ TEST_F(ConsoleTest, AScopedCallerSeesNothingOutsideItsScopeAsThroughGrpc) {
   EXPECT_THAT(other.body["error"]["message"].get<std::string>(), HasSubstr("team-a-*"));
   EXPECT_EQ(Call("/api/v1/models/team-b-bert/versions/1", "team-a-token").status, 403);
   EXPECT_EQ(Call("/api/v1/models/team-b-bert/versions", "team-b-token").status, 200);
+}
+
+TEST_F(ConsoleTest, PromotionNeedsTheWriterRoleAndIsRecordedAsTheCallers) {
+  const std::string promote = R"({"version": 1, "alias": "production", "reason": "canary ok"})";
+  // The reader may look but not move an alias: the store refuses it (403).
+  const Curl reader = Call("/api/v1/models/team-a-resnet/promote", "reader-token", "POST", promote);
+  EXPECT_EQ(reader.status, 403) << reader.text;
+  // Team b's writer may not touch team a's model.
+  EXPECT_EQ(Call("/api/v1/models/team-a-resnet/promote", "team-b-token", "POST", promote).status,
+            403);
+  const Curl writer = Call("/api/v1/models/team-a-resnet/promote", "team-a-token", "POST", promote);
+  ASSERT_EQ(writer.status, 200) << writer.text;
+  EXPECT_EQ(writer.body["version"], 1);
+  // The alias timeline says who moved it and why.
+  const Curl timeline =
+      Call("/api/v1/models/team-a-resnet/history?alias=production", "reader-token");
+  ASSERT_EQ(timeline.status, 200) << timeline.text;
+  ASSERT_EQ(timeline.body["events"].size(), 1u);
+  EXPECT_EQ(timeline.body["events"][0]["identity"], "team-a");
+  EXPECT_THAT(timeline.body["events"][0]["reason"].get<std::string>(), HasSubstr("canary ok"));
+  // A form post (what a page on another site could make a browser send) changes nothing.
+  const testing::ShellResult form = testing::RunShell(
+      absl::StrCat("curl -s -o /dev/null -w '%{http_code}' -X POST -d 'alias=production' ", base_,
+                   "/api/v1/models/team-a-resnet/rollback"));
+  EXPECT_EQ(form.output, "400");
 }
 
 TEST(ConsoleHelpTest, HelpListsTheSharedFlags) {

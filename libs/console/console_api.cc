@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -13,8 +14,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "libs/io/proto_json.h"
+#include "libs/registry/promotion.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/version_diff.h"
+#include "libs/store/version_filter.h"
 #include "libs/store/version_filter_text.h"
 #include "libs/store/version_lineage.h"
 #include "libs/store/version_ref.h"
@@ -157,15 +160,20 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   const std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
   const bool models = !parts.empty() && parts[0] == "models";
   const bool versions = parts.size() >= 3 && parts[2] == "versions";
+  // Changes (POST, a JSON body): promote and roll back an alias, annotate a version.
+  const bool change =
+      models && ((parts.size() == 3 && (parts[2] == "promote" || parts[2] == "rollback")) ||
+                 (versions && parts.size() == 5 && parts[4] == "annotations"));
   const bool known =
-      models &&
-      (parts.size() == 1 || (versions && parts.size() <= 4) ||
-       (versions && parts.size() == 5 && parts[4] == "lineage") ||
-       (parts.size() == 3 && (parts[2] == "history" || parts[2] == "audit" || parts[2] == "diff")));
+      change || (models && (parts.size() == 1 || (versions && parts.size() <= 4) ||
+                            (versions && parts.size() == 5 && parts[4] == "lineage") ||
+                            (parts.size() == 3 && (parts[2] == "history" || parts[2] == "audit" ||
+                                                   parts[2] == "diff"))));
   if (!known) return absl::NotFoundError(absl::StrCat("no API at ", request.path));
-  if (request.method != "GET") {
+  const char* const allowed = change ? "POST" : "GET";
+  if (request.method != allowed) {
     return absl::UnimplementedError(
-        absl::StrCat(request.method, " is not allowed on ", request.path, " (GET is)"));
+        absl::StrCat(request.method, " is not allowed on ", request.path, " (", allowed, " is)"));
   }
   ASSIGN_OR_RETURN(const std::shared_ptr<CheckpointStore> store,
                    store_for_caller_(request.bearer_token));
@@ -177,6 +185,9 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
     return ProtoToJson(response);
   }
   const std::string& model = parts[1];
+  if (parts[2] == "promote" || parts[2] == "rollback") {
+    return Change(*store, model, parts[2], request);
+  }
   if (parts[2] == "history") return History(*store, model, request.query);
   if (parts[2] == "audit") return Audit(*store, model, request.query);
   if (parts[2] == "diff") return Diff(*store, model, request.query);
@@ -195,6 +206,7 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   }
   RETURN_IF_ERROR(CheckQuery(request.query, {}));
   ASSIGN_OR_RETURN(const v1::VersionRef ref, ParseVersionRef(absl::StrCat(model, "@", parts[3])));
+  if (parts.size() == 5 && parts[4] == "annotations") return Annotate(*store, ref, request);
   if (parts.size() == 5) return Lineage(*store, ref);
   ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
   return ProtoToJson(WithoutChunks(std::move(manifest)));
@@ -240,6 +252,106 @@ absl::StatusOr<std::string> ConsoleApi::Audit(
   }
   for (v1::AuditRecord& record : records) *response.add_records() = std::move(record);
   return ProtoToJson(response);
+}
+
+absl::StatusOr<nlohmann::json> ConsoleApi::JsonBody(const ApiRequest& request) {
+  // Only a JSON body with the caller's token is a change: a browser cannot send that from another
+  // site without a CORS preflight, which the console never grants (its CSRF defence; it keeps no
+  // cookies either).
+  if (!absl::StartsWith(request.content_type, "application/json")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a change needs a JSON body (Content-Type: application/json), got '",
+                     request.content_type, "'"));
+  }
+  if (request.bearer_token.empty()) {
+    return absl::UnauthenticatedError(
+        "a change needs the caller's bearer token (Authorization: Bearer ...)");
+  }
+  nlohmann::json body = nlohmann::json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return absl::InvalidArgumentError("the body is not a JSON object");
+  }
+  return body;
+}
+
+absl::StatusOr<std::string> ConsoleApi::Change(CheckpointStore& store, const std::string& model,
+                                               const std::string& action,
+                                               const ApiRequest& request) {
+  ASSIGN_OR_RETURN(const nlohmann::json body, JsonBody(request));
+  const auto text = [&](const char* name) -> absl::StatusOr<std::string> {
+    if (!body.contains(name)) return std::string();
+    if (!body[name].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", name, "' must be a string"));
+    }
+    return body[name].get<std::string>();
+  };
+  ASSIGN_OR_RETURN(const std::string reason, text("reason"));
+  ASSIGN_OR_RETURN(const std::string alias, text("alias"));
+  if (alias.empty()) return absl::InvalidArgumentError("'alias' is required");
+  if (action == "rollback") {
+    ASSIGN_OR_RETURN(const AliasMove moved, Rollback(store, model, alias, reason));
+    return nlohmann::json({{"model", model},
+                           {"alias", alias},
+                           {"from_version", moved.from_version},
+                           {"to_version", moved.to_version},
+                           {"reason", moved.reason}})
+        .dump();
+  }
+  // promote: {"version": 7 or "7" or "latest", "alias", "require": ["val_acc>=0.9"], "verify"}
+  std::string version_text;
+  if (body.contains("version") && body["version"].is_number_integer()) {
+    version_text = std::to_string(body["version"].get<int64_t>());
+  } else {
+    ASSIGN_OR_RETURN(version_text, text("version"));
+  }
+  if (version_text.empty()) return absl::InvalidArgumentError("'version' is required");
+  ASSIGN_OR_RETURN(const v1::VersionRef ref,
+                   ParseVersionRef(absl::StrCat(model, "@", version_text)));
+  ASSIGN_OR_RETURN(const v1::Manifest manifest, store.GetManifest(ref));
+  PromotionRules rules;
+  if (body.contains("require")) {
+    if (!body["require"].is_array()) {
+      return absl::InvalidArgumentError("'require' must be a list of conditions");
+    }
+    for (const nlohmann::json& condition : body["require"]) {
+      if (!condition.is_string()) {
+        return absl::InvalidArgumentError("each of 'require' must be a string like val_acc>=0.9");
+      }
+      ASSIGN_OR_RETURN(*std::back_inserter(rules.requirements),
+                       ParseMetricCondition(condition.get<std::string>()));
+    }
+  }
+  if (body.contains("verify")) {
+    if (!body["verify"].is_boolean())
+      return absl::InvalidArgumentError("'verify' must be true or false");
+    rules.require_verified = body["verify"].get<bool>();
+  }
+  ASSIGN_OR_RETURN(const PromotionResult promoted,
+                   Promote(store, model, manifest.version(), alias, rules, reason));
+  return nlohmann::json({{"model", model},
+                         {"alias", alias},
+                         {"version", manifest.version()},
+                         {"previous_version", promoted.previous_version},
+                         {"reason", promoted.reason}})
+      .dump();
+}
+
+absl::StatusOr<std::string> ConsoleApi::Annotate(CheckpointStore& store, const v1::VersionRef& ref,
+                                                 const ApiRequest& request) {
+  ASSIGN_OR_RETURN(const nlohmann::json body, JsonBody(request));
+  nlohmann::json fields = body;
+  fields.erase("reason");
+  v1::AnnotationChange change;
+  RETURN_IF_ERROR(JsonToProto(fields.dump(), change));
+  ASSIGN_OR_RETURN(const v1::Manifest manifest, store.GetManifest(ref));
+  ChangeAttribution attribution;
+  if (body.contains("reason") && body["reason"].is_string()) {
+    attribution.reason = body["reason"].get<std::string>();
+  }
+  ASSIGN_OR_RETURN(
+      const v1::VersionAnnotations annotations,
+      store.AnnotateVersion(manifest.model(), manifest.version(), change, attribution));
+  return ProtoToJson(annotations);
 }
 
 absl::StatusOr<std::string> ConsoleApi::Lineage(CheckpointStore& store, const v1::VersionRef& ref) {

@@ -33,6 +33,20 @@
 //                                            shape_b, dtype_a, dtype_b, max_abs_difference}],
 //                                            unchanged} (libs/store/version_diff.h)
 // A query parameter a request does not take is 400.
+//
+// Changes (POST with a JSON body, Content-Type: application/json, and the caller's token: a browser
+// cannot send that from another site without a CORS preflight, which the console never grants, so
+// no page elsewhere can make a signed-in user's browser change anything; the console keeps no
+// cookies), recorded in the store's history and audit log as the caller's:
+//   /api/v1/models/MODEL/promote             {"version": 7 | "REF", "alias": "production",
+//                                            "require": ["val_acc>=0.9"], "verify": true,
+//                                            "reason": "..."} -> {model, alias, version,
+//                                            previous_version, reason} (libs/registry/promotion.h)
+//   /api/v1/models/MODEL/rollback            {"alias": "production", "reason": "..."} ->
+//                                            {model, alias, from_version, to_version, reason}
+//   /api/v1/models/MODEL/versions/REF/annotations  an AnnotationChange in JSON (set_metrics,
+//                                            set_tags, remove_metrics, remove_tags, description)
+//                                            and "reason" -> the version's annotations
 // Errors: {"error": {"code": "NOT_FOUND", "message": "..."}} with the HTTP status of the code
 // (400 INVALID_ARGUMENT, 401, 403, 404, 405 for another method, 409 FAILED_PRECONDITION and
 // ALREADY_EXISTS, 503 UNAVAILABLE, 500 otherwise).
@@ -51,6 +65,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "libs/store/checkpoint_store.h"
+#include "nlohmann/json.hpp"
 
 namespace ckpt {
 
@@ -60,6 +75,7 @@ struct ApiRequest {
   std::multimap<std::string, std::string> query;  // a parameter may repeat (?tag=a&tag=b)
   std::string body;
   std::string bearer_token;  // from "Authorization: Bearer ..."; empty: none sent.
+  std::string content_type;  // the Content-Type header
 };
 
 struct ApiResponse {
@@ -91,6 +107,12 @@ class ConsoleApi {
                                              const std::multimap<std::string, std::string>& query);
   static absl::StatusOr<std::string> Audit(CheckpointStore& store, const std::string& model,
                                            const std::multimap<std::string, std::string>& query);
+  // The body of a change, refused unless it is a JSON object sent as JSON with a token.
+  static absl::StatusOr<nlohmann::json> JsonBody(const ApiRequest& request);
+  static absl::StatusOr<std::string> Change(CheckpointStore& store, const std::string& model,
+                                            const std::string& action, const ApiRequest& request);
+  static absl::StatusOr<std::string> Annotate(CheckpointStore& store, const v1::VersionRef& ref,
+                                              const ApiRequest& request);
   static absl::StatusOr<std::string> Lineage(CheckpointStore& store, const v1::VersionRef& ref);
   static absl::StatusOr<std::string> Diff(CheckpointStore& store, const std::string& model,
                                           const std::multimap<std::string, std::string>& query);

@@ -136,6 +136,60 @@ TEST_F(ConsoleApiTest, HistoryAuditAndDiff) {
   EXPECT_EQ(call("/api/v1/models", {{"page", "2"}}).status, 400);
 }
 
+TEST_F(ConsoleApiTest, PromoteRollbackAndAnnotateAsTheCaller) {
+  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+    return store_;
+  });
+  const auto post = [&](const std::string& path, const std::string& body,
+                        const std::string& type = "application/json") {
+    return api.Handle({"POST", path, {}, body, kToken, type});
+  };
+  // The rule holds for version 2 (val_acc 0.7), so production moves 1 -> 2.
+  ApiResponse promoted = post("/api/v1/models/resnet/promote",
+                              R"({"version": 2, "alias": "production", "require": ["val_acc>=0.65"],
+                                  "reason": "weekly release"})");
+  ASSERT_EQ(promoted.status, 200) << promoted.body;
+  const nlohmann::json moved = nlohmann::json::parse(promoted.body);
+  EXPECT_EQ(moved["previous_version"], 1);
+  EXPECT_THAT(moved["reason"].get<std::string>(), HasSubstr("weekly release"));
+  // A rule that fails is 409 with the store's words, and nothing moves.
+  ApiResponse refused =
+      post("/api/v1/models/resnet/promote",
+           R"({"version": "1", "alias": "production", "require": ["val_acc>=0.65"]})");
+  EXPECT_EQ(refused.status, 409) << refused.body;
+  EXPECT_THAT(refused.body, HasSubstr("val_acc"));
+  ApiResponse back = post("/api/v1/models/resnet/rollback", R"({"alias": "production"})");
+  ASSERT_EQ(back.status, 200) << back.body;
+  EXPECT_EQ(nlohmann::json::parse(back.body)["to_version"], 1);
+
+  ApiResponse annotated = post("/api/v1/models/resnet/versions/1/annotations",
+                               R"({"set_tags": {"dataset": "imagenet"}, "set_metrics": {"f1": 0.8},
+                                   "reason": "offline eval"})");
+  ASSERT_EQ(annotated.status, 200) << annotated.body;
+  EXPECT_EQ(nlohmann::json::parse(annotated.body)["tags"]["dataset"], "imagenet");
+  ApiResponse filtered = Get("/api/v1/models/resnet/versions");
+  EXPECT_THAT(filtered.body, HasSubstr("imagenet"));
+
+  // What is not a change as the API takes one.
+  EXPECT_EQ(
+      post("/api/v1/models/resnet/rollback", R"({"alias": "production"})", "text/plain").status,
+      400);
+  EXPECT_EQ(api.Handle({"POST",
+                        "/api/v1/models/resnet/rollback",
+                        {},
+                        R"({"alias": "x"})",
+                        "",
+                        "application/json"})
+                .status,
+            401);
+  EXPECT_EQ(post("/api/v1/models/resnet/promote", "[1]").status, 400);
+  EXPECT_EQ(post("/api/v1/models/resnet/promote", R"({"version": 2})").status, 400);
+  EXPECT_EQ(post("/api/v1/models/resnet/versions/1/annotations", R"({"set_color": "red"})").status,
+            400);
+  EXPECT_EQ(Get("/api/v1/models/resnet/promote").status, 405);
+  EXPECT_EQ(post("/api/v1/models", "{}").status, 405);
+}
+
 TEST_F(ConsoleApiTest, LineageNamesParentsAndChildren) {
   CheckpointContents tuned;
   tuned.model.InsertOrAssign("fc.weight", at::zeros({4, 3}));

@@ -10,7 +10,9 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
 
 namespace ckpt {
@@ -21,6 +23,10 @@ namespace ckpt {
 // INTERNAL when protobuf cannot print the message (an Any of a type it does not know).
 absl::StatusOr<std::string> ProtoToJson(const google::protobuf::Message& message,
                                         bool indented = false);
+
+// `json` (protobuf's JSON mapping; either spelling of field names) into `message`.
+// INVALID_ARGUMENT naming what protobuf could not read, an unknown field included.
+absl::Status JsonToProto(absl::string_view json, google::protobuf::Message& message);
 
 }  // namespace ckpt
 

@@ -28,5 +28,21 @@ TEST(ProtoToJsonTest, IndentedPutsOneFieldOnEachLine) {
   EXPECT_THAT(json, ::testing::HasSubstr("\"parent_relation\": \"fine_tuned_from\"\n"));
 }
 
+TEST(JsonToProtoTest, ReadsWhatProtoToJsonWritesAndRefusesUnknownFields) {
+  ASSERT_OK_AND_ASSIGN(std::string json, ProtoToJson(SomeLineage()));
+  v1::Lineage read;
+  ASSERT_OK(JsonToProto(json, read));
+  EXPECT_EQ(read.run_id(), "run-1");
+  EXPECT_EQ(read.parent_relation(), "fine_tuned_from");
+  v1::Lineage camel;
+  ASSERT_OK(JsonToProto(R"({"runId": "run-2"})", camel));
+  EXPECT_EQ(camel.run_id(), "run-2");
+  v1::Lineage refused;
+  EXPECT_THAT(JsonToProto(R"({"run": "x"})", refused),
+              ckpt::testing::StatusIs(absl::StatusCode::kInvalidArgument, "ckpt.v1.Lineage"));
+  EXPECT_THAT(JsonToProto("not json", refused),
+              ckpt::testing::StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 }  // namespace
 }  // namespace ckpt

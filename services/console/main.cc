@@ -99,6 +99,7 @@ int Run() {
     call.path = request.path;
     for (const auto& [name, value] : request.params) call.query.emplace(name, value);
     call.body = request.body;
+    call.content_type = request.get_header_value("Content-Type");
     call.bearer_token = BearerToken(request);
     const ApiResponse answer = api.Handle(call);
     response.status = answer.status;
