@@ -75,6 +75,25 @@ absl::StatusOr<int64_t> QueryCount(const std::multimap<std::string, std::string>
 // The longest page a history or audit request gets: the page's next_after_sequence continues it.
 constexpr int64_t kMaxPage = 1000;
 
+// since, after and limit of a paged listing (HistoryQuery, AuditQuery) from the query; a page
+// holds 1 to kMaxPage records.
+template <typename Query>
+absl::Status ReadPage(const std::multimap<std::string, std::string>& query, Query& page) {
+  if (const std::string since = QueryValue(query, "since"); !since.empty()) {
+    ASSIGN_OR_RETURN(page.since, ParseTimeSpec("since", since));
+  }
+  ASSIGN_OR_RETURN(page.after_sequence, QueryCount(query, "after", 0));
+  ASSIGN_OR_RETURN(page.limit, QueryCount(query, "limit", kMaxPage));
+  page.limit = std::clamp<int64_t>(page.limit, 1, kMaxPage);
+  return absl::OkStatus();
+}
+
+// A full page's last sequence number, where the next page begins; 0 when this page was the last.
+template <typename Record>
+int64_t NextAfter(const std::vector<Record>& records, int64_t limit) {
+  return static_cast<int64_t>(records.size()) == limit ? records.back().sequence() : 0;
+}
+
 // The version filter of a /versions request's query (`ckpt ls`'s options by their names).
 absl::StatusOr<VersionFilterText> FilterOf(const std::multimap<std::string, std::string>& query) {
   VersionFilterText text;
@@ -218,17 +237,10 @@ absl::StatusOr<std::string> ConsoleApi::History(
   HistoryQuery history;
   history.model = model;
   history.alias = QueryValue(query, "alias");
-  if (const std::string since = QueryValue(query, "since"); !since.empty()) {
-    ASSIGN_OR_RETURN(history.since, ParseTimeSpec("since", since));
-  }
-  ASSIGN_OR_RETURN(history.after_sequence, QueryCount(query, "after", 0));
-  ASSIGN_OR_RETURN(history.limit, QueryCount(query, "limit", kMaxPage));
-  history.limit = std::clamp<int64_t>(history.limit, 1, kMaxPage);
+  RETURN_IF_ERROR(ReadPage(query, history));
   ASSIGN_OR_RETURN(std::vector<v1::RegistryEvent> events, store.ListHistory(history));
   v1::ListHistoryResponse response;
-  if (static_cast<int64_t>(events.size()) == history.limit) {
-    response.set_next_after_sequence(events.back().sequence());
-  }
+  response.set_next_after_sequence(NextAfter(events, history.limit));
   for (v1::RegistryEvent& event : events) *response.add_events() = std::move(event);
   return ProtoToJson(response);
 }
@@ -239,17 +251,10 @@ absl::StatusOr<std::string> ConsoleApi::Audit(
   RETURN_IF_ERROR(CheckQuery(query, {"since", "after", "limit"}));
   AuditQuery audit;
   audit.model = model;
-  if (const std::string since = QueryValue(query, "since"); !since.empty()) {
-    ASSIGN_OR_RETURN(audit.since, ParseTimeSpec("since", since));
-  }
-  ASSIGN_OR_RETURN(audit.after_sequence, QueryCount(query, "after", 0));
-  ASSIGN_OR_RETURN(audit.limit, QueryCount(query, "limit", kMaxPage));
-  audit.limit = std::clamp<int64_t>(audit.limit, 1, kMaxPage);
+  RETURN_IF_ERROR(ReadPage(query, audit));
   ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, store.ListAudit(audit));
   v1::ListAuditResponse response;
-  if (static_cast<int64_t>(records.size()) == audit.limit) {
-    response.set_next_after_sequence(records.back().sequence());
-  }
+  response.set_next_after_sequence(NextAfter(records, audit.limit));
   for (v1::AuditRecord& record : records) *response.add_records() = std::move(record);
   return ProtoToJson(response);
 }
