@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -212,6 +215,34 @@ TEST_F(ConsoleTest, PromotionNeedsTheWriterRoleAndIsRecordedAsTheCallers) {
       absl::StrCat("curl -s -o /dev/null -w '%{http_code}' -X POST -d 'alias=production' ", base_,
                    "/api/v1/models/team-a-resnet/rollback"));
   EXPECT_EQ(form.output, "400");
+}
+
+// The page follows a promotion without reloading: a watch (Server-Sent Events) sends the state,
+// then the alias move as it happens.
+TEST_F(ConsoleTest, AWatchStreamsThePromotionAsItHappens) {
+  testing::ShellResult streamed;
+  std::thread watcher([&] {
+    streamed = testing::RunShell(
+        absl::StrCat("curl -s -N --max-time 6 -H 'Authorization: Bearer reader-token' '", base_,
+                     "/api/v1/watch?model=team-a-resnet'"));
+  });
+  absl::SleepFor(absl::Seconds(2));
+  const Curl promoted = Call("/api/v1/models/team-a-resnet/promote", "team-a-token", "POST",
+                             R"({"version": 2, "alias": "production", "reason": "live"})");
+  EXPECT_EQ(promoted.status, 200) << promoted.text;
+  watcher.join();
+  std::vector<nlohmann::json> updates;
+  for (absl::string_view line : absl::StrSplit(streamed.output, '\n')) {
+    if (absl::ConsumePrefix(&line, "data: ")) updates.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_GE(updates.size(), 2u) << streamed.output;
+  EXPECT_TRUE(updates[0].contains("state")) << streamed.output;
+  EXPECT_EQ(updates.back()["event"]["kind"], "ALIAS_SET") << streamed.output;
+  EXPECT_EQ(updates.back()["event"]["alias"], "production");
+  EXPECT_EQ(updates.back()["event"]["identity"], "team-a");
+  // Refusals come back as answers, not inside a stream.
+  EXPECT_EQ(Call("/api/v1/watch?model=team-a-resnet", "").status, 401);
+  EXPECT_EQ(Call("/api/v1/watch?model=team-b-bert", "team-a-token").status, 403);
 }
 
 TEST(ConsoleHelpTest, HelpListsTheSharedFlags) {

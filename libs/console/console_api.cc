@@ -39,14 +39,16 @@ v1::Manifest WithoutChunks(v1::Manifest manifest) {
 
 // 400 for a query parameter `allowed` does not name, or one given twice.
 absl::Status CheckQuery(const std::multimap<std::string, std::string>& query,
-                        const std::vector<absl::string_view>& allowed) {
+                        const std::vector<absl::string_view>& allowed,
+                        const std::vector<absl::string_view>& repeatable = {}) {
   for (const auto& [name, value] : query) {
     if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown query parameter '", name, "' (this request takes ",
                        allowed.empty() ? "none" : absl::StrJoin(allowed, ", "), ")"));
     }
-    if (query.count(name) > 1) {
+    if (query.count(name) > 1 &&
+        std::find(repeatable.begin(), repeatable.end(), name) == repeatable.end()) {
       return absl::InvalidArgumentError(absl::StrCat("'", name, "' may be given once"));
     }
   }
@@ -407,6 +409,64 @@ absl::StatusOr<std::string> ConsoleApi::Diff(CheckpointStore& store, const std::
                                {"changed", std::move(changed)},
                                {"unchanged", diff.unchanged}};
   return body.dump();
+}
+
+bool ConsoleApi::IsWatch(const ApiRequest& request) {
+  return request.method == "GET" && request.path == "/api/v1/watch";
+}
+
+absl::StatusOr<ConsoleApi::OpenedWatch> ConsoleApi::OpenWatch(const ApiRequest& request) const {
+  RETURN_IF_ERROR(CheckQuery(request.query, {"model", "alias", "after"}, {"model", "alias"}));
+  v1::WatchRequest watch_request;
+  for (const auto& [name, value] : request.query) {
+    if (name == "model") watch_request.add_models(value);
+    if (name == "alias") watch_request.add_aliases(value);
+  }
+  ASSIGN_OR_RETURN(const int64_t after, QueryCount(request.query, "after", 0));
+  if (request.query.count("after") > 0) {
+    watch_request.set_resume_token(after);
+    watch_request.set_resume(true);
+  }
+  ASSIGN_OR_RETURN(const std::shared_ptr<CheckpointStore> store,
+                   store_for_caller_(request.bearer_token));
+  OpenedWatch opened;
+  ASSIGN_OR_RETURN(opened.watch, store->Watch(watch_request));
+  // A refusal (no token, a model out of scope) comes with the first update: wait briefly for it,
+  // so that it is answered with its status rather than inside an event stream.
+  ASSIGN_OR_RETURN(opened.first, opened.watch->Next(absl::Now() + absl::Seconds(2)));
+  return opened;
+}
+
+void ConsoleApi::StreamWatch(OpenedWatch opened,
+                             const std::function<bool(absl::string_view)>& write,
+                             const std::function<bool()>& stopping) {
+  const auto send = [&](const v1::WatchResponse& update) {
+    absl::StatusOr<std::string> json = ProtoToJson(update);
+    if (!json.ok()) return false;
+    return write(absl::StrCat("id: ", update.resume_token(), "\ndata: ", *json, "\n\n"));
+  };
+  // A comment first, so the client sees the stream open at once.
+  if (!write(": watching\n\n")) return;
+  if (opened.first && !send(*opened.first)) return;
+  absl::Time quiet_since = absl::Now();
+  while (!stopping()) {
+    absl::StatusOr<std::optional<v1::WatchResponse>> next =
+        opened.watch->Next(absl::Now() + absl::Seconds(1));
+    if (!next.ok()) {
+      const nlohmann::json error = {{"error",
+                                     {{"code", absl::StatusCodeToString(next.status().code())},
+                                      {"message", std::string(next.status().message())}}}};
+      write(absl::StrCat("event: error\ndata: ", error.dump(), "\n\n"));
+      return;
+    }
+    if (next->has_value()) {
+      if (!send(**next)) return;
+      quiet_since = absl::Now();
+    } else if (absl::Now() - quiet_since >= absl::Seconds(15)) {
+      if (!write(": keep-alive\n\n")) return;
+      quiet_since = absl::Now();
+    }
+  }
 }
 
 }  // namespace ckpt

@@ -34,6 +34,12 @@
 //                                            unchanged} (libs/store/version_diff.h)
 // A query parameter a request does not take is 400.
 //
+// Live updates: GET /api/v1/watch?model=M (repeatable; none: every model in scope) &alias=A
+// (repeatable) &after=TOKEN, as Server-Sent Events (OpenWatch, then StreamWatch): the state first
+// unless resuming, then every registry event, each "id: RESUME_TOKEN\ndata: WatchResponse JSON";
+// a ": keep-alive" comment when nothing happened for 15 s. A browser's EventSource resumes by
+// itself with Last-Event-ID, which counts as ?after=.
+//
 // Changes (POST with a JSON body, Content-Type: application/json, and the caller's token: a browser
 // cannot send that from another site without a CORS preflight, which the console never grants, so
 // no page elsewhere can make a signed-in user's browser change anything; the console keeps no
@@ -60,10 +66,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "libs/store/checkpoint_store.h"
 #include "nlohmann/json.hpp"
 
@@ -98,8 +106,21 @@ class ConsoleApi {
   explicit ConsoleApi(StoreForCaller store_for_caller)
       : store_for_caller_(std::move(store_for_caller)) {}
 
-  // Answers one request under /api/v1/ (404 for any other path).
+  // Answers one request under /api/v1/ (404 for any other path), except a watch.
   ApiResponse Handle(const ApiRequest& request) const;
+
+  // A watch request (GET /api/v1/watch): opened here so that its errors are answered as any
+  // request's (401, 403, 400), then streamed by StreamWatch.
+  static bool IsWatch(const ApiRequest& request);
+  struct OpenedWatch {
+    std::unique_ptr<RegistryWatch> watch;
+    std::optional<v1::WatchResponse> first;  // the first update, read while opening.
+  };
+  absl::StatusOr<OpenedWatch> OpenWatch(const ApiRequest& request) const;
+  // Writes `opened`'s updates as Server-Sent Events through `write` until `write` returns false
+  // (the client went away), `stopping()` turns true (checked every second), or the watch fails.
+  static void StreamWatch(OpenedWatch opened, const std::function<bool(absl::string_view)>& write,
+                          const std::function<bool()>& stopping);
 
  private:
   absl::StatusOr<std::string> Route(const ApiRequest& request) const;

@@ -15,6 +15,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -93,7 +94,10 @@ int Run() {
   server.set_default_headers({{"Cache-Control", "no-store"},
                               {"X-Content-Type-Options", "nosniff"},
                               {"Content-Security-Policy", "default-src 'self'"}});
-  const auto handle = [&api](const httplib::Request& request, httplib::Response& response) {
+  // Set before the server stops, so that open watches end within a second.
+  std::atomic<bool> stopping{false};
+  const auto handle = [&api, &stopping](const httplib::Request& request,
+                                        httplib::Response& response) {
     ApiRequest call;
     call.method = request.method;
     call.path = request.path;
@@ -101,6 +105,32 @@ int Run() {
     call.body = request.body;
     call.content_type = request.get_header_value("Content-Type");
     call.bearer_token = BearerToken(request);
+    if (ConsoleApi::IsWatch(call)) {
+      // An EventSource reconnecting says where it stopped.
+      if (call.query.count("after") == 0 && request.has_header("Last-Event-ID")) {
+        call.query.emplace("after", request.get_header_value("Last-Event-ID"));
+      }
+      absl::StatusOr<ConsoleApi::OpenedWatch> opened = api.OpenWatch(call);
+      if (!opened.ok()) {
+        const ApiResponse refused = ErrorResponse(opened.status());
+        response.status = refused.status;
+        response.set_content(refused.body, refused.content_type.c_str());
+        return;
+      }
+      auto watch = std::make_shared<ConsoleApi::OpenedWatch>(*std::move(opened));
+      response.set_chunked_content_provider(
+          "text/event-stream", [watch, &stopping](size_t, httplib::DataSink& sink) {
+            ConsoleApi::StreamWatch(
+                std::move(*watch),
+                [&sink](absl::string_view chunk) {
+                  return sink.is_writable() && sink.write(chunk.data(), chunk.size());
+                },
+                [&stopping] { return stopping.load(); });
+            sink.done();
+            return true;
+          });
+      return;
+    }
     const ApiResponse answer = api.Handle(call);
     response.status = answer.status;
     response.set_content(answer.body, answer.content_type.c_str());
@@ -131,6 +161,7 @@ int Run() {
   std::cout << "console serving " << location->address << " on http://" << host << ":" << bound
             << "/ (API: http://" << host << ":" << bound << "/api/v1/models)" << std::endl;
   WaitForStopSignal(stop_signals, "console", absl::GetFlag(FLAGS_shutdown_grace));
+  stopping = true;
   server.stop();
   serving.join();
   return 0;
