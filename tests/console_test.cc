@@ -161,6 +161,12 @@ TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
   EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions", "team-a-token").status, 200);
 }
 
+TEST_F(ConsoleTest, ThePrintedUrlSaysWhereTheApiIs) {
+  EXPECT_THAT(console_->stdout_text(), HasSubstr(base_ + "/"));
+  const testing::ShellResult root = testing::RunShell("curl -s '" + base_ + "/'");
+  EXPECT_THAT(root.output, HasSubstr("/api/v1/models"));
+}
+
 TEST_F(ConsoleTest, ErrorsAreJsonWithTheirHttpStatus) {
   const auto expect = [&](const Curl& curl, int status, const std::string& code) {
     EXPECT_EQ(curl.status, status) << curl.text;

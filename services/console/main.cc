@@ -135,13 +135,22 @@ int Run() {
     response.status = answer.status;
     response.set_content(answer.body, answer.content_type.c_str());
   };
+  // The page is not built yet (#41): the printed URL says where the API is rather than 404.
+  server.Get("/", [](const httplib::Request&, httplib::Response& response) {
+    response.set_content(
+        "ckpt console: the web page is still to come. The HTTP/JSON API is under /api/v1/ "
+        "(e.g. /api/v1/models, with \"Authorization: Bearer TOKEN\"); docs/console.md lists "
+        "every endpoint.\n",
+        "text/plain; charset=utf-8");
+  });
   const char* const kApi = R"(/api/.*)";
   server.Get(kApi, handle);
   server.Post(kApi, handle);
   server.Put(kApi, handle);
   server.Patch(kApi, handle);
   server.Delete(kApi, handle);
-  const std::string bind_host = host == "localhost" ? "127.0.0.1" : host;
+  const std::string bind_host =
+      host == "localhost" ? "127.0.0.1" : (host == "[::1]" ? "::1" : host);
   const int bound = port == 0 ? server.bind_to_any_port(bind_host)
                               : (server.bind_to_port(bind_host, port) ? port : -1);
   if (bound <= 0) {
