@@ -90,7 +90,8 @@ class ConsoleTest : public ::testing::Test {
     console_ = std::make_unique<testing::ChildProcess>(
         testing::RunfilesPath("services/console/console"), dir_ + "/console");
     ASSERT_TRUE(console_->Start({"--store=" + store_address_, "--listen=127.0.0.1:0",
-                                 "--port_file=" + dir_ + "/console.port"}));
+                                 "--port_file=" + dir_ + "/console.port",
+                                 "--web_dir=" + testing::RunfilesPath("services/console/web")}));
     const int port = console_->WaitForPort(dir_ + "/console.port", absl::Seconds(60));
     ASSERT_GT(port, 0) << console_->stderr_text();
     base_ = absl::StrCat("http://127.0.0.1:", port);
@@ -161,10 +162,29 @@ TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
   EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions", "team-a-token").status, 200);
 }
 
-TEST_F(ConsoleTest, ThePrintedUrlSaysWhereTheApiIs) {
+TEST_F(ConsoleTest, ThePrintedUrlServesThePageWithoutInlineScript) {
   EXPECT_THAT(console_->stdout_text(), HasSubstr(base_ + "/"));
-  const testing::ShellResult root = testing::RunShell("curl -s '" + base_ + "/'");
-  EXPECT_THAT(root.output, HasSubstr("/api/v1/models"));
+  const testing::ShellResult root = testing::RunShell("curl -s -i '" + base_ + "/'");
+  EXPECT_THAT(root.output, HasSubstr("<script src=\"/app.js\" defer></script>"));
+  EXPECT_THAT(root.output, HasSubstr("Content-Security-Policy: default-src 'self'"));
+}
+
+// The page in a real headless Chromium: sign in, the models list, a model's page, markup in a
+// description shown as text, a promotion by another caller followed live, a wrong token refused;
+// screenshots in the test's outputs, and any browser console error fails it.
+TEST_F(ConsoleTest, TheBrowserPageShowsTheRegistryAndFollowsAPromotion) {
+  if (!std::filesystem::exists("/usr/bin/chromedriver")) {
+    if (std::getenv("CKPT_CI") != nullptr) FAIL() << "chromium-driver is not installed";
+    GTEST_SKIP() << "needs Debian's chromium, chromium-driver and python3-selenium "
+                    "(tools/install_deps.sh)";
+  }
+  const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  const std::string out = outputs != nullptr ? outputs : dir_ + "/screenshots";
+  const testing::ShellResult browser = testing::RunShell(
+      absl::StrCat("/usr/bin/python3 ", testing::RunfilesPath("tests/console_browser.py"), " ",
+                   base_, " ", out, " 2>&1"));
+  EXPECT_EQ(browser.exit_code, 0) << browser.output;
+  EXPECT_THAT(browser.output, HasSubstr("every page checked"));
 }
 
 TEST_F(ConsoleTest, ErrorsAreJsonWithTheirHttpStatus) {

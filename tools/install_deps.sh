@@ -13,6 +13,8 @@ packages=(
   libcurl4-openssl-dev
   # The console's HTTP server (services/console); curl drives its API in tests.
   libcpp-httplib-dev curl
+  # The console's page in a real headless browser in tests (tests/console_browser.py).
+  chromium chromium-driver python3-selenium
   # Real PyTorch as a peer in interop tests (/usr/bin/python3).
   python3-torch python3-numpy
   # torchvision models (ResNet-18) scripted as a team would bring them to the trainer.

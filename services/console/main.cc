@@ -38,6 +38,10 @@
 CKPT_DEFINE_STORE_CLIENT_FLAGS("");
 CKPT_DEFINE_LISTEN_FLAGS(, "127.0.0.1:8080");
 CKPT_DEFINE_SHUTDOWN_GRACE_FLAG();
+ABSL_FLAG(std::string, web_dir, "services/console/web",
+          "Directory of the page's files (index.html, app.js, app.css), served at /. The default "
+          "is where `bazel run //services/console` finds them; an installed console names its "
+          "copy. Empty: no page, the API only.");
 
 namespace ckpt {
 namespace {
@@ -135,14 +139,18 @@ int Run() {
     response.status = answer.status;
     response.set_content(answer.body, answer.content_type.c_str());
   };
-  // The page is not built yet (#41): the printed URL says where the API is rather than 404.
-  server.Get("/", [](const httplib::Request&, httplib::Response& response) {
-    response.set_content(
-        "ckpt console: the web page is still to come. The HTTP/JSON API is under /api/v1/ "
-        "(e.g. /api/v1/models, with \"Authorization: Bearer TOKEN\"); docs/console.md lists "
-        "every endpoint.\n",
-        "text/plain; charset=utf-8");
-  });
+  // The page (services/console/web: static files, no inline script) at "/", when it is there.
+  const std::string web_dir = absl::GetFlag(FLAGS_web_dir);
+  if (web_dir.empty() || !server.set_mount_point("/", web_dir)) {
+    server.Get("/", [web_dir](const httplib::Request&, httplib::Response& response) {
+      response.set_content(
+          absl::StrCat("ckpt console: no page to serve (--web_dir='", web_dir,
+                       "' is not a directory). The HTTP/JSON API is under /api/v1/ (e.g. "
+                       "/api/v1/models, with \"Authorization: Bearer TOKEN\"); docs/console.md "
+                       "lists every endpoint.\n"),
+          "text/plain; charset=utf-8");
+    });
+  }
   const char* const kApi = R"(/api/.*)";
   server.Get(kApi, handle);
   server.Post(kApi, handle);

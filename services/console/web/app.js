@@ -1,0 +1,213 @@
+// The console's page: the registry through /api/v1 (docs/console.md), with the caller's token.
+// Every name and value is put into the page as text (textContent), never as markup, so a model,
+// tag or description holding HTML shows as the characters it is. No inline script (the console
+// sends Content-Security-Policy: default-src 'self').
+'use strict';
+
+const TOKEN_KEY = 'ckpt-console-token';
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
+
+// An element with text and children; `attributes` are set as attributes (never as HTML).
+function el(tag, attributes, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, value);
+  for (const child of children) {
+    node.append(typeof child === 'string' || typeof child === 'number' ? String(child) : child);
+  }
+  return node;
+}
+
+function show(...nodes) {
+  const main = document.getElementById('main');
+  main.replaceChildren(...nodes);
+}
+
+function status(text) { document.getElementById('status').textContent = text; }
+
+class ApiError extends Error {
+  constructor(httpStatus, code, message) {
+    super(message);
+    this.httpStatus = httpStatus;
+    this.code = code;
+  }
+}
+
+async function api(path) {
+  const response = await fetch('/api/v1/' + path, {
+    headers: { 'Authorization': 'Bearer ' + token() },
+  });
+  const body = await response.json();
+  if (!response.ok) {
+    const error = body.error || {};
+    throw new ApiError(response.status, error.code || '', error.message || response.statusText);
+  }
+  return body;
+}
+
+function signIn(message) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  document.getElementById('signout').hidden = true;
+  status('');
+  const input = el('input', { id: 'token', type: 'password', autocomplete: 'off',
+                              placeholder: 'bearer token' });
+  const form = el('form', { class: 'signin', id: 'signin' },
+                  el('h2', {}, 'Sign in'),
+                  el('p', {}, 'The token your checkpoint store knows you by. The console sends it ' +
+                              'with each request and keeps it only in this tab.'),
+                  input, el('button', { type: 'submit' }, 'Sign in'));
+  if (message) form.append(el('p', { class: 'error', id: 'signin-error' }, message));
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    route();
+  });
+  show(form);
+  input.focus();
+}
+
+function failed(error) {
+  if (error instanceof ApiError && error.httpStatus === 401) {
+    signIn('The store did not accept that token: ' + error.message);
+    return;
+  }
+  show(el('p', { class: 'error', id: 'error' }, error.message));
+}
+
+function micros(value) {
+  const number = Number(value || 0);
+  return number ? new Date(number / 1000).toISOString().replace('.000Z', 'Z') : '';
+}
+
+function mebibytes(bytes) {
+  const number = Number(bytes || 0);
+  return number ? (number / 1048576).toFixed(number < 1048576 ? 3 : 1) : '';
+}
+
+async function modelsPage() {
+  const body = await api('models');
+  const rows = (body.models || []).map((model) => el('tr', {},
+      el('td', {}, el('a', { href: '#/models/' + encodeURIComponent(model.name) }, model.name)),
+      el('td', { class: 'number' }, model.latest_version || '0'),
+      el('td', { class: 'number' }, model.version_count || '0'),
+      el('td', {}, ...Object.entries(model.aliases || {})
+                       .map(([alias, version]) => el('span', { class: 'alias' },
+                                                     alias + ' \u2192 ' + version)))));
+  show(el('h2', {}, 'Models'),
+       el('table', { id: 'models' },
+          el('thead', {}, el('tr', {}, el('th', {}, 'model'), el('th', {}, 'latest'),
+                             el('th', {}, 'versions'), el('th', {}, 'aliases'))),
+          el('tbody', {}, ...rows)));
+  status(rows.length + ' model(s)');
+}
+
+async function modelPage(model) {
+  const name = encodeURIComponent(model);
+  const [listing, history] = await Promise.all([api('models/' + name + '/versions'),
+                                                api('models/' + name + '/history')]);
+  const versions = listing.versions || [];
+  // A version's metrics as the registry judges them: annotations over commit-time metrics.
+  const metricsOf = (info) => Object.assign({}, (info.metadata || {}).metrics || {},
+                                            (info.annotations || {}).metrics || {});
+  const metricNames = [...new Set(versions.flatMap((info) => Object.keys(metricsOf(info))))].sort();
+  const rows = versions.map((info) => {
+    const metadata = info.metadata || {};
+    const annotations = info.annotations || {};
+    const metrics = metricsOf(info);
+    return el('tr', { 'data-version': info.version },
+              el('td', { class: 'number' }, info.version),
+              el('td', {}, ...(info.aliases || []).map((a) => el('span', { class: 'alias' }, a))),
+              el('td', {}, micros(metadata.created_unix_micros)),
+              el('td', { class: 'number' }, metadata.global_step || ''),
+              ...metricNames.map((metric) => el('td', { class: 'number' },
+                  metric in metrics ? Number(metrics[metric]).toPrecision(4) : '')),
+              el('td', { class: 'number' }, mebibytes(info.logical_bytes)),
+              el('td', {}, (metadata.lineage || {}).run_id || ''),
+              el('td', {}, ...Object.entries(annotations.tags || {}).map(
+                  ([key, value]) => el('span', { class: 'alias' }, value ? key + '=' + value : key))),
+              el('td', { class: 'description' },
+                 annotations.description || metadata.description || ''));
+  });
+  const moves = (history.events || []).filter(
+      (event) => event.kind === 'ALIAS_SET' || event.kind === 'ALIAS_DELETED');
+  const timeline = moves.map((event) => el('tr', {},
+      el('td', {}, micros(event.unix_micros)),
+      el('td', {}, event.alias || ''),
+      el('td', {}, (event.previous_version || 'new') + ' \u2192 ' +
+                   (event.kind === 'ALIAS_DELETED' ? 'deleted' : event.version)),
+      el('td', {}, event.identity || ''),
+      el('td', {}, event.reason || '')));
+  show(el('h2', { id: 'model-name' }, model),
+       el('h3', {}, 'Versions'),
+       el('table', { id: 'versions' },
+          el('thead', {}, el('tr', {}, el('th', {}, 'version'), el('th', {}, 'aliases'),
+                             el('th', {}, 'created'), el('th', {}, 'step'),
+                             ...metricNames.map((metric) => el('th', {}, metric)),
+                             el('th', {}, 'MiB'), el('th', {}, 'run'), el('th', {}, 'tags'),
+                             el('th', {}, 'description'))),
+          el('tbody', {}, ...rows)),
+       el('h3', {}, 'Alias timeline'),
+       el('table', { id: 'timeline' },
+          el('thead', {}, el('tr', {}, el('th', {}, 'when'), el('th', {}, 'alias'),
+                             el('th', {}, 'move'), el('th', {}, 'who'), el('th', {}, 'why'))),
+          el('tbody', {}, ...timeline)));
+  status(versions.length + ' version(s) of ' + model);
+}
+
+// Follows /api/v1/watch for `model` (a fetch stream: EventSource cannot send the token) and calls
+// `changed` after each registry event; stops when `isCurrent()` turns false.
+async function follow(model, changed, isCurrent) {
+  const response = await fetch('/api/v1/watch?model=' + encodeURIComponent(model), {
+    headers: { 'Authorization': 'Bearer ' + token() },
+  });
+  if (!response.ok || !response.body) return;
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffered = '';
+  while (isCurrent()) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffered += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffered.indexOf('\n\n')) >= 0) {
+      const message = buffered.slice(0, end);
+      buffered = buffered.slice(end + 2);
+      const data = message.split('\n').find((line) => line.startsWith('data: '));
+      if (data && JSON.parse(data.slice(6)).event && isCurrent()) changed();
+    }
+  }
+  reader.cancel();
+}
+
+let routeGeneration = 0;
+
+async function route() {
+  const generation = ++routeGeneration;
+  if (!token()) {
+    signIn('');
+    return;
+  }
+  document.getElementById('signout').hidden = false;
+  const match = location.hash.match(/^#\/models\/([^/]+)$/);
+  try {
+    if (match) {
+      const model = decodeURIComponent(match[1]);
+      await modelPage(model);
+      const isCurrent = () => generation === routeGeneration;
+      follow(model, () => modelPage(model).catch(failed), isCurrent).catch(() => {});
+    } else {
+      await modelsPage();
+    }
+  } catch (error) {
+    failed(error);
+  }
+}
+
+window.addEventListener('hashchange', route);
+window.addEventListener('DOMContentLoaded', () => {
+  document.getElementById('signout').addEventListener('click', () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    route();
+  });
+  route();
+});
