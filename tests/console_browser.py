@@ -3,8 +3,9 @@
 Usage: console_browser.py BASE_URL OUT_DIR
 Signs in with the reader's token, opens the models list and a model's page, checks that a
 description holding markup shows as text, promotes a version through the API as the team's writer
-and waits for the page to show the move without a reload, signs in with a wrong token and sees the
-store's refusal. Screenshots of each page go to OUT_DIR. Exits non-zero, saying why, on any
+and waits for the page to show the move without a reload, opens a version's page (its load lines
+and tensors) and the comparison of two versions, signs in with a wrong token and sees the store's
+refusal. Screenshots of each page go to OUT_DIR. Exits non-zero, saying why, on any
 failure or on any error in the browser's console.
 """
 
@@ -71,6 +72,21 @@ def main():
         timeline = driver.find_element(By.ID, 'timeline').text
         assert 'team-a' in timeline, f'the timeline does not name who moved it: {timeline!r}'
         driver.save_screenshot(os.path.join(out, 'model-after-promotion.png'))
+
+        # A version's page: how to load it, its tensors; then the change from version 1 to 2.
+        driver.find_element(By.CSS_SELECTOR, '#versions tr[data-version="1"] td a').click()
+        wait.until(EC.text_to_be_present_in_element((By.ID, 'tensors'), 'fc.weight'))
+        load_lines = driver.find_element(By.ID, 'load-lines').text
+        assert 'export team-a-resnet@1 model.safetensors' in load_lines, load_lines
+        assert '--store=127.0.0.1:' in load_lines, load_lines
+        driver.save_screenshot(os.path.join(out, 'version.png'))
+        driver.back()
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, '#versions a.compare')))
+        driver.find_element(By.CSS_SELECTOR, '#versions a.compare').click()
+        wait.until(EC.text_to_be_present_in_element((By.ID, 'changed'), 'fc.weight'))
+        heading = driver.find_element(By.ID, 'compare-name').text
+        assert heading == 'team-a-resnet@1 \u2192 team-a-resnet@2', heading
+        driver.save_screenshot(os.path.join(out, 'compare.png'))
 
         errors = [entry for entry in driver.get_log('browser') if entry['level'] == 'SEVERE']
         assert not errors, f'errors in the browser console: {errors}'

@@ -179,6 +179,13 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
         absl::StrCat("no API at ", request.path, " (the API is under ", kPrefix, ")"));
   }
   const std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
+  if (parts.size() == 1 && parts[0] == "console") {
+    if (request.method != "GET") {
+      return absl::UnimplementedError(
+          absl::StrCat(request.method, " is not allowed on ", request.path, " (GET is)"));
+    }
+    return nlohmann::json({{"store", store_address_}}).dump();
+  }
   const bool models = !parts.empty() && parts[0] == "models";
   const bool versions = parts.size() >= 3 && parts[2] == "versions";
   // Changes (POST, a JSON body): promote and roll back an alias, annotate a version.

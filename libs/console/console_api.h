@@ -13,6 +13,7 @@
 //
 // Read endpoints (GET), JSON in protobuf's mapping with the .proto field names
 // (libs/io/proto_json.h, as `ckpt ... --json` prints):
+//   /api/v1/console                          {"store": the store's address} (no store call)
 //   /api/v1/models                           ListModelsResponse
 //   /api/v1/models/MODEL/versions            ListVersionsResponse, oldest first; filtered as
 //                                            `ckpt ls` is by ?tag= &label= &where= &since= &until=
@@ -103,8 +104,9 @@ ApiResponse ErrorResponse(const absl::Status& status);
 
 class ConsoleApi {
  public:
-  explicit ConsoleApi(StoreForCaller store_for_caller)
-      : store_for_caller_(std::move(store_for_caller)) {}
+  // `store_address`: where callers reach the store themselves (for the page's "load it" lines).
+  explicit ConsoleApi(StoreForCaller store_for_caller, std::string store_address = "")
+      : store_for_caller_(std::move(store_for_caller)), store_address_(std::move(store_address)) {}
 
   // Answers one request under /api/v1/ (404 for any other path), except a watch.
   ApiResponse Handle(const ApiRequest& request) const;
@@ -139,6 +141,7 @@ class ConsoleApi {
                                           const std::multimap<std::string, std::string>& query);
 
   const StoreForCaller store_for_caller_;
+  const std::string store_address_;
 };
 
 }  // namespace ckpt

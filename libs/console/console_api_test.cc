@@ -245,6 +245,17 @@ TEST_F(ConsoleApiTest, ErrorsAreJsonWithTheStatusOfTheirCode) {
                "GET");
 }
 
+TEST(ConsoleInfoTest, SaysWhereTheStoreIsWithoutCallingIt) {
+  ConsoleApi api(
+      [](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return absl::InternalError("no store call expected");
+      },
+      "store.example:7070");
+  const ApiResponse info = api.Handle({"GET", "/api/v1/console", {}, "", ""});
+  ASSERT_EQ(info.status, 200) << info.body;
+  EXPECT_EQ(nlohmann::json::parse(info.body)["store"], "store.example:7070");
+}
+
 TEST(HttpStatusTest, EachCodeHasItsStatus) {
   EXPECT_EQ(HttpStatusOf(absl::StatusCode::kPermissionDenied), 403);
   EXPECT_EQ(HttpStatusOf(absl::StatusCode::kUnavailable), 503);

@@ -92,7 +92,8 @@ int Run() {
   options.address = location->address;
   options.tls = location->tls;
   CallerStores stores(options);
-  const ConsoleApi api([&stores](const std::string& token) { return stores.For(token); });
+  const ConsoleApi api([&stores](const std::string& token) { return stores.For(token); },
+                       location->address);
 
   httplib::Server server;
   server.set_default_headers({{"Cache-Control", "no-store"},

@@ -114,8 +114,10 @@ async function modelPage(model) {
     const metadata = info.metadata || {};
     const annotations = info.annotations || {};
     const metrics = metricsOf(info);
+    const previous = versions[versions.indexOf(info) - 1];
     return el('tr', { 'data-version': info.version },
-              el('td', { class: 'number' }, info.version),
+              el('td', { class: 'number' },
+                 el('a', { href: '#/models/' + name + '/versions/' + info.version }, info.version)),
               el('td', {}, ...(info.aliases || []).map((a) => el('span', { class: 'alias' }, a))),
               el('td', {}, micros(metadata.created_unix_micros)),
               el('td', { class: 'number' }, metadata.global_step || ''),
@@ -126,7 +128,11 @@ async function modelPage(model) {
               el('td', {}, ...Object.entries(annotations.tags || {}).map(
                   ([key, value]) => el('span', { class: 'alias' }, value ? key + '=' + value : key))),
               el('td', { class: 'description' },
-                 annotations.description || metadata.description || ''));
+                 annotations.description || metadata.description || ''),
+              el('td', {}, previous ? el('a', {
+                class: 'compare',
+                href: '#/models/' + name + '/compare/' + previous.version + '/' + info.version,
+              }, 'vs ' + previous.version) : ''));
   });
   const moves = (history.events || []).filter(
       (event) => event.kind === 'ALIAS_SET' || event.kind === 'ALIAS_DELETED');
@@ -144,7 +150,7 @@ async function modelPage(model) {
                              el('th', {}, 'created'), el('th', {}, 'step'),
                              ...metricNames.map((metric) => el('th', {}, metric)),
                              el('th', {}, 'MiB'), el('th', {}, 'run'), el('th', {}, 'tags'),
-                             el('th', {}, 'description'))),
+                             el('th', {}, 'description'), el('th', {}, 'changes'))),
           el('tbody', {}, ...rows)),
        el('h3', {}, 'Alias timeline'),
        el('table', { id: 'timeline' },
@@ -152,6 +158,77 @@ async function modelPage(model) {
                              el('th', {}, 'move'), el('th', {}, 'who'), el('th', {}, 'why'))),
           el('tbody', {}, ...timeline)));
   status(versions.length + ' version(s) of ' + model);
+}
+
+// List items, or one saying there are none.
+function listOrNone(items) { return items.length ? items : [el('li', {}, 'none')]; }
+
+function dtypeName(dtype) { return String(dtype || '').replace(/^DTYPE_/, '').toLowerCase(); }
+
+async function versionPage(model, ref) {
+  const name = encodeURIComponent(model);
+  const [manifest, lineage, console_] = await Promise.all([
+    api('models/' + name + '/versions/' + encodeURIComponent(ref)),
+    api('models/' + name + '/versions/' + encodeURIComponent(ref) + '/lineage'),
+    api('console')]);
+  const label = model + '@' + manifest.version;
+  const tensors = (manifest.tensors || []).map((meta) => el('tr', {},
+      el('td', {}, meta.key),
+      el('td', {}, dtypeName(meta.dtype)),
+      el('td', {}, '[' + (meta.shape || []).join(', ') + ']'),
+      el('td', { class: 'number' }, meta.byte_length || '0')));
+  const link = (entry) => {
+    const [linked, number] = entry.version.split('@');
+    const cell = entry.state === 'ok'
+        ? el('a', { href: '#/models/' + encodeURIComponent(linked) + '/versions/' + number },
+             entry.version)
+        : el('span', {}, entry.version + ' (' + entry.state + ')');
+    return el('li', {}, cell, entry.relation ? ' ' + entry.relation.replace(/_/g, ' ') : '',
+              entry.run_id ? ' (run ' + entry.run_id + ')' : '');
+  };
+  const store = console_.store || 'STORE';
+  const lines = [
+    'ckpt --store=' + store + ' export ' + label + ' model.safetensors',
+    'ckpt --store=' + store + ' export ' + label + ' model.pt',
+    'ckpt_client.Client(store="' + store + '", token=TOKEN).load_state_dict("' + label + '")',
+  ];
+  show(el('h2', { id: 'version-name' }, label),
+       el('h3', {}, 'Load it'),
+       el('pre', { id: 'load-lines' }, lines.join('\n')),
+       el('h3', {}, 'Lineage'),
+       el('p', {}, 'Made from:'),
+       el('ul', { id: 'ancestors' }, ...listOrNone((lineage.ancestors || []).map(link))),
+       el('p', {}, 'Made from it:'),
+       el('ul', { id: 'children' }, ...listOrNone((lineage.children || []).map(link))),
+       el('h3', {}, 'Tensors'),
+       el('table', { id: 'tensors' },
+          el('thead', {}, el('tr', {}, el('th', {}, 'key'), el('th', {}, 'dtype'),
+                             el('th', {}, 'shape'), el('th', {}, 'bytes'))),
+          el('tbody', {}, ...tensors)));
+  status(label + ': ' + tensors.length + ' tensor(s)');
+}
+
+async function comparePage(model, a, b) {
+  const diff = await api('models/' + encodeURIComponent(model) + '/diff?a=' +
+                         encodeURIComponent(a) + '&b=' + encodeURIComponent(b));
+  const changed = (diff.changed || []).map((change) => el('tr', {},
+      el('td', {}, change.key),
+      el('td', {}, change.dtype_a + ' [' + change.shape_a.join(', ') + ']'),
+      el('td', {}, change.dtype_b + ' [' + change.shape_b.join(', ') + ']'),
+      el('td', { class: 'number' }, 'max_abs_difference' in change
+                                        ? Number(change.max_abs_difference).toPrecision(4) : '')));
+  show(el('h2', { id: 'compare-name' }, diff.a + ' \u2192 ' + diff.b),
+       el('p', {}, diff.unchanged + ' tensor(s) unchanged.'),
+       el('h3', {}, 'Changed'),
+       el('table', { id: 'changed' },
+          el('thead', {}, el('tr', {}, el('th', {}, 'key'), el('th', {}, diff.a),
+                             el('th', {}, diff.b), el('th', {}, 'max |a - b|'))),
+          el('tbody', {}, ...changed)),
+       el('h3', {}, 'Added'),
+       el('ul', { id: 'added' }, ...listOrNone((diff.added || []).map((k) => el('li', {}, k)))),
+       el('h3', {}, 'Removed'),
+       el('ul', { id: 'removed' }, ...listOrNone((diff.removed || []).map((k) => el('li', {}, k)))));
+  status(diff.a + ' against ' + diff.b);
 }
 
 // Follows /api/v1/watch for `model` (a fetch stream: EventSource cannot send the token) and calls
@@ -189,8 +266,15 @@ async function route() {
   }
   document.getElementById('signout').hidden = false;
   const match = location.hash.match(/^#\/models\/([^/]+)$/);
+  const version = location.hash.match(/^#\/models\/([^/]+)\/versions\/([^/]+)$/);
+  const compare = location.hash.match(/^#\/models\/([^/]+)\/compare\/([^/]+)\/([^/]+)$/);
   try {
-    if (match) {
+    if (version) {
+      await versionPage(decodeURIComponent(version[1]), decodeURIComponent(version[2]));
+    } else if (compare) {
+      await comparePage(decodeURIComponent(compare[1]), decodeURIComponent(compare[2]),
+                        decodeURIComponent(compare[3]));
+    } else if (match) {
       const model = decodeURIComponent(match[1]);
       await modelPage(model);
       const isCurrent = () => generation === routeGeneration;
