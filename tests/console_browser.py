@@ -61,6 +61,9 @@ def main():
         assert description == MARKUP, f'the description shows as {description!r}'
         assert not driver.find_elements(By.CSS_SELECTOR, '#versions img'), 'markup was rendered'
         assert driver.title != 'pwned', 'a script from the description ran'
+        # The metric plot: one point per version that has the metric.
+        points = driver.find_element(By.CSS_SELECTOR, '#plot polyline').get_attribute('points')
+        assert len(points.split()) == 2, f'the val_acc plot has points {points!r}'
         driver.save_screenshot(os.path.join(out, 'model.png'))
 
         # Another caller promotes; the open page follows without a reload.

@@ -163,6 +163,11 @@ TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
 }
 
 TEST_F(ConsoleTest, ThePrintedUrlServesThePageWithoutInlineScript) {
+  // The line is printed just after the port file is written: wait for it.
+  for (absl::Time deadline = absl::Now() + absl::Seconds(10);
+       console_->stdout_text().find(base_) == std::string::npos && absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+  }
   EXPECT_THAT(console_->stdout_text(), HasSubstr(base_ + "/"));
   const testing::ShellResult root = testing::RunShell("curl -s -i '" + base_ + "/'");
   EXPECT_THAT(root.output, HasSubstr("<script src=\"/app.js\" defer></script>"));

@@ -79,6 +79,43 @@ function micros(value) {
   return number ? new Date(number / 1000).toISOString().replace('.000Z', 'Z') : '';
 }
 
+// A line plot of `metric` across `versions` (those that have it), as SVG built element by element.
+function metricPlot(versions, metricsOf, metric) {
+  const SVG = 'http://www.w3.org/2000/svg';
+  const svgEl = (tag, attributes, ...children) => {
+    const node = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+    for (const child of children) node.append(child);
+    return node;
+  };
+  const points = versions
+      .filter((info) => metric in metricsOf(info))
+      .map((info) => [Number(info.version), Number(metricsOf(info)[metric])]);
+  const width = 560, height = 220, pad = 40;
+  const svg = svgEl('svg', { id: 'plot', width, height, viewBox: `0 0 ${width} ${height}`,
+                             role: 'img', 'aria-label': metric + ' across versions' });
+  if (!points.length) return svg;
+  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+  const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
+  const [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+  const x = (v) => pad + (x1 === x0 ? 0.5 : (v - x0) / (x1 - x0)) * (width - 2 * pad);
+  const y = (v) => height - pad - (y1 === y0 ? 0.5 : (v - y0) / (y1 - y0)) * (height - 2 * pad);
+  svg.append(
+      svgEl('line', { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, class: 'axis' }),
+      svgEl('line', { x1: pad, y1: pad, x2: pad, y2: height - pad, class: 'axis' }),
+      svgEl('text', { x: pad, y: pad - 10, class: 'label' }, metric),
+      svgEl('text', { x: 4, y: y(y1) + 4, class: 'label' }, y1.toPrecision(3)),
+      svgEl('text', { x: 4, y: y(y0) + 4, class: 'label' }, y0.toPrecision(3)),
+      svgEl('polyline', { class: 'series',
+                          points: points.map(([v, m]) => `${x(v)},${y(m)}`).join(' ') }));
+  for (const [v, m] of points) {
+    svg.append(svgEl('circle', { cx: x(v), cy: y(m), r: 3, class: 'point' },
+                     svgEl('title', {}, `@${v}: ${m}`)),
+               svgEl('text', { x: x(v) - 4, y: height - pad + 16, class: 'label' }, String(v)));
+  }
+  return svg;
+}
+
 function mebibytes(bytes) {
   const number = Number(bytes || 0);
   return number ? (number / 1048576).toFixed(number < 1048576 ? 3 : 1) : '';
@@ -152,12 +189,27 @@ async function modelPage(model) {
                              el('th', {}, 'MiB'), el('th', {}, 'run'), el('th', {}, 'tags'),
                              el('th', {}, 'description'), el('th', {}, 'changes'))),
           el('tbody', {}, ...rows)),
+       ...plotSection(versions, metricsOf, metricNames),
        el('h3', {}, 'Alias timeline'),
        el('table', { id: 'timeline' },
           el('thead', {}, el('tr', {}, el('th', {}, 'when'), el('th', {}, 'alias'),
                              el('th', {}, 'move'), el('th', {}, 'who'), el('th', {}, 'why'))),
           el('tbody', {}, ...timeline)));
   status(versions.length + ' version(s) of ' + model);
+}
+
+// The plot of one metric across versions, with a choice of metric ("val_acc" first if there).
+function plotSection(versions, metricsOf, metricNames) {
+  if (!metricNames.length) return [];
+  const chosen = metricNames.includes('val_acc') ? 'val_acc' : metricNames[0];
+  const select = el('select', { id: 'metric' },
+                    ...metricNames.map((metric) => el('option', { value: metric }, metric)));
+  select.value = chosen;
+  const holder = el('div', { id: 'plot-holder' }, metricPlot(versions, metricsOf, chosen));
+  select.addEventListener('change', () => {
+    holder.replaceChildren(metricPlot(versions, metricsOf, select.value));
+  });
+  return [el('h3', {}, 'Metric across versions'), el('label', {}, 'metric ', select), holder];
 }
 
 // List items, or one saying there are none.
