@@ -82,6 +82,8 @@ def main():
         load_lines = driver.find_element(By.ID, 'load-lines').text
         assert 'export team-a-resnet@1 model.safetensors' in load_lines, load_lines
         assert '--store=127.0.0.1:' in load_lines, load_lines
+        graph = driver.find_element(By.ID, 'lineage-graph').text
+        assert 'team-a-resnet-ft@1' in graph and 'fine tuned' in graph, f'the graph says {graph!r}'
         driver.save_screenshot(os.path.join(out, 'version.png'))
         driver.back()
         wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, '#versions a.compare')))

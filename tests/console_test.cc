@@ -183,6 +183,17 @@ TEST_F(ConsoleTest, TheBrowserPageShowsTheRegistryAndFollowsAPromotion) {
     GTEST_SKIP() << "needs Debian's chromium, chromium-driver and python3-selenium "
                     "(tools/install_deps.sh)";
   }
+  // A fine-tune of version 1, for the lineage graph.
+  RemoteStoreOptions options;
+  options.address = store_address_;
+  options.auth_token = "team-a-token";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> writer,
+                       RemoteCheckpointStore::Connect(options));
+  CheckpointContents tuned;
+  tuned.model.InsertOrAssign("fc.weight", at::randn({8, 4}));
+  tuned.metadata.mutable_lineage()->set_parent("team-a-resnet@1");
+  tuned.metadata.mutable_lineage()->set_parent_relation("fine_tuned_from");
+  ASSERT_OK(writer->CommitCheckpoint("team-a-resnet-ft", tuned).status());
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
   const std::string out = outputs != nullptr ? outputs : dir_ + "/screenshots";
   const testing::ShellResult browser = testing::RunShell(

@@ -212,6 +212,60 @@ function plotSection(versions, metricsOf, metricNames) {
   return [el('h3', {}, 'Metric across versions'), el('label', {}, 'metric ', select), holder];
 }
 
+// The lineage around `label` as a graph: ancestors to the left (nearest next to it), children to
+// the right, each a linked box; drawn as SVG element by element.
+function lineageGraph(label, ancestors, children) {
+  const SVG = 'http://www.w3.org/2000/svg';
+  const svgEl = (tag, attributes, ...kids) => {
+    const node = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+    for (const kid of kids) node.append(kid);
+    return node;
+  };
+  const boxWidth = 190, boxHeight = 34, gap = 100, rowGap = 14;
+  const chain = [...ancestors].reverse();  // oldest first, left to right.
+  const columns = chain.length + 1 + (children.length ? 1 : 0);
+  const rows = Math.max(1, children.length);
+  const width = columns * boxWidth + (columns - 1) * gap + 2;
+  const height = rows * boxHeight + (rows - 1) * rowGap + 2;
+  const svg = svgEl('svg', { id: 'lineage-graph', width, height, viewBox: `0 0 ${width} ${height}`,
+                             role: 'img', 'aria-label': 'lineage of ' + label });
+  const middle = (height - boxHeight) / 2;
+  const box = (entry, x, y, current) => {
+    const [model, number] = entry.version.split('@');
+    const rect = svgEl('rect', { x, y, width: boxWidth, height: boxHeight, rx: 4,
+                                 class: current ? 'node current' : 'node' });
+    const text = svgEl('text', { x: x + 8, y: y + 21, class: 'node-label' },
+                       entry.version + (entry.state && entry.state !== 'ok'
+                                            ? ' (' + entry.state + ')' : ''));
+    if (current || entry.state !== 'ok') return svgEl('g', {}, rect, text);
+    return svgEl('a', { href: '#/models/' + encodeURIComponent(model) + '/versions/' + number },
+                 rect, text);
+  };
+  const edge = (x1, y1, x2, y2, relation) => svgEl('g', {},
+      svgEl('line', { x1, y1, x2, y2, class: 'edge' }),
+      svgEl('text', { x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 5, class: 'label',
+                      'text-anchor': 'middle' },
+            (relation || '').replace(/_from$/, '').replace(/_/g, ' ')));
+  let x = 1;
+  chain.forEach((entry, index) => {
+    svg.append(box(entry, x, middle, false));
+    // An ancestor's link says how the version right of it was made from it.
+    svg.append(edge(x + boxWidth, middle + boxHeight / 2, x + boxWidth + gap,
+                    middle + boxHeight / 2, entry.relation));
+    x += boxWidth + gap;
+  });
+  const centerX = x;
+  svg.append(box({ version: label, state: 'ok' }, centerX, middle, true));
+  children.forEach((entry, index) => {
+    const y = 1 + index * (boxHeight + rowGap);
+    svg.append(edge(centerX + boxWidth, middle + boxHeight / 2, centerX + boxWidth + gap,
+                    y + boxHeight / 2, entry.relation));
+    svg.append(box(entry, centerX + boxWidth + gap, y, false));
+  });
+  return svg;
+}
+
 // List items, or one saying there are none.
 function listOrNone(items) { return items.length ? items : [el('li', {}, 'none')]; }
 
@@ -235,7 +289,7 @@ async function versionPage(model, ref) {
         ? el('a', { href: '#/models/' + encodeURIComponent(linked) + '/versions/' + number },
              entry.version)
         : el('span', {}, entry.version + ' (' + entry.state + ')');
-    return el('li', {}, cell, entry.relation ? ' ' + entry.relation.replace(/_/g, ' ') : '',
+    return el('li', {}, cell, entry.relation ? ' (' + entry.relation.replace(/_/g, ' ') + ')' : '',
               entry.run_id ? ' (run ' + entry.run_id + ')' : '');
   };
   const store = console_.store || 'STORE';
@@ -248,6 +302,7 @@ async function versionPage(model, ref) {
        el('h3', {}, 'Load it'),
        el('pre', { id: 'load-lines' }, lines.join('\n')),
        el('h3', {}, 'Lineage'),
+       lineageGraph(label, lineage.ancestors || [], lineage.children || []),
        el('p', {}, 'Made from:'),
        el('ul', { id: 'ancestors' }, ...listOrNone((lineage.ancestors || []).map(link))),
        el('p', {}, 'Made from it:'),
