@@ -86,8 +86,9 @@ def main():
         assert 'team-a-resnet-ft@1' in graph and 'fine tuned' in graph, f'the graph says {graph!r}'
         driver.save_screenshot(os.path.join(out, 'version.png'))
         driver.back()
-        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, '#versions a.compare')))
-        driver.find_element(By.CSS_SELECTOR, '#versions a.compare').click()
+        # Compare through the form (its default: the version before the latest with the latest).
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, '#compare-form button')))
+        driver.find_element(By.CSS_SELECTOR, '#compare-form button').click()
         wait.until(EC.text_to_be_present_in_element((By.ID, 'changed'), 'fc.weight'))
         heading = driver.find_element(By.ID, 'compare-name').text
         assert heading == 'team-a-resnet@1 \u2192 team-a-resnet@2', heading

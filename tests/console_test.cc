@@ -155,6 +155,10 @@ TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
   const Curl audit = Call("/api/v1/models/team-a-resnet/audit", "reader-token");
   ASSERT_EQ(audit.status, 200) << audit.text;
   EXPECT_EQ(audit.body["records"][0]["identity"], "team-a") << audit.text;
+  const Curl lineage = Call("/api/v1/models/team-a-resnet/versions/2/lineage", "reader-token");
+  ASSERT_EQ(lineage.status, 200) << lineage.text;
+  EXPECT_EQ(lineage.body["version"], "team-a-resnet@2");
+  EXPECT_TRUE(lineage.body["ancestors"].empty());
   const Curl diff = Call("/api/v1/models/team-a-resnet/diff?a=1&b=2", "reader-token");
   ASSERT_EQ(diff.status, 200) << diff.text;
   EXPECT_EQ(diff.body["changed"][0]["key"], "fc.weight");

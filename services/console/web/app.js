@@ -189,6 +189,7 @@ async function modelPage(model) {
                              el('th', {}, 'MiB'), el('th', {}, 'run'), el('th', {}, 'tags'),
                              el('th', {}, 'description'), el('th', {}, 'changes'))),
           el('tbody', {}, ...rows)),
+       ...compareForm(model, versions),
        ...plotSection(versions, metricsOf, metricNames),
        el('h3', {}, 'Alias timeline'),
        el('table', { id: 'timeline' },
@@ -196,6 +197,27 @@ async function modelPage(model) {
                              el('th', {}, 'move'), el('th', {}, 'who'), el('th', {}, 'why'))),
           el('tbody', {}, ...timeline)));
   status(versions.length + ' version(s) of ' + model);
+}
+
+// Two versions to compare (the one before the latest and the latest to begin with).
+function compareForm(model, versions) {
+  if (versions.length < 2) return [];
+  const choice = (id, selected) => {
+    const select = el('select', { id },
+                      ...versions.map((info) => el('option', { value: info.version },
+                                                   '@' + info.version)));
+    select.value = selected;
+    return select;
+  };
+  const a = choice('compare-a', versions[versions.length - 2].version);
+  const b = choice('compare-b', versions[versions.length - 1].version);
+  const form = el('form', { id: 'compare-form' }, 'Compare ', a, ' with ', b, ' ',
+                  el('button', { type: 'submit' }, 'Compare'));
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    location.hash = '#/models/' + encodeURIComponent(model) + '/compare/' + a.value + '/' + b.value;
+  });
+  return [form];
 }
 
 // The plot of one metric across versions, with a choice of metric ("val_acc" first if there).
