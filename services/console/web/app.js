@@ -18,6 +18,14 @@ function el(tag, attributes, ...children) {
   return node;
 }
 
+// An SVG element, as el() makes HTML ones.
+function svgEl(tag, attributes, ...children) {
+  const node = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, value);
+  for (const child of children) node.append(child);
+  return node;
+}
+
 function show(...nodes) {
   const main = document.getElementById('main');
   main.replaceChildren(...nodes);
@@ -81,13 +89,6 @@ function micros(value) {
 
 // A line plot of `metric` across `versions` (those that have it), as SVG built element by element.
 function metricPlot(versions, metricsOf, metric) {
-  const SVG = 'http://www.w3.org/2000/svg';
-  const svgEl = (tag, attributes, ...children) => {
-    const node = document.createElementNS(SVG, tag);
-    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
-    for (const child of children) node.append(child);
-    return node;
-  };
   const points = versions
       .filter((info) => metric in metricsOf(info))
       .map((info) => [Number(info.version), Number(metricsOf(info)[metric])]);
@@ -237,13 +238,6 @@ function plotSection(versions, metricsOf, metricNames) {
 // The lineage around `label` as a graph: ancestors to the left (nearest next to it), children to
 // the right, each a linked box; drawn as SVG element by element.
 function lineageGraph(label, ancestors, children) {
-  const SVG = 'http://www.w3.org/2000/svg';
-  const svgEl = (tag, attributes, ...kids) => {
-    const node = document.createElementNS(SVG, tag);
-    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
-    for (const kid of kids) node.append(kid);
-    return node;
-  };
   const boxWidth = 190, boxHeight = 34, gap = 100, rowGap = 14;
   const chain = [...ancestors].reverse();  // oldest first, left to right.
   const columns = chain.length + 1 + (children.length ? 1 : 0);
