@@ -218,7 +218,7 @@ TEST_F(ConsoleTest, ErrorsAreJsonWithTheirHttpStatus) {
   expect(Call("/api/v1/models/nosuch/versions", "reader-token"), 404, "NOT_FOUND");
   expect(Call("/api/v1/models/team-a-resnet/versions/0", "reader-token"), 400, "INVALID_ARGUMENT");
   expect(Call("/api/v1/models/team-a-resnet/versions/9", "reader-token"), 404, "NOT_FOUND");
-  expect(Call("/api/v1/models", "reader-token", "DELETE"), 405, "UNIMPLEMENTED");
+  expect(Call("/api/v1/models", "reader-token", "DELETE"), 405, "METHOD_NOT_ALLOWED");
   expect(Call("/api/v2/models", "reader-token"), 404, "NOT_FOUND");
 }
 

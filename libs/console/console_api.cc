@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,9 @@ namespace ckpt {
 namespace {
 
 constexpr absl::string_view kPrefix = "/api/v1/";
+
+// Marks a status as "this method is not allowed on this path" (the payload: the allowed method).
+constexpr absl::string_view kMethodNotAllowedPayload = "ckpt.console/method-not-allowed";
 
 // The version page's manifest: everything but the chunk lists, which only a reader of bytes needs
 // (a large model's run to megabytes of addresses).
@@ -137,7 +141,7 @@ int HttpStatusOf(absl::StatusCode code) {
     case absl::StatusCode::kNotFound:
       return 404;
     case absl::StatusCode::kUnimplemented:
-      return 405;
+      return 501;
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kAborted:
@@ -153,13 +157,25 @@ int HttpStatusOf(absl::StatusCode code) {
   }
 }
 
+absl::Status MethodNotAllowed(absl::string_view method, absl::string_view path,
+                              absl::string_view allowed) {
+  absl::Status status = absl::InvalidArgumentError(
+      absl::StrCat(method, " is not allowed on ", path, " (", allowed, " is)"));
+  status.SetPayload(kMethodNotAllowedPayload, absl::Cord(allowed));
+  return status;
+}
+
 ApiResponse ErrorResponse(const absl::Status& status) {
   ApiResponse response;
-  response.status = HttpStatusOf(status.code());
+  // A method the path does not have is the request's fault, not a missing feature: 405.
+  const bool method_not_allowed = status.GetPayload(kMethodNotAllowedPayload).has_value();
+  response.status = method_not_allowed ? 405 : HttpStatusOf(status.code());
   // nlohmann escapes the message (a model name in it may hold quotes or markup).
-  const nlohmann::json body = {{"error",
-                                {{"code", absl::StatusCodeToString(status.code())},
-                                 {"message", std::string(status.message())}}}};
+  const nlohmann::json body = {
+      {"error",
+       {{"code", method_not_allowed ? std::string("METHOD_NOT_ALLOWED")
+                                    : absl::StatusCodeToString(status.code())},
+        {"message", std::string(status.message())}}}};
   response.body = body.dump();
   return response;
 }
@@ -179,13 +195,7 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
         absl::StrCat("no API at ", request.path, " (the API is under ", kPrefix, ")"));
   }
   const std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
-  if (parts.size() == 1 && parts[0] == "console") {
-    if (request.method != "GET") {
-      return absl::UnimplementedError(
-          absl::StrCat(request.method, " is not allowed on ", request.path, " (GET is)"));
-    }
-    return nlohmann::json({{"store", store_address_}}).dump();
-  }
+  const bool console = parts.size() == 1 && parts[0] == "console";
   const bool models = !parts.empty() && parts[0] == "models";
   const bool versions = parts.size() >= 3 && parts[2] == "versions";
   // Changes (POST, a JSON body): promote and roll back an alias, annotate a version.
@@ -193,16 +203,15 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
       models && ((parts.size() == 3 && (parts[2] == "promote" || parts[2] == "rollback")) ||
                  (versions && parts.size() == 5 && parts[4] == "annotations"));
   const bool known =
-      change || (models && (parts.size() == 1 || (versions && parts.size() <= 4) ||
-                            (versions && parts.size() == 5 && parts[4] == "lineage") ||
-                            (parts.size() == 3 && (parts[2] == "history" || parts[2] == "audit" ||
-                                                   parts[2] == "diff"))));
+      console || change ||
+      (models && (parts.size() == 1 || (versions && parts.size() <= 4) ||
+                  (versions && parts.size() == 5 && parts[4] == "lineage") ||
+                  (parts.size() == 3 &&
+                   (parts[2] == "history" || parts[2] == "audit" || parts[2] == "diff"))));
   if (!known) return absl::NotFoundError(absl::StrCat("no API at ", request.path));
   const char* const allowed = change ? "POST" : "GET";
-  if (request.method != allowed) {
-    return absl::UnimplementedError(
-        absl::StrCat(request.method, " is not allowed on ", request.path, " (", allowed, " is)"));
-  }
+  if (request.method != allowed) return MethodNotAllowed(request.method, request.path, allowed);
+  if (console) return nlohmann::json({{"store", store_address_}}).dump();
   ASSIGN_OR_RETURN(const std::shared_ptr<CheckpointStore> store,
                    store_for_caller_(request.bearer_token));
   if (parts.size() == 1) {

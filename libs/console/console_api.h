@@ -55,8 +55,9 @@
 //                                            set_tags, remove_metrics, remove_tags, description)
 //                                            and "reason" -> the version's annotations
 // Errors: {"error": {"code": "NOT_FOUND", "message": "..."}} with the HTTP status of the code
-// (400 INVALID_ARGUMENT, 401, 403, 404, 405 for another method, 409 FAILED_PRECONDITION and
-// ALREADY_EXISTS, 503 UNAVAILABLE, 500 otherwise).
+// (400 INVALID_ARGUMENT, 401, 403, 404, 409 FAILED_PRECONDITION and ALREADY_EXISTS, 501
+// UNIMPLEMENTED, 503 UNAVAILABLE, 500 otherwise); a method the path does not have is 405 with code
+// "METHOD_NOT_ALLOWED" (MethodNotAllowed).
 //
 // Thread-safe: Handle may run on any number of threads at once.
 //
@@ -99,6 +100,9 @@ using StoreForCaller =
 
 // The HTTP status for `code` (see the file comment).
 int HttpStatusOf(absl::StatusCode code);
+// The error for `method` on `path`, which takes only `allowed`: ErrorResponse makes it a 405.
+absl::Status MethodNotAllowed(absl::string_view method, absl::string_view path,
+                              absl::string_view allowed);
 // {"error": {"code": ..., "message": ...}} for `status` (not OK).
 ApiResponse ErrorResponse(const absl::Status& status);
 

@@ -241,7 +241,7 @@ TEST_F(ConsoleApiTest, ErrorsAreJsonWithTheStatusOfTheirCode) {
   ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
     return store_;
   });
-  expect_error(api.Handle({"DELETE", "/api/v1/models", {}, "", kToken}), 405, "UNIMPLEMENTED",
+  expect_error(api.Handle({"DELETE", "/api/v1/models", {}, "", kToken}), 405, "METHOD_NOT_ALLOWED",
                "GET");
 }
 
@@ -260,6 +260,8 @@ TEST(HttpStatusTest, EachCodeHasItsStatus) {
   EXPECT_EQ(HttpStatusOf(absl::StatusCode::kPermissionDenied), 403);
   EXPECT_EQ(HttpStatusOf(absl::StatusCode::kUnavailable), 503);
   EXPECT_EQ(HttpStatusOf(absl::StatusCode::kInternal), 500);
+  // A store's own UNIMPLEMENTED is a missing feature (501), not a wrong method.
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kUnimplemented), 501);
   // A message with quotes and markup stays inside its JSON string.
   const ApiResponse response =
       ErrorResponse(absl::NotFoundError("model \"<img src=x onerror=alert(1)>\""));
