@@ -283,6 +283,19 @@ TEST(TrainerTest, RunningAgainResumesFromLatestAndTrainsFurther) {
                          *latest.contents.model.Find("head.weight")));
 }
 
+// One ZeRO-1 rank has no parallel checkpoint: it holds the whole optimizer state and saves it.
+TEST(TrainerTest, ZeroOneOnOneRankCheckpointsItsWholeState) {
+  const std::string dir = TempPath("zero_one_rank");
+  std::vector<std::string> flags = SmallRun(dir, 1, 16, 6);
+  flags.insert(flags.end(), {"--zero=1", "--checkpoint_every=3"});
+  ASSERT_EQ(RunTrainer(flags, dir + ".log"), 0) << ReadFile(dir + ".log");
+  const LoadedCheckpoint latest = LoadLatest(dir, "mlp-synthetic");
+  EXPECT_EQ(latest.manifest.metadata().global_step(), 6);
+  EXPECT_EQ(latest.manifest.metadata().labels().at("zero_stage"), "1");
+  ASSERT_TRUE(latest.contents.optimizer.has_value());
+  EXPECT_GT(latest.contents.optimizer->TensorCount(), 0);
+}
+
 std::vector<std::string> LongRun(const std::string& store_dir) {
   return {"--store_dir=" + store_dir, "--nproc_per_node=2", "--steps=2500",
           "--checkpoint_every=100",   "--log_every=20",     "--hidden=128",

@@ -98,12 +98,15 @@ absl::Status RankRun::SettleSharedCheckpoint() {
 absl::Status RankRun::TakeCheckpoint(bool wait) {
   CheckpointContents contents;
   contents.model = model_->Weights();
-  // A ZeRO-1 rank gathers nothing: its part of the checkpoint is its slices, and the optimizer
-  // state no rank holds whole stands in the contents as shape-only placeholders.
+  // A ZeRO-1 rank of a parallel checkpoint gathers nothing: its part is its slices, and the
+  // optimizer state no rank holds whole stands in the contents as shape-only placeholders. A lone
+  // ZeRO rank (one rank: no parallel checkpoint) holds the whole state, and saves a copy of it.
   std::optional<ZeroOptimizer::ShardedState> sharded;
-  if (zero_ != nullptr) {
+  if (zero_ != nullptr && shared_checkpoints_) {
     ASSIGN_OR_RETURN(sharded, zero_->ShardedStateDict());
     contents.optimizer = sharded->state_dict;
+  } else if (zero_ != nullptr) {
+    ASSIGN_OR_RETURN(contents.optimizer, zero_->GatherStateDict());
   } else {
     ASSIGN_OR_RETURN(contents.optimizer, OptimizerStateDict(*optimizer_));
   }
@@ -181,9 +184,12 @@ absl::Status RankRun::TakeCheckpoint(bool wait) {
   std::vector<at::Tensor> step_writes;
   if (zero_ != nullptr) {
     // The parameters (ZeroOptimizer::Step writes them all, by broadcast) and this rank's live
-    // optimizer state, which its slices are copied from.
+    // optimizer state, which its slices are copied from (a lone rank's gathered state is a
+    // private copy already).
     step_writes = parameters_;
-    for (const OwnedTensorBytes& owned : sharded->owned) step_writes.push_back(owned.source);
+    if (sharded) {
+      for (const OwnedTensorBytes& owned : sharded->owned) step_writes.push_back(owned.source);
+    }
   } else {
     step_writes = StepWrites(*optimizer_, *contents.optimizer);
   }
