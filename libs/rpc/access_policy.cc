@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "grpc/grpc_security_constants.h"
 #include "libs/io/read_file.h"
+#include "libs/rpc/wire_constants.h"
 #include "libs/status/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -64,6 +65,8 @@ constexpr MethodRole kMethodRoles[] = {
     {"GetStatus", Role::kReader},
     {"CheckpointNow", Role::kWriter},
     {"Stop", Role::kWriter},
+    // ckpt.v1.Identity (every server)
+    {"WhoAmI", Role::kReader},
 };
 
 std::string Sha256(absl::string_view bytes) {
@@ -105,6 +108,16 @@ std::vector<std::string> CertificateNames(const grpc::ServerContextBase& context
     for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
       names.emplace_back(value.data(), value.size());
     }
+  }
+  return names;
+}
+
+// The names a forwarding front end sent for its user's certificate.
+std::vector<std::string> ForwardedCertificateNames(const grpc::ServerContextBase& context) {
+  std::vector<std::string> names;
+  const auto range = context.client_metadata().equal_range(kForwardedCertificateMetadata);
+  for (auto it = range.first; it != range.second; ++it) {
+    names.emplace_back(it->second.data(), it->second.size());
   }
   return names;
 }
@@ -167,6 +180,13 @@ absl::StatusOr<std::vector<IdentityEntry>> ParseIdentities(absl::string_view jso
     if (!item.is_object()) return bad(absl::StrCat(where, " is not an object"));
     IdentityEntry entry;
     for (const auto& [key, value] : item.items()) {
+      if (key == "forwards_certificates") {
+        if (!value.is_boolean()) {
+          return bad(absl::StrCat(where, ".forwards_certificates must be true or false"));
+        }
+        entry.forwards_certificates = value.get<bool>();
+        continue;
+      }
       if (key == "models") {
         if (!value.is_array()) return bad(absl::StrCat(where, ".models must be a list"));
         for (const nlohmann::json& pattern : value) {
@@ -199,11 +219,28 @@ absl::StatusOr<std::vector<IdentityEntry>> ParseIdentities(absl::string_view jso
         entry.certificate = text;
       } else {
         return bad(absl::StrCat(where, " has unknown field '", key,
-                                "' (fields: name, role, token_sha256, certificate, models)"));
+                                "' (fields: name, role, token_sha256, certificate, models, "
+                                "forwards_certificates)"));
       }
     }
     if (entry.name.empty()) return bad(absl::StrCat(where, " has no name"));
-    if (!item.contains("role")) return bad(absl::StrCat(where, " (", entry.name, ") has no role"));
+    if (entry.forwards_certificates) {
+      // Its calls are its users' calls: a role of its own would be rights nobody is accountable
+      // for, and a token would let anyone holding it vouch for any certificate.
+      if (item.contains("role") || item.contains("models")) {
+        return bad(absl::StrCat(where, " (", entry.name,
+                                ") forwards certificates, so it has no role or models of its "
+                                "own: each call gets those of the user whose certificate it "
+                                "forwards"));
+      }
+      if (entry.certificate.empty()) {
+        return bad(absl::StrCat(where, " (", entry.name,
+                                ") forwards certificates, so it must be known by its own "
+                                "certificate (a 'certificate' field), not a token"));
+      }
+    } else if (!item.contains("role")) {
+      return bad(absl::StrCat(where, " (", entry.name, ") has no role"));
+    }
     if (entry.token_sha256.empty() == entry.certificate.empty()) {
       return bad(absl::StrCat(where, " (", entry.name,
                               ") needs exactly one of token_sha256 and certificate"));
@@ -328,6 +365,38 @@ absl::StatusOr<Caller> AccessPolicy::Authenticate(const grpc::ServerContextBase&
         certificate_names.empty() ? "the call carried neither"
                                   : absl::StrCat("no identity is listed for the certificate of ",
                                                  absl::StrJoin(certificate_names, ", "))));
+  }
+  const std::vector<std::string> forwarded = ForwardedCertificateNames(context);
+  if (token.has_value()) {
+    // A user who signed in with a token is that token's identity, whoever relayed the call.
+  } else if (found->forwards_certificates) {
+    const IdentityEntry* user = nullptr;
+    for (const IdentityEntry& entry : identities_) {
+      if (entry.certificate.empty() || entry.forwards_certificates) continue;
+      for (const std::string& name : forwarded) {
+        if (name == entry.certificate) user = &entry;
+      }
+      if (user != nullptr) break;
+    }
+    if (user == nullptr) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "this ", service, " knows the caller by a bearer token or a client certificate; ",
+          forwarded.empty()
+              ? absl::StrCat("'", found->name,
+                             "' forwards its users' certificates and this call forwarded none")
+              : absl::StrCat("no identity is listed for the certificate of ",
+                             absl::StrJoin(forwarded, ", "), " (forwarded by '", found->name,
+                             "')")));
+    }
+    caller.identity = absl::StrCat(user->name, " via ", found->name);
+    caller.role = user->role;
+    caller.models = user->models;
+    return caller;
+  } else if (!forwarded.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "identity '", found->name, "' may not forward client certificates (",
+        kForwardedCertificateMetadata,
+        " metadata): only an identity listed with \"forwards_certificates\": true may"));
   }
   caller.identity = found->name;
   caller.role = found->role;

@@ -29,6 +29,19 @@
 // full subject ("CN=ops,O=Example"). `printf %s "$TOKEN" | sha256sum` gives a token's hash. A file
 // that no longer parses is refused with a message on stderr and the previous identities stay.
 //
+// Forwarded certificates: a front end that terminates its users' mutual TLS itself (the console:
+// a browser's client certificate reaches the console, not the store) cannot present the user's
+// certificate onwards, so it says whose it verified, and the store must trust it to. Such a front
+// end is listed by its own certificate with "forwards_certificates": true and no role:
+//     {"name": "console", "certificate": "console.example", "forwards_certificates": true}
+// Its calls carry the names of the certificate it verified as `ckpt-forwarded-certificate`
+// metadata (kForwardedCertificateMetadata in wire_constants.h, one value per name: its SANs,
+// common name and RFC 2253 subject), and are the calls of the identity
+// listed for that certificate ("alice via console" in the audit log and history), held to that
+// identity's role and models. A bearer token on the call still wins (a user who signed in with
+// one). The front end has no rights of its own: a call from it that forwards no certificate is
+// UNAUTHENTICATED, and any other identity that sends the metadata is refused.
+//
 // Why not gRPC's authorization-policy engine (grpcpp/security/authorization_policy_provider.h):
 // its rules match paths, headers and certificate principals, so it can neither compare hashed
 // tokens nor see the model a request names, and a denied call gets a fixed "Unauthorized RPC
@@ -80,11 +93,13 @@ struct IdentityEntry {
   std::string certificate;   // SAN, CN or subject; empty for a token identity.
   Role role = Role::kReader;
   std::vector<std::string> models;
+  // A front end that forwards its users' certificates (see above); it has no role of its own.
+  bool forwards_certificates = false;
 };
 
 // Parses the identities file's JSON; INVALID_ARGUMENT naming `source` and the entry at fault
 // (unknown field or role, bad hash, duplicate name or token, neither or both of token and
-// certificate).
+// certificate, a forwarding front end that is not a certificate identity or has a role).
 absl::StatusOr<std::vector<IdentityEntry>> ParseIdentities(absl::string_view json,
                                                            absl::string_view source);
 
@@ -105,8 +120,10 @@ class AccessPolicy {
                                                      std::string token);
 
   // Who is calling: the identity whose token the "authorization: Bearer" metadata carries, else
-  // the one whose certificate the verified TLS peer presented. UNAUTHENTICATED (naming `service`)
-  // when neither names a known identity.
+  // the one whose certificate the verified TLS peer presented, or, when that peer is a
+  // forwarding front end, the one listed for the certificate it forwards. UNAUTHENTICATED (naming
+  // `service`) when neither names a known identity; PERMISSION_DENIED when an identity that may
+  // not forward certificates sends the metadata.
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContextBase& context,
                                       absl::string_view service) const;
 

@@ -58,6 +58,24 @@ TEST(ParseIdentitiesTest, ReadsTokensCertificatesRolesAndScopes) {
   EXPECT_EQ(entries[2].role, Role::kAdmin);
 }
 
+TEST(ParseIdentitiesTest, AForwardingFrontEndIsACertificateWithoutARoleOfItsOwn) {
+  const auto parse = [](const std::string& json) { return ParseIdentities(json, "ids.json"); };
+  ASSERT_OK_AND_ASSIGN(std::vector<IdentityEntry> entries, parse(R"({"identities": [
+      {"name": "console", "certificate": "console.example", "forwards_certificates": true}]})"));
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(entries[0].forwards_certificates);
+  EXPECT_THAT(parse(R"({"identities": [{"name": "console", "certificate": "c", "role": "reader",
+                                        "forwards_certificates": true}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "(console) forwards certificates, so it has no role or models of its own"));
+  EXPECT_THAT(parse(absl::StrCat(R"({"identities": [{"name": "console", "token_sha256": ")",
+                                 kReaderHash, R"(", "forwards_certificates": true}]})")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be known by its own certificate"));
+  EXPECT_THAT(parse(R"({"identities": [{"name": "console", "certificate": "c",
+                                        "forwards_certificates": "yes"}]})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be true or false"));
+}
+
 TEST(ParseIdentitiesTest, BadFilesAreRefusedNamingTheEntry) {
   const auto parse = [](const std::string& json) { return ParseIdentities(json, "ids.json"); };
   EXPECT_THAT(parse("{"), StatusIs(absl::StatusCode::kInvalidArgument, "ids.json: not valid JSON"));

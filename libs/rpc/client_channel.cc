@@ -17,6 +17,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "libs/io/read_file.h"
+#include "libs/rpc/wire_constants.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 
@@ -34,6 +35,14 @@ absl::Status ValidateOptions(const ClientOptions& options) {
     if (c < 0x21 || c > 0x7e) {
       return absl::InvalidArgumentError(
           "client options: auth_token holds whitespace, control or non-ASCII characters");
+    }
+  }
+  for (const std::string& name : options.forwarded_certificate_names) {
+    for (char c : name) {
+      if (c < 0x20 || c > 0x7e) {
+        return absl::InvalidArgumentError(
+            "client options: a forwarded certificate name holds control or non-ASCII characters");
+      }
     }
   }
   if (options.deadline <= absl::ZeroDuration() || options.stream_deadline <= absl::ZeroDuration() ||
@@ -184,6 +193,9 @@ std::unique_ptr<grpc::ClientContext> ClientChannel::NewContext(absl::Time deadli
   context->set_deadline(absl::ToChronoTime(deadline));
   if (!options_.auth_token.empty()) {
     context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+  }
+  for (const std::string& name : options_.forwarded_certificate_names) {
+    context->AddMetadata(kForwardedCertificateMetadata, name);
   }
   return context;
 }

@@ -84,6 +84,11 @@ struct ClientOptions {
   // Sent with every call as "authorization: Bearer <auth_token>"; empty sends none. Printable
   // ASCII without spaces.
   std::string auth_token;
+  // For a front end that terminates its users' mutual TLS (the console): the names of the user's
+  // verified certificate, sent with every call as ckpt-forwarded-certificate metadata so that the
+  // server treats the call as that user's (libs/rpc/access_policy.h, "Forwarded certificates").
+  // Printable ASCII. Empty: none.
+  std::vector<std::string> forwarded_certificate_names;
   // TLS (and the client's certificate for mutual TLS); plaintext by default.
   ClientTlsOptions tls;
   // Deadline of each unary call, retries included. Default 60 s.

@@ -10,8 +10,9 @@
 //   flags                                       macro                         used by
 //   --tls_cert_file --tls_key_file              CKPT_DEFINE_SERVER_SECURITY_  checkpoint_store, loader,
 //   --tls_client_ca_file --tls_reload_interval  FLAGS(prefix)                 trainer (prefix control_)
-//   --identities_file --auth_token_file
-//   --listen --port_file                        CKPT_DEFINE_LISTEN_FLAGS      the same three
+//   --identities_file --auth_token_file         (the --tls_* ones alone:      (console)
+//                                               CKPT_DEFINE_SERVER_TLS_FLAGS)
+//   --listen --port_file                        CKPT_DEFINE_LISTEN_FLAGS      the same, console
 //   --shutdown_grace                            CKPT_DEFINE_SHUTDOWN_GRACE_FLAG
 //   --store --store_dir --store_auth_token_file CKPT_DEFINE_STORE_CLIENT_     loader, trainer
 //   --store_tls_{ca,cert,key}_file              FLAGS(store_dir_default)
@@ -33,18 +34,26 @@
 #include "absl/time/time.h"
 
 // ---- Server security: TLS, mutual TLS, identities or one shared token. `prefix` is pasted in
-// front of every name (empty, or e.g. control_ for the trainer's control API).
-#define CKPT_DEFINE_SERVER_SECURITY_FLAGS(prefix)                                                 \
+// front of every name (empty, or e.g. control_ for the trainer's control API). The TLS flags
+// alone (CKPT_DEFINE_SERVER_TLS_FLAGS) are for a server that holds no identities of its own (the
+// console, whose callers the store authenticates).
+#define CKPT_DEFINE_SERVER_SECURITY_FLAGS(prefix) \
+  CKPT_DEFINE_SERVER_TLS_FLAGS(prefix);           \
+  CKPT_DEFINE_SERVER_ACCESS_FLAGS(prefix)
+
+#define CKPT_DEFINE_SERVER_TLS_FLAGS(prefix)                                                      \
   ABSL_FLAG(std::string, prefix##tls_cert_file, "",                                             \
             "PEM certificate chain of this server: serve TLS (with --" #prefix                   \
             "tls_key_file). Re-read when it changes. Default: plaintext, with a warning at "      \
-            "start-up on any address other than loopback.");                                    \
+            "start-up on any address other than loopback (the console refuses those).");         \
   ABSL_FLAG(std::string, prefix##tls_key_file, "", "PEM private key of --" #prefix "tls_cert_file."); \
   ABSL_FLAG(std::string, prefix##tls_client_ca_file, "",                                        \
             "PEM CA bundle: require every client to present a certificate signed by it (mutual " \
             "TLS); its SAN or CN is the caller's identity. Default: no client certificates.");   \
   ABSL_FLAG(absl::Duration, prefix##tls_reload_interval, absl::Seconds(60),                     \
-            "How often the TLS files are checked for a rotated certificate. Default 60s.");     \
+            "How often the TLS files are checked for a rotated certificate. Default 60s.")
+
+#define CKPT_DEFINE_SERVER_ACCESS_FLAGS(prefix)                                                 \
   ABSL_FLAG(std::string, prefix##identities_file, "",                                           \
             "JSON file of named identities, each with a role (reader, writer, admin), optional " \
             "model-name patterns, and a token_sha256 or a client certificate name "              \

@@ -10,11 +10,13 @@
 #include "libs/rpc/access_policy.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/grpc_server.h"
+#include "libs/rpc/identity_service.h"
 #include "libs/rpc/run_certificate.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_matchers.h"
 #include "libs/testing/child_process.h"
 #include "libs/testing/test_certificates.h"
+#include "proto/ckpt/v1/identity.grpc.pb.h"
 #include "proto/ckpt/v1/trainer.grpc.pb.h"
 
 namespace ckpt {
@@ -196,6 +198,82 @@ TEST_F(TlsTest, AnIdentityRemovedFromTheFileIsRefusedWithinTheReloadIntervalWith
   // The reload is checked at most once a second: refused within about that, never later.
   EXPECT_LT(absl::Now() - revoked, absl::Seconds(2.5));
   EXPECT_EQ(WhoAmIAs(Client(&certs_->ops)).value_or("error"), "ops");
+}
+
+// A front end (here holding the `ops` certificate) that forwards its user's certificate: the
+// call is the user's, held to the user's role, and nobody else may forward.
+TEST_F(TlsTest, AForwardingFrontEndActsAsTheUserWhoseCertificateItForwardsAndAsNobodyElse) {
+  const std::string path = *dir_ + "/forwarding.json";
+  // bot: sha256("bot-token").
+  ckpt::testing::WriteTextFile(path, R"({"identities": [
+      {"name": "console", "certificate": "ops", "forwards_certificates": true},
+      {"name": "team-a", "certificate": "team-a.example", "role": "writer",
+       "models": ["team-a-*"]},
+      {"name": "viewer", "certificate": "viewer.example", "role": "reader"},
+      {"name": "bot", "role": "reader", "token_sha256":
+       "df27f9beb68b7766af3ab2cd7eeefe0c759ca4d085db8b2235811ad36f27cd1c"}]})");
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const AccessPolicy> policy,
+                       AccessPolicy::FromIdentitiesFile(path));
+  IdentityService identity(policy, "test server");
+  service_ = std::make_unique<WhoAmI>(policy.get());
+  GrpcServerOptions server_options;
+  server_options.tls = {certs_->server.cert, certs_->server.key, certs_->ca, absl::Seconds(60)};
+  ASSERT_OK_AND_ASSIGN(server_,
+                       GrpcServer::Start(server_options, {{service_.get(), "ckpt.v1.Trainer"},
+                                                          {&identity, "ckpt.v1.Identity"}}));
+  const auto who_am_i = [&](const ClientOptions& options) -> absl::StatusOr<v1::WhoAmIResponse> {
+    ASSIGN_OR_RETURN(std::shared_ptr<ClientChannel> channel,
+                     ClientChannel::Open(options, {"ckpt.v1.Identity", "test server", {}}));
+    auto stub = v1::Identity::NewStub(channel->channel());
+    v1::WhoAmIRequest request;
+    request.add_methods("SetAlias");
+    request.set_model("team-a-mnist");
+    v1::WhoAmIResponse response;
+    auto context = channel->NewContext(absl::Now() + absl::Seconds(10));
+    RETURN_IF_ERROR(channel->FromCall(stub->WhoAmI(context.get(), request, &response)));
+    return response;
+  };
+
+  ClientOptions front_end = Client(&certs_->ops);
+  front_end.forwarded_certificate_names = {"team-a.example", "CN=alice,O=Example"};
+  ASSERT_OK_AND_ASSIGN(v1::WhoAmIResponse alice, who_am_i(front_end));
+  EXPECT_EQ(alice.identity(), "team-a via console");
+  EXPECT_EQ(alice.role(), "writer");
+  EXPECT_THAT(alice.models(), ::testing::ElementsAre("team-a-*"));
+  EXPECT_THAT(alice.allowed_methods(), ::testing::ElementsAre("SetAlias"));
+  EXPECT_OK(CheckpointNowAs(front_end));
+
+  // A reader's certificate, forwarded, is a reader's call.
+  front_end.forwarded_certificate_names = {"viewer.example"};
+  EXPECT_EQ(WhoAmIAs(front_end).value_or("error"), "viewer via console");
+  EXPECT_THAT(CheckpointNowAs(front_end),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       "identity 'viewer via console' (role reader) may not call CheckpointNow"));
+
+  // A certificate no identity is listed for, and no certificate at all: the front end has no
+  // rights of its own.
+  front_end.forwarded_certificate_names = {"stranger.example"};
+  EXPECT_THAT(WhoAmIAs(front_end),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       "no identity is listed for the certificate of stranger.example (forwarded "
+                       "by 'console')"));
+  front_end.forwarded_certificate_names.clear();
+  EXPECT_THAT(WhoAmIAs(front_end),
+              StatusIs(absl::StatusCode::kUnauthenticated,
+                       "'console' forwards its users' certificates and this call forwarded none"));
+
+  // A user who signed in with a token is the token's identity, whoever relays the call.
+  front_end.forwarded_certificate_names = {"team-a.example"};
+  front_end.auth_token = "bot-token";
+  EXPECT_EQ(WhoAmIAs(front_end).value_or("error"), "bot");
+
+  // An identity that is not a forwarding front end may not claim to be someone else.
+  ClientOptions team_a = Client(&certs_->client);
+  team_a.forwarded_certificate_names = {"ops"};
+  EXPECT_THAT(WhoAmIAs(team_a), StatusIs(absl::StatusCode::kPermissionDenied,
+                                         "identity 'team-a' may not forward client certificates"));
+  team_a.forwarded_certificate_names.clear();
+  EXPECT_EQ(WhoAmIAs(team_a).value_or("error"), "team-a");
 }
 
 TEST_F(TlsTest, ServerTlsWithoutClientCertificatesAuthenticatesByToken) {

@@ -6,6 +6,11 @@
 
 namespace ckpt {
 
+// ---- Every service.
+// Sent by a front end that terminates its users' mutual TLS (the console), one value per name of
+// the user's verified certificate (libs/rpc/access_policy.h, "Forwarded certificates").
+inline constexpr char kForwardedCertificateMetadata[] = "ckpt-forwarded-certificate";
+
 // ---- ckpt.v1.CheckpointStore.
 // Bytes of tensor data one TensorData message may carry, in either direction (1 MiB).
 inline constexpr int kMaxTensorDataBytes = 1 << 20;

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "libs/rpc/grpc_server.h"
+#include "libs/rpc/identity_service.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"
 #include "libs/rpc/service_flags.h"
@@ -164,8 +165,11 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
     std::cerr << "checkpoint_store: " << service.status() << "\n";
     return kExitFailure;
   }
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(
-      config.server, {{service->get(), v1::CheckpointStore::service_full_name()}});
+  // Who a caller is and what it may do, by the same policy (the console's page asks it).
+  IdentityService identity(config.service.access, "checkpoint store");
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(config.server, {{service->get(), v1::CheckpointStore::service_full_name()},
+                                        {&identity, v1::Identity::service_full_name()}});
   if (!server.ok()) {
     std::cerr << "checkpoint_store: " << server.status() << "\n";
     return kExitFailure;

@@ -647,6 +647,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
+    libs/rpc/identity_service.cc
     libs/rpc/run_certificate.cc
     libs/rpc/server_main.cc
     libs/rpc/server_security.cc
