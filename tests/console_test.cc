@@ -27,6 +27,7 @@
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/status/status_matchers.h"
 #include "libs/testing/child_process.h"
+#include "libs/testing/test_certificates.h"
 #include "nlohmann/json.hpp"
 
 namespace ckpt {
@@ -53,7 +54,10 @@ class ConsoleTest : public ::testing::Test {
          std::vector<std::tuple<std::string, std::string, std::string>>{
              {"serving", "reader-token", R"("role": "reader")"},
              {"team-a", "team-a-token", R"("role": "writer", "models": ["team-a-*"])"},
-             {"team-b", "team-b-token", R"("role": "writer", "models": ["team-b-*"])"}}) {
+             {"team-b", "team-b-token", R"("role": "writer", "models": ["team-b-*"])"},
+             // A name that is markup: the page must show it as text (console_browser.py).
+             {"<img src=x onerror=alert(1)>", "markup-token",
+              R"("role": "writer", "models": ["team-a-*"])"}}) {
       const std::string sha =
           testing::RunShell("printf %s '" + token + "' | sha256sum | cut -d' ' -f1").output;
       absl::StrAppend(&identities, name == "serving" ? "" : ",", R"({"name": ")", name,
@@ -291,11 +295,117 @@ TEST_F(ConsoleTest, AWatchStreamsThePromotionAsItHappens) {
   EXPECT_EQ(Call("/api/v1/watch?model=team-b-bert", "team-a-token").status, 403);
 }
 
+// The console over HTTPS with mutual TLS in front of a store that requires mutual TLS too: a
+// browser (curl here) that presents its certificate and no token is the identity the store lists
+// for that certificate, because the console forwards the certificate's names with its own
+// certificate, which the store lists as a forwarding front end with no rights of its own.
+TEST(ConsoleTlsTest, ABrowsersClientCertificateIsItsIdentityAtTheStore) {
+  const std::string dir = testing::TestCaseDir();
+  std::filesystem::create_directories(dir + "/certs");
+  ASSERT_OK_AND_ASSIGN(const testing::TestCertificates certs,
+                       testing::MakeTestCertificates(dir + "/certs"));
+  const std::string reader_sha = std::string(absl::StripTrailingAsciiWhitespace(
+      testing::RunShell("printf %s reader-token | sha256sum | cut -d' ' -f1").output));
+  // The console presents the "ops" certificate; team-a's is a browser user's.
+  testing::WriteTextFile(dir + "/identities.json", absl::StrCat(R"({"identities": [
+      {"name": "console", "certificate": "ops", "forwards_certificates": true},
+      {"name": "team-a", "certificate": "team-a.example", "role": "writer",
+       "models": ["team-a-*"]},
+      {"name": "admin", "certificate": "admin", "role": "admin"},
+      {"name": "serving", "role": "reader", "token_sha256": ")",
+                                                                reader_sha, R"("}]})"));
+  testing::ChildProcess store(testing::RunfilesPath("services/checkpoint_store/checkpoint_store"),
+                              dir);
+  ASSERT_TRUE(store.Start(
+      {"--store_dir=" + dir + "/db", "--listen=127.0.0.1:0", "--port_file=" + dir + "/store.port",
+       "--identities_file=" + dir + "/identities.json", "--tls_cert_file=" + certs.server.cert,
+       "--tls_key_file=" + certs.server.key, "--tls_client_ca_file=" + certs.ca}));
+  const int store_port = store.WaitForPort(dir + "/store.port", absl::Seconds(60));
+  ASSERT_GT(store_port, 0) << store.stderr_text();
+  // A version of team-a's model by team-a's certificate, one of team-b's by an admin's.
+  ASSERT_OK_AND_ASSIGN(
+      const testing::CertificateFiles admin,
+      testing::IssueCertificate(dir + "/certs", certs.ca, "admin", "/CN=admin", "", 30));
+  RemoteStoreOptions options;
+  options.address = absl::StrCat("127.0.0.1:", store_port);
+  for (const auto& [model, cert] : std::vector<std::pair<std::string, testing::CertificateFiles>>{
+           {"team-a-resnet", certs.client}, {"team-b-bert", admin}}) {
+    options.tls = {certs.ca, cert.cert, cert.key, ""};
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> client,
+                         RemoteCheckpointStore::Connect(options));
+    CheckpointContents contents;
+    contents.model.InsertOrAssign("fc.weight", at::randn({8, 4}));
+    ASSERT_OK(client->CommitCheckpoint(model, contents).status());
+  }
+
+  testing::ChildProcess console(testing::RunfilesPath("services/console/console"), dir);
+  ASSERT_TRUE(
+      console.Start({"--store=" + options.address, "--store_tls_ca_file=" + certs.ca,
+                     "--store_tls_cert_file=" + certs.ops.cert,
+                     "--store_tls_key_file=" + certs.ops.key, "--listen=127.0.0.1:0",
+                     "--port_file=" + dir + "/console.port", "--tls_cert_file=" + certs.server.cert,
+                     "--tls_key_file=" + certs.server.key, "--tls_client_ca_file=" + certs.ca}));
+  const int port = console.WaitForPort(dir + "/console.port", absl::Seconds(60));
+  ASSERT_GT(port, 0) << console.stderr_text();
+  const std::string base = absl::StrCat("https://127.0.0.1:", port);
+  // curl as a browser holding `cert` (none: nullptr), with extra arguments; the status and body.
+  const auto curl = [&](const testing::CertificateFiles* cert, const std::string& path,
+                        const std::string& extra = "") -> std::pair<int, nlohmann::json> {
+    std::string command =
+        absl::StrCat("curl -sS -o ", dir, "/body.json -w '%{http_code}' --cacert ", certs.ca, " ");
+    if (cert != nullptr) absl::StrAppend(&command, "--cert ", cert->cert, " --key ", cert->key);
+    absl::StrAppend(&command, " ", extra, " '", base, path, "' 2>&1");
+    const testing::ShellResult result = testing::RunShell(command);
+    int status = 0;
+    if (result.exit_code != 0 || !absl::SimpleAtoi(result.output, &status)) {
+      return {-1, nlohmann::json(result.output)};
+    }
+    return {status, nlohmann::json::parse(testing::ReadFileOrEmpty(dir + "/body.json"), nullptr,
+                                          /*allow_exceptions=*/false)};
+  };
+  EXPECT_THAT(console.stdout_text(), HasSubstr("https://127.0.0.1:"));
+
+  const auto [me_status, me] = curl(&certs.client, "/api/v1/me?model=team-a-resnet");
+  ASSERT_EQ(me_status, 200) << me.dump();
+  EXPECT_EQ(me["identity"], "team-a via console");
+  EXPECT_EQ(me["role"], "writer");
+  EXPECT_EQ(me["allowed_methods"][0], "SetAlias");
+  // Scoped as the certificate's identity: team-b's model is not listed.
+  const auto [models_status, models] = curl(&certs.client, "/api/v1/models");
+  ASSERT_EQ(models_status, 200) << models.dump();
+  ASSERT_EQ(models["models"].size(), 1u) << models.dump();
+  EXPECT_EQ(models["models"][0]["name"], "team-a-resnet");
+  // A change by certificate alone, recorded as the user's (via the console).
+  testing::WriteTextFile(dir + "/promote.json", R"({"version": 1, "alias": "production"})");
+  const std::string json_post = absl::StrCat(
+      "-X POST -H 'Content-Type: application/json' --data-binary @", dir, "/promote.json");
+  const auto [promoted_status, promoted] =
+      curl(&certs.client, "/api/v1/models/team-a-resnet/promote", json_post);
+  ASSERT_EQ(promoted_status, 200) << promoted.dump();
+  const auto [history_status, history] =
+      curl(&certs.client, "/api/v1/models/team-a-resnet/history?alias=production");
+  ASSERT_EQ(history_status, 200) << history.dump();
+  EXPECT_EQ(history["events"].back()["identity"], "team-a via console") << history.dump();
+  // The same change from a page of another site (its Origin) is refused.
+  const auto [cross_status, cross] = curl(&certs.client, "/api/v1/models/team-a-resnet/promote",
+                                          json_post + " -H 'Origin: https://evil.example'");
+  EXPECT_EQ(cross_status, 403) << cross.dump();
+  // A token still wins over the certificate.
+  const auto [token_status, token_me] =
+      curl(&certs.client, "/api/v1/me", "-H 'Authorization: Bearer reader-token'");
+  ASSERT_EQ(token_status, 200) << token_me.dump();
+  EXPECT_EQ(token_me["identity"], "serving");
+  // Without a certificate, or with one another CA signed, there is no connection at all.
+  EXPECT_EQ(curl(nullptr, "/api/v1/models").first, -1);
+  EXPECT_EQ(curl(&certs.foreign_client, "/api/v1/models").first, -1);
+}
+
 TEST(ConsoleHelpTest, HelpListsTheSharedFlags) {
   const testing::ShellResult help =
       testing::RunShell(testing::RunfilesPath("services/console/console") + " --help 2>&1");
   for (const char* flag :
-       {"--store ", "--store_tls_ca_file", "--listen", "--port_file", "--shutdown_grace"}) {
+       {"--store ", "--store_tls_ca_file", "--listen", "--port_file", "--shutdown_grace",
+        "--tls_cert_file", "--tls_client_ca_file", "--tls_reload_interval"}) {
     EXPECT_THAT(help.output, HasSubstr(flag)) << help.output;
   }
 }

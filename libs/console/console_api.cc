@@ -196,6 +196,7 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   }
   const std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
   const bool console = parts.size() == 1 && parts[0] == "console";
+  const bool me = parts.size() == 1 && parts[0] == "me";
   const bool models = !parts.empty() && parts[0] == "models";
   const bool versions = parts.size() >= 3 && parts[2] == "versions";
   // Changes (POST, a JSON body): promote and roll back an alias, annotate a version.
@@ -203,7 +204,7 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
       models && ((parts.size() == 3 && (parts[2] == "promote" || parts[2] == "rollback")) ||
                  (versions && parts.size() == 5 && parts[4] == "annotations"));
   const bool known =
-      console || change ||
+      console || me || change ||
       (models && (parts.size() == 1 || (versions && parts.size() <= 4) ||
                   (versions && parts.size() == 5 && parts[4] == "lineage") ||
                   (parts.size() == 3 &&
@@ -211,9 +212,15 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   if (!known) return absl::NotFoundError(absl::StrCat("no API at ", request.path));
   const char* const allowed = change ? "POST" : "GET";
   if (request.method != allowed) return MethodNotAllowed(request.method, request.path, allowed);
-  if (console) return nlohmann::json({{"store", store_address_}}).dump();
+  if (console) {
+    // The page signs in without a token when the browser presented a certificate.
+    return nlohmann::json(
+               {{"store", store_address_}, {"client_certificate", request.certificate_names}})
+        .dump();
+  }
+  if (me) return Me(request);
   ASSIGN_OR_RETURN(const std::shared_ptr<CheckpointStore> store,
-                   store_for_caller_(request.bearer_token));
+                   store_for_caller_(request.caller()));
   if (parts.size() == 1) {
     RETURN_IF_ERROR(CheckQuery(request.query, {}));
     ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> listed, store->ListModels());
@@ -248,6 +255,25 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
   return ProtoToJson(WithoutChunks(std::move(manifest)));
 }
+absl::StatusOr<std::string> ConsoleApi::Me(const ApiRequest& request) const {
+  RETURN_IF_ERROR(CheckQuery(request.query, {"model", "method"}, {"method"}));
+  if (identity_for_caller_ == nullptr) {
+    return absl::UnimplementedError("this console cannot ask the store who its callers are");
+  }
+  v1::WhoAmIRequest asked;
+  asked.set_model(QueryValue(request.query, "model"));
+  if (!asked.model().empty()) RETURN_IF_ERROR(ValidateModelName(asked.model()));
+  const auto methods = request.query.equal_range("method");
+  for (auto it = methods.first; it != methods.second; ++it) asked.add_methods(it->second);
+  if (asked.methods().empty()) {
+    // What the page offers: promote and rollback move an alias; annotate.
+    asked.add_methods("SetAlias");
+    asked.add_methods("AnnotateVersion");
+  }
+  ASSIGN_OR_RETURN(const v1::WhoAmIResponse who, identity_for_caller_(request.caller(), asked));
+  return ProtoToJson(who);
+}
+
 absl::StatusOr<std::string> ConsoleApi::History(
     CheckpointStore& store, const std::string& model,
     const std::multimap<std::string, std::string>& query) {
@@ -278,17 +304,25 @@ absl::StatusOr<std::string> ConsoleApi::Audit(
 }
 
 absl::StatusOr<nlohmann::json> ConsoleApi::JsonBody(const ApiRequest& request) {
-  // Only a JSON body with the caller's token is a change: a browser cannot send that from another
-  // site without a CORS preflight, which the console never grants (its CSRF defence; it keeps no
-  // cookies either).
+  // Only a JSON body with the caller's token or certificate is a change: a browser cannot send a
+  // JSON body or an Authorization header from another site without a CORS preflight, which the
+  // console never grants (its CSRF defence; it keeps no cookies either). A browser presents its
+  // client certificate by itself, like a cookie, so a change whose Origin names another site is
+  // refused too, whatever its content type.
+  if (!request.origin.empty() && request.origin != request.own_origin) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("a change from a page of another site (Origin ", request.origin,
+                     ") is refused; this console is ", request.own_origin));
+  }
   if (!absl::StartsWith(request.content_type, "application/json")) {
     return absl::InvalidArgumentError(
         absl::StrCat("a change needs a JSON body (Content-Type: application/json), got '",
                      request.content_type, "'"));
   }
-  if (request.bearer_token.empty()) {
+  if (request.bearer_token.empty() && request.certificate_names.empty()) {
     return absl::UnauthenticatedError(
-        "a change needs the caller's bearer token (Authorization: Bearer ...)");
+        "a change needs the caller's bearer token (Authorization: Bearer ...) or client "
+        "certificate");
   }
   nlohmann::json body = nlohmann::json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
@@ -444,7 +478,7 @@ absl::StatusOr<ConsoleApi::OpenedWatch> ConsoleApi::OpenWatch(const ApiRequest& 
     watch_request.set_resume(true);
   }
   ASSIGN_OR_RETURN(const std::shared_ptr<CheckpointStore> store,
-                   store_for_caller_(request.bearer_token));
+                   store_for_caller_(request.caller()));
   OpenedWatch opened;
   ASSIGN_OR_RETURN(opened.watch, store->Watch(watch_request));
   // A refusal (no token, a model out of scope) comes with the first update: wait briefly for it,

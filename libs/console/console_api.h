@@ -6,14 +6,22 @@
 // tests call Handle directly.
 //
 // The console holds no rights of its own. Every request is answered with the store client that
-// `StoreForCaller` gives for the caller's bearer token (one that sends that token to the store),
-// so the store's one access policy decides what the caller may see, exactly as over gRPC: a
-// missing or wrong token is the store's UNAUTHENTICATED (401), a scope or role it lacks the
-// store's NOT_FOUND or PERMISSION_DENIED (404, 403).
+// `StoreForCaller` gives for the caller's credentials (one that sends the caller's bearer token
+// to the store, or under mutual TLS forwards the caller's verified certificate), so the store's
+// one access policy decides what the caller may see, exactly as over gRPC: missing or wrong
+// credentials are the store's UNAUTHENTICATED (401), a scope or role it lacks the store's
+// NOT_FOUND or PERMISSION_DENIED (404, 403).
 //
 // Read endpoints (GET), JSON in protobuf's mapping with the .proto field names
 // (libs/io/proto_json.h, as `ckpt ... --json` prints):
-//   /api/v1/console                          {"store": the store's address} (no store call)
+//   /api/v1/console                          {"store": the store's address,
+//                                            "client_certificate": [names of the certificate
+//                                            this browser presented, if any]} (no store call)
+//   /api/v1/me                               WhoAmIResponse (proto/ckpt/v1/identity.proto): who
+//                                            the store takes the caller to be, and which of
+//                                            ?method= (repeatable; default SetAlias,
+//                                            AnnotateVersion) it may call on ?model= -- the page
+//                                            shows promote and rollback only to those who may
 //   /api/v1/models                           ListModelsResponse
 //   /api/v1/models/MODEL/versions            ListVersionsResponse, oldest first; filtered as
 //                                            `ckpt ls` is by ?tag= &label= &where= &since= &until=
@@ -41,9 +49,11 @@
 // a ": keep-alive" comment when nothing happened for 15 s. A browser's EventSource resumes by
 // itself with Last-Event-ID, which counts as ?after=.
 //
-// Changes (POST with a JSON body, Content-Type: application/json, and the caller's token: a browser
-// cannot send that from another site without a CORS preflight, which the console never grants, so
-// no page elsewhere can make a signed-in user's browser change anything; the console keeps no
+// Changes (POST with a JSON body, Content-Type: application/json, and the caller's token or client
+// certificate: a browser cannot send a JSON body or an Authorization header from another site
+// without a CORS preflight, which the console never grants, and a change whose Origin header
+// names another site is refused besides, so no page elsewhere can make a signed-in user's browser
+// change anything, even one that presents its certificate by itself; the console keeps no
 // cookies), recorded in the store's history and audit log as the caller's:
 //   /api/v1/models/MODEL/promote             {"version": 7 | "REF", "alias": "production",
 //                                            "require": ["val_acc>=0.9"], "verify": true,
@@ -70,14 +80,24 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "libs/store/checkpoint_store.h"
 #include "nlohmann/json.hpp"
+#include "proto/ckpt/v1/identity.pb.h"
 
 namespace ckpt {
+
+// Who a request comes from, as the HTTP layer verified it.
+struct CallerCredentials {
+  std::string bearer_token;  // from "Authorization: Bearer ..."; empty: none sent.
+  // The names of the client certificate the connection presented and TLS verified
+  // (PeerCertificateNames, libs/console/https_tls.h); empty without mutual TLS.
+  std::vector<std::string> certificate_names;
+};
 
 struct ApiRequest {
   std::string method;  // "GET", ...
@@ -86,6 +106,14 @@ struct ApiRequest {
   std::string body;
   std::string bearer_token;  // from "Authorization: Bearer ..."; empty: none sent.
   std::string content_type;  // the Content-Type header
+  std::vector<std::string> certificate_names;  // see CallerCredentials
+  // The Origin header (empty: none sent) and the console's own origin as the request reached it
+  // ("https://HOST:PORT", from the scheme and the Host header): a change from a page whose
+  // origin is another is refused.
+  std::string origin;
+  std::string own_origin;
+
+  CallerCredentials caller() const { return {bearer_token, certificate_names}; }
 };
 
 struct ApiResponse {
@@ -94,9 +122,12 @@ struct ApiResponse {
   std::string body;
 };
 
-// The store client that acts for the holder of `bearer_token` (empty: for a caller without one).
-using StoreForCaller =
-    std::function<absl::StatusOr<std::shared_ptr<CheckpointStore>>(const std::string& token)>;
+// The store client that acts for the caller with `credentials` (none: a caller who sent none).
+using StoreForCaller = std::function<absl::StatusOr<std::shared_ptr<CheckpointStore>>(
+    const CallerCredentials& credentials)>;
+// The store's answer to ckpt.v1.Identity/WhoAmI for that caller.
+using IdentityForCaller = std::function<absl::StatusOr<v1::WhoAmIResponse>(
+    const CallerCredentials& credentials, const v1::WhoAmIRequest& request)>;
 
 // The HTTP status for `code` (see the file comment).
 int HttpStatusOf(absl::StatusCode code);
@@ -109,8 +140,12 @@ ApiResponse ErrorResponse(const absl::Status& status);
 class ConsoleApi {
  public:
   // `store_address`: where callers reach the store themselves (for the page's "load it" lines).
-  explicit ConsoleApi(StoreForCaller store_for_caller, std::string store_address = "")
-      : store_for_caller_(std::move(store_for_caller)), store_address_(std::move(store_address)) {}
+  // Without `identity_for_caller`, /api/v1/me is 501.
+  explicit ConsoleApi(StoreForCaller store_for_caller, std::string store_address = "",
+                      IdentityForCaller identity_for_caller = nullptr)
+      : store_for_caller_(std::move(store_for_caller)),
+        store_address_(std::move(store_address)),
+        identity_for_caller_(std::move(identity_for_caller)) {}
 
   // Answers one request under /api/v1/ (404 for any other path), except a watch.
   ApiResponse Handle(const ApiRequest& request) const;
@@ -144,8 +179,11 @@ class ConsoleApi {
   static absl::StatusOr<std::string> Diff(CheckpointStore& store, const std::string& model,
                                           const std::multimap<std::string, std::string>& query);
 
+  absl::StatusOr<std::string> Me(const ApiRequest& request) const;
+
   const StoreForCaller store_for_caller_;
   const std::string store_address_;
+  const IdentityForCaller identity_for_caller_;
 };
 
 }  // namespace ckpt

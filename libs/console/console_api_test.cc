@@ -41,12 +41,12 @@ class ConsoleApiTest : public ::testing::Test {
 
   // The store acts for the holder of kToken; anyone else is refused as the store would.
   ApiResponse Get(const std::string& path, const std::string& token = kToken) const {
-    ConsoleApi api(
-        [this](const std::string& caller) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
-          if (caller != kToken)
-            return absl::UnauthenticatedError("missing or unknown bearer token");
-          return store_;
-        });
+    ConsoleApi api([this](const CallerCredentials& caller)
+                       -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+      if (caller.bearer_token != kToken)
+        return absl::UnauthenticatedError("missing or unknown bearer token");
+      return store_;
+    });
     return api.Handle({"GET", path, {}, "", token});
   }
 
@@ -72,9 +72,10 @@ TEST_F(ConsoleApiTest, ListsModelsAndVersionsAsTheCliPrintsThem) {
 }
 
 TEST_F(ConsoleApiTest, VersionsAreFilteredAsCkptLsFiltersThem) {
-  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
-    return store_;
-  });
+  ConsoleApi api(
+      [this](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return store_;
+      });
   const auto versions = [&](std::multimap<std::string, std::string> query) {
     return api.Handle({"GET", "/api/v1/models/resnet/versions", std::move(query), "", kToken});
   };
@@ -106,9 +107,10 @@ TEST_F(ConsoleApiTest, HistoryAuditAndDiff) {
   EXPECT_EQ(events.back()["alias"], "production");
   EXPECT_EQ(events.back()["version"], "1");
 
-  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
-    return store_;
-  });
+  ConsoleApi api(
+      [this](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return store_;
+      });
   const auto call = [&](const std::string& path, std::multimap<std::string, std::string> query) {
     return api.Handle({"GET", path, std::move(query), "", kToken});
   };
@@ -137,9 +139,10 @@ TEST_F(ConsoleApiTest, HistoryAuditAndDiff) {
 }
 
 TEST_F(ConsoleApiTest, PromoteRollbackAndAnnotateAsTheCaller) {
-  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
-    return store_;
-  });
+  ConsoleApi api(
+      [this](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return store_;
+      });
   const auto post = [&](const std::string& path, const std::string& body,
                         const std::string& type = "application/json") {
     return api.Handle({"POST", path, {}, body, kToken, type});
@@ -169,6 +172,27 @@ TEST_F(ConsoleApiTest, PromoteRollbackAndAnnotateAsTheCaller) {
   EXPECT_EQ(nlohmann::json::parse(annotated.body)["tags"]["dataset"], "imagenet");
   ApiResponse filtered = Get("/api/v1/models/resnet/versions");
   EXPECT_THAT(filtered.body, HasSubstr("imagenet"));
+
+  // A page of another site (its Origin) changes nothing, even with the caller's credentials (a
+  // browser sends a client certificate by itself); the console's own page does.
+  ApiRequest cross{"POST",
+                   "/api/v1/models/resnet/versions/1/annotations",
+                   {},
+                   R"({"set_tags": {"checked": "yes"}})",
+                   "",
+                   "application/json",
+                   {"alice.example"},
+                   "https://evil.example",
+                   "https://console.example:8443"};
+  ApiResponse cross_site = api.Handle(cross);
+  EXPECT_EQ(cross_site.status, 403) << cross_site.body;
+  EXPECT_THAT(cross_site.body, HasSubstr("another site"));
+  cross.origin = cross.own_origin;
+  ApiResponse same_site = api.Handle(cross);
+  EXPECT_EQ(same_site.status, 200) << same_site.body;
+  // Neither a token nor a certificate: nothing to act as.
+  cross.certificate_names.clear();
+  EXPECT_EQ(api.Handle(cross).status, 401);
 
   // What is not a change as the API takes one.
   EXPECT_EQ(
@@ -238,22 +262,72 @@ TEST_F(ConsoleApiTest, ErrorsAreJsonWithTheStatusOfTheirCode) {
   expect_error(Get("/api/v1/models/resnet/versions/0"), 400, "INVALID_ARGUMENT", "0");
   expect_error(Get("/api/v1/nothing"), 404, "NOT_FOUND", "/api/v1/nothing");
   expect_error(Get("/api/v1/models", ""), 401, "UNAUTHENTICATED", "token");
-  ConsoleApi api([this](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
-    return store_;
-  });
+  ConsoleApi api(
+      [this](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return store_;
+      });
   expect_error(api.Handle({"DELETE", "/api/v1/models", {}, "", kToken}), 405, "METHOD_NOT_ALLOWED",
                "GET");
 }
 
 TEST(ConsoleInfoTest, SaysWhereTheStoreIsWithoutCallingIt) {
   ConsoleApi api(
-      [](const std::string&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+      [](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
         return absl::InternalError("no store call expected");
       },
       "store.example:7070");
   const ApiResponse info = api.Handle({"GET", "/api/v1/console", {}, "", ""});
   ASSERT_EQ(info.status, 200) << info.body;
   EXPECT_EQ(nlohmann::json::parse(info.body)["store"], "store.example:7070");
+}
+
+// /api/v1/me passes the caller's credentials and the methods asked about to the store's
+// ckpt.v1.Identity (here a stand-in that answers as a scoped writer would be answered).
+TEST(ConsoleMeTest, AsksTheStoreWhoTheCallerIsAndWhatItMayDo) {
+  v1::WhoAmIRequest seen_request;
+  CallerCredentials seen_caller;
+  ConsoleApi api(
+      [](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return absl::InternalError("no store call expected");
+      },
+      "",
+      [&](const CallerCredentials& caller,
+          const v1::WhoAmIRequest& request) -> absl::StatusOr<v1::WhoAmIResponse> {
+        seen_caller = caller;
+        seen_request = request;
+        v1::WhoAmIResponse who;
+        who.set_identity("team-a");
+        who.set_role("writer");
+        who.add_allowed_methods("SetAlias");
+        return who;
+      });
+  ApiRequest request{"GET", "/api/v1/me", {{"model", "team-a-resnet"}}, "", "tok"};
+  request.certificate_names = {"alice.example"};
+  const ApiResponse me = api.Handle(request);
+  ASSERT_EQ(me.status, 200) << me.body;
+  const nlohmann::json json = nlohmann::json::parse(me.body);
+  EXPECT_EQ(json["identity"], "team-a");
+  EXPECT_EQ(json["allowed_methods"][0], "SetAlias");
+  EXPECT_EQ(seen_caller.bearer_token, "tok");
+  EXPECT_EQ(seen_caller.certificate_names, std::vector<std::string>{"alice.example"});
+  EXPECT_EQ(seen_request.model(), "team-a-resnet");
+  // By default it asks about what the page offers.
+  ASSERT_EQ(seen_request.methods_size(), 2);
+  EXPECT_EQ(seen_request.methods(0), "SetAlias");
+  EXPECT_EQ(seen_request.methods(1), "AnnotateVersion");
+  const ApiResponse listed = api.Handle(
+      {"GET", "/api/v1/me", {{"method", "DeleteVersion"}, {"method", "Upload"}}, "", "tok"});
+  ASSERT_EQ(listed.status, 200) << listed.body;
+  EXPECT_EQ(seen_request.methods_size(), 2);
+  EXPECT_EQ(seen_request.methods(0), "DeleteVersion");
+  EXPECT_EQ(api.Handle({"GET", "/api/v1/me", {{"model", "<b>"}}, "", "tok"}).status, 400);
+  EXPECT_EQ(api.Handle({"GET", "/api/v1/me", {{"who", "x"}}, "", "tok"}).status, 400);
+  // A console that cannot ask says so.
+  ConsoleApi without(
+      [](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return absl::InternalError("no store call expected");
+      });
+  EXPECT_EQ(without.Handle({"GET", "/api/v1/me", {}, "", "tok"}).status, 501);
 }
 
 TEST(HttpStatusTest, EachCodeHasItsStatus) {

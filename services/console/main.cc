@@ -6,12 +6,16 @@
 //
 // The console holds no rights: each request goes to the store with the caller's own bearer token
 // ("Authorization: Bearer ..."), so the store's identities and scopes decide what the caller sees
-// (--store_auth_token_file is refused). Plain HTTP on a loopback address only, for now: serving
-// other machines needs TLS, which the console does not have yet (put a TLS proxy in front).
+// (--store_auth_token_file is refused). HTTPS with --tls_cert_file / --tls_key_file (the gRPC
+// servers' flags, rotated files re-read); with --tls_client_ca_file every browser must present a
+// client certificate, and a caller without a token is the identity the store lists for that
+// certificate: the console forwards the certificate's names with its own certificate
+// (--store_tls_cert_file), which the store lists as a forwarding front end
+// (libs/rpc/access_policy.h). Plain HTTP only on a loopback address.
 //
-// Prints "console serving STORE on http://ADDRESS/" once serving (with --port_file, the port is
-// written there first). SIGINT / SIGTERM stop it (requests in flight finish), exit status 0. Bad
-// flags exit 2; an address that cannot be bound exits 1.
+// Prints "console serving STORE on http(s)://ADDRESS/" once serving (with --port_file, the port
+// is written there first). SIGINT / SIGTERM stop it (requests in flight finish), exit status 0.
+// Bad flags or TLS files exit 2; an address that cannot be bound exits 1.
 
 #include <signal.h>
 
@@ -32,11 +36,14 @@
 #include "libs/client/open_store.h"
 #include "libs/console/caller_stores.h"
 #include "libs/console/console_api.h"
+#include "libs/console/https_tls.h"
+#include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/service_flags.h"
 
 CKPT_DEFINE_STORE_CLIENT_FLAGS("");
 CKPT_DEFINE_LISTEN_FLAGS(, "127.0.0.1:8080");
+CKPT_DEFINE_SERVER_TLS_FLAGS();
 CKPT_DEFINE_SHUTDOWN_GRACE_FLAG();
 ABSL_FLAG(std::string, web_dir, "services/console/web",
           "Directory of the page's files (index.html, app.js, app.css), served at /. The default "
@@ -81,10 +88,21 @@ int Run() {
     return BadFlag("--listen must be HOST:PORT, got '" + listen + "'");
   }
   const std::string host = listen.substr(0, colon);
-  if (host != "127.0.0.1" && host != "localhost" && host != "::1" && host != "[::1]") {
+  const ServerTlsOptions tls_options{
+      absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+      absl::GetFlag(FLAGS_tls_client_ca_file), absl::GetFlag(FLAGS_tls_reload_interval)};
+  const bool https = !tls_options.cert_file.empty() || !tls_options.key_file.empty();
+  std::unique_ptr<HttpsTls> tls;
+  if (https) {
+    absl::StatusOr<std::unique_ptr<HttpsTls>> loaded = HttpsTls::Load(tls_options);
+    if (!loaded.ok()) return BadFlag(std::string(loaded.status().message()));
+    tls = *std::move(loaded);
+  } else if (!tls_options.client_ca_file.empty()) {
+    return BadFlag("--tls_client_ca_file needs --tls_cert_file and --tls_key_file (HTTPS)");
+  } else if (!IsLoopbackHost(host)) {
     return BadFlag("--listen=" + listen +
-                   ": the console serves plain HTTP, so only on a loopback address (127.0.0.1); "
-                   "reach it from other machines through a TLS proxy");
+                   ": without --tls_cert_file the console serves plain HTTP, so only on a "
+                   "loopback address (127.0.0.1); give it a certificate to serve other machines");
   }
   const sigset_t stop_signals = BlockStopSignals();
 
@@ -92,17 +110,32 @@ int Run() {
   options.address = location->address;
   options.tls = location->tls;
   CallerStores stores(options);
-  const ConsoleApi api([&stores](const std::string& token) { return stores.For(token); },
-                       location->address);
+  const ConsoleApi api(
+      [&stores](const CallerCredentials& caller) { return stores.For(caller); }, location->address,
+      [&stores](const CallerCredentials& caller, const v1::WhoAmIRequest& request) {
+        return stores.WhoAmI(caller, request);
+      });
 
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server_holder;
+  if (tls != nullptr) {
+    server_holder = std::make_unique<httplib::SSLServer>(
+        [&tls](SSL_CTX& context) { return tls->Configure(context); });
+  } else {
+    server_holder = std::make_unique<httplib::Server>();
+  }
+  httplib::Server& server = *server_holder;
+  if (!server.is_valid()) {
+    std::cerr << "console: cannot set up TLS\n";
+    return 2;
+  }
+  const std::string scheme = tls != nullptr ? "https" : "http";
   server.set_default_headers({{"Cache-Control", "no-store"},
                               {"X-Content-Type-Options", "nosniff"},
                               {"Content-Security-Policy", "default-src 'self'"}});
   // Set before the server stops, so that open watches end within a second.
   std::atomic<bool> stopping{false};
-  const auto handle = [&api, &stopping](const httplib::Request& request,
-                                        httplib::Response& response) {
+  const auto handle = [&api, &stopping, &scheme](const httplib::Request& request,
+                                                 httplib::Response& response) {
     ApiRequest call;
     call.method = request.method;
     call.path = request.path;
@@ -110,6 +143,9 @@ int Run() {
     call.body = request.body;
     call.content_type = request.get_header_value("Content-Type");
     call.bearer_token = BearerToken(request);
+    call.certificate_names = PeerCertificateNames(request.ssl);
+    call.origin = request.get_header_value("Origin");
+    call.own_origin = absl::StrCat(scheme, "://", request.get_header_value("Host"));
     if (ConsoleApi::IsWatch(call)) {
       // An EventSource reconnecting says where it stopped.
       if (call.query.count("after") == 0 && request.has_header("Last-Event-ID")) {
@@ -176,8 +212,9 @@ int Run() {
       return 1;
     }
   }
-  std::cout << "console serving " << location->address << " on http://" << host << ":" << bound
-            << "/ (API: http://" << host << ":" << bound << "/api/v1/models)" << std::endl;
+  const std::string url = absl::StrCat(scheme, "://", host, ":", bound, "/");
+  std::cout << "console serving " << location->address << " on " << url << " (API: " << url
+            << "api/v1/models)" << std::endl;
   WaitForStopSignal(stop_signals, "console", absl::GetFlag(FLAGS_shutdown_grace));
   stopping = true;
   server.stop();
@@ -192,8 +229,10 @@ int main(int argc, char** argv) {
   ckpt::SetHelpFlagsFile("services/console/main.cc");
   absl::SetProgramUsageMessage(
       "The registry's HTTP/JSON API over a checkpoint_store service:\n"
-      "  console --store=HOST:PORT [--listen=127.0.0.1:8080]\n"
-      "Each request is sent to the store with the caller's own bearer token.");
+      "  console --store=HOST:PORT [--listen=127.0.0.1:8080] [--tls_cert_file=PEM "
+      "--tls_key_file=PEM [--tls_client_ca_file=PEM]]\n"
+      "Each request is sent to the store with the caller's own bearer token, or under mutual "
+      "TLS with the names of the caller's client certificate.");
   absl::ParseCommandLine(argc, argv);
   return ckpt::Run();
 }

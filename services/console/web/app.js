@@ -1,4 +1,5 @@
-// The console's page: the registry through /api/v1 (docs/console.md), with the caller's token.
+// The console's page: the registry through /api/v1 (docs/console.md), with the caller's token
+// (or, where the console asks for client certificates, the browser's certificate).
 // Every name and value is put into the page as text (textContent), never as markup, so a model,
 // tag or description holding HTML shows as the characters it is. No inline script (the console
 // sends Content-Security-Policy: default-src 'self').
@@ -41,10 +42,15 @@ class ApiError extends Error {
   }
 }
 
+// The request headers every call sends: the token when signed in with one.
+function authHeaders(extra) {
+  const headers = Object.assign({}, extra || {});
+  if (token()) headers['Authorization'] = 'Bearer ' + token();
+  return headers;
+}
+
 async function api(path) {
-  const response = await fetch('/api/v1/' + path, {
-    headers: { 'Authorization': 'Bearer ' + token() },
-  });
+  const response = await fetch('/api/v1/' + path, { headers: authHeaders() });
   const body = await response.json();
   if (!response.ok) {
     const error = body.error || {};
@@ -53,9 +59,35 @@ async function api(path) {
   return body;
 }
 
+// A change (promote, rollback): a JSON POST, which no page of another site can make this browser
+// send (docs/console.md, CSRF).
+async function post(path, body) {
+  const response = await fetch('/api/v1/' + path, {
+    method: 'POST',
+    headers: authHeaders({ 'Content-Type': 'application/json' }),
+    body: JSON.stringify(body),
+  });
+  const answer = await response.json();
+  if (!response.ok) {
+    const error = answer.error || {};
+    throw new ApiError(response.status, error.code || '', error.message || response.statusText);
+  }
+  return answer;
+}
+
+// Who the store takes the caller to be (and, for `model`, whether it may move its aliases).
+async function whoAmI(model) {
+  return api('me' + (model ? '?model=' + encodeURIComponent(model) : ''));
+}
+
+function showIdentity(me) {
+  document.getElementById('who').textContent = me ? me.identity + ' (' + me.role + ')' : '';
+}
+
 function signIn(message) {
   sessionStorage.removeItem(TOKEN_KEY);
   document.getElementById('signout').hidden = true;
+  showIdentity(null);
   status('');
   const input = el('input', { id: 'token', type: 'password', autocomplete: 'off',
                               placeholder: 'bearer token' });
@@ -122,7 +154,7 @@ function mebibytes(bytes) {
   return number ? (number / 1048576).toFixed(number < 1048576 ? 3 : 1) : '';
 }
 
-async function modelsPage() {
+async function modelsPage(isCurrent = () => true) {
   const body = await api('models');
   const rows = (body.models || []).map((model) => el('tr', {},
       el('td', {}, el('a', { href: '#/models/' + encodeURIComponent(model.name) }, model.name)),
@@ -131,6 +163,8 @@ async function modelsPage() {
       el('td', {}, ...Object.entries(model.aliases || {})
                        .map(([alias, version]) => el('span', { class: 'alias' },
                                                      alias + ' \u2192 ' + version)))));
+  // A page the user has left (a later route began) must not draw over the current one.
+  if (!isCurrent()) return;
   show(el('h2', {}, 'Models'),
        el('table', { id: 'models' },
           el('thead', {}, el('tr', {}, el('th', {}, 'model'), el('th', {}, 'latest'),
@@ -139,10 +173,13 @@ async function modelsPage() {
   status(rows.length + ' model(s)');
 }
 
-async function modelPage(model) {
+async function modelPage(model, isCurrent = () => true) {
   const name = encodeURIComponent(model);
-  const [listing, history] = await Promise.all([api('models/' + name + '/versions'),
-                                                api('models/' + name + '/history')]);
+  const [listing, history, me] = await Promise.all([api('models/' + name + '/versions'),
+                                                    api('models/' + name + '/history'),
+                                                    whoAmI(model)]);
+  // Promote and rollback are offered to those the store would let move this model's aliases.
+  const mayMove = (me.allowed_methods || []).includes('SetAlias');
   const versions = listing.versions || [];
   // A version's metrics as the registry judges them: annotations over commit-time metrics.
   const metricsOf = (info) => Object.assign({}, (info.metadata || {}).metrics || {},
@@ -170,7 +207,8 @@ async function modelPage(model) {
               el('td', {}, previous ? el('a', {
                 class: 'compare',
                 href: '#/models/' + name + '/compare/' + previous.version + '/' + info.version,
-              }, 'vs ' + previous.version) : ''));
+              }, 'vs ' + previous.version) : ''),
+              ...(mayMove ? [el('td', {}, promoteButton(model, info.version))] : []));
   });
   const moves = (history.events || []).filter(
       (event) => event.kind === 'ALIAS_SET' || event.kind === 'ALIAS_DELETED');
@@ -181,6 +219,8 @@ async function modelPage(model) {
                    (event.kind === 'ALIAS_DELETED' ? 'deleted' : event.version)),
       el('td', {}, event.identity || ''),
       el('td', {}, event.reason || '')));
+  // A page the user has left (a later route began) must not draw over the current one.
+  if (!isCurrent()) return;
   show(el('h2', { id: 'model-name' }, model),
        el('h3', {}, 'Versions'),
        el('table', { id: 'versions' },
@@ -188,16 +228,107 @@ async function modelPage(model) {
                              el('th', {}, 'created'), el('th', {}, 'step'),
                              ...metricNames.map((metric) => el('th', {}, metric)),
                              el('th', {}, 'MiB'), el('th', {}, 'run'), el('th', {}, 'tags'),
-                             el('th', {}, 'description'), el('th', {}, 'changes'))),
+                             el('th', {}, 'description'), el('th', {}, 'changes'),
+                             ...(mayMove ? [el('th', {}, 'promote')] : []))),
           el('tbody', {}, ...rows)),
+       el('div', { id: 'change-holder' }),
+       ...aliasSection(model, versions, mayMove, me),
        ...compareForm(model, versions),
        ...plotSection(versions, metricsOf, metricNames),
        el('h3', {}, 'Alias timeline'),
        el('table', { id: 'timeline' },
           el('thead', {}, el('tr', {}, el('th', {}, 'when'), el('th', {}, 'alias'),
                              el('th', {}, 'move'), el('th', {}, 'who'), el('th', {}, 'why'))),
-          el('tbody', {}, ...timeline)));
+          el('tbody', {}, ...timeline)),
+       el('p', {}, el('a', { id: 'audit-link', href: '#/models/' + name + '/audit' },
+                      'Audit log of ' + model)));
   status(versions.length + ' version(s) of ' + model);
+}
+
+// A form under the versions table for one change (promote or roll back): an alias, a reason.
+function changeForm(id, title, alias, submitText, submit) {
+  const aliasInput = el('input', { id: id + '-alias', value: alias, size: 14 });
+  const reason = el('input', { id: id + '-reason', placeholder: 'why (kept in the history)',
+                               size: 40 });
+  const message = el('span', { id: id + '-message', class: 'error' });
+  const form = el('form', { id, class: 'change' }, el('strong', {}, title), ' alias ', aliasInput,
+                  ' ', reason, ' ', el('button', { type: 'submit' }, submitText), ' ',
+                  el('button', { type: 'button', class: 'cancel' }, 'Cancel'), ' ', message);
+  form.addEventListener('submit', (event) => {
+    event.preventDefault();
+    submit(aliasInput.value.trim(), reason.value.trim()).then(
+        () => form.remove(),
+        (error) => { message.textContent = error.message; });
+  });
+  form.querySelector('.cancel').addEventListener('click', () => form.remove());
+  document.getElementById('change-holder').replaceChildren(form);
+  reason.focus();
+}
+
+function promoteButton(model, version) {
+  const button = el('button', { type: 'button', class: 'promote', 'data-version': version },
+                    'Promote\u2026');
+  button.addEventListener('click', () => changeForm(
+      'promote-form', 'Promote @' + version + ' to', 'production', 'Promote',
+      (alias, reason) => post('models/' + encodeURIComponent(model) + '/promote',
+                              { version: Number(version), alias, reason })
+                             .then((moved) => status('@' + moved.version + ' is now ' + alias))));
+  return button;
+}
+
+// The model's aliases with where each points; writers get a rollback button for each.
+function aliasSection(model, versions, mayMove, me) {
+  const aliases = [];
+  for (const info of versions) {
+    for (const alias of info.aliases || []) {
+      if (alias !== 'latest') aliases.push([alias, info.version]);
+    }
+  }
+  const items = aliases.map(([alias, version]) => {
+    const item = el('li', { 'data-alias': alias }, alias + ' \u2192 @' + version);
+    if (mayMove) {
+      const button = el('button', { type: 'button', class: 'rollback', 'data-alias': alias },
+                        'Roll back\u2026');
+      button.addEventListener('click', () => changeForm(
+          'rollback-form', 'Roll back', alias, 'Roll back',
+          (chosen, reason) => post('models/' + encodeURIComponent(model) + '/rollback',
+                                   { alias: chosen, reason })
+                                  .then((moved) => status(chosen + ' rolled back to @' +
+                                                          moved.to_version))));
+      item.append(' ', button);
+    }
+    return item;
+  });
+  const note = mayMove ? [] : [el('p', { id: 'read-only', class: 'note' },
+      'Signed in as ' + me.identity + ' (' + me.role + '): the store does not let you move ' +
+      'this model\'s aliases, so there is nothing to promote or roll back here.')];
+  return [el('h3', {}, 'Aliases'), el('ul', { id: 'aliases' }, ...listOrNone(items)), ...note];
+}
+
+// The model's audit log: every call that changed it or tried to, with who, from where, the
+// outcome.
+async function auditPage(model, isCurrent = () => true) {
+  const body = await api('models/' + encodeURIComponent(model) + '/audit');
+  const records = body.records || [];
+  const rows = records.map((record) => el('tr', {},
+      el('td', { class: 'number' }, record.sequence || ''),
+      el('td', {}, micros(record.unix_micros)),
+      el('td', {}, record.identity || ''),
+      el('td', {}, record.peer || ''),
+      el('td', {}, record.action || ''),
+      el('td', {}, record.detail || ''),
+      el('td', {}, (record.outcome || '') +
+                   (record.error_message ? ': ' + record.error_message : ''))));
+  // A page the user has left (a later route began) must not draw over the current one.
+  if (!isCurrent()) return;
+  show(el('h2', { id: 'audit-name' },
+          el('a', { href: '#/models/' + encodeURIComponent(model) }, model), ': audit log'),
+       el('table', { id: 'audit' },
+          el('thead', {}, el('tr', {}, el('th', {}, '#'), el('th', {}, 'when'),
+                             el('th', {}, 'who'), el('th', {}, 'from'), el('th', {}, 'action'),
+                             el('th', {}, 'what'), el('th', {}, 'outcome'))),
+          el('tbody', {}, ...rows)));
+  status(records.length + ' audit record(s) of ' + model);
 }
 
 // Two versions to compare (the one before the latest and the latest to begin with).
@@ -287,7 +418,7 @@ function listOrNone(items) { return items.length ? items : [el('li', {}, 'none')
 
 function dtypeName(dtype) { return String(dtype || '').replace(/^DTYPE_/, '').toLowerCase(); }
 
-async function versionPage(model, ref) {
+async function versionPage(model, ref, isCurrent = () => true) {
   const name = encodeURIComponent(model);
   const [manifest, lineage, console_] = await Promise.all([
     api('models/' + name + '/versions/' + encodeURIComponent(ref)),
@@ -314,6 +445,8 @@ async function versionPage(model, ref) {
     'ckpt --store=' + store + ' export ' + label + ' model.pt',
     'ckpt_client.Client(store="' + store + '", token=TOKEN).load_state_dict("' + label + '")',
   ];
+  // A page the user has left (a later route began) must not draw over the current one.
+  if (!isCurrent()) return;
   show(el('h2', { id: 'version-name' }, label),
        el('h3', {}, 'Load it'),
        el('pre', { id: 'load-lines' }, lines.join('\n')),
@@ -331,7 +464,7 @@ async function versionPage(model, ref) {
   status(label + ': ' + tensors.length + ' tensor(s)');
 }
 
-async function comparePage(model, a, b) {
+async function comparePage(model, a, b, isCurrent = () => true) {
   const diff = await api('models/' + encodeURIComponent(model) + '/diff?a=' +
                          encodeURIComponent(a) + '&b=' + encodeURIComponent(b));
   const changed = (diff.changed || []).map((change) => el('tr', {},
@@ -340,6 +473,8 @@ async function comparePage(model, a, b) {
       el('td', {}, change.dtype_b + ' [' + change.shape_b.join(', ') + ']'),
       el('td', { class: 'number' }, 'max_abs_difference' in change
                                         ? Number(change.max_abs_difference).toPrecision(4) : '')));
+  // A page the user has left (a later route began) must not draw over the current one.
+  if (!isCurrent()) return;
   show(el('h2', { id: 'compare-name' }, diff.a + ' \u2192 ' + diff.b),
        el('p', {}, diff.unchanged + ' tensor(s) unchanged.'),
        el('h3', {}, 'Changed'),
@@ -358,7 +493,7 @@ async function comparePage(model, a, b) {
 // `changed` after each registry event; stops when `isCurrent()` turns false.
 async function follow(model, changed, isCurrent) {
   const response = await fetch('/api/v1/watch?model=' + encodeURIComponent(model), {
-    headers: { 'Authorization': 'Bearer ' + token() },
+    headers: authHeaders(),
   });
   if (!response.ok || !response.body) return;
   const reader = response.body.getReader();
@@ -383,30 +518,55 @@ let routeGeneration = 0;
 
 async function route() {
   const generation = ++routeGeneration;
-  if (!token()) {
-    signIn('');
+  const isCurrent = () => generation === routeGeneration;
+  // Signed in by a token, or without one by the browser's client certificate where the console
+  // asks for one: the store says whether it knows the caller.
+  let me;
+  try {
+    if (!token()) {
+      // Without a token, only a browser that presented a client certificate can be signed in.
+      const info = await api('console');
+      if (!isCurrent()) return;
+      if (!(info.client_certificate || []).length) {
+        signIn('');
+        return;
+      }
+    }
+    me = await whoAmI('');
+  } catch (error) {
+    if (!isCurrent()) return;
+    if (token() || !(error instanceof ApiError && error.httpStatus === 401)) {
+      failed(error);
+    } else {
+      signIn('');
+    }
     return;
   }
-  document.getElementById('signout').hidden = false;
+  if (!isCurrent()) return;
+  showIdentity(me);
+  document.getElementById('signout').hidden = !token();
   const match = location.hash.match(/^#\/models\/([^/]+)$/);
+  const audit = location.hash.match(/^#\/models\/([^/]+)\/audit$/);
   const version = location.hash.match(/^#\/models\/([^/]+)\/versions\/([^/]+)$/);
   const compare = location.hash.match(/^#\/models\/([^/]+)\/compare\/([^/]+)\/([^/]+)$/);
   try {
     if (version) {
-      await versionPage(decodeURIComponent(version[1]), decodeURIComponent(version[2]));
+      await versionPage(decodeURIComponent(version[1]), decodeURIComponent(version[2]),
+                        isCurrent);
+    } else if (audit) {
+      await auditPage(decodeURIComponent(audit[1]), isCurrent);
     } else if (compare) {
       await comparePage(decodeURIComponent(compare[1]), decodeURIComponent(compare[2]),
-                        decodeURIComponent(compare[3]));
+                        decodeURIComponent(compare[3]), isCurrent);
     } else if (match) {
       const model = decodeURIComponent(match[1]);
-      await modelPage(model);
-      const isCurrent = () => generation === routeGeneration;
-      follow(model, () => modelPage(model).catch(failed), isCurrent).catch(() => {});
+      await modelPage(model, isCurrent);
+      follow(model, () => modelPage(model, isCurrent).catch(failed), isCurrent).catch(() => {});
     } else {
-      await modelsPage();
+      await modelsPage(isCurrent);
     }
   } catch (error) {
-    failed(error);
+    if (isCurrent()) failed(error);
   }
 }
 
