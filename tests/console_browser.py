@@ -50,6 +50,9 @@ def main():
     # A description with markup, set through the API by the team's writer.
     post(base, '/api/v1/models/team-a-resnet/versions/1/annotations', 'team-a-token',
          {'description': MARKUP})
+    # A better val_acc for version 2 (an offline evaluation), for the comparison.
+    post(base, '/api/v1/models/team-a-resnet/versions/2/annotations', 'team-a-token',
+         {'set_metrics': {'val_acc': 0.95}, 'reason': 'offline eval'})
 
     options = webdriver.ChromeOptions()
     for argument in ('--headless=new', '--no-sandbox', '--disable-dev-shm-usage',
@@ -118,6 +121,10 @@ def main():
         wait.until(EC.text_to_be_present_in_element((By.ID, 'changed'), 'fc.weight'))
         heading = driver.find_element(By.ID, 'compare-name').text
         assert heading == 'team-a-resnet@1 \u2192 team-a-resnet@2', heading
+        # How its metrics compare with the version before.
+        val_acc = driver.find_element(
+            By.CSS_SELECTOR, '#metric-changes tr[data-metric="val_acc"]').text
+        assert val_acc == 'val_acc 0.9000 0.9500 +0.05000', f'val_acc compares as {val_acc!r}'
         driver.save_screenshot(os.path.join(out, 'compare.png'))
 
         # The team's writer promotes version 1 and rolls the alias back with the page's buttons;

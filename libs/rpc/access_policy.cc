@@ -112,6 +112,19 @@ std::vector<std::string> CertificateNames(const grpc::ServerContextBase& context
   return names;
 }
 
+// The identity listed for a certificate that goes by `names` (its SANs, common name, subject);
+// null when none is. `users_only`: not a forwarding front end (what a front end forwards is a
+// user's certificate).
+const IdentityEntry* FindCertificateIdentity(const std::vector<IdentityEntry>& identities,
+                                             const std::vector<std::string>& names,
+                                             bool users_only) {
+  for (const IdentityEntry& entry : identities) {
+    if (entry.certificate.empty() || (users_only && entry.forwards_certificates)) continue;
+    if (std::find(names.begin(), names.end(), entry.certificate) != names.end()) return &entry;
+  }
+  return nullptr;
+}
+
 // The names a forwarding front end sent for its user's certificate.
 std::vector<std::string> ForwardedCertificateNames(const grpc::ServerContextBase& context) {
   std::vector<std::string> names;
@@ -351,13 +364,7 @@ absl::StatusOr<Caller> AccessPolicy::Authenticate(const grpc::ServerContextBase&
         absl::StrCat("the bearer token is not that of any identity of this ", service));
   }
   if (found == nullptr) {
-    for (const IdentityEntry& entry : identities_) {
-      if (entry.certificate.empty()) continue;
-      for (const std::string& name : certificate_names) {
-        if (name == entry.certificate) found = &entry;
-      }
-      if (found != nullptr) break;
-    }
+    found = FindCertificateIdentity(identities_, certificate_names, /*users_only=*/false);
   }
   if (found == nullptr) {
     return absl::UnauthenticatedError(absl::StrCat(
@@ -370,14 +377,8 @@ absl::StatusOr<Caller> AccessPolicy::Authenticate(const grpc::ServerContextBase&
   if (token.has_value()) {
     // A user who signed in with a token is that token's identity, whoever relayed the call.
   } else if (found->forwards_certificates) {
-    const IdentityEntry* user = nullptr;
-    for (const IdentityEntry& entry : identities_) {
-      if (entry.certificate.empty() || entry.forwards_certificates) continue;
-      for (const std::string& name : forwarded) {
-        if (name == entry.certificate) user = &entry;
-      }
-      if (user != nullptr) break;
-    }
+    const IdentityEntry* user =
+        FindCertificateIdentity(identities_, forwarded, /*users_only=*/true);
     if (user == nullptr) {
       return absl::UnauthenticatedError(absl::StrCat(
           "this ", service, " knows the caller by a bearer token or a client certificate; ",

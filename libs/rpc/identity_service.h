@@ -23,9 +23,10 @@ namespace ckpt {
 
 class IdentityService final : public v1::Identity::Service {
  public:
-  // `service`: how refusals name the server ("checkpoint store").
+  // `service`: how refusals name the server ("checkpoint store"). A null `access` admits every
+  // caller (AccessPolicy::Resolve), as a service without one does.
   IdentityService(std::shared_ptr<const AccessPolicy> access, std::string service)
-      : access_(std::move(access)), service_(std::move(service)) {}
+      : access_(AccessPolicy::Resolve(std::move(access), "")), service_(std::move(service)) {}
 
   grpc::Status WhoAmI(grpc::ServerContext* context, const v1::WhoAmIRequest* request,
                       v1::WhoAmIResponse* response) override;

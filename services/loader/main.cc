@@ -32,6 +32,7 @@
 #include "libs/client/open_store.h"
 #include "libs/loader/shm_server.h"
 #include "libs/rpc/grpc_server.h"
+#include "libs/rpc/identity_service.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/server_security.h"
 #include "libs/rpc/service_flags.h"
@@ -168,8 +169,11 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
     std::cerr << "loader: " << service.status() << "\n";
     return kExitFailure;
   }
+  // Who a caller is and what it may do here, by the same policy.
+  IdentityService identity(config.service.access, "loader");
   absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(config.server, {{service->get(), v1::Loader::service_full_name()}});
+      GrpcServer::Start(config.server, {{service->get(), v1::Loader::service_full_name()},
+                                        {&identity, v1::Identity::service_full_name()}});
   if (!server.ok()) {
     std::cerr << "loader: " << server.status() << "\n";
     return kExitFailure;

@@ -364,6 +364,7 @@ set(CKPT_LOADER_SOURCES
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
+    libs/rpc/identity_service.cc
     libs/rpc/server_main.cc
     libs/rpc/server_security.cc
     libs/rpc/tensor_data_message.cc
@@ -408,6 +409,7 @@ set(CKPT_LOADER_PROTOS
     libs/loader/shm_protocol.proto
     libs/store/store_records.proto
     proto/ckpt/v1/checkpoint_store.proto
+    proto/ckpt/v1/identity.proto
     proto/ckpt/v1/loader.proto
     proto/ckpt/v1/registry.proto
     proto/ckpt/v1/types.proto

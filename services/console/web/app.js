@@ -149,6 +149,12 @@ function metricPlot(versions, metricsOf, metric) {
   return svg;
 }
 
+// A version's metrics as the registry judges them: annotations over commit-time metrics.
+function versionMetrics(info) {
+  return Object.assign({}, (info.metadata || {}).metrics || {},
+                       (info.annotations || {}).metrics || {});
+}
+
 function mebibytes(bytes) {
   const number = Number(bytes || 0);
   return number ? (number / 1048576).toFixed(number < 1048576 ? 3 : 1) : '';
@@ -181,9 +187,7 @@ async function modelPage(model, isCurrent = () => true) {
   // Promote and rollback are offered to those the store would let move this model's aliases.
   const mayMove = (me.allowed_methods || []).includes('SetAlias');
   const versions = listing.versions || [];
-  // A version's metrics as the registry judges them: annotations over commit-time metrics.
-  const metricsOf = (info) => Object.assign({}, (info.metadata || {}).metrics || {},
-                                            (info.annotations || {}).metrics || {});
+  const metricsOf = versionMetrics;
   const metricNames = [...new Set(versions.flatMap((info) => Object.keys(metricsOf(info))))].sort();
   const rows = versions.map((info) => {
     const metadata = info.metadata || {};
@@ -465,8 +469,27 @@ async function versionPage(model, ref, isCurrent = () => true) {
 }
 
 async function comparePage(model, a, b, isCurrent = () => true) {
-  const diff = await api('models/' + encodeURIComponent(model) + '/diff?a=' +
-                         encodeURIComponent(a) + '&b=' + encodeURIComponent(b));
+  const name = encodeURIComponent(model);
+  const [diff, listing] = await Promise.all([
+    api('models/' + name + '/diff?a=' + encodeURIComponent(a) + '&b=' + encodeURIComponent(b)),
+    api('models/' + name + '/versions')]);
+  // The metrics of both versions side by side, with the change (b - a).
+  const infoOf = (label) => (listing.versions || []).find(
+      (info) => model + '@' + info.version === label) || {};
+  const [metricsA, metricsB] = [versionMetrics(infoOf(diff.a)), versionMetrics(infoOf(diff.b))];
+  const metricNames = [...new Set([...Object.keys(metricsA), ...Object.keys(metricsB)])].sort();
+  const value = (metrics, metric) =>
+      metric in metrics ? Number(metrics[metric]).toPrecision(4) : '';
+  const metricRows = metricNames.map((metric) => {
+    const change = metric in metricsA && metric in metricsB
+        ? Number(metricsB[metric]) - Number(metricsA[metric]) : null;
+    return el('tr', { 'data-metric': metric },
+              el('td', {}, metric),
+              el('td', { class: 'number' }, value(metricsA, metric)),
+              el('td', { class: 'number' }, value(metricsB, metric)),
+              el('td', { class: 'number' },
+                 change === null ? '' : (change >= 0 ? '+' : '') + change.toPrecision(4)));
+  });
   const changed = (diff.changed || []).map((change) => el('tr', {},
       el('td', {}, change.key),
       el('td', {}, change.dtype_a + ' [' + change.shape_a.join(', ') + ']'),
@@ -476,6 +499,12 @@ async function comparePage(model, a, b, isCurrent = () => true) {
   // A page the user has left (a later route began) must not draw over the current one.
   if (!isCurrent()) return;
   show(el('h2', { id: 'compare-name' }, diff.a + ' \u2192 ' + diff.b),
+       el('h3', {}, 'Metrics'),
+       el('table', { id: 'metric-changes' },
+          el('thead', {}, el('tr', {}, el('th', {}, 'metric'), el('th', {}, diff.a),
+                             el('th', {}, diff.b), el('th', {}, 'change'))),
+          el('tbody', {}, ...metricRows)),
+       el('h3', {}, 'Tensors'),
        el('p', {}, diff.unchanged + ' tensor(s) unchanged.'),
        el('h3', {}, 'Changed'),
        el('table', { id: 'changed' },
