@@ -151,7 +151,11 @@ TEST_F(ConsoleTest, EveryEndpointAnswersWithTheCallersRights) {
       Call("/api/v1/models/team-a-resnet/versions?where=val_acc%3E%3D0.5&since=1h", "reader-token");
   ASSERT_EQ(filtered.status, 200) << filtered.text;
   EXPECT_EQ(filtered.body["versions"].size(), 2u);
-  EXPECT_EQ(Call("/api/v1/models/team-a-resnet/versions?where=oops", "reader-token").status, 400);
+  // A bad filter is 400 naming it.
+  const Curl bad_filter = Call("/api/v1/models/team-a-resnet/versions?where=oops", "reader-token");
+  EXPECT_EQ(bad_filter.status, 400) << bad_filter.text;
+  EXPECT_EQ(bad_filter.body["error"]["code"], "INVALID_ARGUMENT");
+  EXPECT_THAT(bad_filter.body["error"]["message"].get<std::string>(), HasSubstr("oops"));
   // Who committed, in the history and the audit log: the writer's identity, not the console's.
   const Curl history = Call("/api/v1/models/team-a-resnet/history", "reader-token");
   ASSERT_EQ(history.status, 200) << history.text;
