@@ -404,6 +404,39 @@ TEST(ConsoleTlsTest, ABrowsersClientCertificateIsItsIdentityAtTheStore) {
   EXPECT_EQ(curl(&certs.foreign_client, "/api/v1/models").first, -1);
 }
 
+// Each open watch holds a server thread: one beyond --max_watches is 429, the rest of the API
+// still answers meanwhile, and a slot comes back when its watch ends.
+TEST_F(ConsoleTest, AWatchBeyondMaxWatchesIsRefusedAndTheApiStillAnswers) {
+  testing::ChildProcess limited(testing::RunfilesPath("services/console/console"),
+                                dir_ + "/console");
+  ASSERT_TRUE(limited.Start({"--store=" + store_address_, "--listen=127.0.0.1:0",
+                             "--port_file=" + dir_ + "/limited.port", "--max_watches=1"}));
+  const int port = limited.WaitForPort(dir_ + "/limited.port", absl::Seconds(60));
+  ASSERT_GT(port, 0) << limited.stderr_text();
+  base_ = absl::StrCat("http://127.0.0.1:", port);
+  const std::string watch_command = absl::StrCat(
+      "curl -s -o /dev/null -w '%{http_code}' -N --max-time 3 -H 'Authorization: "
+      "Bearer reader-token' '",
+      base_, "/api/v1/watch?model=team-a-resnet'");
+  testing::ShellResult first;
+  std::thread watcher([&] { first = testing::RunShell(watch_command); });
+  absl::SleepFor(absl::Seconds(1));
+  const Curl second = Call("/api/v1/watch?model=team-a-resnet", "reader-token");
+  EXPECT_EQ(second.status, 429) << second.text;
+  EXPECT_EQ(second.body["error"]["code"], "RESOURCE_EXHAUSTED") << second.text;
+  EXPECT_EQ(Call("/api/v1/models", "reader-token").status, 200);
+  watcher.join();
+  EXPECT_EQ(first.output, "200");
+  // The first watch ended with its curl: its slot is free again once the console notices, when a
+  // keep-alive (every 5 s) fails to write: the first write after the close may still succeed.
+  std::string again;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(20);
+       again != "200" && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(500))) {
+    again = testing::RunShell(watch_command).output;
+  }
+  EXPECT_EQ(again, "200");
+}
+
 TEST(ConsoleHelpTest, HelpListsTheSharedFlags) {
   const testing::ShellResult help =
       testing::RunShell(testing::RunfilesPath("services/console/console") + " --help 2>&1");

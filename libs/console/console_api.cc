@@ -78,6 +78,10 @@ absl::StatusOr<int64_t> QueryCount(const std::multimap<std::string, std::string>
   return value;
 }
 
+// How long a watch stays quiet before a keep-alive comment: also how soon a page that went away
+// is noticed (only a write finds out) and its watch slot given back.
+constexpr absl::Duration kWatchKeepAlive = absl::Seconds(5);
+
 // The longest page a history or audit request gets: the page's next_after_sequence continues it.
 constexpr int64_t kMaxPage = 1000;
 
@@ -477,9 +481,22 @@ absl::StatusOr<ConsoleApi::OpenedWatch> ConsoleApi::OpenWatch(const ApiRequest& 
     watch_request.set_resume_token(after);
     watch_request.set_resume(true);
   }
+  OpenedWatch opened;
+  // A slot first: each open watch holds a thread of the HTTP server until it ends.
+  struct Slot {
+    explicit Slot(std::shared_ptr<std::atomic<int>> counter) : open(std::move(counter)) {}
+    ~Slot() { open->fetch_sub(1); }
+    const std::shared_ptr<std::atomic<int>> open;
+  };
+  if (open_watches_->fetch_add(1) >= max_watches_) {
+    open_watches_->fetch_sub(1);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this console follows at most ", max_watches_,
+                     " watches at once (--max_watches); try again later"));
+  }
+  opened.slot = std::make_shared<const Slot>(open_watches_);
   ASSIGN_OR_RETURN(const std::shared_ptr<CheckpointStore> store,
                    store_for_caller_(request.caller()));
-  OpenedWatch opened;
   ASSIGN_OR_RETURN(opened.watch, store->Watch(watch_request));
   // A refusal (no token, a model out of scope) comes with the first update: wait briefly for it,
   // so that it is answered with its status rather than inside an event stream.
@@ -512,7 +529,7 @@ void ConsoleApi::StreamWatch(OpenedWatch opened,
     if (next->has_value()) {
       if (!send(**next)) return;
       quiet_since = absl::Now();
-    } else if (absl::Now() - quiet_since >= absl::Seconds(15)) {
+    } else if (absl::Now() - quiet_since >= kWatchKeepAlive) {
       if (!write(": keep-alive\n\n")) return;
       quiet_since = absl::Now();
     }

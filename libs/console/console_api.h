@@ -46,7 +46,8 @@
 // Live updates: GET /api/v1/watch?model=M (repeatable; none: every model in scope) &alias=A
 // (repeatable) &after=TOKEN, as Server-Sent Events (OpenWatch, then StreamWatch): the state first
 // unless resuming, then every registry event, each "id: RESUME_TOKEN\ndata: WatchResponse JSON";
-// a ": keep-alive" comment when nothing happened for 15 s. A browser's EventSource resumes by
+// a ": keep-alive" comment when nothing happened for 5 s (so a page that went away is noticed
+// within that, and its watch slot given back). A browser's EventSource resumes by
 // itself with Last-Event-ID, which counts as ?after=.
 //
 // Changes (POST with a JSON body, Content-Type: application/json, and the caller's token or client
@@ -75,6 +76,7 @@
 //   ConsoleApi api([&](const std::string& token) { return stores.For(token); });
 //   ApiResponse response = api.Handle({"GET", "/api/v1/models", {}, "", token});
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -139,13 +141,19 @@ ApiResponse ErrorResponse(const absl::Status& status);
 
 class ConsoleApi {
  public:
+  static constexpr int kDefaultMaxWatches = 64;
+
   // `store_address`: where callers reach the store themselves (for the page's "load it" lines).
-  // Without `identity_for_caller`, /api/v1/me is 501.
+  // Without `identity_for_caller`, /api/v1/me is 501. `max_watches`: watches open at once at
+  // most (each page following a model holds one, and the HTTP server a thread for it); one more
+  // is 429 RESOURCE_EXHAUSTED.
   explicit ConsoleApi(StoreForCaller store_for_caller, std::string store_address = "",
-                      IdentityForCaller identity_for_caller = nullptr)
+                      IdentityForCaller identity_for_caller = nullptr,
+                      int max_watches = kDefaultMaxWatches)
       : store_for_caller_(std::move(store_for_caller)),
         store_address_(std::move(store_address)),
-        identity_for_caller_(std::move(identity_for_caller)) {}
+        identity_for_caller_(std::move(identity_for_caller)),
+        max_watches_(max_watches) {}
 
   // Answers one request under /api/v1/ (404 for any other path), except a watch.
   ApiResponse Handle(const ApiRequest& request) const;
@@ -156,6 +164,7 @@ class ConsoleApi {
   struct OpenedWatch {
     std::unique_ptr<RegistryWatch> watch;
     std::optional<v1::WatchResponse> first;  // the first update, read while opening.
+    std::shared_ptr<const void> slot;        // one of max_watches, given back when destroyed.
   };
   absl::StatusOr<OpenedWatch> OpenWatch(const ApiRequest& request) const;
   // Writes `opened`'s updates as Server-Sent Events through `write` until `write` returns false
@@ -184,6 +193,10 @@ class ConsoleApi {
   const StoreForCaller store_for_caller_;
   const std::string store_address_;
   const IdentityForCaller identity_for_caller_;
+  const int max_watches_;
+  // Watches open now (shared with their slots, which may outlive nothing but are counted down by
+  // whoever destroys the last OpenedWatch).
+  const std::shared_ptr<std::atomic<int>> open_watches_ = std::make_shared<std::atomic<int>>(0);
 };
 
 }  // namespace ckpt

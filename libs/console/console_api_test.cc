@@ -15,6 +15,7 @@
 namespace ckpt {
 namespace {
 
+using ::ckpt::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -96,6 +97,30 @@ TEST_F(ConsoleApiTest, VersionsAreFilteredAsCkptLsFiltersThem) {
   EXPECT_EQ(unknown.status, 400);
   EXPECT_THAT(unknown.body, HasSubstr("unknown query parameter 'sort'"));
   EXPECT_EQ(versions({{"since", "1h"}, {"since", "2h"}}).status, 400);
+}
+
+// Each open watch holds a thread of the HTTP server: beyond max_watches one is 429, and a slot
+// is given back when its watch ends.
+TEST_F(ConsoleApiTest, AtMostMaxWatchesAreOpenAtOnce) {
+  ConsoleApi api(
+      [this](const CallerCredentials&) -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+        return store_;
+      },
+      "", nullptr, /*max_watches=*/1);
+  const ApiRequest watch{"GET", "/api/v1/watch", {{"model", "resnet"}}, "", kToken};
+  ASSERT_TRUE(ConsoleApi::IsWatch(watch));
+  absl::StatusOr<ConsoleApi::OpenedWatch> first = api.OpenWatch(watch);
+  ASSERT_OK(first.status());
+  ASSERT_TRUE(first->first.has_value());
+  EXPECT_TRUE(first->first->has_state());
+  const absl::StatusOr<ConsoleApi::OpenedWatch> second = api.OpenWatch(watch);
+  EXPECT_THAT(second.status(), StatusIs(absl::StatusCode::kResourceExhausted, "at most 1"));
+  EXPECT_EQ(ErrorResponse(second.status()).status, 429);
+  // A refused request (an unknown parameter) takes no slot for long either.
+  EXPECT_THAT(api.OpenWatch({"GET", "/api/v1/watch", {{"modle", "resnet"}}, "", kToken}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  first = absl::CancelledError("closed");  // the first watch ends
+  EXPECT_OK(api.OpenWatch(watch).status());
 }
 
 TEST_F(ConsoleApiTest, HistoryAuditAndDiff) {

@@ -45,6 +45,9 @@ CKPT_DEFINE_STORE_CLIENT_FLAGS("");
 CKPT_DEFINE_LISTEN_FLAGS(, "127.0.0.1:8080");
 CKPT_DEFINE_SERVER_TLS_FLAGS();
 CKPT_DEFINE_SHUTDOWN_GRACE_FLAG();
+ABSL_FLAG(int, max_watches, ckpt::ConsoleApi::kDefaultMaxWatches,
+          "Pages following a model (live updates) open at once at most; each holds one of the "
+          "server's threads. One more is answered 429. Default 64.");
 ABSL_FLAG(std::string, web_dir, "services/console/web",
           "Directory of the page's files (index.html, app.js, app.css), served at /. The default "
           "is where `bazel run //services/console` finds them; an installed console names its "
@@ -52,6 +55,9 @@ ABSL_FLAG(std::string, web_dir, "services/console/web",
 
 namespace ckpt {
 namespace {
+
+// Threads for requests other than watches.
+constexpr size_t kRequestThreads = 8;
 
 int BadFlag(const std::string& message) {
   std::cerr << "console: " << message << "\n";
@@ -104,6 +110,8 @@ int Run() {
                    ": without --tls_cert_file the console serves plain HTTP, so only on a "
                    "loopback address (127.0.0.1); give it a certificate to serve other machines");
   }
+  const int max_watches = absl::GetFlag(FLAGS_max_watches);
+  if (max_watches < 1) return BadFlag("--max_watches must be at least 1");
   const sigset_t stop_signals = BlockStopSignals();
 
   ClientOptions options;
@@ -114,7 +122,8 @@ int Run() {
       [&stores](const CallerCredentials& caller) { return stores.For(caller); }, location->address,
       [&stores](const CallerCredentials& caller, const v1::WhoAmIRequest& request) {
         return stores.WhoAmI(caller, request);
-      });
+      },
+      max_watches);
 
   std::unique_ptr<httplib::Server> server_holder;
   if (tls != nullptr) {
@@ -128,6 +137,11 @@ int Run() {
     std::cerr << "console: cannot set up TLS\n";
     return 2;
   }
+  // A thread per open watch, and as many again as cpp-httplib's default for everything else, so
+  // that the API still answers while every watch is open.
+  server.new_task_queue = [max_watches] {
+    return new httplib::ThreadPool(static_cast<size_t>(max_watches) + kRequestThreads);
+  };
   const std::string scheme = tls != nullptr ? "https" : "http";
   server.set_default_headers({{"Cache-Control", "no-store"},
                               {"X-Content-Type-Options", "nosniff"},
