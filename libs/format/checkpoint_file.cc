@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "libs/format/dcp_reader.h"
 #include "libs/format/safetensors.h"
 #include "libs/format/torch_reader.h"
 #include "libs/format/zip_reader.h"
@@ -168,6 +169,8 @@ absl::string_view CheckpointFormatName(CheckpointFormat format) {
       return "safetensors";
     case CheckpointFormat::kTorchScript:
       return "torchscript";
+    case CheckpointFormat::kDcp:
+      return "dcp";
   }
   return "unknown";
 }
@@ -195,6 +198,14 @@ absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path,
                                                   const ReadCheckpointOptions& options) {
   CheckpointFile file;
   file.path = path;
+  if (IsDcpDirectory(path)) {
+    ASSIGN_OR_RETURN(DcpCheckpoint dcp, ReadDcpDirectory(path));
+    file.format = CheckpointFormat::kDcp;
+    file.file_bytes = dcp.file_bytes;
+    file.root = std::move(dcp.root);
+    file.warnings = std::move(dcp.warnings);
+    return WithBundle(std::move(file), options);
+  }
   // Hugging Face's layout: a directory (sharded, or model.safetensors) or a shard index.
   ASSIGN_OR_RETURN(const HuggingFaceLayout layout, LocateHuggingFaceLayout(path));
   if (!layout.index.empty()) {

@@ -2,7 +2,8 @@
 #define CKPT_LIBS_FORMAT_CHECKPOINT_FILE_H_
 
 // Reads a checkpoint file of any format ckpt understands -- torch.save zip, legacy torch.save,
-// safetensors, a TorchScript archive's weights -- into one shape: the file's root value plus the
+// safetensors, a TorchScript archive's weights, a PyTorch Distributed Checkpoint directory -- into
+// one shape: the file's root value plus the
 // checkpoint bundle found in it (model state dict, optimizer, scheduler, epoch / step, everything
 // else). The format is sniffed from the bytes, never taken from the file name.
 //
@@ -23,9 +24,10 @@
 namespace ckpt {
 
 // kTorchScript: a torch.jit.save archive, read as its module's state_dict() (torch_reader.h).
-enum class CheckpointFormat { kTorchZip, kTorchLegacy, kSafetensors, kTorchScript };
+// kDcp: a torch.distributed.checkpoint directory (dcp_reader.h).
+enum class CheckpointFormat { kTorchZip, kTorchLegacy, kSafetensors, kTorchScript, kDcp };
 
-// "torch_zip", "torch_legacy", "safetensors", "torchscript" (the names
+// "torch_zip", "torch_legacy", "safetensors", "torchscript", "dcp" (the names
 // VersionMetadata.source_format uses).
 absl::string_view CheckpointFormatName(CheckpointFormat format);
 
@@ -71,7 +73,8 @@ struct CheckpointFile {
   std::vector<std::string> warnings;            // Reader and bundle warnings, in order.
 };
 
-// `path` may also be Hugging Face's layout: a directory holding model.safetensors.index.json
+// `path` may also be a PyTorch Distributed Checkpoint directory (one holding `.metadata`; its
+// shards assembled, dcp_reader.h), or Hugging Face's layout: a directory holding model.safetensors.index.json
 // and its shards (or model.safetensors alone), or the index itself (a ".json" path); every shard
 // is read into one state dict (ReadShardedSafetensors, which names a missing shard, a tensor in
 // two shards, a weight_map naming a tensor its shard lacks).

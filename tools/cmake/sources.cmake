@@ -197,6 +197,7 @@ set(CKPT_CLI_SOURCES
     libs/format/checkpoint_file.cc
     libs/format/convert.cc
     libs/format/crc32.cc
+    libs/format/dcp_reader.cc
     libs/format/inspect.cc
     libs/format/internal/pickle_node.cc
     libs/format/internal/pickle_text.cc
@@ -611,6 +612,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/format/checkpoint_file.cc
     libs/format/convert.cc
     libs/format/crc32.cc
+    libs/format/dcp_reader.cc
     libs/format/inspect.cc
     libs/format/internal/pickle_node.cc
     libs/format/internal/pickle_text.cc
