@@ -418,9 +418,18 @@ TEST_F(ConsoleTest, AWatchBeyondMaxWatchesIsRefusedAndTheApiStillAnswers) {
       "curl -s -o /dev/null -w '%{http_code}' -N --max-time 3 -H 'Authorization: "
       "Bearer reader-token' '",
       base_, "/api/v1/watch?model=team-a-resnet'");
+  // The first watch holds the slot from its answer's headers on (written to a file as they come).
   testing::ShellResult first;
-  std::thread watcher([&] { first = testing::RunShell(watch_command); });
-  absl::SleepFor(absl::Seconds(1));
+  std::thread watcher([&] {
+    first = testing::RunShell(absl::StrCat(
+        "curl -s -o /dev/null -D ", dir_, "/first.headers -w '%{http_code}' -N --max-time 8 ",
+        "-H 'Authorization: Bearer reader-token' '", base_, "/api/v1/watch?model=team-a-resnet'"));
+  });
+  for (absl::Time deadline = absl::Now() + absl::Seconds(7);
+       testing::ReadFileOrEmpty(dir_ + "/first.headers").find(" 200") == std::string::npos &&
+       absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(50))) {
+  }
   const Curl second = Call("/api/v1/watch?model=team-a-resnet", "reader-token");
   EXPECT_EQ(second.status, 429) << second.text;
   EXPECT_EQ(second.body["error"]["code"], "RESOURCE_EXHAUSTED") << second.text;

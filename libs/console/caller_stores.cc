@@ -1,69 +1,85 @@
 #include "libs/console/caller_stores.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/status/status_macros.h"
 #include "proto/ckpt/v1/identity.grpc.pb.h"
 
 namespace ckpt {
+namespace {
+
+// What the caller's credentials become on the wire: certificate names that metadata cannot carry
+// (control or non-ASCII characters) are left out, as no listed certificate could match them
+// there anyway.
+ClientOptions CallerOptions(ClientOptions options, const CallerCredentials& caller) {
+  options.auth_token = caller.bearer_token;
+  options.forwarded_certificate_names.clear();
+  for (const std::string& name : caller.certificate_names) {
+    if (std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c <= 0x7e; })) {
+      options.forwarded_certificate_names.push_back(name);
+    }
+  }
+  return options;
+}
+
+// The cache key: each part length-prefixed, so that no token or name can pose as another split.
+std::string CallerKey(const CallerCredentials& caller) {
+  std::string key = absl::StrCat(caller.bearer_token.size(), ":", caller.bearer_token);
+  for (const std::string& name : caller.certificate_names) {
+    absl::StrAppend(&key, name.size(), ":", name);
+  }
+  return key;
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<CheckpointStore>> CallerStores::For(
     const CallerCredentials& caller) {
-  ASSIGN_OR_RETURN(const std::shared_ptr<const Clients> clients, ClientsFor(caller));
-  return clients->store;
+  const std::string key = CallerKey(caller);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = stores_.find(key);
+    if (it != stores_.end()) {
+      recency_.splice(recency_.begin(), recency_, it->second.position);
+      return it->second.store;
+    }
+  }
+  // Connecting waits for the channel: not under the lock, so one slow caller holds up no other.
+  ASSIGN_OR_RETURN(std::shared_ptr<CheckpointStore> store,
+                   RemoteCheckpointStore::Connect(CallerOptions(options_, caller)));
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = stores_.try_emplace(key);
+  if (!inserted) {  // another request for the same caller connected first: use its client.
+    recency_.splice(recency_.begin(), recency_, it->second.position);
+    return it->second.store;
+  }
+  recency_.push_front(key);
+  it->second = Entry{store, recency_.begin()};
+  while (stores_.size() > capacity_) {
+    stores_.erase(recency_.back());
+    recency_.pop_back();
+  }
+  return store;
 }
 
 absl::StatusOr<v1::WhoAmIResponse> CallerStores::WhoAmI(const CallerCredentials& caller,
                                                         const v1::WhoAmIRequest& request) {
-  ASSIGN_OR_RETURN(const std::shared_ptr<const Clients> clients, ClientsFor(caller));
-  auto stub = v1::Identity::NewStub(clients->identity->channel());
+  // A channel of its own, opened when asked (the page asks once per view): against a store that
+  // predates ckpt.v1.Identity this call alone fails (UNIMPLEMENTED), nothing else.
+  ASSIGN_OR_RETURN(const std::shared_ptr<ClientChannel> channel,
+                   ClientChannel::Open(CallerOptions(options_, caller),
+                                       {"ckpt.v1.Identity", "checkpoint store", {"WhoAmI"}}));
+  auto stub = v1::Identity::NewStub(channel->channel());
   v1::WhoAmIResponse response;
   RETURN_IF_ERROR(
-      clients->identity->CallUnary("WhoAmI", options_.deadline, [&](grpc::ClientContext* context) {
+      channel->CallUnary("WhoAmI", options_.deadline, [&](grpc::ClientContext* context) {
         response.Clear();
         return stub->WhoAmI(context, request, &response);
       }));
   return response;
-}
-
-absl::StatusOr<std::shared_ptr<const CallerStores::Clients>> CallerStores::ClientsFor(
-    const CallerCredentials& caller) {
-  // Tokens hold no newline (ClientChannel refuses them), so the key cannot be forged by another
-  // token that looks like a token plus certificate names.
-  const std::string key =
-      absl::StrCat(caller.bearer_token, "\n", absl::StrJoin(caller.certificate_names, "\n"));
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = clients_.find(key);
-    if (it != clients_.end()) {
-      recency_.splice(recency_.begin(), recency_, it->second.position);
-      return it->second.clients;
-    }
-  }
-  // Connecting waits for the channel: not under the lock, so one slow caller holds up no other.
-  ClientOptions options = options_;
-  options.auth_token = caller.bearer_token;
-  options.forwarded_certificate_names = caller.certificate_names;
-  auto clients = std::make_shared<Clients>();
-  ASSIGN_OR_RETURN(clients->store, RemoteCheckpointStore::Connect(options));
-  ASSIGN_OR_RETURN(
-      clients->identity,
-      ClientChannel::Open(options, {"ckpt.v1.Identity", "checkpoint store", {"WhoAmI"}}));
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = clients_.try_emplace(key);
-  if (!inserted) {  // another request for the same caller connected first: use its clients.
-    recency_.splice(recency_.begin(), recency_, it->second.position);
-    return it->second.clients;
-  }
-  recency_.push_front(key);
-  it->second = Entry{clients, recency_.begin()};
-  while (clients_.size() > capacity_) {
-    clients_.erase(recency_.back());
-    recency_.pop_back();
-  }
-  return std::shared_ptr<const Clients>(std::move(clients));
 }
 
 }  // namespace ckpt

@@ -46,27 +46,22 @@ class CallerStores {
   // for a token that cannot be sent as a header).
   absl::StatusOr<std::shared_ptr<CheckpointStore>> For(const CallerCredentials& caller);
 
-  // The store's ckpt.v1.Identity/WhoAmI answer for `caller`.
+  // The store's ckpt.v1.Identity/WhoAmI answer for `caller` (UNIMPLEMENTED from a store that
+  // predates it).
   absl::StatusOr<v1::WhoAmIResponse> WhoAmI(const CallerCredentials& caller,
                                             const v1::WhoAmIRequest& request);
 
  private:
-  struct Clients {
-    std::shared_ptr<CheckpointStore> store;
-    std::shared_ptr<ClientChannel> identity;
-  };
-  absl::StatusOr<std::shared_ptr<const Clients>> ClientsFor(const CallerCredentials& caller);
-
   using Recency = std::list<std::string>;  // keys, most recently used first.
   struct Entry {
-    std::shared_ptr<const Clients> clients;
+    std::shared_ptr<CheckpointStore> store;
     Recency::iterator position;
   };
 
   const ClientOptions options_;
   const size_t capacity_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Entry> clients_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Entry> stores_ ABSL_GUARDED_BY(mu_);
   Recency recency_ ABSL_GUARDED_BY(mu_);
 };
 

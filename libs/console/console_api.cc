@@ -184,7 +184,25 @@ ApiResponse ErrorResponse(const absl::Status& status) {
   return response;
 }
 
+namespace {
+
+// PERMISSION_DENIED for a request a page of another site made (see ApiRequest::fetch_site).
+absl::Status CheckSameSite(const ApiRequest& request) {
+  if (request.fetch_site.empty() || request.fetch_site == "same-origin" ||
+      request.fetch_site == "none") {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("a request from a page of another site (Sec-Fetch-Site: ", request.fetch_site,
+                   ") is refused; open the console itself"));
+}
+
+}  // namespace
+
 ApiResponse ConsoleApi::Handle(const ApiRequest& request) const {
+  if (absl::Status same_site = CheckSameSite(request); !same_site.ok()) {
+    return ErrorResponse(same_site);
+  }
   absl::StatusOr<std::string> body = Route(request);
   if (!body.ok()) return ErrorResponse(body.status());
   ApiResponse response;
@@ -470,6 +488,7 @@ bool ConsoleApi::IsWatch(const ApiRequest& request) {
 }
 
 absl::StatusOr<ConsoleApi::OpenedWatch> ConsoleApi::OpenWatch(const ApiRequest& request) const {
+  RETURN_IF_ERROR(CheckSameSite(request));
   RETURN_IF_ERROR(CheckQuery(request.query, {"model", "alias", "after"}, {"model", "alias"}));
   v1::WatchRequest watch_request;
   for (const auto& [name, value] : request.query) {

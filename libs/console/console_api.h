@@ -114,6 +114,11 @@ struct ApiRequest {
   // origin is another is refused.
   std::string origin;
   std::string own_origin;
+  // The Sec-Fetch-Site header a browser sends ("same-origin", "cross-site", ...; empty: none, as
+  // from curl): a request another site's page made is refused, read or change, so that a
+  // browser's client certificate (sent by itself) cannot be spent by other sites, not even on
+  // holding watches open.
+  std::string fetch_site;
 
   CallerCredentials caller() const { return {bearer_token, certificate_names}; }
 };

@@ -215,6 +215,12 @@ TEST_F(ConsoleApiTest, PromoteRollbackAndAnnotateAsTheCaller) {
   cross.origin = cross.own_origin;
   ApiResponse same_site = api.Handle(cross);
   EXPECT_EQ(same_site.status, 200) << same_site.body;
+  // A browser says when another site's page made the request: refused, reads too.
+  ApiRequest cross_read{"GET", "/api/v1/models", {}, "", kToken};
+  cross_read.fetch_site = "cross-site";
+  EXPECT_EQ(api.Handle(cross_read).status, 403);
+  cross_read.fetch_site = "same-origin";
+  EXPECT_EQ(api.Handle(cross_read).status, 200);
   // Neither a token nor a certificate: nothing to act as.
   cross.certificate_names.clear();
   EXPECT_EQ(api.Handle(cross).status, 401);

@@ -1,5 +1,6 @@
 #include "libs/console/https_tls.h"
 
+#include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509v3.h>
@@ -106,6 +107,15 @@ bool HttpsTls::Configure(SSL_CTX& context) {
   if (mutual()) {
     SSL_CTX_set_verify(&context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   }
+  // No session resumption: a resumed session skips the certificate callback, so it would keep a
+  // client certificate the rotated CA no longer trusts; and OpenSSL refuses to resume a verified
+  // session without a session id context ("session id context uninitialized", which a browser
+  // reconnecting would meet). Each connection makes a full handshake instead.
+  static constexpr unsigned char kSessionContext[] = "ckpt-console";
+  SSL_CTX_set_session_id_context(&context, kSessionContext, sizeof(kSessionContext) - 1);
+  SSL_CTX_set_session_cache_mode(&context, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_options(&context, SSL_OP_NO_TICKET);
+  SSL_CTX_set_num_tickets(&context, 0);
   return true;
 }
 
@@ -184,7 +194,9 @@ absl::StatusOr<std::shared_ptr<const HttpsTls::Material>> HttpsTls::ReadMaterial
     material->ca_names.reset(sk_X509_NAME_new_null());
     while (X509* ca = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
       X509_STORE_add_cert(material->client_cas.get(), ca);  // counts its own reference
-      sk_X509_NAME_push(material->ca_names.get(), X509_NAME_dup(X509_get_subject_name(ca)));
+      if (X509_NAME* name = X509_NAME_dup(X509_get_subject_name(ca))) {
+        sk_X509_NAME_push(material->ca_names.get(), name);
+      }
       X509_free(ca);
     }
     ERR_clear_error();
@@ -214,8 +226,9 @@ std::vector<std::string> PeerCertificateNames(const SSL* ssl) {
       const ASN1_OCTET_STRING* ip = name->d.iPAddress;
       char text[64] = {};
       const unsigned char* bytes = ASN1_STRING_get0_data(ip);
-      if (ASN1_STRING_length(ip) == 4) {
-        std::snprintf(text, sizeof(text), "%d.%d.%d.%d", bytes[0], bytes[1], bytes[2], bytes[3]);
+      const int family = ASN1_STRING_length(ip) == 4 ? AF_INET : AF_INET6;
+      if ((ASN1_STRING_length(ip) == 4 || ASN1_STRING_length(ip) == 16) &&
+          inet_ntop(family, bytes, text, sizeof(text)) != nullptr) {
         names.emplace_back(text);
       }
     }

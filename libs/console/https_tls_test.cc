@@ -109,6 +109,13 @@ TEST_F(HttpsTlsTest, MutualTlsNamesTheClientCertificateAsGrpcWouldAndRefusesOthe
   EXPECT_THAT(Get(&certs_->expired_client), HasSubstr("failed"));
   // Still serving good clients after refusing those.
   EXPECT_EQ(Get(&certs_->ops), "ops\nCN=ops");
+  // A client that reconnects (as a browser does, offering to resume its session) is served too.
+  const ckpt::testing::ShellResult twice = ckpt::testing::RunShell(
+      absl::StrCat("curl -sS --max-time 10 --cacert ", certs_->ca, " --cert ", certs_->ops.cert,
+                   " --key ", certs_->ops.key, " -H 'Connection: close' https://127.0.0.1:", port_,
+                   "/ https://127.0.0.1:", port_, "/ 2>&1"));
+  EXPECT_EQ(twice.exit_code, 0) << twice.output;
+  EXPECT_EQ(twice.output, "ops\nCN=opsops\nCN=ops");
 }
 
 TEST_F(HttpsTlsTest, ARotatedCertificateIsServedWithoutARestart) {

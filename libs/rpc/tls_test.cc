@@ -274,6 +274,7 @@ TEST_F(TlsTest, AForwardingFrontEndActsAsTheUserWhoseCertificateItForwardsAndAsN
                                          "identity 'team-a' may not forward client certificates"));
   team_a.forwarded_certificate_names.clear();
   EXPECT_EQ(WhoAmIAs(team_a).value_or("error"), "team-a");
+  server_.reset();  // before `identity`, which it serves, goes
 }
 
 TEST_F(TlsTest, ServerTlsWithoutClientCertificatesAuthenticatesByToken) {

@@ -160,6 +160,7 @@ int Run() {
     call.certificate_names = PeerCertificateNames(request.ssl);
     call.origin = request.get_header_value("Origin");
     call.own_origin = absl::StrCat(scheme, "://", request.get_header_value("Host"));
+    call.fetch_site = request.get_header_value("Sec-Fetch-Site");
     if (ConsoleApi::IsWatch(call)) {
       // An EventSource reconnecting says where it stopped.
       if (call.query.count("after") == 0 && request.has_header("Last-Event-ID")) {

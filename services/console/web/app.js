@@ -77,7 +77,14 @@ async function post(path, body) {
 
 // Who the store takes the caller to be (and, for `model`, whether it may move its aliases).
 async function whoAmI(model) {
-  return api('me' + (model ? '?model=' + encodeURIComponent(model) : ''));
+  try {
+    return await api('me' + (model ? '?model=' + encodeURIComponent(model) : ''));
+  } catch (error) {
+    // A store that predates ckpt.v1.Identity cannot say: rights unknown, nothing offered (the API
+    // still refuses what the store does not allow).
+    if (error instanceof ApiError && error.httpStatus === 501) return null;
+    throw error;
+  }
 }
 
 function showIdentity(me) {
@@ -185,7 +192,7 @@ async function modelPage(model, isCurrent = () => true) {
                                                     api('models/' + name + '/history'),
                                                     whoAmI(model)]);
   // Promote and rollback are offered to those the store would let move this model's aliases.
-  const mayMove = (me.allowed_methods || []).includes('SetAlias');
+  const mayMove = me !== null && (me.allowed_methods || []).includes('SetAlias');
   const versions = listing.versions || [];
   const metricsOf = versionMetrics;
   const metricNames = [...new Set(versions.flatMap((info) => Object.keys(metricsOf(info))))].sort();
@@ -303,9 +310,11 @@ function aliasSection(model, versions, mayMove, me) {
     }
     return item;
   });
-  const note = mayMove ? [] : [el('p', { id: 'read-only', class: 'note' },
-      'Signed in as ' + me.identity + ' (' + me.role + '): the store does not let you move ' +
-      'this model\'s aliases, so there is nothing to promote or roll back here.')];
+  const note = mayMove ? [] : [el('p', { id: 'read-only', class: 'note' }, me === null
+      ? 'The store does not say what you may change (it predates ckpt.v1.Identity), so the ' +
+        'page offers no promote or rollback; the API and ckpt still do, where the store allows.'
+      : 'Signed in as ' + me.identity + ' (' + me.role + '): the store does not let you move ' +
+        'this model\'s aliases, so there is nothing to promote or roll back here.')];
   return [el('h3', {}, 'Aliases'), el('ul', { id: 'aliases' }, ...listOrNone(items)), ...note];
 }
 
@@ -543,6 +552,33 @@ async function follow(model, changed, isCurrent) {
   reader.cancel();
 }
 
+// What a model page does on each registry event: draws the page again, newest data last (an
+// older refresh finishing late is dropped), and not while a promote or rollback form is open (the
+// user is typing; the page is drawn when the form goes).
+function refresher(model, isCurrent) {
+  let latest = 0;
+  let pending = false;
+  const refresh = () => {
+    const form = document.querySelector('form.change');
+    if (form) {
+      if (!pending) {
+        pending = true;
+        new MutationObserver((changes, observer) => {
+          if (document.body.contains(form)) return;
+          observer.disconnect();
+          pending = false;
+          if (isCurrent()) refresh();
+        }).observe(document.getElementById('main'), { childList: true, subtree: true });
+      }
+      return;
+    }
+    const mine = ++latest;
+    const stillCurrent = () => isCurrent() && mine === latest;
+    modelPage(model, stillCurrent).catch((error) => { if (stillCurrent()) failed(error); });
+  };
+  return refresh;
+}
+
 let routeGeneration = 0;
 
 async function route() {
@@ -572,7 +608,7 @@ async function route() {
     return;
   }
   if (!isCurrent()) return;
-  showIdentity(me);
+  showIdentity(me);  // null: a store that cannot say
   document.getElementById('signout').hidden = !token();
   const match = location.hash.match(/^#\/models\/([^/]+)$/);
   const audit = location.hash.match(/^#\/models\/([^/]+)\/audit$/);
@@ -590,7 +626,7 @@ async function route() {
     } else if (match) {
       const model = decodeURIComponent(match[1]);
       await modelPage(model, isCurrent);
-      follow(model, () => modelPage(model, isCurrent).catch(failed), isCurrent).catch(() => {});
+      follow(model, refresher(model, isCurrent), isCurrent).catch(() => {});
     } else {
       await modelsPage(isCurrent);
     }
