@@ -567,10 +567,11 @@ absl::StatusOr<PreflightReport> RemoteLoader::Preflight(const v1::VersionRef& re
 absl::StatusOr<ExportResult> RemoteLoader::Export(const v1::VersionRef& ref,
                                                   const ExportOptions& options,
                                                   const std::string& path) const {
-  if (options.max_shard_bytes > 0) {
-    // The loader's Export streams one file; sharding is written from the store (ExportToFile).
+  if (options.max_shard_bytes > 0 || options.format == ExportFormat::kDcp) {
+    // The loader's Export streams one file; a directory is written from the store (ExportToFile).
     return absl::InvalidArgumentError(
-        "a remote loader exports one file: sharded safetensors (max_shard_bytes) need the store");
+        "a remote loader exports one file: sharded safetensors (max_shard_bytes) and DCP "
+        "directories need the store");
   }
   const auto& progress = options.progress;
   v1::ExportRequest request;

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "ATen/ATen.h"
@@ -18,6 +19,7 @@
 #include "libs/format/pickle_reader.h"
 #include "libs/format/torch_reader.h"
 #include "libs/status/status_macros.h"
+#include "libs/status/torch_status.h"
 #include "libs/tensor/dtype.h"
 
 namespace ckpt {
@@ -142,41 +144,89 @@ absl::StatusOr<ItemMetadata> ReadItemMetadata(const std::string& key, const Valu
   return item;
 }
 
-// Whether `chunks` tile a tensor of `size` exactly; otherwise why not.
-std::optional<std::string> TilingProblem(const ItemMetadata& item) {
+// a * b, or nullopt past INT64_MAX (both non-negative).
+std::optional<int64_t> Multiply(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) return std::nullopt;
+  return product;
+}
+
+// The elements of a tensor of `dims`; nullopt past INT64_MAX.
+std::optional<int64_t> Elements(const std::vector<int64_t>& dims) {
   int64_t numel = 1;
-  for (int64_t d : item.size) numel *= d;
+  for (int64_t d : dims) {
+    std::optional<int64_t> next = Multiply(numel, d);
+    if (!next.has_value()) return std::nullopt;
+    numel = *next;
+  }
+  return numel;
+}
+
+// Whether `chunks` tile a tensor of `size` exactly; otherwise why not. In bounds, pairwise
+// disjoint and together as many elements as the tensor: an exact tiling.
+std::optional<std::string> TilingProblem(const ItemMetadata& item) {
+  const std::optional<int64_t> numel = Elements(item.size);
+  if (!numel.has_value()) return std::string("its shape has more elements than int64 counts");
   int64_t covered = 0;
   for (const Chunk& chunk : item.chunks) {
-    int64_t volume = 1;
     for (size_t d = 0; d < item.size.size(); ++d) {
-      if (chunk.offsets[d] + chunk.sizes[d] > item.size[d]) {
+      if (chunk.sizes[d] > item.size[d] || chunk.offsets[d] > item.size[d] - chunk.sizes[d]) {
         return absl::StrCat("the chunk at ", DimsText(chunk.offsets), " of size ",
                             DimsText(chunk.sizes), " reaches outside its shape ",
                             DimsText(item.size));
       }
-      volume *= chunk.sizes[d];
     }
-    covered += volume;
+    // In bounds, so each chunk has at most numel elements and the sum cannot wrap before it
+    // passes numel.
+    covered += *Elements(chunk.sizes);
+    if (covered > *numel) break;
   }
-  for (size_t a = 0; a < item.chunks.size(); ++a) {
-    for (size_t b = a + 1; b < item.chunks.size(); ++b) {
-      const Chunk& x = item.chunks[a];
-      const Chunk& y = item.chunks[b];
+  // Disjoint: swept along the dimension where the chunks' offsets differ most (the sharded one),
+  // each chunk compared only with those still open there, so row- or column-sharded tensors of
+  // thousands of shards take a pass, not every pair.
+  const size_t rank = item.size.size();
+  size_t sweep = 0;
+  size_t most = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    std::vector<int64_t> offsets;
+    for (const Chunk& chunk : item.chunks) offsets.push_back(chunk.offsets[d]);
+    std::sort(offsets.begin(), offsets.end());
+    const size_t distinct =
+        static_cast<size_t>(std::unique(offsets.begin(), offsets.end()) - offsets.begin());
+    if (distinct > most) most = distinct, sweep = d;
+  }
+  std::vector<const Chunk*> order;
+  for (const Chunk& chunk : item.chunks) {
+    if (std::all_of(chunk.sizes.begin(), chunk.sizes.end(), [](int64_t n) { return n > 0; })) {
+      order.push_back(&chunk);  // an empty chunk (an uneven shard's) overlaps nothing
+    }
+  }
+  std::sort(order.begin(), order.end(), [sweep](const Chunk* a, const Chunk* b) {
+    return a->offsets[sweep] < b->offsets[sweep];
+  });
+  std::vector<const Chunk*> open;
+  for (const Chunk* y : order) {
+    open.erase(std::remove_if(open.begin(), open.end(),
+                              [&](const Chunk* x) {
+                                return x->offsets[sweep] + x->sizes[sweep] <= y->offsets[sweep];
+                              }),
+               open.end());
+    for (const Chunk* x : open) {
       bool overlap = true;
-      for (size_t d = 0; d < item.size.size() && overlap; ++d) {
-        overlap = x.sizes[d] > 0 && y.sizes[d] > 0 && x.offsets[d] < y.offsets[d] + y.sizes[d] &&
-                  y.offsets[d] < x.offsets[d] + x.sizes[d];
+      for (size_t d = 0; d < rank && overlap; ++d) {
+        overlap = x->offsets[d] < y->offsets[d] + y->sizes[d] &&
+                  y->offsets[d] < x->offsets[d] + x->sizes[d];
       }
       if (overlap) {
-        return absl::StrCat("its chunks at ", DimsText(x.offsets), " (size ", DimsText(x.sizes),
-                            ") and ", DimsText(y.offsets), " (size ", DimsText(y.sizes),
+        return absl::StrCat("its chunks at ", DimsText(x->offsets), " (size ", DimsText(x->sizes),
+                            ") and ", DimsText(y->offsets), " (size ", DimsText(y->sizes),
                             ") overlap");
       }
     }
+    open.push_back(y);
   }
-  if (covered != numel) {
-    return absl::StrCat("its chunks cover ", covered, " of its ", numel,
+  if (covered != *numel) {
+    return absl::StrCat("its chunks cover ", covered, " of its ", *numel,
                         " elements: a shard is missing");
   }
   return std::nullopt;
@@ -227,17 +277,34 @@ absl::StatusOr<std::map<StorageKey, StorageInfo>> ReadStorageData(const Value& s
             absl::StrCat(dir, ": storage of '", fqn->string_value(), "' has bad offsets"));
       }
     }
+    // Newer writers can compress or re-encode items (_extensions): those are not torch.save'd.
+    const Value* transforms = Field(*info, "transform_descriptors");
+    if (transforms != nullptr && !transforms->is_none() &&
+        !(transforms->is_sequence() && transforms->items().empty())) {
+      return absl::UnimplementedError(absl::StrCat(
+          dir, ": the storage of '", fqn->string_value(), "' is transformed (",
+          transforms->DebugString().substr(0, 80),
+          "): a DCP written with extensions such as compression, which ckpt does not read yet"));
+    }
     // The files are the directory's own: no absolute path, no way out of it.
     const std::filesystem::path relative(path->string_value());
     if (relative.empty() || relative.is_absolute() ||
+        path->string_value().find('\0') != std::string::npos ||
         std::any_of(relative.begin(), relative.end(),
                     [](const std::filesystem::path& part) { return part == ".."; })) {
       return absl::InvalidArgumentError(absl::StrCat(dir, ": storage of '", fqn->string_value(),
                                                      "' names '", path->string_value(),
                                                      "', which is not a file of the directory"));
     }
-    storage[key] = {path->string_value(), static_cast<uint64_t>(start->int_value()),
-                    static_cast<uint64_t>(length->int_value())};
+    if (!storage
+             .emplace(key,
+                      StorageInfo{path->string_value(), static_cast<uint64_t>(start->int_value()),
+                                  static_cast<uint64_t>(length->int_value())})
+             .second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": storage_data names the storage of '", fqn->string_value(), "' at ",
+                       key.second.has_value() ? DimsText(*key.second) : "its offset", " twice"));
+    }
   }
   return storage;
 }
@@ -273,32 +340,59 @@ class StorageFiles {
   std::map<std::string, std::unique_ptr<ByteSource>> files_;
 };
 
-uint64_t FileSize(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0 ? static_cast<uint64_t>(info.st_size) : 0;
-}
+// The deepest nesting planner_data may describe (torch's state dicts nest a few levels).
+constexpr size_t kMaxNesting = 64;
+// The longest list a path's index may make.
+constexpr int64_t kMaxListIndex = 1 << 20;
 
-// Puts `value` at `path` (planner_data's tuple of keys) under `root`, making dicts on the way.
+// Puts `value` at `path` (planner_data's tuple for a flattened key) under `root`. A string is a
+// dict key and an int a list position: torch's traversal writes every dict key as a string, so
+// an int is always a list index, and the list is padded with None up to it as torch pads it.
+// Refuses a path that leads through a value of the other kind, or to a place already taken.
 absl::Status Nest(Value& root, const std::vector<Value>& path, Value value,
                   const std::string& where) {
+  if (path.size() > kMaxNesting) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": planner_data nests it ", path.size(),
+                                                   " levels deep, more than ", kMaxNesting));
+  }
   Value* node = &root;
   for (size_t i = 0; i < path.size(); ++i) {
-    if (!path[i].is_string() && !path[i].is_int()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": planner_data's path holds ", path[i].DebugString()));
+    const Value& part = path[i];
+    const bool last = i + 1 == path.size();
+    const auto new_child = [&] { return path[i + 1].is_int() ? Value::List() : Value::Dict(); };
+    Value* child = nullptr;
+    if (part.is_string() && node->is_dict()) {
+      child = node->FindMutable(part.string_value());
+      if (child == nullptr) {
+        node->Set(part.string_value(), last ? Value::None() : new_child());
+        child = node->FindMutable(part.string_value());
+      } else if (last) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": planner_data puts it where another value already is"));
+      }
+    } else if (part.is_int() && node->is_list() && part.int_value() >= 0 &&
+               part.int_value() < kMaxListIndex) {
+      std::vector<Value>& items = node->mutable_items();
+      if (items.size() <= static_cast<size_t>(part.int_value())) {
+        items.resize(static_cast<size_t>(part.int_value()) + 1);
+      }
+      child = &items[static_cast<size_t>(part.int_value())];
+      if (child->is_none() && !last) {
+        *child = new_child();
+      } else if (!child->is_none() && last) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": planner_data puts it where another value already is"));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": planner_data's path element ", part.DebugString(), " does not fit a ",
+          node->is_list() ? "list" : (node->is_dict() ? "dict" : "value"), " at level ", i));
     }
-    const DictKey key =
-        path[i].is_string() ? DictKey(path[i].string_value()) : DictKey(path[i].int_value());
-    if (!node->is_dict()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": planner_data nests it under a value that is not a dict"));
-    }
-    if (i + 1 == path.size()) {
-      node->Set(key, std::move(value));
+    if (last) {
+      *child = std::move(value);
       return absl::OkStatus();
     }
-    if (node->Find(key) == nullptr) node->Set(key, Value::Dict());
-    node = node->FindMutable(key);
+    node = child;
   }
   return absl::InvalidArgumentError(absl::StrCat(where, ": planner_data gives an empty path"));
 }
@@ -338,7 +432,6 @@ absl::StatusOr<DcpCheckpoint> ReadDcpDirectory(const std::string& dir) {
   // Every key's metadata and tiling first, so one error names every key at fault.
   std::vector<ItemMetadata> described;
   std::vector<std::string> problems;
-  uint64_t claimed_bytes = 0;
   for (const auto& [key, value] : items->entries()) {
     if (key.is_int()) {
       return absl::InvalidArgumentError(absl::StrCat(dir, ": a state_dict_metadata key is an int"));
@@ -355,9 +448,6 @@ absl::StatusOr<DcpCheckpoint> ReadDcpDirectory(const std::string& dir) {
                                           DimsText(chunk.offsets), " has no storage"));
         }
       }
-      uint64_t numel = 1;
-      for (int64_t d : item.size) numel *= static_cast<uint64_t>(d);
-      claimed_bytes += numel * c10::elementSize(item.dtype);
     } else if (storage.count({item.key, std::nullopt}) == 0) {
       problems.push_back(absl::StrCat("'", item.key, "' has no storage"));
     }
@@ -371,20 +461,66 @@ absl::StatusOr<DcpCheckpoint> ReadDcpDirectory(const std::string& dir) {
         dir, ": the checkpoint's shards do not make up its tensors: ",
         absl::StrJoin(problems, "; "), more > 0 ? absl::StrCat("; and ", more, " more") : ""));
   }
-  // Each chunk's bytes are in the files: a tensor that claims more is refused before anything
-  // is allocated for it.
+  // Before anything is allocated: every item lies inside its file, holds at least its chunk's
+  // bytes (a torch.save'd chunk stores them all), and no two items share bytes. So what is
+  // allocated is bounded by the files' sizes, however large the metadata claims a tensor is.
   checkpoint.file_bytes = metadata_source->size();
-  std::map<std::string, bool> counted;
-  for (const auto& [key, info] : storage) {
-    if (!counted[info.relative_path]) {
-      counted[info.relative_path] = true;
-      checkpoint.file_bytes += FileSize(absl::StrCat(dir, "/", info.relative_path));
+  struct Span {
+    std::pair<uint64_t, uint64_t> file;  // st_dev, st_ino: one file however it is spelled
+    uint64_t offset, length;
+    std::string key;
+  };
+  std::vector<Span> spans;
+  std::map<std::pair<uint64_t, uint64_t>, bool> counted;
+  const auto place = [&](const std::string& key, const StorageInfo& info,
+                         uint64_t needed) -> absl::Status {
+    const std::string path = absl::StrCat(dir, "/", info.relative_path);
+    struct stat file;
+    if (::stat(path.c_str(), &file) != 0 || !S_ISREG(file.st_mode)) {
+      return absl::NotFoundError(
+          absl::StrCat(path, ": the storage of '", key, "' is not a readable file"));
+    }
+    const uint64_t size = static_cast<uint64_t>(file.st_size);
+    if (info.offset > size || info.length > size - info.offset) {
+      return absl::DataLossError(absl::StrCat(path, ": the storage of '", key, "' (", info.length,
+                                              " bytes at ", info.offset, ") runs past its end (",
+                                              size, " bytes)"));
+    }
+    if (info.length < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": the storage of '", key, "' holds ",
+                                                     info.length, " bytes, fewer than the ", needed,
+                                                     " its chunk needs"));
+    }
+    const std::pair<uint64_t, uint64_t> identity{file.st_dev, file.st_ino};
+    if (!counted[identity]) {
+      counted[identity] = true;
+      checkpoint.file_bytes += size;
+    }
+    spans.push_back({identity, info.offset, info.length, key});
+    return absl::OkStatus();
+  };
+  for (const ItemMetadata& item : described) {
+    if (!item.is_tensor) {
+      RETURN_IF_ERROR(place(item.key, storage.at({item.key, std::nullopt}), 0));
+      continue;
+    }
+    for (const Chunk& chunk : item.chunks) {
+      // In bounds of a shape TilingProblem accepted, so this cannot overflow.
+      const uint64_t needed =
+          static_cast<uint64_t>(*Elements(chunk.sizes)) * c10::elementSize(item.dtype);
+      RETURN_IF_ERROR(place(item.key, storage.at({item.key, chunk.offsets}), needed));
     }
   }
-  if (claimed_bytes > checkpoint.file_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(dir, ": the tensors claim ", claimed_bytes, " bytes, more than the ",
-                     checkpoint.file_bytes, " bytes of its files hold"));
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return std::tie(a.file, a.offset) < std::tie(b.file, b.offset);
+  });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span& a = spans[i - 1];
+    const Span& b = spans[i];
+    if (a.file == b.file && a.length > 0 && b.length > 0 && b.offset < a.offset + a.length) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": the storage of '", a.key, "' and of '",
+                                                     b.key, "' share bytes of one file"));
+    }
   }
 
   StorageFiles files(dir);
@@ -396,7 +532,11 @@ absl::StatusOr<DcpCheckpoint> ReadDcpDirectory(const std::string& dir) {
       entries.emplace_back(DictKey(item.key), std::move(value));
       continue;
     }
-    at::Tensor full = at::empty(item.size, at::TensorOptions().dtype(item.dtype));
+    ASSIGN_OR_RETURN(
+        at::Tensor full,
+        CatchTorchErrors(
+            [&] { return at::empty(item.size, at::TensorOptions().dtype(item.dtype)); },
+            absl::StatusCode::kResourceExhausted));
     for (const Chunk& chunk : item.chunks) {
       ASSIGN_OR_RETURN(const Value piece,
                        files.Read(storage.at({item.key, chunk.offsets}), checkpoint.warnings));
@@ -413,11 +553,13 @@ absl::StatusOr<DcpCheckpoint> ReadDcpDirectory(const std::string& dir) {
             DimsText({tensor.sizes().begin(), tensor.sizes().end()}), " where the metadata says ",
             c10::toString(item.dtype), " ", DimsText(chunk.sizes)));
       }
-      at::Tensor region = full;
-      for (size_t d = 0; d < chunk.sizes.size(); ++d) {
-        region = region.narrow(static_cast<int64_t>(d), chunk.offsets[d], chunk.sizes[d]);
-      }
-      region.copy_(tensor);
+      RETURN_IF_ERROR(CatchTorchErrors([&] {
+        at::Tensor region = full;
+        for (size_t d = 0; d < chunk.sizes.size(); ++d) {
+          region = region.narrow(static_cast<int64_t>(d), chunk.offsets[d], chunk.sizes[d]);
+        }
+        region.copy_(tensor);
+      }));
     }
     entries.emplace_back(DictKey(item.key), Value::Tensor(std::move(full)));
   }
@@ -431,6 +573,9 @@ absl::StatusOr<DcpCheckpoint> ReadDcpDirectory(const std::string& dir) {
     if (path != nullptr && path->is_sequence() && !path->items().empty()) {
       RETURN_IF_ERROR(Nest(checkpoint.root, path->items(), std::move(entry.second),
                            absl::StrCat(dir, ": '", entry.first.string_key(), "'")));
+    } else if (checkpoint.root.Find(entry.first) != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": '", entry.first.string_key(),
+                                                     "' is also where planner_data nests others"));
     } else {
       checkpoint.root.Set(std::move(entry.first), std::move(entry.second));
     }

@@ -11,15 +11,16 @@
 //                                       | BytesStorageMetadata()}, in the state dict's order
 //   Metadata.storage_data          {MetadataIndex(fqn, offset, index): _StorageInfo(
 //                                         relative_path, offset, length)}
-//   Metadata.planner_data          (2.x) {flattened key: (path, elements)} for nested state dicts
+//   Metadata.planner_data          (2.x) {flattened key: its path, a tuple of dict keys (str)
+//                                       and list positions (int)} for nested state dicts
 //
 // The pickle is read by ckpt's restricted machine (pickle_reader.h): nothing in it runs. Each
 // tensor is assembled from its chunks (a sharded tensor's shards, written by several ranks) after
 // checking that they tile it exactly: chunks that overlap, leave part of the tensor to nobody,
 // reach outside it, or have no storage are refused, naming every key at fault. Items that are not
 // tensors (BytesStorageMetadata: an int, bytes, a nested object) are read as torch.load would.
-// Keys a 2.x planner flattened ("model.fc.weight" from {"model": {"fc.weight": ...}}) are nested
-// again as planner_data says.
+// Keys a 2.x planner flattened ("model.fc.weight" from {"model": {"fc.weight": ...}},
+// "optim.param_groups.0.lr" from a list) are nested again as planner_data says, lists as lists.
 //
 // Example:
 //   if (IsDcpDirectory(path)) ASSIGN_OR_RETURN(DcpCheckpoint dcp, ReadDcpDirectory(path));

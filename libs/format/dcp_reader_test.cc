@@ -98,12 +98,18 @@ TEST_F(DcpReaderTest, NestsWhatA2xPlannerFlattened) {
   ASSERT_NE(optim, nullptr) << dcp.root.DebugString();
   const Value* state = optim->Find("state");
   ASSERT_NE(state, nullptr);
-  const Value* first = state->Find(0);  // an int key, as torch.optim's state has
-  ASSERT_NE(first, nullptr) << optim->DebugString();
+  const Value* fc = state->Find("fc.weight");  // keyed by parameter name, as get_state_dict does
+  ASSERT_NE(fc, nullptr) << optim->DebugString();
+  // An int in the path is a list position: param_groups comes back a list.
+  const Value* groups = optim->Find("param_groups");
+  ASSERT_NE(groups, nullptr);
+  ASSERT_TRUE(groups->is_list()) << groups->DebugString();
+  ASSERT_EQ(groups->items().size(), 1u);
   // The values, flattened again, are those saved.
   const Value flat = Value::Dict({{"model.fc.weight", *model->Find("fc.weight")},
                                   {"model.fc.bias", *model->Find("fc.bias")},
-                                  {"optim.state.0.step", *first->Find("step")},
+                                  {"optim.state.fc.weight.step", *fc->Find("step")},
+                                  {"optim.param_groups.0.lr", *groups->items()[0].Find("lr")},
                                   {"epoch", *dcp.root.Find("epoch")}});
   EXPECT_EQ(Describe(flat), ReadFile(Dir() + "/nested.txt"));
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/format/bundle.h"
+#include "libs/format/dcp_writer.h"
 #include "libs/format/safetensors.h"
 #include "libs/format/torch_writer.h"
 #include "libs/io/atomic_file.h"
@@ -483,6 +485,29 @@ absl::StatusOr<PlannedTorch> PlanTorch(const VersionReader& reader, const Export
   return planned;
 }
 
+// The model's state dict as a DCP directory, one tensor in memory at a time.
+absl::StatusOr<ExportResult> WriteDcp(const VersionReader& reader, const ExportOptions& options,
+                                      const std::string& path) {
+  ExportResult result;
+  result.version = FormatVersionRef(reader.manifest().model(), reader.manifest().version());
+  if (options.target.include_optimizer || options.target.include_scheduler) {
+    return absl::InvalidArgumentError(
+        "a DCP export holds the model's state dict; optimizer and scheduler state go into a "
+        "torch bundle (--format torch --bundle)");
+  }
+  DeferredTensors deferred;
+  ASSIGN_OR_RETURN(StateDict model, DeferredModel(reader, OnCpu(options.target), deferred));
+  result.tensors = static_cast<int64_t>(model.size());
+  ASSIGN_OR_RETURN(DcpWriteReport report,
+                   WriteDcpDirectory(path, StateDictToValue(model), &deferred, options.progress));
+  result.file_bytes = report.file_bytes;
+  result.warnings = std::move(report.warnings);
+  for (const std::string& file : report.files) {
+    result.files.push_back(std::filesystem::path(file).filename().string());
+  }
+  return result;
+}
+
 }  // namespace
 
 bool ExportWritesBundle(const ExportOptions& options) {
@@ -494,8 +519,9 @@ absl::StatusOr<ExportFormat> ParseExportFormat(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   if (lower == "torch" || lower == "pt") return ExportFormat::kTorch;
   if (lower == "safetensors") return ExportFormat::kSafetensors;
+  if (lower == "dcp") return ExportFormat::kDcp;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown export format '", name, "'; expected torch or safetensors"));
+      absl::StrCat("unknown export format '", name, "'; expected torch, safetensors or dcp"));
 }
 
 absl::StatusOr<ExportFormat> ExportFormatFromProto(v1::ExportFormat format) {
@@ -516,12 +542,20 @@ v1::ExportFormat ExportFormatToProto(ExportFormat format) {
 }
 
 std::string ExportFileName(absl::string_view model, int64_t version, ExportFormat format) {
-  return absl::StrCat(model, "-v", version,
-                      format == ExportFormat::kTorch ? ".pt" : ".safetensors");
+  return absl::StrCat(model, "-v", version, ".",
+                      format == ExportFormat::kTorch ? "pt" : ExportFormatName(format));
 }
 
 absl::string_view ExportFormatName(ExportFormat format) {
-  return format == ExportFormat::kTorch ? "torch" : "safetensors";
+  switch (format) {
+    case ExportFormat::kTorch:
+      return "torch";
+    case ExportFormat::kSafetensors:
+      return "safetensors";
+    case ExportFormat::kDcp:
+      return "dcp";
+  }
+  return "unknown";
 }
 
 absl::StatusOr<ExportFormat> ExportFormatForPath(absl::string_view path, bool sharded) {
@@ -573,6 +607,7 @@ absl::StatusOr<ExportResult> ExportToFile(const VersionReader& store_reader,
     }
     return WriteSafetensorsShards(reader, options, path);
   }
+  if (options.format == ExportFormat::kDcp) return WriteDcp(reader, options, path);
   if (options.format == ExportFormat::kTorch) {
     ASSIGN_OR_RETURN(PlannedTorch planned, PlanTorch(reader, options));
     ASSIGN_OR_RETURN(TorchWriteReport report, planned.writer->WriteFile(path, options.progress));
@@ -594,6 +629,11 @@ absl::StatusOr<ExportResult> ExportToSink(const VersionReader& store_reader,
                                           const ExportSink& sink) {
   const CopyingReader reader(store_reader);
   if (piece_bytes == 0) return absl::InvalidArgumentError("ExportToSink: piece_bytes is 0");
+  if (options.format == ExportFormat::kDcp) {
+    return absl::InvalidArgumentError(
+        "a DCP export is a directory of files; a stream carries one file: export to a "
+        "directory from the store");
+  }
   if (options.max_shard_bytes > 0) {
     return absl::InvalidArgumentError(
         "a sharded export is a directory of files; a stream carries one file: export to a "

@@ -51,16 +51,19 @@
 
 namespace ckpt {
 
-enum class ExportFormat { kTorch, kSafetensors };
+// kDcp: a PyTorch Distributed Checkpoint directory (libs/format/dcp_writer.h), which
+// torch.distributed.checkpoint.load reads on any number of ranks; written from the store by
+// ExportToFile only (a directory is no stream: ExportToSink and the loader's Export refuse it).
+enum class ExportFormat { kTorch, kSafetensors, kDcp };
 
-// "torch" (also "pt") or "safetensors"; INVALID_ARGUMENT otherwise.
+// "torch" (also "pt"), "safetensors" or "dcp"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<ExportFormat> ParseExportFormat(absl::string_view name);
 // The wire enum; INVALID_ARGUMENT for EXPORT_FORMAT_UNSPECIFIED or an unknown value.
 absl::StatusOr<ExportFormat> ExportFormatFromProto(v1::ExportFormat format);
 v1::ExportFormat ExportFormatToProto(ExportFormat format);
-// "MODEL-vN.pt" / "MODEL-vN.safetensors".
+// "MODEL-vN.pt" / "MODEL-vN.safetensors" / "MODEL-vN.dcp" (a directory).
 std::string ExportFileName(absl::string_view model, int64_t version, ExportFormat format);
-// "torch" or "safetensors", which ParseExportFormat reads back.
+// "torch", "safetensors" or "dcp", which ParseExportFormat reads back.
 absl::string_view ExportFormatName(ExportFormat format);
 // The format an export to `path` is written in, told from its name: ".safetensors" is
 // safetensors, ".pt" and ".pth" torch; with `sharded` (ExportOptions::max_shard_bytes > 0) any

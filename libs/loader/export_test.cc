@@ -290,6 +290,38 @@ TEST_F(ExportTest, ShardedSafetensorsAreHuggingFacesLayoutAndReadBackWhole) {
   EXPECT_EQ(single.bundle.model.size(), 3u);
 }
 
+// A DCP directory (libs/format/dcp_writer.h; dcp_writer_test has real PyTorch load one): the
+// adapted model, read back whole through the reader import and convert use; never a stream.
+TEST_F(ExportTest, DcpIsADirectoryOfTheAdaptedModelThatReadsBack) {
+  LoadTarget target;
+  target.dtype = *DTypePolicy::CastFloatingTo(DType::kBFloat16);
+  ASSERT_OK_AND_ASSIGN(LoadedState stored, Load(*reader_, target));
+  ExportOptions options;
+  options.format = ExportFormat::kDcp;
+  options.target = target;
+  const std::string dir = Dir() + "/m.dcp";
+  ASSERT_OK_AND_ASSIGN(ExportResult result, ExportToFile(*reader_, options, dir));
+  EXPECT_EQ(result.tensors, 3);
+  EXPECT_THAT(result.files, ElementsAre("__0_0.distcp", ".metadata"));
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(dir));
+  EXPECT_EQ(file.format, CheckpointFormat::kDcp);
+  ASSERT_EQ(file.bundle.model.size(), stored.model.size());
+  for (const StateDict::Entry& entry : stored.model) {
+    const at::Tensor* read = file.bundle.model.Find(entry.key);
+    ASSERT_NE(read, nullptr) << entry.key;
+    EXPECT_TRUE(read->equal(entry.tensor)) << entry.key;
+  }
+  EXPECT_EQ(ParseExportFormat("dcp").value_or(ExportFormat::kTorch), ExportFormat::kDcp);
+  EXPECT_THAT(ExportToSink(
+                  *reader_, options, 1 << 20,
+                  [](const ExportResult&, uint64_t, absl::string_view) { return absl::OkStatus(); })
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "directory"));
+  options.target.include_optimizer = true;
+  EXPECT_THAT(ExportToFile(*reader_, options, dir).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "torch bundle"));
+}
+
 TEST_F(ExportTest, ShardingIsForSafetensorsFilesAndSizesParseAsHuggingFaceWritesThem) {
   ExportOptions options;
   options.max_shard_bytes = 100;
@@ -484,7 +516,7 @@ TEST_F(ExportTest, SinkErrorsStopTheExportAndBadNamesAreRejected) {
                   .status(),
               StatusIs(absl::StatusCode::kCancelled, "consumer left"));
   EXPECT_THAT(ParseExportFormat("onnx").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "torch or safetensors"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "torch, safetensors or dcp"));
   EXPECT_THAT(ExportFormatFromProto(v1::EXPORT_FORMAT_UNSPECIFIED).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ""));
   EXPECT_EQ(ExportFileName("m", 3, ExportFormat::kSafetensors), "m-v3.safetensors");

@@ -45,10 +45,13 @@ cli::CommandSpec ExportCommand() {
       "MODEL@REF OUT",
       "Write a stored version's model tensors -- or with --bundle the whole training bundle "
       "that Python resumes from -- as a torch .pt (torch.load(weights_only=True) globals only) "
-      "or safetensors file, written atomically.",
+      "or safetensors file, written atomically; or (--format dcp) as a PyTorch Distributed "
+      "Checkpoint directory that torch.distributed.checkpoint.load reads.",
       2,
       2,
-      {{"format", "torch|safetensors", "output format", "from OUT's extension"},
+      {{"format", "torch|safetensors|dcp",
+        "output format (dcp: a PyTorch Distributed Checkpoint directory OUT)",
+        "from OUT's extension"},
        {"bundle", "",
         "the whole bundle: model, optimizer, scheduler, epoch and every other plain field, in "
         "the producer's layout (torch only)",
@@ -97,7 +100,7 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
     if (!format.ok()) {
       return absl::Status(
           format.status().code(),
-          absl::StrCat(format.status().message(), "; pass --format torch|safetensors"));
+          absl::StrCat(format.status().message(), "; pass --format torch|safetensors|dcp"));
     }
     options.format = *format;
   }
@@ -105,7 +108,8 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
   if (line.Has("bundle")) {
     if (options.format != ExportFormat::kTorch) {
       return absl::InvalidArgumentError(
-          "--bundle needs the torch format: safetensors holds tensors only");
+          absl::StrCat("--bundle needs the torch format: ", ExportFormatName(options.format),
+                       " here holds the model's tensors only"));
     }
     options.target.include_optimizer = !line.Has("no-optimizer");
     options.target.include_scheduler = !line.Has("no-scheduler");
@@ -115,6 +119,11 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
     }
   } else if (line.Has("no-optimizer") || line.Has("no-scheduler")) {
     return absl::InvalidArgumentError("--no-optimizer and --no-scheduler go with --bundle");
+  }
+  if (options.format == ExportFormat::kDcp && line.Has("loader")) {
+    return absl::InvalidArgumentError(
+        "--format dcp writes a directory, which a loader service cannot stream (it sends one "
+        "file): export from the store");
   }
   if (line.Has("max-shard-size")) {
     if (options.format != ExportFormat::kSafetensors) {
@@ -137,8 +146,9 @@ absl::Status RunExport(const cli::ParsedCommandLine& line) {
   ASSIGN_OR_RETURN(ExportResult result, loader.loader->Export(ref, options, out));
   std::cout << "exported " << result.version << " to " << out << " ("
             << ExportFormatName(options.format) << (result.bundle ? ", whole bundle" : "")
-            << (result.files.size() > 1 ? absl::StrCat(", ", result.files.size() - 1, " shards")
-                                        : "")
+            << (result.files.size() > 1 && options.format == ExportFormat::kSafetensors
+                    ? absl::StrCat(", ", result.files.size() - 1, " shards")
+                    : "")
             << "): " << result.tensors << " model tensors, " << HumanBytes(result.file_bytes)
             << "\n";
   for (const std::string& file : result.files) std::cout << "  " << out << "/" << file << "\n";

@@ -198,6 +198,7 @@ set(CKPT_CLI_SOURCES
     libs/format/convert.cc
     libs/format/crc32.cc
     libs/format/dcp_reader.cc
+    libs/format/dcp_writer.cc
     libs/format/inspect.cc
     libs/format/internal/pickle_node.cc
     libs/format/internal/pickle_text.cc
@@ -342,6 +343,7 @@ set(CKPT_LOADER_SOURCES
     libs/format/bundle.cc
     libs/format/byte_source.cc
     libs/format/crc32.cc
+    libs/format/dcp_writer.cc
     libs/format/safetensors.cc
     libs/format/torch_writer.cc
     libs/format/zip_writer.cc
@@ -478,6 +480,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/format/bundle.cc
     libs/format/byte_source.cc
     libs/format/crc32.cc
+    libs/format/dcp_writer.cc
     libs/format/safetensors.cc
     libs/format/torch_writer.cc
     libs/format/zip_writer.cc
@@ -613,6 +616,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/format/convert.cc
     libs/format/crc32.cc
     libs/format/dcp_reader.cc
+    libs/format/dcp_writer.cc
     libs/format/inspect.cc
     libs/format/internal/pickle_node.cc
     libs/format/internal/pickle_text.cc

@@ -19,6 +19,10 @@ torch.distributed.checkpoint): a .metadata pickle and __R_I.distcp files of torc
                            is then re-pickled as 2.x's;
               DIR/NAME.txt the state dict each good directory holds, a line per entry:
                            tensors "key|dtype|shape|hex bytes", others "key=repr".
+  load DIR    loads the DCP directory DIR (ckpt's export, written as torch 2.x writes one) with
+              torch 1.13's FileSystemReader and load_state_dict, as a state dict of its keys, and
+              prints it as above. 1.13 knows 2.x's classes under its own module names, so those
+              names are pointed at its classes first (the fields are the same).
 
 Python 3.11 refuses torch 1.13's sharded-tensor dataclasses (a field whose default is a mutable
 dataclass instance, allowed up to 3.10), so this script lets such defaults through as
@@ -152,19 +156,23 @@ def write(out):
         del metadata.state_dict_metadata["table"].chunks[1]
 
     # torch 2.x's layout of a nested state dict, which 1.13 cannot write itself (see above).
+    # As get_state_dict gives it: optimizer state keyed by parameter name, param_groups a list
+    # (torch's traversal writes dict keys as strings and list positions as ints).
     nested = {"model": {"fc.weight": torch.randn(2, 2), "fc.bias": torch.randn(2)},
-              "optim": {"state": {0: {"step": torch.tensor(5.0)}}}, "epoch": 3}
+              "optim": {"state": {"fc.weight": {"step": torch.tensor(5.0)}},
+                        "param_groups": [{"lr": 0.1}]}, "epoch": 3}
     flat = {"model.fc.weight": nested["model"]["fc.weight"],
             "model.fc.bias": nested["model"]["fc.bias"],
-            "optim.state.0.step": nested["optim"]["state"][0]["step"], "epoch": 3}
+            "optim.state.fc.weight.step": nested["optim"]["state"]["fc.weight"]["step"],
+            "optim.param_groups.0.lr": 0.1, "epoch": 3}
     paths = {"model.fc.weight": ("model", "fc.weight"), "model.fc.bias": ("model", "fc.bias"),
-             "optim.state.0.step": ("optim", "state", 0, "step"), "epoch": ("epoch",)}
+             "optim.state.fc.weight.step": ("optim", "state", "fc.weight", "step"),
+             "optim.param_groups.0.lr": ("optim", "param_groups", 0, "lr"),
+             "epoch": ("epoch",)}
     dcp.save_state_dict(flat, dcp.FileSystemWriter(os.path.join(out, "nested")), no_dist=True)
     as_torch2(os.path.join(out, "nested", ".metadata"), paths)
     with open(os.path.join(out, "nested.txt"), "w") as f:
-        f.write(describe({"model.fc.weight": flat["model.fc.weight"],
-                          "model.fc.bias": flat["model.fc.bias"],
-                          "optim.state.0.step": flat["optim.state.0.step"], "epoch": 3}))
+        f.write(describe(flat))
 
     tampered("overlap", overlap)
     tampered("hole", hole)
@@ -173,7 +181,37 @@ def write(out):
         name for name in os.listdir(os.path.join(out, "nofile")) if name.endswith(".distcp"))[0]))
 
 
+def load(directory):
+    import types
+    import torch.distributed._shard.checkpoint.filesystem as fs1
+    import torch.distributed._shard.checkpoint.metadata as md1
+    import torch.distributed._shard.sharded_tensor.metadata as st1
+    md2 = types.ModuleType("torch.distributed.checkpoint.metadata")
+    md2.__dict__.update({k: v for k, v in md1.__dict__.items() if not k.startswith("__")})
+    md2.TensorProperties = st1.TensorProperties
+    md2._MEM_FORMAT_ENCODING = st1.MEM_FORMAT_ENCODING
+    fs2 = types.ModuleType("torch.distributed.checkpoint.filesystem")
+    fs2._StorageInfo = fs1._StorageInfo
+    sys.modules.setdefault("torch.distributed.checkpoint", types.ModuleType(
+        "torch.distributed.checkpoint"))
+    sys.modules["torch.distributed.checkpoint.metadata"] = md2
+    sys.modules["torch.distributed.checkpoint.filesystem"] = fs2
+    reader = dcp.FileSystemReader(directory)
+    metadata = reader.read_metadata()
+    state = {}
+    for key, item in metadata.state_dict_metadata.items():
+        if isinstance(item, md1.TensorStorageMetadata):
+            state[key] = torch.zeros(item.size, dtype=item.properties.dtype)
+        else:
+            state[key] = None
+    dcp.load_state_dict(state, reader, no_dist=True)
+    sys.stdout.write(describe(state))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "write":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "load"):
         sys.exit(__doc__)
-    write(sys.argv[2])
+    if sys.argv[1] == "write":
+        write(sys.argv[2])
+    else:
+        load(sys.argv[2])
