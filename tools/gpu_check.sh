@@ -12,7 +12,12 @@
 #   (e) a load through the loader service onto cuda:1 (two GPUs), or onto the CPU otherwise;
 #   (f) a team's TorchScript model (tests/testdata/scripted_training.py's Net, scripted by
 #       $PYTHON's torch) trained on shard files with nccl/cuda (gloo/cpu always), a rank
-#       SIGKILLed and restarted, ending bit-identical to an uninterrupted run, as (c).
+#       SIGKILLed and restarted, ending bit-identical to an uninterrupted run, as (c);
+#   (g) PyTorch Distributed Checkpoint in and out with $PYTHON's torch (>= 2.2; no GPU needed):
+#       directories it writes (one process; two Gloo processes saving a row-sharded DTensor) read
+#       by ckpt inspect / import, exported back with ckpt export --format dcp, and loaded by its
+#       dcp.load value for value (tools/dcp_interop.py); the directories are kept as
+#       dcp-written.tar.gz beside the report, for test data.
 # It writes one report (markdown) with every figure and a PASS / FAIL / NOT RUN line per check,
 # prints its path, and exits 0 only if every check that ran passed. A machine without a GPU or a
 # CUDA PyTorch runs the gloo/CPU half and says what it could not run.
@@ -36,10 +41,10 @@ ddp_only=0
 report=""
 build_dir=""
 jobs="$(nproc)"
-only="abcdef"
+only="abcdefg"
 deps_tarball=""
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo pipefail$/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -531,6 +536,57 @@ check_scripted() {
   resume_kill_step=400
 }
 
+# ---- (g) PyTorch Distributed Checkpoint in and out ----------------------------------------------
+
+check_dcp() {
+  say "## (g) PyTorch DCP written by torch $torch_version, imported, exported, loaded back"
+  needs_full_build "(g) DCP" ckpt || return 0
+  local dir="$work/dcp"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  local status=0
+  timeout 300 "$python" "$repo/tools/dcp_interop.py" write "$dir/written" >"$dir/write.log" 2>&1 ||
+    status=$?
+  if [[ "$status" == 3 ]]; then
+    result "(g) DCP" NOT_RUN "$(tail -1 "$dir/write.log")"
+    return
+  elif [[ "$status" != 0 ]]; then
+    attach "$dir/write.log" 30
+    result "(g) DCP" FAIL "$python could not write the DCP directories (log above)"
+    return
+  fi
+  tar czf "$(dirname "$report")/dcp-written.tar.gz" -C "$dir" written 2>/dev/null || true
+  local name
+  for name in one two; do
+    local what="(g) DCP '$name' ($([[ "$name" == one ]] && echo 'one process' || echo 'two Gloo ranks, a row-sharded DTensor'))"
+    if ! timeout 120 "$bin/ckpt" inspect "$dir/written/$name" >"$dir/$name.inspect" 2>&1; then
+      attach "$dir/$name.inspect" 20
+      result "$what" FAIL "ckpt inspect refused it (log above)"
+      continue
+    fi
+    if ! timeout 120 "$bin/ckpt" --store_dir="$dir/store" import "$dir/written/$name" \
+      --model="dcp-$name" >"$dir/$name.import" 2>&1 ||
+      ! timeout 120 "$bin/ckpt" --store_dir="$dir/store" export "dcp-$name@1" \
+        "$dir/$name.exported" --format dcp >"$dir/$name.export" 2>&1; then
+      attach "$dir/$name.import" 10
+      attach "$dir/$name.export" 10
+      result "$what" FAIL "ckpt import / export failed (logs above)"
+      continue
+    fi
+    if ! timeout 300 "$python" "$repo/tools/dcp_interop.py" load "$dir/$name.exported" \
+      >"$dir/$name.loaded" 2>"$dir/$name.load.log"; then
+      attach "$dir/$name.load.log" 20
+      result "$what" FAIL "$python's dcp.load refused ckpt's export (log above)"
+    elif diff <(sort "$dir/written/$name.model.txt") <(sort "$dir/$name.loaded") \
+      >"$dir/$name.diff"; then
+      result "$what" PASS "$(grep -c . "$dir/$name.loaded") tensors, value for value: imported ($(head -1 "$dir/$name.inspect" | sed 's/.*: //')), exported, loaded by torch $torch_version"
+    else
+      attach "$dir/$name.diff" 20
+      result "$what" FAIL "what dcp.load read from ckpt's export differs from what was saved (diff above)"
+    fi
+  done
+}
+
 # ---- (d) checkpoint stall: asynchronous uploads against --sync_checkpoints -------------------
 
 # stall_run MODE LOG BACKEND DEVICE: one trainer run; sets run_stall and run_checkpoints.
@@ -672,6 +728,7 @@ main() {
     [[ "$only" == *d* ]] && check_stall
     [[ "$only" == *e* ]] && check_load
     [[ "$only" == *f* ]] && check_scripted
+    [[ "$only" == *g* ]] && check_dcp
   else
     result "everything" FAIL "$gpu_reason"
   fi
