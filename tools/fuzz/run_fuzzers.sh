@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#targets[@]} -gt 0 ] || targets=(safetensors_fuzzer zip_fuzzer pickle_fuzzer torch_reader_fuzzer
-                                     manifest_fuzzer tensor_data_fuzzer)
+                                     dcp_fuzzer manifest_fuzzer tensor_data_fuzzer)
 
 # The package of each target, and the kind of seeds it takes.
 package_of() {
@@ -44,9 +44,11 @@ package_of() {
 
 work="${FUZZ_WORK:-$HOME/.cache/ckpt/fuzz}"
 output_base="$HOME/.cache/ckpt/bazel-fuzz"
-rm -rf "$work/seeds" "$work/seeds-manifest" "$work/seeds-tensor_data"
-mkdir -p "$work/seeds" "$work/seeds-manifest" "$work/seeds-tensor_data"
+rm -rf "$work/seeds" "$work/seeds-manifest" "$work/seeds-tensor_data" "$work/seeds-dcp"
+mkdir -p "$work/seeds" "$work/seeds-manifest" "$work/seeds-tensor_data" "$work/seeds-dcp"
 /usr/bin/python3 libs/format/fuzz/make_seeds.py "$work/seeds" >/dev/null
+# DCP directories, packed as dcp_fuzzer.cc takes them.
+/usr/bin/python3 libs/format/testdata/dcp_fixtures.py "$work/seeds-dcp" >/dev/null
 
 labels=(//libs/store/fuzz:make_seeds)
 for t in "${targets[@]}"; do labels+=("//$(package_of "$t"):$t"); done
@@ -69,6 +71,7 @@ for t in "${targets[@]}"; do
   case "$t" in
     manifest_fuzzer) seeds="$work/seeds-manifest" ;;
     tensor_data_fuzzer) seeds="$work/seeds-tensor_data" ;;
+    dcp_fuzzer) seeds="$work/seeds-dcp" ;;
   esac
   corpus="$work/corpus/$t"
   findings="$work/findings/$t"

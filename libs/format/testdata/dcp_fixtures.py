@@ -24,6 +24,10 @@ torch.distributed.checkpoint): a .metadata pickle and __R_I.distcp files of torc
               prints it as above. 1.13 knows 2.x's classes under its own module names, so those
               names are pointed at its classes first (the fields are the same).
 
+  DIR         (the seed directory alone, as //libs/format/fuzz:dcp_fuzzer's regression runs it)
+              fuzz seeds: plain and sharded, each written with one data file per rank, packed as
+              dcp_fuzzer.cc reads its input (4-byte little-endian length, .metadata, the data).
+
 Python 3.11 refuses torch 1.13's sharded-tensor dataclasses (a field whose default is a mutable
 dataclass instance, allowed up to 3.10), so this script lets such defaults through as
 default_factory copies before importing them: what they write is unchanged.
@@ -208,7 +212,40 @@ def load(directory):
     sys.stdout.write(describe(state))
 
 
+def seeds(out):
+    import struct
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        torch.manual_seed(5)
+        plain = {"fc.weight": torch.randn(3, 2), "fc.bias": torch.arange(3.0).double(),
+                 "mask": torch.tensor([True, False]), "step": 7}
+        dcp.save_state_dict(plain, dcp.FileSystemWriter(os.path.join(scratch, "plain"),
+                                                        single_file_per_rank=True), no_dist=True)
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(scratch, "pg"),
+                                rank=0, world_size=1)
+        table = torch.randn(4, 3)
+        shards = [Shard(table[0:2].clone(), ShardMetadata([0, 0], [2, 3], "rank:0/cpu")),
+                  Shard(table[2:4].clone(), ShardMetadata([2, 0], [2, 3], "rank:0/cpu"))]
+        dcp.save_state_dict({"table": init_from_local_shards(shards, [4, 3])},
+                            dcp.FileSystemWriter(os.path.join(scratch, "sharded"),
+                                                 single_file_per_rank=True))
+        dist.destroy_process_group()
+        for name in ("plain", "sharded"):
+            directory = os.path.join(scratch, name)
+            data = [f for f in os.listdir(directory) if f.endswith(".distcp")]
+            assert data == ["__0_0.distcp"], data
+            with open(os.path.join(directory, ".metadata"), "rb") as f:
+                metadata = f.read()
+            with open(os.path.join(directory, data[0]), "rb") as f:
+                payload = f.read()
+            with open(os.path.join(out, name + ".dcp"), "wb") as f:
+                f.write(struct.pack("<I", len(metadata)) + metadata + payload)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 2:
+        seeds(sys.argv[1])
+        sys.exit(0)
     if len(sys.argv) != 3 or sys.argv[1] not in ("write", "load"):
         sys.exit(__doc__)
     if sys.argv[1] == "write":
