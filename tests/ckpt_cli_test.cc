@@ -382,6 +382,15 @@ TEST_F(CkptCliTest, RemoteStoreWithToken) {
   EXPECT_THAT(audited.output, HasSubstr("  token  ipv4:127.0.0.1:"));
   EXPECT_THAT(audited.output, HasSubstr("  commit  net@1  OK  committed net@1: "));
   EXPECT_EQ(Ckpt("verify " + auth).exit_code, 0);
+  // Who the store takes this caller to be (ckpt.v1.Identity): the shared token, an admin.
+  Result who = Ckpt("whoami --model net " + auth);
+  EXPECT_EQ(who.exit_code, 0) << who.output;
+  EXPECT_THAT(who.output, HasSubstr("identity: token\nrole: admin\nmodels: all\n"));
+  EXPECT_THAT(who.output, HasSubstr("on net, may call: GetManifest, Upload, SetAlias"));
+  EXPECT_THAT(Ckpt("whoami " + remote).output, HasSubstr("UNAUTHENTICATED"));
+  Result embedded = Ckpt("whoami --store_dir=" + Dir() + "/served");
+  EXPECT_NE(embedded.exit_code, 0) << embedded.output;
+  EXPECT_THAT(embedded.output, HasSubstr("an embedded --store_dir has no identities"));
   // The spelling before --store_auth_token_file still works, for one release, and says so; both
   // spellings together, or a token for a connection the command does not make, are refused.
   Result deprecated = Ckpt(absl::StrCat("ls ", remote, " --auth_token_file=", token_file));

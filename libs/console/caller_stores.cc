@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/client/remote_checkpoint_store.h"
+#include "libs/client/who_am_i.h"
 #include "libs/status/status_macros.h"
-#include "proto/ckpt/v1/identity.grpc.pb.h"
 
 namespace ckpt {
 namespace {
@@ -69,17 +69,7 @@ absl::StatusOr<v1::WhoAmIResponse> CallerStores::WhoAmI(const CallerCredentials&
                                                         const v1::WhoAmIRequest& request) {
   // A channel of its own, opened when asked (the page asks once per view): against a store that
   // predates ckpt.v1.Identity this call alone fails (UNIMPLEMENTED), nothing else.
-  ASSIGN_OR_RETURN(const std::shared_ptr<ClientChannel> channel,
-                   ClientChannel::Open(CallerOptions(options_, caller),
-                                       {"ckpt.v1.Identity", "checkpoint store", {"WhoAmI"}}));
-  auto stub = v1::Identity::NewStub(channel->channel());
-  v1::WhoAmIResponse response;
-  RETURN_IF_ERROR(
-      channel->CallUnary("WhoAmI", options_.deadline, [&](grpc::ClientContext* context) {
-        response.Clear();
-        return stub->WhoAmI(context, request, &response);
-      }));
-  return response;
+  return ckpt::WhoAmI(CallerOptions(options_, caller), request, "checkpoint store");
 }
 
 }  // namespace ckpt

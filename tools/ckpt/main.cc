@@ -110,7 +110,7 @@ const std::vector<Command>& CommandTable() {
         {VerifyCommand(), RunVerify},   {RepairCommand(), RunRepair},
         {DiffCommand(), RunDiff},       {StatsCommand(), RunStats},
         {AuditCommand(), RunAudit},     {ExportCommand(), RunExport},
-        {CheckCommand(), RunCheck},
+        {CheckCommand(), RunCheck},     {WhoAmICommand(), RunWhoAmI},
     };
     for (const cli::CommandSpec& spec : RegistryCommands()) {
       commands->push_back({spec, RunRegistryCommand});

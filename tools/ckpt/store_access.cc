@@ -170,6 +170,29 @@ absl::StatusOr<LoaderHandle> OpenLoader(const cli::ParsedCommandLine& line) {
   return handle;
 }
 
+absl::StatusOr<ServiceClient> ServiceClientFor(const cli::ParsedCommandLine& line) {
+  ServiceClient client;
+  if (line.Has("loader")) {
+    if (!line.Has("store")) RETURN_IF_ERROR(RefuseConnectionOptions(line, "store", false));
+    client.options.address = line.Get("loader");
+    ASSIGN_OR_RETURN(client.options.auth_token, ConnectionToken(line, "loader"));
+    ASSIGN_OR_RETURN(client.options.tls, ConnectionTls(line, "loader"));
+    client.noun = "loader";
+    return client;
+  }
+  if (!line.Has("store")) {
+    return absl::InvalidArgumentError(
+        "this asks a service: pass --store=HOST:PORT (or --loader=HOST:PORT); an embedded "
+        "--store_dir has no identities, every command there runs with full rights");
+  }
+  RETURN_IF_ERROR(RefuseConnectionOptions(line, "loader", false));
+  client.options.address = line.Get("store");
+  ASSIGN_OR_RETURN(client.options.auth_token, ConnectionToken(line, "store"));
+  ASSIGN_OR_RETURN(client.options.tls, ConnectionTls(line, "store"));
+  client.noun = "checkpoint store";
+  return client;
+}
+
 absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text) {
   ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef(text));
   if (ref.ref_case() != v1::VersionRef::kVersion) {

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "libs/client/remote_loader.h"
 #include "libs/loader/loader_interface.h"
+#include "libs/rpc/client_channel.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/types.pb.h"
 #include "tools/ckpt/command_line.h"
@@ -35,6 +36,15 @@ struct LoaderHandle {
   std::unique_ptr<Loader> loader;
 };
 absl::StatusOr<LoaderHandle> OpenLoader(const cli::ParsedCommandLine& line);
+
+// How to reach the service the command names: --loader's when given, else --store's, with their
+// tokens and TLS. INVALID_ARGUMENT when there is neither (an embedded --store_dir has no
+// service, and no identities).
+struct ServiceClient {
+  ClientOptions options;
+  std::string noun;  // "loader" or "checkpoint store"
+};
+absl::StatusOr<ServiceClient> ServiceClientFor(const cli::ParsedCommandLine& line);
 
 // `text` parsed as MODEL@VERSION with a version number; INVALID_ARGUMENT otherwise.
 absl::StatusOr<v1::VersionRef> RefWithVersion(const std::string& text);

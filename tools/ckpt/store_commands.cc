@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "libs/client/who_am_i.h"
 #include "libs/format/inspect.h"
 #include "libs/io/proto_json.h"
 #include "libs/status/status_macros.h"
@@ -112,6 +113,17 @@ cli::CommandSpec DiffCommand() {
           2,
           2,
           {}};
+}
+
+cli::CommandSpec WhoAmICommand() {
+  return {"whoami",
+          "",
+          "Who the --store (or --loader) service takes you to be -- identity, role, model scope, "
+          "address -- and, with --model, which of its changes you may make on that model, as its "
+          "access policy answers them.",
+          0,
+          0,
+          {{"model", "MODEL", "the model to ask about", "none: the role alone"}}};
 }
 
 cli::CommandSpec StatsCommand() {
@@ -317,6 +329,37 @@ absl::Status RunDiff(const cli::ParsedCommandLine& line) {
       std::cout << "  max |diff| " << *change.max_abs_difference;
     }
     std::cout << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunWhoAmI(const cli::ParsedCommandLine& line) {
+  ASSIGN_OR_RETURN(const ServiceClient service, ServiceClientFor(line));
+  v1::WhoAmIRequest request;
+  if (line.Has("model")) request.set_model(line.Get("model"));
+  // What a user of each service does, reads first.
+  const std::vector<std::string> methods =
+      service.noun == "loader"
+          ? std::vector<std::string>{"Load", "Export"}
+          : std::vector<std::string>{"GetManifest",     "Upload",        "SetAlias",
+                                     "AnnotateVersion", "DeleteVersion", "ApplyRetention",
+                                     "GarbageCollect"};
+  for (const std::string& method : methods) request.add_methods(method);
+  ASSIGN_OR_RETURN(const v1::WhoAmIResponse who, WhoAmI(service.options, request, service.noun));
+  std::cout << "identity: " << who.identity() << "\nrole: " << who.role() << "\nmodels: "
+            << (who.models().empty() ? std::string("all") : absl::StrJoin(who.models(), ", "))
+            << "\nseen from: " << who.peer() << "\n";
+  std::cout << (request.model().empty() ? std::string("may call")
+                                        : absl::StrCat("on ", request.model(), ", may call"))
+            << ": "
+            << (who.allowed_methods().empty() ? std::string("none of these")
+                                              : absl::StrJoin(who.allowed_methods(), ", "))
+            << "\n";
+  for (const std::string& method : methods) {
+    auto refused = who.refused_methods().find(method);
+    if (refused != who.refused_methods().end()) {
+      std::cout << "  not " << method << ": " << refused->second << "\n";
+    }
   }
   return absl::OkStatus();
 }

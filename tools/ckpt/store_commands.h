@@ -31,7 +31,9 @@ cli::CommandSpec DiffCommand();
 absl::Status RunDiff(const cli::ParsedCommandLine& line);
 
 cli::CommandSpec StatsCommand();
+cli::CommandSpec WhoAmICommand();
 absl::Status RunStats(const cli::ParsedCommandLine& line);
+absl::Status RunWhoAmI(const cli::ParsedCommandLine& line);
 
 }  // namespace ckpt
 

@@ -192,6 +192,7 @@ set(CKPT_CLI_SOURCES
     libs/client/remote_checkpoint_store_history.cc
     libs/client/remote_checkpoint_store_upload.cc
     libs/client/remote_loader.cc
+    libs/client/who_am_i.cc
     libs/format/bundle.cc
     libs/format/byte_source.cc
     libs/format/checkpoint_file.cc
@@ -283,6 +284,7 @@ set(CKPT_CLI_SOURCES
 set(CKPT_CLI_PROTOS
     libs/store/store_records.proto
     proto/ckpt/v1/checkpoint_store.proto
+    proto/ckpt/v1/identity.proto
     proto/ckpt/v1/loader.proto
     proto/ckpt/v1/registry.proto
     proto/ckpt/v1/types.proto
@@ -603,6 +605,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/client/remote_checkpoint_store_upload.cc
     libs/client/remote_loader.cc
     libs/client/shm_loader.cc
+    libs/client/who_am_i.cc
     libs/ddp/communicator.cc
     libs/ddp/ddp_smoke_main.cc
     libs/ddp/distributed_data_parallel.cc
