@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/client/who_am_i.h"
 #include "libs/status/status_macros.h"

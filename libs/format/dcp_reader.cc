@@ -14,7 +14,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "libs/format/byte_source.h"
 #include "libs/format/pickle_reader.h"
 #include "libs/format/torch_reader.h"
@@ -322,12 +321,9 @@ class StorageFiles {
                        OpenFileSource(absl::StrCat(dir_, "/", info.relative_path)));
       it = files_.emplace(info.relative_path, std::move(source)).first;
     }
+    // Placed inside its file before anything was read; ReadString checks again (DATA_LOSS) in
+    // case the file shrank since.
     const ByteSource& source = *it->second;
-    if (info.offset > source.size() || info.length > source.size() - info.offset) {
-      return absl::DataLossError(absl::StrCat(source.name(), ": an item at ", info.offset, " of ",
-                                              info.length, " bytes runs past its end (",
-                                              source.size(), " bytes)"));
-    }
     ASSIGN_OR_RETURN(const std::string bytes, source.ReadString(info.offset, info.length));
     ASSIGN_OR_RETURN(TorchFile item,
                      ReadTorchBytes(bytes, absl::StrCat(source.name(), "@", info.offset)));

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/status/status_matchers.h"
+#include "libs/tensor/dtype.h"
 #include "libs/testing/python_runner.h"
 
 namespace ckpt {
@@ -43,14 +44,9 @@ std::string Describe(const Value& root) {
   for (const auto& [key, value] : root.entries()) {
     if (value.is_tensor()) {
       const at::Tensor bytes = value.tensor().contiguous();
-      std::string dtype = c10::toString(bytes.scalar_type());
-      // c10 names them Float, Double, BFloat16...; Python as float32, float64, bfloat16...
-      static const std::vector<std::pair<std::string, std::string>> kNames = {
-          {"Float", "float32"}, {"Double", "float64"}, {"BFloat16", "bfloat16"},
-          {"Long", "int64"},    {"Int", "int32"},      {"Bool", "bool"}};
-      for (const auto& [c10_name, python_name] : kNames) {
-        if (dtype == c10_name) dtype = python_name;
-      }
+      // ckpt's dtype names are PyTorch's without "torch.", as the script prints them.
+      const absl::string_view dtype =
+          GetDTypeInfo(FromScalarType(bytes.scalar_type()).value()).name;
       absl::StrAppend(&text, key.string_key(), "|", dtype, "|", absl::StrJoin(bytes.sizes(), ","),
                       "|",
                       absl::BytesToHexString(absl::string_view(

@@ -1,7 +1,6 @@
 #include "libs/format/dcp_writer.h"
 
 #include <filesystem>
-#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"

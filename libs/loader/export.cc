@@ -538,7 +538,15 @@ absl::StatusOr<ExportFormat> ExportFormatFromProto(v1::ExportFormat format) {
 }
 
 v1::ExportFormat ExportFormatToProto(ExportFormat format) {
-  return format == ExportFormat::kTorch ? v1::EXPORT_FORMAT_TORCH : v1::EXPORT_FORMAT_SAFETENSORS;
+  switch (format) {
+    case ExportFormat::kTorch:
+      return v1::EXPORT_FORMAT_TORCH;
+    case ExportFormat::kSafetensors:
+      return v1::EXPORT_FORMAT_SAFETENSORS;
+    case ExportFormat::kDcp:
+      break;  // a directory: no wire format (the loader's Export streams one file)
+  }
+  return v1::EXPORT_FORMAT_UNSPECIFIED;
 }
 
 std::string ExportFileName(absl::string_view model, int64_t version, ExportFormat format) {

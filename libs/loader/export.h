@@ -60,6 +60,7 @@ enum class ExportFormat { kTorch, kSafetensors, kDcp };
 absl::StatusOr<ExportFormat> ParseExportFormat(absl::string_view name);
 // The wire enum; INVALID_ARGUMENT for EXPORT_FORMAT_UNSPECIFIED or an unknown value.
 absl::StatusOr<ExportFormat> ExportFormatFromProto(v1::ExportFormat format);
+// EXPORT_FORMAT_UNSPECIFIED (which a loader refuses) for kDcp, which no stream carries.
 v1::ExportFormat ExportFormatToProto(ExportFormat format);
 // "MODEL-vN.pt" / "MODEL-vN.safetensors" / "MODEL-vN.dcp" (a directory).
 std::string ExportFileName(absl::string_view model, int64_t version, ExportFormat format);
