@@ -9,6 +9,8 @@ packages=(
   # C++ libraries the code links against (libgloo-dev: headers that c10d's ProcessGroupGloo.hpp includes).
   libtorch-dev libgloo-dev librocksdb-dev libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libxxhash-dev libzstd-dev zlib1g-dev libssl-dev nlohmann-json3-dev
+  # etcd: the writer lease of several stores on one bucket (libs/ha), a real one in tests.
+  etcd-server
   # HTTP(S) for the S3 client in libs/s3 (the OpenSSL flavour, like the rest of the TLS code).
   libcurl4-openssl-dev
   # The console's HTTP server (services/console); curl drives its API in tests.

@@ -169,10 +169,12 @@ class S3Client {
   // Deletes the object. OK also when there was none (S3 semantics).
   absl::Status DeleteObject(absl::string_view key);
 
-  // One page (at most `max_keys`, 1..1000) of the objects whose keys start with `prefix`.
+  // One page (at most `max_keys`, 1..1000) of the objects whose keys start with `prefix`, after
+  // the key `start_after` when it is not empty (S3's start-after: a follower of a log lists only
+  // what is new).
   absl::StatusOr<ListPage> ListObjectsV2(absl::string_view prefix,
                                          absl::string_view continuation_token = "",
-                                         int max_keys = 1000);
+                                         int max_keys = 1000, absl::string_view start_after = "");
   // Every page of ListObjectsV2(prefix).
   absl::StatusOr<std::vector<ListedObject>> ListAllObjects(absl::string_view prefix);
 

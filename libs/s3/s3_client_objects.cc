@@ -170,7 +170,8 @@ absl::Status S3Client::DeleteObject(absl::string_view key) {
 
 absl::StatusOr<ListPage> S3Client::ListObjectsV2(absl::string_view prefix,
                                                  absl::string_view continuation_token,
-                                                 int max_keys) {
+                                                 int max_keys,
+                                                 absl::string_view start_after) {
   if (max_keys < 1 || max_keys > 1000) {
     return absl::InvalidArgumentError(absl::StrCat("max_keys must be 1..1000, got ", max_keys));
   }
@@ -181,6 +182,7 @@ absl::StatusOr<ListPage> S3Client::ListObjectsV2(absl::string_view prefix,
   if (!continuation_token.empty()) {
     request.query.emplace_back("continuation-token", std::string(continuation_token));
   }
+  if (!start_after.empty()) request.query.emplace_back("start-after", std::string(start_after));
   ASSIGN_OR_RETURN(Response response, Execute(request));
   ListPage page;
   for (absl::string_view contents : XmlElements(response.body, "Contents")) {

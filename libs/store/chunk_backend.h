@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "libs/store/change_log.h"
 
 namespace ckpt {
 
@@ -149,6 +150,11 @@ class ChunkBackend {
   virtual absl::StatusOr<std::vector<PendingPack>> ListPending() const = 0;
   // Discards such a write. OK when it is gone already.
   virtual absl::Status AbortPending(const PendingPack& pending) = 0;
+
+  // The store's change log (change_log.h), kept where these packs are -- a directory beside pack
+  // files, objects in the same bucket -- so that whatever holds the bytes also holds what names
+  // them. Opened once, by the store that opens this backend.
+  virtual absl::StatusOr<std::unique_ptr<ChangeLog>> OpenChangeLog() = 0;
 
   // The local file that holds pack `pack_id`, for handing the file itself to a consumer on this
   // host; nullopt where packs are not local files (an object store).

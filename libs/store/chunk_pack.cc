@@ -17,7 +17,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "libs/io/atomic_file.h"
+#include "libs/store/change_log_directory.h"
 #include "libs/store/internal/failpoint.h"
+#include "libs/status/status_macros.h"
 
 namespace ckpt {
 namespace {
@@ -284,6 +286,14 @@ absl::Status PackWriter::Sync() {
   }
   CKPT_RECORD_FILE_SYNCED(path_, size_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ChangeLog>> PackDirectory::OpenChangeLog() {
+  const size_t slash = dir_.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : dir_.substr(0, slash);
+  ASSIGN_OR_RETURN(std::unique_ptr<DirectoryChangeLog> log,
+                   DirectoryChangeLog::Open(absl::StrCat(parent.empty() ? "/" : parent, "/changes")));
+  return std::unique_ptr<ChangeLog>(std::move(log));
 }
 
 }  // namespace ckpt

@@ -93,6 +93,9 @@ class PackDirectory final : public ChunkBackend {
 
   std::optional<std::string> LocalFilePath(uint64_t pack_id) const override;
 
+  // A DirectoryChangeLog in "changes" beside this directory (<store>/changes for <store>/packs).
+  absl::StatusOr<std::unique_ptr<ChangeLog>> OpenChangeLog() override;
+
   const std::string& dir() const { return dir_; }
 
  private:

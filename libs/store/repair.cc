@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "libs/status/rocksdb_status.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/change_log_directory.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/rocksdb_schema.h"
 #include "libs/store/store_records.pb.h"
@@ -361,6 +362,74 @@ absl::Status ReconcileRecords(const std::string& db_path, std::optional<uint64_t
   return db->RewriteAcknowledgedMarker();
 }
 
+// Verifies every version of the opened `store` chunk by chunk, deletes those with any problem
+// (reported in report.dropped), and verifies the whole store into report.verify.
+absl::Status VerifyEveryVersion(RocksDbCheckpointStore& store, RepairReport& report) {
+    const ChangeAttribution attribution{"ckpt repair", "damaged: dropped by the store repair"};
+  ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store.ListModels());
+  for (const v1::ModelInfo& model : models) {
+    ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions, store.ListVersions(model.name()));
+    for (const v1::VersionInfo& info : versions) {
+      const std::string ref = FormatVersionRef(model.name(), info.version());
+      absl::StatusOr<v1::VerifyResponse> verified = store.Verify(model.name(), info.version());
+      std::string reason;
+      if (!verified.ok()) {
+        reason = std::string(verified.status().message());
+      } else if (verified->problems_size() > 0) {
+        reason = verified->problems(0).message();
+        if (verified->problems_size() > 1) {
+          absl::StrAppend(&reason, " (and ", verified->problems_size() - 1, " more problems)");
+        }
+      }
+      if (reason.empty()) {
+        report.intact.push_back({ref, ""});
+        continue;
+      }
+      RETURN_IF_ERROR(
+          store.DeleteVersion(model.name(), info.version(), /*force=*/true, attribution).status());
+      report.dropped.push_back({ref, reason});
+    }
+  }
+  ASSIGN_OR_RETURN(report.verify, store.Verify("", 0));
+  return absl::OkStatus();
+}
+
+// The number of records in the change log beside the packs (<db_path>/changes); 0 when there
+// is none.
+absl::StatusOr<int64_t> LoggedChanges(const std::string& db_path) {
+  const std::string dir = absl::StrCat(db_path, "/changes");
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) return 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<DirectoryChangeLog> log, DirectoryChangeLog::Open(dir));
+  return log->last_sequence();
+}
+
+// The index is a cache of the change log: the damaged database files go to the backup (copied,
+// then removed), and the store opened on the emptied directory replays every record. Nothing is
+// dropped unless its chunks fail verification.
+absl::StatusOr<RepairReport> RebuildFromChangeLog(const std::string& db_path,
+                                                  int64_t logged_changes, RepairReport& report) {
+  ASSIGN_OR_RETURN(report.backed_up, BackUp(db_path, report.backup_dir));
+  for (const std::string& name : report.backed_up) {
+    std::error_code error;
+    fs::remove(fs::path(db_path) / name, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("removing the damaged '", name, "' from '", db_path,
+                                              "' (a copy is in ", report.backup_dir,
+                                              "): ", error.message()));
+    }
+  }
+  report.notes.push_back(absl::StrCat("rebuilt the index from its change log (", logged_changes,
+                                      " changes in ", db_path, "/changes); the damaged database "
+                                      "files are in ", report.backup_dir));
+  StoreOptions store_options;
+  store_options.db_path = db_path;
+  ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
+                   RocksDbCheckpointStore::Open(store_options));
+  RETURN_IF_ERROR(VerifyEveryVersion(*store, report));
+  return report;
+}
+
 }  // namespace
 
 absl::StatusOr<RepairReport> RepairStore(const RepairOptions& options) {
@@ -388,6 +457,10 @@ absl::StatusOr<RepairReport> RepairStore(const RepairOptions& options) {
   RepairReport report;
   report.backup_dir =
       options.backup_dir.empty() ? DefaultBackupDir(options.db_path) : options.backup_dir;
+  ASSIGN_OR_RETURN(const int64_t logged_changes, LoggedChanges(options.db_path));
+  if (logged_changes > 0 && options.rebuild_from_change_log) {
+    return RebuildFromChangeLog(options.db_path, logged_changes, report);
+  }
   ASSIGN_OR_RETURN(report.backed_up, BackUp(options.db_path, report.backup_dir));
 
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
@@ -421,34 +494,12 @@ absl::StatusOr<RepairReport> RepairStore(const RepairOptions& options) {
   StoreOptions store_options;
   store_options.db_path = options.db_path;
   store_options.create_if_missing = false;
+  // A store that kept no log gets one at its next ordinary open; the repair changes only what
+  // it reports.
+  store_options.keep_change_log = logged_changes > 0;
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
                    RocksDbCheckpointStore::Open(store_options));
-  const ChangeAttribution attribution{"ckpt repair", "damaged: dropped by the store repair"};
-  ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, store->ListModels());
-  for (const v1::ModelInfo& model : models) {
-    ASSIGN_OR_RETURN(std::vector<v1::VersionInfo> versions, store->ListVersions(model.name()));
-    for (const v1::VersionInfo& info : versions) {
-      const std::string ref = FormatVersionRef(model.name(), info.version());
-      absl::StatusOr<v1::VerifyResponse> verified = store->Verify(model.name(), info.version());
-      std::string reason;
-      if (!verified.ok()) {
-        reason = std::string(verified.status().message());
-      } else if (verified->problems_size() > 0) {
-        reason = verified->problems(0).message();
-        if (verified->problems_size() > 1) {
-          absl::StrAppend(&reason, " (and ", verified->problems_size() - 1, " more problems)");
-        }
-      }
-      if (reason.empty()) {
-        report.intact.push_back({ref, ""});
-        continue;
-      }
-      RETURN_IF_ERROR(
-          store->DeleteVersion(model.name(), info.version(), /*force=*/true, attribution).status());
-      report.dropped.push_back({ref, reason});
-    }
-  }
-  ASSIGN_OR_RETURN(report.verify, store->Verify("", 0));
+  RETURN_IF_ERROR(VerifyEveryVersion(*store, report));
   return report;
 }
 

@@ -5,6 +5,10 @@
 // corrupt MANIFEST, a truncated SST or WAL): the store then refuses to open with DATA_LOSS
 // (rocksdb_schema.h), and this is the way back that keeps every intact version.
 //
+// A store that keeps a change log beside its packs (every store this build creates; see
+// RepairOptions::rebuild_from_change_log) is repaired by rebuilding its index from the log,
+// which loses nothing that was acknowledged. What follows is the repair of a store without one.
+//
 // RepairStore copies the database's own files (not the pack files, which it never changes) to a
 // backup directory, runs RocksDB's RepairDB (which rebuilds the MANIFEST from the SST files and
 // the WAL, skipping what fails its checksums), and then makes the store's records agree with
@@ -40,6 +44,11 @@ struct RepairOptions {
   // Where the damaged database files are copied before anything is changed; must not exist.
   // Empty (the default): "<db_path>.before-repair-<UTC time>" beside the store.
   std::string backup_dir;
+  // A store with a change log beside its packs (<db_path>/changes, change_log.h) is repaired by
+  // rebuilding its index from the log: the database files go to backup_dir and every change is
+  // replayed, so nothing acknowledged is lost and no version is dropped unless its chunks fail
+  // verification. False: RocksDB's RepairDB as for a store without a log (below). Default true.
+  bool rebuild_from_change_log = true;
 };
 
 // A version the repair kept or dropped.

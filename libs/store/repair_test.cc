@@ -112,6 +112,7 @@ class RepairTest : public ::testing::Test {
   std::unique_ptr<RocksDbCheckpointStore> Open() {
     StoreOptions options;
     options.db_path = path_;
+    options.keep_change_log = keep_change_log_;
     absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
         RocksDbCheckpointStore::Open(options);
     EXPECT_OK(store.status());
@@ -183,6 +184,15 @@ class RepairTest : public ::testing::Test {
   };
   std::string path_;
   std::map<int, Committed> committed_;
+  // Most tests here repair what RocksDB's RepairDB can recover: a store from before the change
+  // log (#53), which keeps none. RepairWithChangeLogTest below keeps one.
+  bool keep_change_log_ = false;
+};
+
+// A store that keeps a change log beside its packs (every store this build creates).
+class RepairWithChangeLogTest : public RepairTest {
+ protected:
+  RepairWithChangeLogTest() { keep_change_log_ = true; }
 };
 
 TEST_F(RepairTest, StoreWithoutCurrentComesBackWithEveryVersion) {
@@ -191,6 +201,7 @@ TEST_F(RepairTest, StoreWithoutCurrentComesBackWithEveryVersion) {
   ASSERT_TRUE(fs::remove(path_ + "/CURRENT"));
   StoreOptions options;
   options.db_path = path_;
+  options.keep_change_log = false;
   EXPECT_THAT(RocksDbCheckpointStore::Open(options),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ckpt repair")));
 
@@ -221,6 +232,7 @@ TEST_F(RepairTest, CorruptManifestIsRebuiltFromTheTablesAndTheLog) {
   for (int64_t offset : {size / 3, size / 2, 2 * size / 3}) FlipByte(manifest, offset);
   StoreOptions options;
   options.db_path = path_;
+  options.keep_change_log = false;
   EXPECT_THAT(RocksDbCheckpointStore::Open(options),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ckpt repair")));
 
@@ -274,6 +286,7 @@ TEST_F(RepairTest, TruncatedSstLosesOnlyItsVersionAndTheRecordsAgreeAgain) {
   fs::resize_file(sst, fs::file_size(sst) / 2);
   StoreOptions options;
   options.db_path = path_;
+  options.keep_change_log = false;
   EXPECT_THAT(RocksDbCheckpointStore::Open(options),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ckpt repair")));
 
@@ -472,6 +485,72 @@ TEST_F(RepairTest, DirectoryWithoutADatabaseIsNotFound) {
   fs::create_directories(path_);
   EXPECT_THAT(Repair(), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(fs::exists(path_ + ".backup"));
+}
+
+// The same damage as TruncatedSstLosesOnlyItsVersionAndTheRecordsAgreeAgain, on a store that
+// keeps a change log: the index is rebuilt from it and version 3 (only in the truncated SST) is
+// back with its alias.
+TEST_F(RepairWithChangeLogTest, TruncatedSstLosesNothing) {
+  Commit(1, 2);
+  FlushAll(path_);
+  Commit(3, 3);
+  const std::string sst = FlushAll(path_);
+  ASSERT_FALSE(sst.empty());
+  fs::resize_file(sst, fs::file_size(sst) / 2);
+  StoreOptions options;
+  options.db_path = path_;
+  EXPECT_THAT(RocksDbCheckpointStore::Open(options),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ckpt repair")));
+
+  ASSERT_OK_AND_ASSIGN(RepairReport report, Repair());
+  EXPECT_THAT(Refs(report.intact), ElementsAre("m@1", "m@2", "m@3"));
+  EXPECT_THAT(report.dropped, IsEmpty());
+  EXPECT_EQ(report.versions_unrecovered, 0);
+  EXPECT_THAT(report.notes, ::testing::Contains(HasSubstr("rebuilt the index from its change log")));
+  EXPECT_THAT(report.verify.problems(), IsEmpty());
+  EXPECT_TRUE(fs::exists(report.backup_dir + "/" + fs::path(sst).filename().string()));
+  ExpectVersionsIntact({1, 2, 3});
+  std::unique_ptr<RocksDbCheckpointStore> store = Open();
+  ASSERT_OK_AND_ASSIGN(v1::Manifest best, store->GetManifest(Ref("m@best")));
+  EXPECT_EQ(best.version(), 3);
+  CheckpointContents contents;
+  contents.model = MakeStateDict({{"w", Seeded({8}, 9)}});
+  ASSERT_OK_AND_ASSIGN(CommitResult next, store->CommitCheckpoint("m", contents));
+  EXPECT_EQ(next.version.version(), 4);
+}
+
+// A write-ahead log that lost acknowledged commits: RocksDB's repair cannot bring them back
+// (WriteAheadLogThatLostAcknowledgedCommitsIsRefusedThenRepaired), the change log does.
+TEST_F(RepairWithChangeLogTest, AWriteAheadLogThatLostCommitsLosesNothing) {
+  Commit(1, 2);
+  FlushAll(path_);
+  Commit(3, 4);
+  for (const fs::path& log : LiveLogs(path_)) fs::resize_file(log, 0);
+  ASSERT_OK_AND_ASSIGN(RepairReport report, Repair());
+  EXPECT_THAT(Refs(report.intact), ElementsAre("m@1", "m@2", "m@3", "m@4"));
+  EXPECT_EQ(report.acknowledged_writes_lost, 0u);
+  ExpectVersionsIntact({1, 2, 3, 4});
+}
+
+// The whole index deleted (every RocksDB file; the packs and the log stay): the store opens
+// on the emptied directory and replays its log, with no repair at all.
+TEST_F(RepairWithChangeLogTest, ADeletedIndexIsRebuiltAtOpen) {
+  Commit(1, 3);
+  {
+    std::unique_ptr<RocksDbCheckpointStore> store = Open();
+    ASSERT_OK(store->SetAlias("m", "production", 2).status());
+    ASSERT_OK(store->DeleteVersion("m", 1, /*force=*/true).status());
+  }
+  for (const fs::directory_entry& entry : fs::directory_iterator(path_)) {
+    if (entry.is_regular_file()) fs::remove(entry.path());
+  }
+  ExpectVersionsIntact({2, 3});
+  std::unique_ptr<RocksDbCheckpointStore> store = Open();
+  ASSERT_OK_AND_ASSIGN(v1::Manifest production, store->GetManifest(Ref("m@production")));
+  EXPECT_EQ(production.version(), 2);
+  HistoryQuery query;
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::RegistryEvent> history, store->ListHistory(query));
+  EXPECT_GE(history.size(), 5u);  // 3 commits, the alias, the delete.
 }
 
 }  // namespace

@@ -131,12 +131,25 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
   if (packs == nullptr) {
     ASSIGN_OR_RETURN(packs, PackDirectory::Open(absl::StrCat(options.db_path, "/packs")));
   }
+  std::unique_ptr<ChangeLog> change_log;
+  if (options.keep_change_log) {
+    ASSIGN_OR_RETURN(change_log, packs->OpenChangeLog());
+  }
   auto core = std::make_shared<Core>(options, std::move(db), std::move(packs), skip_hashing);
+  if (options.start_as_follower) {
+    if (change_log == nullptr) {
+      return absl::InvalidArgumentError("a follower needs a change log to follow");
+    }
+    core->StepDown("");
+  }
+  if (change_log != nullptr) RETURN_IF_ERROR(core->AttachChangeLog(std::move(change_log)));
   RETURN_IF_ERROR(core->LoadAuditLog());
   RETURN_IF_ERROR(core->LoadHistory());
   // A store that cannot write now (a full disk) still opens: the records stay PENDING until an
-  // open that can.
-  if (absl::Status reconciled = core->ReconcilePendingAudit(); !reconciled.ok()) {
+  // open that can. A follower leaves them to the writer (TakeOverAsWriter reconciles).
+  if (absl::Status reconciled =
+          options.start_as_follower ? absl::OkStatus() : core->ReconcilePendingAudit();
+      !reconciled.ok()) {
     std::fprintf(stderr, "ckpt store: audit records left PENDING stay so for now: %s\n",
                  reconciled.ToString().c_str());
   }
@@ -145,9 +158,26 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> RocksDbCheckpointStore::
 
 const std::string& RocksDbCheckpointStore::db_path() const { return core_->options().db_path; }
 
+absl::StatusOr<int64_t> RocksDbCheckpointStore::FollowChangeLog() { return core_->ApplyNewChanges(); }
+
+absl::Status RocksDbCheckpointStore::TakeOverAsWriter() { return core_->TakeOver(); }
+
+void RocksDbCheckpointStore::StepDown(std::string writer_address) {
+  core_->StepDown(std::move(writer_address));
+}
+
+bool RocksDbCheckpointStore::is_follower() const { return core_->is_follower(); }
+
+int64_t RocksDbCheckpointStore::last_change() const { return core_->last_change(); }
+
 absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUpload(
     absl::string_view model, v1::Manifest header, const CommitOptions& options) {
   RETURN_IF_ERROR(ValidateModelName(model));
+  // Refused before any bytes flow: the commit would be.
+  if (core_->is_follower()) {
+    return absl::UnavailableError(absl::StrCat(
+        "an upload to '", model, "' cannot commit here: this store follows the writer"));
+  }
   if (!header.model().empty() && header.model() != model) {
     return absl::InvalidArgumentError(absl::StrCat(
         "upload to model '", model, "' has a header for model '", header.model(), "'"));

@@ -72,6 +72,15 @@ struct StoreOptions {
   // a backend serves one store (GC removes the packs this store's index does not name), and the
   // same backend must be passed every time the store is opened.
   std::shared_ptr<ChunkBackend> chunk_backend;
+  // Record every acknowledged change in the backend's change log (change_log.h: beside the pack
+  // files, or in their bucket) before it is applied here, and replay what this index lacks at
+  // open: an empty `db_path` is rebuilt from the log, so losing the index loses nothing.
+  // Default true; false only for measuring what the log costs (tools/bench).
+  bool keep_change_log = true;
+  // Open as a follower of the change log (a standby beside the writer, sharing its bucket):
+  // reads are served from this index, FollowChangeLog applies what the writer appends, and every
+  // change is refused with UNAVAILABLE until TakeOverAsWriter. Needs keep_change_log.
+  bool start_as_follower = false;
 };
 
 // A seam for tools/bench only (libs/store/benchmark_seams.h, visible to tools/bench alone).
@@ -145,6 +154,22 @@ class RocksDbCheckpointStore final : public CheckpointStore {
   absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
 
   const std::string& db_path() const;
+
+  // ---- Several stores on one change log (issue #53; libs/ha/store_failover.h drives these).
+  // A follower applies the records the writer appended since it last looked; how many. Watchers
+  // wake for their events. FAILED_PRECONDITION on the writer or without a log.
+  absl::StatusOr<int64_t> FollowChangeLog();
+  // Becomes the writer: catches up, then creates a takeover record after the log's last, so no
+  // earlier writer can append again (its next number is taken), and reconciles the audit records
+  // the old writer left PENDING. The caller must hold the writer's lease (etcd) first: two stores
+  // taking over in turn would fence each other, never both write.
+  absl::Status TakeOverAsWriter();
+  // Becomes a follower: changes are refused with UNAVAILABLE naming `writer_address` (may be
+  // empty: not known yet). A change already appending finishes or fails as it would have.
+  void StepDown(std::string writer_address);
+  bool is_follower() const;
+  // The number of the last change-log record this index holds (0: none, or no log).
+  int64_t last_change() const;
 
   // Internal state shared with sessions and readers (internal/rocksdb_store_core.h).
   class Core;

@@ -86,6 +86,10 @@ inline constexpr absl::string_view kAcknowledgedWriteKey = "acknowledged_write";
 // of PENDING records (rocksdb_checkpoint_store_audit.cc) starts after it. Written unsynced: a
 // lost update only means scanning again.
 inline constexpr absl::string_view kAuditReconciledThroughKey = "audit_reconciled_through";
+// The number of the last change-log record (change_log.h) this index has applied, 8 bytes
+// big-endian, written in the batch of that record's change. Absent in an index that never had a
+// change log (or an empty one that is to be rebuilt from its log).
+inline constexpr absl::string_view kChangeLogAppliedKey = "change_log_applied";
 // The file beside the database that remembers the same number outside RocksDB.
 inline constexpr absl::string_view kAcknowledgedMarkerFile = "CKPT-ACKNOWLEDGED";
 

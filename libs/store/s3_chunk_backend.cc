@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/s3_change_log.h"
 
 namespace ckpt {
 namespace {
@@ -212,6 +213,10 @@ absl::StatusOr<std::unique_ptr<S3ChunkBackend>> S3ChunkBackend::Create(
 
 S3ChunkBackend::S3ChunkBackend(std::shared_ptr<s3::S3Client> client, S3ChunkBackendOptions options)
     : client_(std::move(client)), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<ChangeLog>> S3ChunkBackend::OpenChangeLog() {
+  return std::unique_ptr<ChangeLog>(std::make_unique<S3ChangeLog>(client_, options_.prefix));
+}
 
 std::string S3ChunkBackend::PacksPrefix() const { return absl::StrCat(options_.prefix, "packs/"); }
 

@@ -89,6 +89,8 @@ class S3ChunkBackend final : public ChunkBackend {
   int ReleaseRemoved(uint64_t up_to) override;
   // The multipart uploads of pack objects in progress, with their Initiated times.
   absl::StatusOr<std::vector<PendingPack>> ListPending() const override;
+  // An S3ChangeLog under the same prefix: `<prefix>changes/`.
+  absl::StatusOr<std::unique_ptr<ChangeLog>> OpenChangeLog() override;
   absl::Status AbortPending(const PendingPack& pending) override;
 
  private:

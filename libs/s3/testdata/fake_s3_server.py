@@ -325,6 +325,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if not (token.startswith("page/") and token.endswith("+")):
                 return self.error(400, "InvalidArgument", "continuation token %r" % token)
             after = base64.b64decode(token[5:-1]).decode()
+        after = max(after, query.get("start-after", ""))
         with self.server.state.lock:
             keys = sorted(k for k in self.server.state.objects if k.startswith(prefix) and k > after)
             page = [(k, self.server.state.objects[k], self.server.state.etags[k],

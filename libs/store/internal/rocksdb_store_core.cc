@@ -3,6 +3,8 @@
 
 #include "libs/store/internal/rocksdb_store_core.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <random>
 #include <utility>
@@ -12,13 +14,26 @@ namespace ckpt {
 using namespace rocksdb_store_internal;  // NOLINT(build/namespaces): the store's own helpers.
 using Core = RocksDbCheckpointStore::Core;
 
+namespace {
+
+// host:pid:random: which process wrote a change-log record.
+std::string NewWriterId() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::random_device random;
+  return absl::StrFormat("%s:%d:%08x", host, static_cast<int>(::getpid()), random());
+}
+
+}  // namespace
+
 Core::Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::shared_ptr<ChunkBackend> packs,
            bool skip_hashing)
     : options_(std::move(options)),
       skip_hashing_(skip_hashing),
       store_db_(std::move(db)),
       db_(store_db_->db()),
-      packs_(std::move(packs)) {
+      packs_(std::move(packs)),
+      writer_id_(NewWriterId()) {
   std::random_device random;
   upload_id_base_ = (static_cast<uint64_t>(random()) << 32) ^ random();
 }
@@ -43,12 +58,14 @@ uint64_t Core::OldestReaderSequence() {
 }
 
 absl::Status Core::Write(rocksdb::WriteBatch& batch, absl::string_view what, bool sync) {
+  if (sync && change_log_ != nullptr) return LogAndWrite(batch, what);
   if (sync && options_.sync_commits) return store_db_->WriteAcknowledged(batch, what);
   rocksdb::WriteOptions write;
   return FromRocksDbStatus(db_->Write(write, &batch), what);
 }
 
 absl::Status Core::WriteDurably(rocksdb::WriteBatch& batch, absl::string_view what) {
+  if (change_log_ != nullptr) return LogAndWrite(batch, what);
   return store_db_->WriteAcknowledged(batch, what);
 }
 

@@ -18,11 +18,17 @@
 //   internal/rocksdb_store_core_records.cc   model, version and alias records; refcount deltas
 //   internal/rocksdb_store_core_chunks.cc    chunk reads, mapping and checks; pinning and storing
 //   internal/rocksdb_store_core_packs.cc     pack space: reclaiming, compaction, live locations
+//   internal/rocksdb_store_core_changes.cc   the change log: every acknowledged batch recorded
+//                                            there first; replay, rebuild, fencing
 //   internal/rocksdb_store_records.h         small helpers (namespace rocksdb_store_internal),
 //                                            which a .cc file that wants them unqualified says
 //                                            with a using-directive of its own
 
+#include <optional>
+#include <vector>
+
 #include "libs/io/disjoint_ranges.h"
+#include "libs/store/change_log.h"
 #include "libs/store/internal/rocksdb_store_records.h"
 
 namespace ckpt {
@@ -76,6 +82,37 @@ class RocksDbCheckpointStore::Core {
   // Synced whatever sync_commits says: for batches after which files are removed (GC), whose loss
   // in a power failure would bring back locations naming deleted packs.
   absl::Status WriteDurably(rocksdb::WriteBatch& batch, absl::string_view what);
+
+  // ---- The change log (internal/rocksdb_store_core_changes.cc; change_log.h says why).
+  //
+  // With a log attached, every acknowledged write (Write with sync, WriteDurably) is first
+  // created in the log as the next record and then applied here, under change_mu_, so the log's
+  // order is the index's. Unacknowledged writes (an upload's own records, sync=false) stay local:
+  // an upload in flight is lost with its host and retried by its client.
+
+  // Called once by Open, before the audit log and history are loaded. Applies the records this
+  // index has not (every record, into an empty index: the rebuild from a bucket or a lost
+  // directory), or, for an index that never had a log, records the whole index as record 1.
+  // DATA_LOSS when the index has applied records the log no longer holds;
+  // FAILED_PRECONDITION when a non-empty index without a log meets a non-empty log (two stores).
+  absl::Status AttachChangeLog(std::unique_ptr<ChangeLog> log);
+  // Null when the store keeps no log (StoreOptions::keep_change_log false).
+  const ChangeLog* change_log() const { return change_log_.get(); }
+  // The number of the last record applied to this index.
+  int64_t last_change();
+  // Applies records other writers appended since (a follower's catch-up); how many. Each
+  // applied batch's history is published. FAILED_PRECONDITION on a store that keeps no log.
+  absl::StatusOr<int64_t> ApplyNewChanges();
+
+  // Roles (RocksDbCheckpointStore::TakeOverAsWriter / StepDown). A follower refuses every change
+  // with UNAVAILABLE naming `writer` (where the writer is, when known).
+  bool is_follower();
+  void StepDown(std::string writer);
+  // Catches up with the log and creates a takeover record after its last one (retrying while
+  // another writer still appends), which fences every earlier writer; then takes changes.
+  absl::Status TakeOver();
+  // The error a follower answers changes with.
+  absl::Status FollowerRefusal(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
 
   // ---- Records (internal/rocksdb_store_core_records.cc).
 
@@ -380,6 +417,35 @@ class RocksDbCheckpointStore::Core {
 
   AuditLog audit_log_;
   absl::Mutex gc_mu_;  // ordered before mu_.
+
+  // The change log (internal/rocksdb_store_core_changes.cc).
+  absl::Status LogAndWrite(rocksdb::WriteBatch& batch, absl::string_view what)
+      ABSL_LOCKS_EXCLUDED(change_mu_);
+  // Applies `changes` (in order, after last_change_) to the index; `sync` once at the end.
+  absl::Status ApplyChanges(const std::vector<LoggedChange>& changes, bool sync)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
+  // Applies every record after last_change_; how many.
+  absl::StatusOr<int64_t> CatchUpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
+  // After an append whose outcome is unknown: reads what the log holds after last_change_ and
+  // applies it if it is this writer's, or fences this writer if it is another's.
+  absl::Status ResolveChangeTail() ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
+  absl::Status Fence(int64_t sequence, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
+  // A record of the whole index (its first, for an index that kept no log).
+  absl::StatusOr<std::string> SnapshotRecord() const;
+  absl::StatusOr<store::ChangeRecord> RecordFromBatch(rocksdb::WriteBatch& batch) const;
+  absl::Status BatchFromRecord(const store::ChangeRecord& record, rocksdb::WriteBatch& batch) const;
+
+  std::unique_ptr<ChangeLog> change_log_;
+  const std::string writer_id_;  // host:pid:random, in every record this process writes.
+  // Ordered after mu_ and the audit log's mutex (writes happen under them).
+  absl::Mutex change_mu_;
+  int64_t last_change_ ABSL_GUARDED_BY(change_mu_) = 0;
+  bool change_tail_unknown_ ABSL_GUARDED_BY(change_mu_) = false;
+  absl::Status fenced_ ABSL_GUARDED_BY(change_mu_);
+  // A batch in the log whose write to the index failed (a full disk): applied before the next.
+  std::optional<rocksdb::WriteBatch> unapplied_ ABSL_GUARDED_BY(change_mu_);
+  bool follower_ ABSL_GUARDED_BY(change_mu_) = false;
+  std::string writer_address_ ABSL_GUARDED_BY(change_mu_);  // where followers send changes.
 };
 
 }  // namespace ckpt
