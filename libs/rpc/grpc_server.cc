@@ -140,6 +140,12 @@ GrpcServer::~GrpcServer() {
 
 void GrpcServer::Wait() { server_->Wait(); }
 
+void GrpcServer::SetServing(const std::string& service, bool serving) {
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(service, serving);
+  }
+}
+
 void GrpcServer::Shutdown(absl::Duration grace) {
   std::call_once(shutdown_once_, [&] {
     if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {

@@ -93,6 +93,11 @@ class GrpcServer {
   // in-flight calls finish for up to `grace`, then cancels the rest. Idempotent.
   void Shutdown(absl::Duration grace);
 
+  // What grpc.health.v1 says of `service` (a full name): a standby store reports its write
+  // service NOT_SERVING, so clients balancing over several addresses with health checks send
+  // their calls to the writer. No effect after Shutdown.
+  void SetServing(const std::string& service, bool serving);
+
  private:
   GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::string address);
 

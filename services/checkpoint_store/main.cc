@@ -27,6 +27,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "libs/ha/etcd_client.h"
+#include "libs/ha/store_failover.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/identity_service.h"
 #include "libs/rpc/server_main.h"
@@ -55,6 +57,26 @@ ABSL_FLAG(absl::Duration, abandoned_upload_grace, absl::Hours(1),
           "Garbage collection leaves the chunks of an upload abandoned less than this long ago, "
           "so a client that reconnects can reuse them; uploads in progress are never collected. "
           "A duration such as 1h or 90m. Default 1h.");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "Run as one of several stores sharing one bucket (--chunks_s3_*): comma-separated etcd "
+          "URLs (http://HOST:PORT). The store that holds the writer's lease in etcd takes "
+          "changes; the others follow the bucket's change log, answer reads, and refuse changes "
+          "with UNAVAILABLE naming the writer, and their health reports ckpt.v1.CheckpointStore "
+          "NOT_SERVING, so clients given every store's address (--store=A,B) reach the writer. "
+          "Empty (the default): this store is the only writer.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "With --etcd_endpoints: this store's address as clients reach it, named to them when "
+          "it is the writer. Default: the address it listens on.");
+ABSL_FLAG(std::string, writer_key, "",
+          "With --etcd_endpoints: the etcd key that names the writer. Default "
+          "/ckpt/writer/BUCKET/PREFIX, one per change log.");
+ABSL_FLAG(absl::Duration, writer_lease_ttl, absl::Seconds(2),
+          "With --etcd_endpoints: the writer's lease. A dead writer's successor takes over about "
+          "this long after it died; a writer that cannot renew it within this long steps down. "
+          "Default 2s.");
+ABSL_FLAG(absl::Duration, follow_interval, absl::Milliseconds(100),
+          "With --etcd_endpoints: how often a follower applies the writer's new changes and "
+          "tries for the lease. Default 100ms.");
 ABSL_FLAG(int, worker_threads, 8,
           "Threads that run store work (RocksDB reads and writes, hashing, fsync) off gRPC's "
           "threads; calls beyond this many wait in a queue. Default 8.");
@@ -82,6 +104,9 @@ struct ServerConfig {
   GrpcServerOptions server;
   std::string port_file;
   absl::Duration shutdown_grace;
+  // --etcd_endpoints: several stores on one bucket, one of them the writer.
+  std::string etcd_endpoints;
+  ha::StoreFailoverOptions failover;
 };
 
 absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positional) {
@@ -136,6 +161,35 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
                    LoadServerSecurity(CKPT_SERVER_SECURITY_FROM_FLAGS(), "--"));
   config.server.tls = security.tls;
   config.service.access = security.access;
+  config.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  if (!config.etcd_endpoints.empty()) {
+    if (config.chunks_s3.endpoint.empty()) {
+      return absl::InvalidArgumentError(
+          "--etcd_endpoints needs --chunks_s3_endpoint: stores on several hosts share their "
+          "change log and packs through a bucket");
+    }
+    config.store.start_as_follower = true;
+    config.failover.address = absl::GetFlag(FLAGS_advertise_address);
+    config.failover.key = absl::GetFlag(FLAGS_writer_key);
+    if (config.failover.key.empty()) {
+      config.failover.key =
+          absl::StrCat("/ckpt/writer/", config.chunks_s3.bucket, "/", config.chunks_s3.prefix);
+    }
+    config.failover.lease_ttl = absl::GetFlag(FLAGS_writer_lease_ttl);
+    config.failover.follow_interval = absl::GetFlag(FLAGS_follow_interval);
+    if (config.failover.lease_ttl < absl::Seconds(1) ||
+        config.failover.follow_interval <= absl::ZeroDuration() ||
+        config.failover.follow_interval >= config.failover.lease_ttl) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--writer_lease_ttl must be >= 1s and --follow_interval > 0 and shorter than it (got ",
+          absl::FormatDuration(config.failover.lease_ttl), " and ",
+          absl::FormatDuration(config.failover.follow_interval), ")"));
+    }
+  } else if (!absl::GetFlag(FLAGS_advertise_address).empty() ||
+             !absl::GetFlag(FLAGS_writer_key).empty()) {
+    return absl::InvalidArgumentError(
+        "--advertise_address and --writer_key need --etcd_endpoints");
+  }
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (config.shutdown_grace < absl::ZeroDuration()) {
@@ -174,6 +228,37 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
     std::cerr << "checkpoint_store: " << server.status() << "\n";
     return kExitFailure;
   }
+  std::unique_ptr<ha::StoreFailover> failover;
+  if (!config.etcd_endpoints.empty()) {
+    // A follower until the lease says otherwise: clients balancing over every store's address
+    // skip it (its health says NOT_SERVING for the store service).
+    GrpcServer* const serving = server->get();
+    serving->SetServing(v1::CheckpointStore::service_full_name(), false);
+    ha::EtcdClientOptions etcd_options;
+    etcd_options.endpoints = config.etcd_endpoints;
+    absl::StatusOr<ha::EtcdClient> etcd = ha::EtcdClient::Create(etcd_options);
+    if (!etcd.ok()) {
+      std::cerr << "checkpoint_store: --etcd_endpoints: " << etcd.status() << "\n";
+      return kExitFailure;
+    }
+    if (config.failover.address.empty()) config.failover.address = serving->address();
+    config.failover.on_role = [serving](bool writer, const std::string& writer_address) {
+      serving->SetServing(v1::CheckpointStore::service_full_name(), writer);
+      std::cerr << "checkpoint_store: "
+                << (writer ? std::string("the writer")
+                           : absl::StrCat("a follower (the writer: ",
+                                          writer_address.empty() ? "none yet" : writer_address,
+                                          ")"))
+                << "\n";
+    };
+    absl::StatusOr<std::unique_ptr<ha::StoreFailover>> started =
+        ha::StoreFailover::Start(**store, *std::move(etcd), config.failover);
+    if (!started.ok()) {
+      std::cerr << "checkpoint_store: " << started.status() << "\n";
+      return kExitFailure;
+    }
+    failover = *std::move(started);
+  }
   ServeOptions serve;
   serve.program = "checkpoint_store";
   serve.serving_line = absl::StrCat("checkpoint store serving ", config.store.db_path);
@@ -182,6 +267,7 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
   // Watches never end on their own; the grace is for other calls.
   serve.before_shutdown = [&service] { (*service)->EndWatches(); };
   const int exit_code = ServeUntilStopped(**server, stop_signals, serve);
+  failover.reset();  // a writer hands over: its lease revoked, a follower takes over at once.
   server->reset();
   service->reset();  // Waits for the last call, joins its threads.
   store->reset();
