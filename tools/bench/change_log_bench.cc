@@ -1,0 +1,229 @@
+// change_log_bench: what the store's change log costs and how fast a store comes back from it
+// (issue #53). Every figure has its baseline in the same run, against the same disk or bucket.
+//
+//   bazel run //tools/bench:change_log_bench -- [--commits=20] [--mib=16] [--aliases=200]
+//       [--rebuild_versions=2000] [--runs=3]
+//   # against a real radosgw as well (S3_ENDPOINT ... as tools/ceph/single_node.sh writes them):
+//   bazel run //tools/ceph:single_node -- start /tmp/ceph && source /tmp/ceph/env && bazel run ...
+//
+// F3  commit latency (a checkpoint of --mib MiB in 4 MiB tensors, random bytes) and alias moves
+//     (a registry change alone) with StoreOptions::keep_change_log against without, runs
+//     interleaved; the table shows medians over --runs of the per-operation mean.
+// F2  rebuild: --rebuild_versions small versions (one 4 KiB tensor each) committed, the index
+//     deleted, then the time to open again (replaying every record): versions per second, and
+//     the store's time-to-serving after a lost disk.
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "libs/s3/s3_client.h"
+#include "libs/store/checkpoint_store.h"
+#include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/s3_chunk_backend.h"
+#include "libs/tensor/state_dict.h"
+#include "tools/bench/stats.h"
+#include "torch/torch.h"
+
+ABSL_FLAG(int, commits, 20, "Commits per run for F3. Default 20.");
+ABSL_FLAG(int, mib, 16, "Checkpoint size of each F3 commit in MiB (4 MiB tensors). Default 16.");
+ABSL_FLAG(int, aliases, 200, "Alias moves per run for F3. Default 200.");
+ABSL_FLAG(int, rebuild_versions, 2000, "Versions committed before the F2 rebuild. Default 2000.");
+ABSL_FLAG(int, runs, 3, "Runs of each F3 measurement (medians shown). Default 3.");
+ABSL_FLAG(std::string, work_dir, "/tmp/ckpt-change-log-bench",
+          "Scratch directory for the stores (removed after).");
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+// Where a store's chunks (and so its change log) go.
+struct Backend {
+  std::string name;
+  bool s3 = false;
+};
+
+std::shared_ptr<ChunkBackend> MakeChunks(const Backend& backend, const std::string& prefix) {
+  if (!backend.s3) return nullptr;
+  s3::S3ClientOptions options;
+  options.endpoint = Env("S3_ENDPOINT");
+  options.access_key = Env("S3_ACCESS_KEY");
+  options.secret_key = Env("S3_SECRET_KEY");
+  if (!Env("S3_REGION").empty()) options.region = Env("S3_REGION");
+  options.bucket = "ckpt-change-log-bench";
+  absl::StatusOr<std::unique_ptr<s3::S3Client>> client = s3::S3Client::Create(options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "S3 client: %s\n", client.status().ToString().c_str());
+    std::exit(1);
+  }
+  (*client)->CreateBucket().IgnoreError();
+  S3ChunkBackendOptions backend_options;
+  backend_options.prefix = prefix;
+  absl::StatusOr<std::unique_ptr<S3ChunkBackend>> chunks =
+      S3ChunkBackend::Create(std::shared_ptr<s3::S3Client>(*std::move(client)), backend_options);
+  if (!chunks.ok()) {
+    std::fprintf(stderr, "S3 backend: %s\n", chunks.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(chunks);
+}
+
+std::unique_ptr<RocksDbCheckpointStore> OpenStore(const std::string& dir,
+                                                  std::shared_ptr<ChunkBackend> chunks,
+                                                  bool keep_change_log) {
+  StoreOptions options;
+  options.db_path = dir;
+  options.chunk_backend = std::move(chunks);
+  options.keep_change_log = keep_change_log;
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
+      RocksDbCheckpointStore::Open(options);
+  if (!store.ok()) {
+    std::fprintf(stderr, "opening %s: %s\n", dir.c_str(), store.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(store);
+}
+
+void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+CheckpointContents RandomCheckpoint(int mib, int64_t seed) {
+  torch::manual_seed(seed);
+  CheckpointContents contents;
+  for (int i = 0; i < std::max(1, mib / 4); ++i) {
+    Check(contents.model.Insert(absl::StrCat("layer", i, ".weight"),
+                                torch::randn({std::min(mib, 4) * 256 * 1024})),
+          "building a checkpoint");
+  }
+  return contents;
+}
+
+struct Costs {
+  double commit_ms = 0;
+  double alias_ms = 0;
+};
+
+// One F3 run: --commits commits and --aliases alias moves into a fresh store.
+Costs MeasureOnce(const Backend& backend, bool keep_change_log, int run) {
+  const std::string dir = absl::StrCat(absl::GetFlag(FLAGS_work_dir), "/f3-", backend.name, "-",
+                                       keep_change_log, "-", run);
+  fs::remove_all(dir);
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(
+      dir, MakeChunks(backend, absl::StrCat("f3-", keep_change_log, "-", run, "-", absl::ToUnixMicros(absl::Now()), "/")),
+      keep_change_log);
+  const int commits = absl::GetFlag(FLAGS_commits);
+  std::vector<CheckpointContents> checkpoints;
+  for (int i = 0; i < commits; ++i) {
+    checkpoints.push_back(RandomCheckpoint(absl::GetFlag(FLAGS_mib), run * 1000 + i));
+  }
+  Costs costs;
+  absl::Time start = absl::Now();
+  for (int i = 0; i < commits; ++i) {
+    Check(store->CommitCheckpoint("m", checkpoints[i]).status(), "committing");
+  }
+  costs.commit_ms = absl::ToDoubleMilliseconds(absl::Now() - start) / commits;
+  const int aliases = absl::GetFlag(FLAGS_aliases);
+  start = absl::Now();
+  for (int i = 0; i < aliases; ++i) {
+    Check(store->SetAlias("m", "production", 1 + i % commits).status(), "moving an alias");
+  }
+  costs.alias_ms = absl::ToDoubleMilliseconds(absl::Now() - start) / aliases;
+  store.reset();
+  fs::remove_all(dir);
+  return costs;
+}
+
+void F3(const Backend& backend) {
+  std::vector<double> commit_without, commit_with, alias_without, alias_with;
+  for (int run = 0; run < absl::GetFlag(FLAGS_runs); ++run) {
+    // Interleaved, so a drift of the disk or the server hits both sides alike.
+    const Costs without = MeasureOnce(backend, false, run);
+    const Costs with = MeasureOnce(backend, true, run);
+    commit_without.push_back(without.commit_ms);
+    commit_with.push_back(with.commit_ms);
+    alias_without.push_back(without.alias_ms);
+    alias_with.push_back(with.alias_ms);
+  }
+  const bench::Summary cw = bench::Summarize(commit_without), cl = bench::Summarize(commit_with);
+  const bench::Summary aw = bench::Summarize(alias_without), al = bench::Summarize(alias_with);
+  const int mib = absl::GetFlag(FLAGS_mib);
+  std::printf("| F3 %-12s | commit of %3d MiB | %9.2f ms | %9.2f ms | %5.3f | %7.1f MiB/s |\n",
+              backend.name.c_str(), mib, cw.median, cl.median, cl.median / cw.median,
+              mib / (cl.median / 1000));
+  std::printf("| F3 %-12s | alias move        | %9.3f ms | %9.3f ms | %5.3f |               |\n",
+              backend.name.c_str(), aw.median, al.median, al.median / aw.median);
+}
+
+void F2(const Backend& backend) {
+  const std::string dir = absl::StrCat(absl::GetFlag(FLAGS_work_dir), "/f2-", backend.name);
+  fs::remove_all(dir);
+  const std::string prefix = absl::StrCat("f2-", absl::ToUnixMicros(absl::Now()), "/");
+  const int versions = absl::GetFlag(FLAGS_rebuild_versions);
+  {
+    std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir, MakeChunks(backend, prefix), true);
+    for (int i = 0; i < versions; ++i) {
+      CheckpointContents contents;
+      Check(contents.model.Insert("w", torch::full({1024}, static_cast<float>(i))), "building");
+      Check(store->CommitCheckpoint(absl::StrCat("model-", i % 10), contents).status(),
+            "committing");
+    }
+  }
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (entry.is_regular_file()) fs::remove(entry.path());  // the index, not packs/ or changes/.
+  }
+  const absl::Time start = absl::Now();
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir, MakeChunks(backend, prefix), true);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  absl::StatusOr<std::vector<v1::ModelInfo>> models = store->ListModels();
+  Check(models.status(), "listing");
+  int64_t listed = 0;
+  for (const v1::ModelInfo& model : *models) listed += model.version_count();
+  if (listed != versions) {
+    std::fprintf(stderr, "rebuilt %lld versions of %d\n", static_cast<long long>(listed), versions);
+    std::exit(1);
+  }
+  std::printf("| F2 %-12s | rebuild of %d versions (%lld changes) | %.2f s to serving | %.0f versions/s |\n",
+              backend.name.c_str(), versions, static_cast<long long>(store->last_change()),
+              seconds, versions / seconds);
+  store.reset();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "What the store's change log costs (F3) and how fast a lost index comes back (F2).\n"
+      "  change_log_bench [--commits=20] [--mib=16] [--aliases=200] [--rebuild_versions=2000]\n"
+      "                   [--runs=3]   (S3_ENDPOINT etc. in the environment: radosgw too)");
+  absl::ParseCommandLine(argc, argv);
+  std::vector<ckpt::Backend> backends = {{"pack files", false}};
+  if (!ckpt::Env("S3_ENDPOINT").empty()) backends.push_back({"S3", true});
+  std::printf("| figure          | operation         | without log | with log  | ratio | throughput    |\n");
+  std::printf("|-----------------|-------------------|-------------|-----------|-------|---------------|\n");
+  for (const ckpt::Backend& backend : backends) ckpt::F3(backend);
+  for (const ckpt::Backend& backend : backends) ckpt::F2(backend);
+  std::filesystem::remove_all(absl::GetFlag(FLAGS_work_dir));
+  return 0;
+}
