@@ -283,7 +283,12 @@ int main(int argc, char** argv) {
       "  checkpoint_store --store_dir=DIR [--listen=127.0.0.1:0] [--port_file=FILE]\n"
       "                   [--tls_cert_file=PEM --tls_key_file=PEM [--tls_client_ca_file=PEM]]\n"
       "                   [--identities_file=JSON | --auth_token_file=FILE] "
-      "[--shutdown_grace=10s]");
+      "[--shutdown_grace=10s]\n"
+      "                   [--chunks_s3_endpoint=URL --chunks_s3_bucket=B ...]\n"
+      "                   [--etcd_endpoints=URL,URL,URL [--advertise_address=HOST:PORT]]\n"
+      "Every acknowledged change is first recorded in the store's change log (beside the packs,\n"
+      "or in their bucket); an empty --store_dir is rebuilt from it. With --etcd_endpoints\n"
+      "several stores share one bucket: one writer, the others follow and take over.");
   ckpt::SetHelpFlagsFile("services/checkpoint_store/main.cc");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ckpt::ServerConfig> config = ckpt::ConfigFromFlags(positional);

@@ -218,10 +218,12 @@ int main(int argc, char** argv) {
       "  change_log_bench [--commits=20] [--mib=16] [--aliases=200] [--rebuild_versions=2000]\n"
       "                   [--runs=3]   (S3_ENDPOINT etc. in the environment: radosgw too)");
   absl::ParseCommandLine(argc, argv);
-  std::vector<ckpt::Backend> backends = {{"pack files", false}};
+  std::filesystem::create_directories(absl::GetFlag(FLAGS_work_dir));
+  std::vector<ckpt::Backend> backends = {{"pack-files", false}};
   if (!ckpt::Env("S3_ENDPOINT").empty()) backends.push_back({"S3", true});
   std::printf("| figure          | operation         | without log | with log  | ratio | throughput    |\n");
   std::printf("|-----------------|-------------------|-------------|-----------|-------|---------------|\n");
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured.
   for (const ckpt::Backend& backend : backends) ckpt::F3(backend);
   for (const ckpt::Backend& backend : backends) ckpt::F2(backend);
   std::filesystem::remove_all(absl::GetFlag(FLAGS_work_dir));
