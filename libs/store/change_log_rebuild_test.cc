@@ -169,8 +169,10 @@ TEST(ChangeLogRebuildTest, AWriterWhoseNextNumberIsTakenIsFencedAndLeavesNoTrace
 
   EXPECT_THAT(CommitSeeded(*old_writer, "m", 3),
               StatusIs(absl::StatusCode::kUnavailable, "no longer the writer"));
+  // Fenced once, it stays a follower: every later change is refused the same way.
   EXPECT_THAT(old_writer->SetAlias("m", "best", 1),
-              StatusIs(absl::StatusCode::kUnavailable, "no longer the writer"));
+              StatusIs(absl::StatusCode::kUnavailable, "takes no changes"));
+  EXPECT_TRUE(old_writer->is_follower());
   ASSERT_OK_AND_ASSIGN(std::set<int64_t> old_view, testing::ListedVersions(*old_writer, "m"));
   EXPECT_EQ(old_view, (std::set<int64_t>{1}));  // its refused commit is not visible there either.
 

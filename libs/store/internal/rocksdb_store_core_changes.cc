@@ -297,6 +297,7 @@ absl::Status Core::Fence(int64_t sequence, absl::string_view why) {
       "); it takes no more changes, so send them to the store that took over"));
   std::fprintf(stderr, "ckpt store: %s\n", std::string(fenced_.message()).c_str());
   follower_ = true;  // whatever drives the roles (libs/ha) sees it and gives up its lease.
+  if (writer_address_.empty()) writer_address_ = other;
   return fenced_;
 }
 
