@@ -430,6 +430,9 @@ class RocksDbCheckpointStore::Core {
   // applies it if it is this writer's, or fences this writer if it is another's.
   absl::Status ResolveChangeTail() ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
   absl::Status Fence(int64_t sequence, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
+  // `record` numbered `sequence`, signed with this writer and the time, framed for the log.
+  std::string StampedFrame(store::ChangeRecord& record, int64_t sequence,
+                           absl::string_view what) const;
   // A record of the whole index (its first, for an index that kept no log).
   absl::StatusOr<std::string> SnapshotRecord() const;
   absl::StatusOr<store::ChangeRecord> RecordFromBatch(rocksdb::WriteBatch& batch) const;

@@ -130,6 +130,15 @@ absl::Status Core::BatchFromRecord(const store::ChangeRecord& record,
   return absl::OkStatus();
 }
 
+std::string Core::StampedFrame(store::ChangeRecord& record, int64_t sequence,
+                               absl::string_view what) const {
+  record.set_sequence(sequence);
+  record.set_writer(writer_id_);
+  record.set_unix_micros(NowMicros());
+  record.set_what(std::string(what));
+  return EncodeChangeFrame(record.SerializeAsString());
+}
+
 absl::StatusOr<std::string> Core::SnapshotRecord() const {
   store::ChangeRecord record;
   record.set_snapshot(true);
@@ -154,11 +163,7 @@ absl::StatusOr<std::string> Core::SnapshotRecord() const {
     }
   }
   db_->ReleaseSnapshot(snapshot);
-  record.set_sequence(1);
-  record.set_writer(writer_id_);
-  record.set_unix_micros(NowMicros());
-  record.set_what("the whole index of a store that kept no change log before");
-  return EncodeChangeFrame(record.SerializeAsString());
+  return StampedFrame(record, 1, "the whole index of a store that kept no change log before");
 }
 
 absl::Status Core::AttachChangeLog(std::unique_ptr<ChangeLog> log) {
@@ -335,12 +340,7 @@ absl::Status Core::LogAndWrite(rocksdb::WriteBatch& batch, absl::string_view wha
   }
   ASSIGN_OR_RETURN(store::ChangeRecord record, RecordFromBatch(batch));
   const int64_t sequence = last_change_ + 1;
-  record.set_sequence(sequence);
-  record.set_writer(writer_id_);
-  record.set_unix_micros(NowMicros());
-  record.set_what(std::string(what));
-  const absl::Status appended =
-      change_log_->Append(sequence, EncodeChangeFrame(record.SerializeAsString()));
+  const absl::Status appended = change_log_->Append(sequence, StampedFrame(record, sequence, what));
   if (absl::IsAlreadyExists(appended)) return Fence(sequence, std::string(appended.message()));
   if (!appended.ok()) {
     change_tail_unknown_ = true;
@@ -441,12 +441,8 @@ absl::Status Core::TakeOver() {
       batch.Put(cf(ColumnFamily::kDefault), "change_log_writer", writer_id_);
       ASSIGN_OR_RETURN(store::ChangeRecord record, RecordFromBatch(batch));
       const int64_t sequence = last_change_ + 1;
-      record.set_sequence(sequence);
-      record.set_writer(writer_id_);
-      record.set_unix_micros(NowMicros());
-      record.set_what("taking over as the writer");
       const absl::Status appended =
-          change_log_->Append(sequence, EncodeChangeFrame(record.SerializeAsString()));
+          change_log_->Append(sequence, StampedFrame(record, sequence, "taking over as the writer"));
       if (absl::IsAlreadyExists(appended)) continue;  // the old writer got there first.
       RETURN_IF_ERROR(appended);
       last_change_ = sequence;
