@@ -64,6 +64,8 @@ set(CKPT_TRAINER_SOURCES
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
     libs/store/audited_store.cc
+    libs/store/change_log.cc
+    libs/store/change_log_directory.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
@@ -72,6 +74,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/chunk_pack.cc
     libs/store/download_plan.cc
     libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_changes.cc
     libs/store/internal/rocksdb_store_core_chunks.cc
     libs/store/internal/rocksdb_store_core_packs.cc
     libs/store/internal/rocksdb_store_core_records.cc
@@ -240,6 +243,8 @@ set(CKPT_CLI_SOURCES
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
     libs/store/audited_store.cc
+    libs/store/change_log.cc
+    libs/store/change_log_directory.cc
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
@@ -248,6 +253,7 @@ set(CKPT_CLI_SOURCES
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_changes.cc
     libs/store/internal/rocksdb_store_core_chunks.cc
     libs/store/internal/rocksdb_store_core_packs.cc
     libs/store/internal/rocksdb_store_core_records.cc
@@ -259,6 +265,7 @@ set(CKPT_CLI_SOURCES
     libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_schema.cc
+    libs/store/s3_change_log.cc
     libs/store/s3_chunk_backend.cc
     libs/store/version_diff.cc
     libs/store/version_filter.cc
@@ -381,6 +388,8 @@ set(CKPT_LOADER_SOURCES
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
     libs/store/audited_store.cc
+    libs/store/change_log.cc
+    libs/store/change_log_directory.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
@@ -388,6 +397,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_changes.cc
     libs/store/internal/rocksdb_store_core_chunks.cc
     libs/store/internal/rocksdb_store_core_packs.cc
     libs/store/internal/rocksdb_store_core_records.cc
@@ -399,6 +409,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_schema.cc
+    libs/store/s3_change_log.cc
     libs/store/s3_chunk_backend.cc
     libs/store/version_filter.cc
     libs/store/version_ref.cc
@@ -672,6 +683,8 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/status/torch_status.cc
     libs/store/audited_store.cc
     libs/store/benchmark_seams.cc
+    libs/store/change_log.cc
+    libs/store/change_log_directory.cc
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
@@ -682,6 +695,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/download_plan.cc
     libs/store/internal/failpoint.cc
     libs/store/internal/rocksdb_store_core.cc
+    libs/store/internal/rocksdb_store_core_changes.cc
     libs/store/internal/rocksdb_store_core_chunks.cc
     libs/store/internal/rocksdb_store_core_packs.cc
     libs/store/internal/rocksdb_store_core_records.cc
@@ -696,6 +710,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_schema.cc
+    libs/store/s3_change_log.cc
     libs/store/s3_chunk_backend.cc
     libs/store/scoped_store.cc
     libs/store/upload_split.cc
