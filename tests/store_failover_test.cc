@@ -3,6 +3,9 @@
 // client given both addresses, as a trainer or `ckpt --store=A,B` is:
 //   - kill -9 of the writer: the follower takes over within seconds; every acknowledged commit
 //     is there exactly once, and commits go on (F1, the failover time, is printed);
+//   - a committer calling CommitCheckpoint back to back while the writer is killed: every call
+//     succeeds once, none has to be retried by the caller, none lands twice; a Watch begun on
+//     the writer resumes on its successor and sees each commit once, in order;
 //   - SIGSTOP of the writer past its lease (split brain): the follower takes over and commits;
 //     after SIGCONT the old writer acknowledges nothing and nothing it tried is visible.
 
@@ -10,14 +13,18 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ATen/ops/empty.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -84,7 +91,22 @@ class StoreFleet {
     return bound;
   }
 
+  // The bucket, store "a" as the writer, store "b" following it.
+  ::testing::AssertionResult StartWriterAndFollower() {
+    if (!StartBucket()) return ::testing::AssertionFailure() << "the bucket or etcd did not start";
+    if (StartStore("a") == 0 || WaitForWriter(absl::Seconds(15)) != "a") {
+      return ::testing::AssertionFailure() << "a is not the writer: " << StderrOf("a");
+    }
+    if (StartStore("b") == 0) {
+      return ::testing::AssertionFailure() << "b did not start: " << StderrOf("b");
+    }
+    return ::testing::AssertionSuccess();
+  }
+
   ChildProcess& store(const std::string& name) { return *stores_.at(name); }
+  std::string StderrOf(const std::string& name) {
+    return stores_.count(name) > 0 ? store(name).stderr_text() : "(its process did not start)";
+  }
   int port(const std::string& name) { return ports_.at(name); }
 
   // The store whose stderr says last that it is the writer; "" when none does within `timeout`.
@@ -183,10 +205,7 @@ class StoreFailoverTest : public ::testing::Test {
 TEST_F(StoreFailoverTest, AKilledWriterIsReplacedWithinSecondsAndNoCommitIsLostOrDoubled) {
   CKPT_REQUIRE(ha::testing::EtcdServer::Available(), "etcd (Debian's etcd-server)");
   StoreFleet fleet(dir_);
-  ASSERT_TRUE(fleet.StartBucket());
-  ASSERT_GT(fleet.StartStore("a"), 0) << fleet.store("a").stderr_text();
-  ASSERT_EQ(fleet.WaitForWriter(absl::Seconds(15)), "a") << fleet.store("a").stderr_text();
-  ASSERT_GT(fleet.StartStore("b"), 0) << fleet.store("b").stderr_text();
+  ASSERT_TRUE(fleet.StartWriterAndFollower());
   ASSERT_OK_AND_ASSIGN(auto client, fleet.Client(fleet.AllAddresses()));
 
   std::vector<int64_t> acknowledged;
@@ -230,6 +249,85 @@ TEST_F(StoreFailoverTest, AKilledWriterIsReplacedWithinSecondsAndNoCommitIsLostO
   const std::map<int64_t, int64_t> on_writer = SeedsByVersion(*client);
   ExpectEachAcknowledgedOnce(on_writer, acknowledged);
   EXPECT_EQ(SeedsByVersion(*rebuilt), on_writer);
+}
+
+// Checkpoint `seed` as a trainer hands it over: tensors in memory (SeededContents' bytes), the
+// seed as its global step.
+CheckpointContents SeededCheckpoint(int64_t seed) {
+  CheckpointContents contents;
+  for (const auto& [key, bytes] : testing::SeededContents(seed)) {
+    const bool step = key == "step";
+    at::Tensor tensor =
+        at::empty({static_cast<int64_t>(bytes.size()) / (step ? 8 : 4)},
+                  at::TensorOptions().dtype(step ? at::kLong : at::kInt));
+    std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
+    EXPECT_OK(contents.model.Insert(key, tensor));
+  }
+  contents.metadata.set_global_step(seed);
+  return contents;
+}
+
+TEST_F(StoreFailoverTest, ACommitterGivenEveryStoreRidesThroughAKilledWriterWithoutRetryingItself) {
+  CKPT_REQUIRE(ha::testing::EtcdServer::Available(), "etcd (Debian's etcd-server)");
+  StoreFleet fleet(dir_);
+  ASSERT_TRUE(fleet.StartWriterAndFollower());
+  // As the trainer's store client is: every address, and the default window in which a commit
+  // is sent again (connect_timeout, 10 s).
+  RemoteStoreOptions options;
+  options.address = fleet.AllAddresses();
+  options.deadline = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto client, RemoteCheckpointStore::Connect(options));
+
+  // A watcher of the model, as `ckpt sync` is: its watch began on the writer, must resume on
+  // the successor, and must see every commit once, in order.
+  v1::WatchRequest watch_request;
+  watch_request.add_models("m");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RegistryWatch> watch, client->Watch(watch_request));
+  ASSERT_OK_AND_ASSIGN(std::optional<v1::WatchResponse> state,
+                       watch->Next(absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(state.has_value() && state->has_state());
+
+  // One CommitCheckpoint per checkpoint, back to back, while the writer is killed under them:
+  // each returns OK once (the one in flight at the kill is sent again to the new writer with its
+  // idempotency key), and the registry holds each exactly once.
+  constexpr int64_t kCheckpoints = 8;
+  std::vector<absl::StatusOr<CommitResult>> results;
+  std::atomic<int> acknowledged{0};
+  std::thread committer([&] {
+    for (int64_t seed = 1; seed <= kCheckpoints; ++seed) {
+      results.push_back(client->CommitCheckpoint("m", SeededCheckpoint(seed)));
+      ++acknowledged;
+    }
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (acknowledged.load() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  fleet.store("a").Signal(SIGKILL);
+  committer.join();
+  std::vector<int64_t> seeds;
+  for (int64_t seed = 1; seed <= kCheckpoints; ++seed) {
+    const absl::StatusOr<CommitResult>& result = results[seed - 1];
+    EXPECT_OK(result.status()) << "checkpoint " << seed << "\n" << fleet.store("b").stderr_text();
+    if (result.ok()) seeds.push_back(seed);
+  }
+  EXPECT_EQ(fleet.WaitForWriter(absl::Seconds(1), /*other_than=*/"a"), "b");
+  const std::map<int64_t, int64_t> on_writer = SeedsByVersion(*client);
+  ExpectEachAcknowledgedOnce(on_writer, seeds);
+  EXPECT_EQ(on_writer.size(), static_cast<size_t>(kCheckpoints));
+  for (const auto& [version, seed] : on_writer) {
+    EXPECT_OK(testing::CheckSeeded(*client, "m", version, seed));
+  }
+  std::vector<int64_t> watched;
+  while (watched.size() < on_writer.size()) {
+    ASSERT_OK_AND_ASSIGN(std::optional<v1::WatchResponse> update,
+                         watch->Next(absl::Now() + absl::Seconds(15)));
+    ASSERT_TRUE(update.has_value()) << "the watch saw " << watched.size() << " commits";
+    if (update->has_event() && update->event().kind() == v1::RegistryEvent::VERSION_COMMITTED) {
+      watched.push_back(update->event().version());
+    }
+  }
+  std::vector<int64_t> versions;
+  for (const auto& [version, seed] : on_writer) versions.push_back(version);
+  EXPECT_EQ(watched, versions);
 }
 
 TEST_F(StoreFailoverTest, APausedWriterPastItsLeaseAcknowledgesNothingAfterItsSuccessorStarted) {

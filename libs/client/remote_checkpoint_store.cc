@@ -65,6 +65,10 @@ RemoteCheckpointStore::~RemoteCheckpointStore() = default;
 
 const std::string& RemoteCheckpointStore::address() const { return connection_->options().address; }
 
+absl::Duration RemoteCheckpointStore::CommitRetryWindow() const {
+  return connection_->options().connect_timeout;
+}
+
 absl::StatusOr<std::vector<std::string>> RemoteCheckpointStore::FindMissingChunks(
     const std::vector<std::string>& sha256s) {
   v1::FindMissingChunksRequest request;

@@ -23,7 +23,10 @@
 //    flow control and returns once they are sent; errors the server finds in the bytes surface
 //    from a later AddTensorData or from Commit. Commit is sent once and never retried. Destroying
 //    a session without Commit cancels the stream: the server abandons the upload and nothing
-//    becomes visible.
+//    becomes visible. CommitCheckpoint (which holds the whole checkpoint) does retry: it sends
+//    the upload again with the same idempotency key while it fails with UNAVAILABLE, for up to
+//    connect_timeout (CommitRetryWindow), so a commit whose answer was lost to a broken
+//    connection or a failover lands exactly once.
 //  - OpenVersion opens one Download stream of the whole version (model and state tensors) and
 //    reads its manifest. The server holds that version's snapshot for the reader's lifetime.
 //    Reading tensors in manifest order (what LoadCheckpoint does) consumes that stream: the
@@ -164,6 +167,10 @@ class RemoteCheckpointStore final : public CheckpointStore {
   // continues. Names are checked here (INVALID_ARGUMENT); access errors come from Next. The
   // stream has no deadline. A watch may outlive the RemoteCheckpointStore that made it.
   absl::StatusOr<std::unique_ptr<RegistryWatch>> Watch(const v1::WatchRequest& request) override;
+
+  // connect_timeout: how long a restarting server, or the follower taking over from a writer
+  // that died, may take to answer (CommitCheckpoint resends a commit that long).
+  absl::Duration CommitRetryWindow() const override;
 
   const std::string& address() const;
 

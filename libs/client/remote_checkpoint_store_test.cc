@@ -455,6 +455,55 @@ TEST_F(RemoteCheckpointStoreTest, ARestartedServerIsFoundAgainWithoutErrors) {
   ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
 }
 
+TEST_F(RemoteCheckpointStoreTest, ACommitWhoseAnswerWasLostIsSentAgainAndLandsOnce) {
+  std::atomic<int> commits{0};
+  instrumented_->set_commit_answer_fault([&](absl::string_view) {
+    return commits.fetch_add(1) == 0 ? absl::UnavailableError("the answer was lost on its way")
+                                     : absl::OkStatus();
+  });
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  // The first attempt committed version 1 and its answer was lost; CommitCheckpoint sent the
+  // upload again with the same idempotency key and got version 1 back.
+  ASSERT_OK_AND_ASSIGN(CommitResult committed, remote->CommitCheckpoint("m", SmallCheckpoint(1)));
+  EXPECT_EQ(commits.load(), 2);
+  EXPECT_EQ(committed.version.version(), 1);
+  EXPECT_TRUE(committed.replayed);
+  EXPECT_EQ(committed.new_bytes, 0);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, local_->ListVersions("m"));
+  EXPECT_EQ(versions.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@1")));
+  ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
+
+  // A session of the caller's own is sent once: its UNAVAILABLE is the caller's to resolve.
+  commits = 0;
+  ASSERT_OK_AND_ASSIGN(PreparedUpload prepared, PrepareUpload(SmallCheckpoint(2), {}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<UploadSession> session,
+                       remote->BeginUpload("m", prepared.header, {}));
+  for (size_t i = 0; i < prepared.tensors.size(); ++i) {
+    const at::Tensor tensor = prepared.tensors[i].contiguous();
+    ASSERT_OK(session->AddTensorData(
+        static_cast<int>(i), 0,
+        absl::string_view(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes())));
+  }
+  EXPECT_THAT(session->Commit(), StatusIs(absl::StatusCode::kUnavailable, "lost on its way"));
+  EXPECT_EQ(commits.load(), 1);
+
+  // A store that stays down: the retries end within the window (connect_timeout) and say so.
+  instrumented_->set_commit_answer_fault(
+      [](absl::string_view) { return absl::UnavailableError("the answer was lost on its way"); });
+  RemoteStoreOptions quick = Options();
+  quick.connect_timeout = absl::Milliseconds(500);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> impatient,
+                       RemoteCheckpointStore::Connect(quick));
+  absl::StatusOr<CommitResult> refused = impatient->CommitCheckpoint("n", SmallCheckpoint(3));
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable, "attempts of this commit"));
+  // Every attempt after the first found the first one's version: still one.
+  ASSERT_OK_AND_ASSIGN(versions, local_->ListVersions("n"));
+  EXPECT_EQ(versions.size(), 1u);
+}
+
 TEST_F(RemoteCheckpointStoreTest, TheServerAuditsEveryChangeAndListAuditReadsItBack) {
   StartServer();
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();

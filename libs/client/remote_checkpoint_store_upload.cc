@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,14 +27,6 @@ namespace {
 using remote_store_internal::TensorAt;
 
 std::string ToString(grpc::string_ref ref) { return std::string(ref.data(), ref.size()); }
-
-// A name no other upload has: 128 random bits, for an upload other writers may join.
-std::string RandomJoinName() {
-  std::random_device random;
-  std::string name = "upload-";
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&name, absl::Hex(random(), absl::kZeroPad8));
-  return name;
-}
 
 // ---------------------------------------------------------------------------------------------
 // One Upload stream: the header and the server's acceptance of it, tensor data in pieces, the
@@ -220,6 +211,7 @@ class RemoteUploadSession final : public UploadSession {
     result.logical_bytes = response.logical_bytes();
     result.new_bytes = response.new_bytes();
     result.warnings.assign(response.warnings().begin(), response.warnings().end());
+    result.replayed = response.replayed();
     return result;
   }
 
@@ -236,8 +228,9 @@ class RemoteUploadSession final : public UploadSession {
     upload.set_reason(options.attribution.reason);
     for (const std::string& alias : options.aliases) upload.add_aliases(alias);
     // Always joinable: this stream cannot tell the writers the server's id before the commit.
-    join_name_ = options.joinable_as.empty() ? RandomJoinName() : options.joinable_as;
+    join_name_ = options.joinable_as.empty() ? RandomUploadName("upload-") : options.joinable_as;
     upload.set_joinable_as(join_name_);
+    upload.set_idempotency_key(options.idempotency_key);
     RETURN_IF_ERROR(stream_.Open(upload));
     auto [begin, end] = stream_.metadata().equal_range(kUploadWarningMetadata);
     for (auto it = begin; it != end; ++it) warnings_.push_back(ToString(it->second));

@@ -15,6 +15,7 @@
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
 #include "libs/io/read_file.h"
+#include "libs/rpc/wire_constants.h"
 #include "libs/status/status_macros.h"
 
 namespace ckpt {
@@ -103,6 +104,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // The clients' keepalive pings (wire_constants.h), with or without calls in flight; gRPC's
+  // default answers pings more often than every 5 minutes with GOAWAY ("too_many_pings").
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kKeepaliveIntervalMs / 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   for (const ServiceBinding& binding : services) builder.RegisterService(binding.service);
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

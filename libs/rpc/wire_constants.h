@@ -36,6 +36,14 @@ inline constexpr char kUploadJoinedModelMetadata[] = "ckpt-upload-joined-model-b
 // Methods the clients read as raw messages (libs/rpc/tensor_data_message.h).
 inline constexpr char kDownloadMethod[] = "/ckpt.v1.CheckpointStore/Download";
 
+// ---- Every connection. Clients ping an idle or busy connection every kKeepaliveIntervalMs and
+// close it when the answer takes over kKeepaliveTimeoutMs: a server that is paused (SIGSTOP, a
+// stalled VM) or cut off keeps its TCP connection open, and without pings its calls would hang
+// until their deadlines instead of failing over (UNAVAILABLE) to another server of a list within
+// about two seconds. Servers accept pings that often (GrpcServer). clients/python mirrors both.
+inline constexpr int kKeepaliveIntervalMs = 1000;
+inline constexpr int kKeepaliveTimeoutMs = 1000;
+
 // ---- ckpt.v1.Loader.
 // Tensor bytes one Load / Export message carries at most (1 MiB).
 inline constexpr int kMaxLoaderPieceBytes = 1 << 20;

@@ -69,6 +69,8 @@ class AuditedStore final : public CheckpointStore {
 
   const Actor& actor() const { return actor_; }
 
+  // The wrapped store's: this one adds no way to fail that retrying heals.
+  absl::Duration CommitRetryWindow() const override { return inner_->CommitRetryWindow(); }
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;

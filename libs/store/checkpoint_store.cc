@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -20,7 +21,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "libs/io/prefault.h"
+#include "libs/rpc/backoff.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/chunk_hasher.h"
@@ -492,21 +495,53 @@ absl::Status UploadTensorRanges(UploadPart& part, const std::vector<at::Tensor>&
   return part.Finish();
 }
 
+std::string RandomUploadName(absl::string_view prefix) {
+  std::random_device random;
+  std::string name(prefix);
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&name, absl::Hex(random(), absl::kZeroPad8));
+  return name;
+}
+
 absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view model,
                                                                const CheckpointContents& contents,
                                                                const CommitOptions& options) {
   ASSIGN_OR_RETURN(PreparedUpload prepared, PrepareUpload(contents, options));
-  int64_t bytes_total = 0, bytes_done = 0;
+  int64_t bytes_total = 0;
   for (const at::Tensor& tensor : prepared.tensors) bytes_total += tensor.nbytes();
-  ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
-                   BeginUpload(model, std::move(prepared.header), options));
-  for (size_t index = 0; index < prepared.tensors.size(); ++index) {
-    const at::Tensor& tensor = prepared.tensors[index];
-    RETURN_IF_ERROR(UploadTensor(*session, static_cast<int>(index), tensor));
-    bytes_done += tensor.nbytes();
-    if (options.progress) options.progress(bytes_done, bytes_total);
+  const absl::Duration retry_window = CommitRetryWindow();
+  CommitOptions attempt_options = options;
+  if (retry_window > absl::ZeroDuration() && attempt_options.idempotency_key.empty()) {
+    attempt_options.idempotency_key = RandomUploadName("commit-");
   }
-  return session->Commit();
+  const auto attempt = [&]() -> absl::StatusOr<CommitResult> {
+    ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
+                     BeginUpload(model, prepared.header, attempt_options));
+    int64_t bytes_done = 0;
+    for (size_t index = 0; index < prepared.tensors.size(); ++index) {
+      const at::Tensor& tensor = prepared.tensors[index];
+      RETURN_IF_ERROR(UploadTensor(*session, static_cast<int>(index), tensor));
+      bytes_done += tensor.nbytes();
+      if (options.progress) options.progress(bytes_done, bytes_total);
+    }
+    return session->Commit();
+  };
+  absl::StatusOr<CommitResult> committed = attempt();
+  if (retry_window <= absl::ZeroDuration()) return committed;
+  // The window counts from the first failure: a long upload that broke at its end still gets
+  // the whole window for the store to come back.
+  Backoff backoff(BackoffPolicy{}, absl::Now() + retry_window);
+  int attempts = 1;
+  while (absl::IsUnavailable(committed.status()) && backoff.Wait()) {
+    ++attempts;
+    committed = attempt();
+  }
+  if (!committed.ok() && attempts > 1) {
+    return absl::Status(committed.status().code(),
+                        absl::StrCat(committed.status().message(), " (after ", attempts,
+                                     " attempts of this commit within ",
+                                     absl::FormatDuration(retry_window), ")"));
+  }
+  return committed;
 }
 
 absl::StatusOr<at::Tensor> CheckpointStore::ReadTensor(absl::string_view model, int64_t version,

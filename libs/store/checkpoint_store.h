@@ -93,13 +93,26 @@ struct CommitOptions {
   // learns nothing from the server before the commit picks one (a random token) and tells the
   // writers; ALREADY_EXISTS when a live upload has the name. Empty: the store's id.
   std::string joinable_as;
+  // Makes the commit idempotent: if the model already has a version committed with this key (an
+  // earlier attempt whose answer was lost), Commit returns that version (CommitResult::replayed)
+  // and makes nothing new; ALREADY_EXISTS when that version holds other tensors. At most 128
+  // printable ASCII characters without spaces (INVALID_ARGUMENT from BeginUpload). Recorded in
+  // the commit's own batch, so a store that replays the change log (a follower taking over)
+  // knows it too. CommitCheckpoint picks one when it may retry (CommitRetryWindow). Empty: none.
+  std::string idempotency_key;
 };
+
+// A name no other upload or commit has: `prefix` then 128 random bits in hex. For
+// CommitOptions::joinable_as and idempotency_key.
+std::string RandomUploadName(absl::string_view prefix);
 
 struct CommitResult {
   v1::VersionRef version;             // always MODEL@N.
   int64_t logical_bytes = 0;          // tensor bytes the version holds (model and state tensors).
   int64_t new_bytes = 0;              // bytes of chunks the store did not hold before this commit.
   std::vector<std::string> warnings;  // also stored in Manifest.warnings.
+  // CommitOptions::idempotency_key had committed `version` before; nothing new was made.
+  bool replayed = false;
 };
 
 // Bytes [begin, end) of tensor `tensor_index` of an upload (model tensors first, then state
@@ -434,9 +447,22 @@ class CheckpointStore {
   // CommitOptions::normalize_keys), tensors made contiguous on the CPU one at a time, optimizer /
   // scheduler / extra tensors stored as state tensors under "optimizer/<path>",
   // "scheduler/<path>", "extra/<path>". Errors as BeginUpload and Commit.
+  //
+  // A store whose CommitRetryWindow() is positive (a remote one) may lose a commit's answer: the
+  // connection breaks, or the writer dies and another store takes over. There the whole upload
+  // is sent again, paced by a backoff, while it fails with UNAVAILABLE and the window since the
+  // first failure lasts, each attempt with one idempotency key (options.idempotency_key, or a
+  // random one), so it commits exactly once: a retry of a commit that had landed gets its
+  // version back (CommitResult::replayed). The chunks a lost attempt stored are deduplicated.
   absl::StatusOr<CommitResult> CommitCheckpoint(absl::string_view model,
                                                 const CheckpointContents& contents,
                                                 const CommitOptions& options = {});
+
+  // How long CommitCheckpoint goes on sending a commit that failed with UNAVAILABLE: zero (the
+  // default, a store in this process, whose UNAVAILABLE does not heal by trying again) sends it
+  // once. A remote store says how long its server (or the store taking over from it) may take
+  // to come back.
+  virtual absl::Duration CommitRetryWindow() const { return absl::ZeroDuration(); }
 
   // Joins the live upload `upload_id` (UploadSession::upload_id()) as a writer of `ranges` of its
   // tensors: the ranks of a job each saving their share of one checkpoint, concurrently. NOT_FOUND

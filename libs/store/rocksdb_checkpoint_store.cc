@@ -186,6 +186,7 @@ absl::StatusOr<std::unique_ptr<UploadSession>> RocksDbCheckpointStore::BeginUplo
   if (options.expected_latest_version < 0) {
     return absl::InvalidArgumentError("expected_latest_version is negative");
   }
+  RETURN_IF_ERROR(ValidateIdempotencyKey(options.idempotency_key));
   ASSIGN_OR_RETURN(std::vector<std::string> validation, ValidateManifestHeader(header));
   std::vector<std::string> warnings(header.warnings().begin(), header.warnings().end());
   warnings.insert(warnings.end(), validation.begin(), validation.end());

@@ -245,6 +245,10 @@ absl::string_view AliasFromKey(absl::string_view key, absl::string_view model) {
   return key.size() > model.size() + 1 ? key.substr(model.size() + 1) : absl::string_view();
 }
 
+std::string IdempotencyKeyKey(absl::string_view model, absl::string_view idempotency_key) {
+  return absl::StrCat(ModelPrefix("commit_key"), ModelPrefix(model), idempotency_key);
+}
+
 std::string UploadChunkKey(absl::string_view upload_id, absl::string_view sha256) {
   return absl::StrCat(upload_id, sha256);
 }

@@ -110,6 +110,9 @@ std::string AliasKey(absl::string_view model, absl::string_view alias);
 // The alias of an `aliases` key that starts with ModelPrefix(model).
 absl::string_view AliasFromKey(absl::string_view key, absl::string_view model);
 std::string UploadChunkKey(absl::string_view upload_id, absl::string_view sha256);
+// In the default column family: "commit_key" '\0' MODEL '\0' KEY -> the version (8 bytes,
+// big-endian) committed with CommitOptions::idempotency_key KEY. Written in the commit's batch.
+std::string IdempotencyKeyKey(absl::string_view model, absl::string_view idempotency_key);
 // Audit records sort by sequence number, so the log reads oldest first and the newest record is
 // the last key.
 std::string AuditKey(int64_t sequence);

@@ -71,6 +71,8 @@ class ScopedStore final : public CheckpointStore {
 
   const ModelScope& scope() const { return scope_; }
 
+  // The wrapped store's: this one adds no way to fail that retrying heals.
+  absl::Duration CommitRetryWindow() const override { return inner_.CommitRetryWindow(); }
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;

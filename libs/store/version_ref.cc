@@ -59,6 +59,23 @@ absl::Status ValidateAliasName(absl::string_view alias) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateIdempotencyKey(absl::string_view key) {
+  constexpr size_t kMaxIdempotencyKeyLength = 128;
+  if (key.size() > kMaxIdempotencyKeyLength) {
+    return absl::InvalidArgumentError(absl::StrCat("idempotency key of ", key.size(),
+                                                   " characters; at most ",
+                                                   kMaxIdempotencyKeyLength, " are allowed"));
+  }
+  for (const char c : key) {
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "idempotency key '", absl::CHexEscape(key),
+          "' holds a character that is not printable ASCII (or a space); keys are tokens"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::VersionRef> ParseVersionRef(absl::string_view text) {
   const size_t at = text.find('@');
   const absl::string_view model = text.substr(0, at);

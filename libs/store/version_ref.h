@@ -30,6 +30,9 @@ absl::Status ValidateModelName(absl::string_view model);
 // As ValidateModelName, and also rejects "latest" (reserved), all-digit names and a leading
 // '-' or '.'.
 absl::Status ValidateAliasName(absl::string_view alias);
+// A commit's idempotency key (CommitOptions::idempotency_key): empty (none), or 1 to 128
+// printable ASCII characters without spaces. INVALID_ARGUMENT otherwise.
+absl::Status ValidateIdempotencyKey(absl::string_view key);
 
 // "MODEL" and "MODEL@latest" give {model, alias "latest"}; "MODEL@7" gives {model, version 7};
 // "MODEL@best" gives {model, alias "best"}. INVALID_ARGUMENT for a bad model name, an empty or

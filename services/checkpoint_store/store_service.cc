@@ -149,6 +149,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
         options.aliases.assign(header.aliases().begin(), header.aliases().end());
         options.attribution.reason = header.reason();
         options.joinable_as = header.joinable_as();
+        options.idempotency_key = header.idempotency_key();
         // The session keeps scoped_, not this AuditedStore; its Commit is audited.
         scoped_ = std::make_unique<ScopedStore>(service_.store_, ModelScope(caller_.models),
                                                 Who(caller_));
@@ -221,6 +222,7 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
         *response_.mutable_version() = result.version;
         response_.set_logical_bytes(result.logical_bytes);
         response_.set_new_bytes(result.new_bytes);
+        response_.set_replayed(result.replayed);
         for (std::string& warning : result.warnings) response_.add_warnings(std::move(warning));
         committed_ = true;
         return absl::OkStatus();
@@ -236,10 +238,12 @@ class StoreService::UploadReactor final : public grpc::ServerReadReactor<grpc::B
   // checked against that upload's model (ScopedStore::JoinUpload), and its role as for an upload.
   absl::Status Join(const v1::UploadHeader& header) {
     if (header.has_manifest() || header.aliases_size() > 0 ||
-        header.expected_latest_version() != 0 || !header.joinable_as().empty()) {
+        header.expected_latest_version() != 0 || !header.joinable_as().empty() ||
+        !header.idempotency_key().empty()) {
       return absl::InvalidArgumentError(
           "an UploadHeader that joins an upload has no manifest, aliases, "
-          "expected_latest_version or joinable_as of its own: the joined upload has them");
+          "expected_latest_version, joinable_as or idempotency_key of its own: the joined upload "
+          "has them");
     }
     std::vector<UploadRange> ranges;
     for (const v1::UploadByteRange& range : header.join().ranges()) {

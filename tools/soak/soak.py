@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import soak_lib  # noqa: E402  (after the path set-up above)
 
-CAMPAIGNS = ("store_kill", "trainer_kill", "corruption", "disk_full", "load")
+CAMPAIGNS = ("store_kill", "trainer_kill", "corruption", "disk_full", "load", "store_failover")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
 

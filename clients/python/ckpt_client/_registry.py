@@ -4,7 +4,6 @@ versions() filters by."""
 from __future__ import annotations
 
 import collections
-import time
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import grpc
@@ -29,7 +28,7 @@ resume_token=...)``)."""
 class RegistryCalls:
     """The registry methods of Client (mixed into it). They use the Client's plumbing: ``_pb``
     (the generated modules), ``_call`` / ``_need`` / ``_metadata`` (unary calls and the store's
-    stub), ``resolve``, and for watch() ``_store_channel`` and ``_closed``."""
+    stub), ``resolve``, and for watch() ``_await_store_channel`` and ``_closed``."""
 
     def history(self, model: str, alias: Optional[str] = None, after_sequence: int = 0,
                 since_unix_micros: int = 0) -> list:
@@ -182,22 +181,6 @@ class RegistryCalls:
             self._await_store_channel(_CONNECT_TIMEOUT)
             if self._closed:
                 return
-
-    def _await_store_channel(self, timeout):
-        """Asks the store's channel to connect and waits up to `timeout` seconds (less once
-        close() is called) until it is. A wait that runs out is no error here: the resume that
-        follows fails fast and counts as a failed reconnect."""
-        ready = grpc.channel_ready_future(self._store_channel)
-        deadline = time.monotonic() + timeout
-        try:
-            while not self._closed and time.monotonic() < deadline:
-                try:
-                    ready.result(timeout=min(0.25, max(0.0, deadline - time.monotonic())))
-                    return
-                except grpc.FutureTimeoutError:
-                    pass
-        finally:
-            ready.cancel()
 
 
 def _parse_condition(text):

@@ -4,29 +4,41 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import secrets
 import threading
+import time
 from typing import Any, Mapping, Optional, Union
 
 import torch
 
 from ._bundles import HostSnapshot, build_manifest, param_names_of
+from ._retry import Backoff
 from ._upload import Uploader
-from .errors import CkptError, NotFound
+from .errors import CkptError, NotFound, Unavailable
 
 # Public as ckpt_client.Saved / ckpt_client.client.Saved, which is where pickle and repr look.
 Saved = collections.namedtuple("Saved", ["version", "logical_bytes", "new_bytes", "warnings",
-                                         "chunks_sent", "chunks_referenced", "sent_bytes"],
-                               module="ckpt_client.client")
+                                         "chunks_sent", "chunks_referenced", "sent_bytes",
+                                         "replayed"],
+                               defaults=(False,), module="ckpt_client.client")
 Saved.__doc__ = """What Client.save committed: the version number, the tensor bytes it holds, those
 the store did not hold before (after deduplication; for a scoped identity, new to its scope),
 the store's validation warnings, and what travelled: the 4 MiB chunks whose bytes were sent, the
-chunks named by address because the store already held them, and the tensor bytes sent."""
+chunks named by address because the store already held them, and the tensor bytes sent (of the
+last attempt). ``replayed``: an earlier attempt of this save had committed the version and its
+answer was lost; the last attempt made nothing new."""
+
+# Seconds save() goes on sending a commit that failed with UNAVAILABLE, counted from the first
+# failure: a restarting store, or the follower taking over from a writer that died (the C++
+# client's CommitRetryWindow, its connect_timeout).
+_RETRY_WINDOW = 10.0
 
 
 class SavingCalls:
     """The writing methods of Client (mixed into it). They use the Client's plumbing: ``_pb``
-    (the generated modules), ``_dtypes`` (torch_dtypes()) and ``_call`` (a unary or
-    client-streaming call, errors mapped). ``_start_saving()`` sets up their state (called by
+    (the generated modules), ``_dtypes`` (torch_dtypes()), ``_call`` (a unary or
+    client-streaming call, errors mapped) and ``_await_store_channel`` (before a retry).
+    ``_start_saving()`` sets up their state (called by
     Client.__init__), ``_finish_saving()`` waits for an upload in flight (Client.close)."""
 
     def _start_saving(self):
@@ -47,7 +59,8 @@ class SavingCalls:
              metrics: Optional[Mapping[str, float]] = None,
              lineage: Optional[Mapping[str, Any]] = None, alias: Optional[str] = None,
              reason: Optional[str] = None, expected_latest_version: int = 0,
-             dedup: bool = True, timeout: Optional[float] = None) -> Saved:
+             dedup: bool = True, idempotency_key: Optional[str] = None,
+             timeout: Optional[float] = None) -> Saved:
         """Commits one version of `model_name` through the store's Upload: visible only once
         whole (a save that fails or is killed leaves nothing), keys normalized by the store as
         `ckpt import` normalizes them ("module.", "_orig_mod." stripped), tensors from any
@@ -69,17 +82,27 @@ class SavingCalls:
             a save whose weights barely changed sends little more than the change. False sends
             every byte and skips the hashing (for state that never repeats).
 
+          idempotency_key: names this commit (at most 128 printable ASCII characters, no
+            spaces): if the model already has a version committed with it, that version is
+            returned (Saved.replayed) and nothing new is made, so a job that restarts and saves
+            step N again under f"{run_id}-step-{N}" commits it once. Default: a random key.
+
+        A save that fails with Unavailable (the store restarting, or its writer dying and
+        another store of Client(store="A,B") taking over) is sent again for up to 10 s, every
+        attempt with one idempotency key, so it commits exactly once; Saved.replayed says an
+        earlier attempt had landed.
+
         InvalidArgument names the key of anything it cannot store. Returns Saved.
         """
         return self._save(model_name, state, param_names_of(state, optimizer),
                           optimizer=optimizer, scheduler=scheduler, epoch=epoch, step=step,
                           extra=extra, metrics=metrics, lineage=lineage, alias=alias,
                           reason=reason, expected_latest_version=expected_latest_version,
-                          dedup=dedup, timeout=timeout)
+                          dedup=dedup, idempotency_key=idempotency_key, timeout=timeout)
 
     def _save(self, model_name, state, param_names, optimizer=None, scheduler=None, epoch=None,
               step=None, extra=None, metrics=None, lineage=None, alias=None, reason=None,
-              expected_latest_version=0, dedup=True, timeout=None):
+              expected_latest_version=0, dedup=True, idempotency_key=None, timeout=None):
         """save(), with the optimizer's parameter names given (save_async takes them from the
         module before snapshotting it into a plain state dict)."""
         pb = self._pb.checkpoint_store_pb2
@@ -88,9 +111,26 @@ class SavingCalls:
             epoch=epoch, step=step, extra=extra, metrics=metrics, lineage=lineage,
             param_names=param_names)
         aliases = [alias] if alias else []
+        # One key for every attempt: a retry of a commit that had landed gets its version back.
         header = pb.UploadHeader(model=model_name, manifest=manifest, aliases=aliases,
                                  reason=reason or "", normalize_keys=True,
-                                 expected_latest_version=expected_latest_version)
+                                 expected_latest_version=expected_latest_version,
+                                 idempotency_key=idempotency_key or
+                                 "commit-" + secrets.token_hex(16))
+        backoff = Backoff()
+        while True:
+            try:
+                return self._upload(pb, header, tensors, aliases, dedup, timeout)
+            except Unavailable:
+                if backoff.deadline is None:
+                    backoff.deadline = time.monotonic() + _RETRY_WINDOW
+                if not backoff.wait():
+                    raise
+                self._await_store_channel(max(0.0, backoff.deadline - time.monotonic()))
+
+    def _upload(self, pb, header, tensors, aliases, dedup, timeout):
+        """One attempt of a save: the Upload call (made twice when a chunk it named was
+        collected meanwhile)."""
 
         def find_missing(addresses):
             request = pb.FindMissingChunksRequest(sha256=addresses)
@@ -113,7 +153,7 @@ class SavingCalls:
             stats = uploader.stats
             return Saved(response.version.version, response.logical_bytes, response.new_bytes,
                          list(response.warnings), stats.chunks_sent, stats.chunks_referenced,
-                         stats.sent_bytes)
+                         stats.sent_bytes, response.replayed)
 
     def save_async(self, model_name: str,
                    state: Union[torch.nn.Module, Mapping[str, torch.Tensor]], *,

@@ -7,7 +7,9 @@ _registry.py (history, annotate, set_alias, versions, watch).
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 from typing import Any, Optional
 
 import grpc
@@ -31,6 +33,32 @@ _parse_condition = _registry._parse_condition
 _MAX_MESSAGE_BYTES = 64 << 20
 # A channel's reconnect backoff (first, most) in ms: ClientChannel's (libs/rpc/client_channel.cc).
 _RECONNECT_BACKOFF_MS = (100, 5000)
+# Keepalive pings (interval, timeout) in ms: libs/rpc/wire_constants.h's. A paused or cut-off
+# server keeps its TCP connection open; without pings its calls would hang until their timeouts
+# instead of failing over to another store of a list.
+_KEEPALIVE_MS = (1000, 1000)
+
+
+def _target(address, service):
+    """(gRPC target, channel options) for ``address``: "HOST:PORT" as it is; several servers of
+    the service, "HOST:PORT,HOST:PORT,..." (IP literals of one family) or "dns:///NAME:PORT", as
+    the C++ client dials them (ChannelTargetFor, libs/rpc/client_channel.cc): round robin over
+    those whose grpc.health.v1 status for ``service`` is SERVING, so a list of stores reaches
+    their writer (followers report NOT_SERVING) and, after a failover, its successor."""
+    entries = [entry.strip() for entry in address.split(",")]
+    if len(entries) == 1 and not address.startswith("dns:"):
+        return address, []
+    options = [("grpc.service_config", json.dumps({
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": service}}))]
+    if address.startswith("dns:"):
+        return address, options
+    if any(not entry for entry in entries):
+        raise InvalidArgument(f"address list {address!r} has an empty entry")
+    six = [entry.startswith("[") for entry in entries]
+    if any(six) != all(six):
+        raise InvalidArgument(f"address list {address!r} mixes IPv4 and IPv6 addresses")
+    return ("ipv6:" if six[0] else "ipv4:") + ",".join(entries), options
 
 
 def _read(path):
@@ -43,8 +71,11 @@ class Client(LoadingCalls, SavingCalls, RegistryCalls):
 
     Args:
       store: "HOST:PORT" of the checkpoint_store service (registry calls: resolve, history,
-        annotate, versions, watch; and load_state_dict when no loader is given).
-      loader: "HOST:PORT" of the loader service (load_state_dict, export).
+        annotate, versions, watch; and load_state_dict when no loader is given), or every store
+        of a deployment, "HOST:PORT,HOST:PORT" (or "dns:///NAME:PORT"): calls go to the writer
+        and, when it dies, to the store that takes over (save() sends a commit again then,
+        watch() resumes there).
+      loader: "HOST:PORT" of the loader service (load_state_dict, export), or several.
       token: bearer token sent with every call ("authorization: Bearer <token>").
       token_file: a file holding the token (whitespace around it ignored).
       ca_file: PEM of the CA that signed the servers' certificates; enables TLS.
@@ -83,7 +114,11 @@ class Client(LoadingCalls, SavingCalls, RegistryCalls):
                    # Reconnect about as fast as watch() resumes, as the C++ client does
                    # (libs/rpc/client_channel.cc); gRPC's own default backoff grows to 120 s.
                    ("grpc.initial_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[0]),
-                   ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[1])]
+                   ("grpc.max_reconnect_backoff_ms", _RECONNECT_BACKOFF_MS[1]),
+                   ("grpc.keepalive_time_ms", _KEEPALIVE_MS[0]),
+                   ("grpc.keepalive_timeout_ms", _KEEPALIVE_MS[1]),
+                   ("grpc.keepalive_permit_without_calls", 1),
+                   ("grpc.http2.max_pings_without_data", 0)]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         credentials = None
@@ -93,22 +128,23 @@ class Client(LoadingCalls, SavingCalls, RegistryCalls):
                 private_key=_read(key_file) if key_file else None,
                 certificate_chain=_read(cert_file) if cert_file else None)
 
-        def channel(address):
+        def channel(address, service):
+            target, extra = _target(address, service)
             if credentials is None:
-                return grpc.insecure_channel(address, options=options)
-            return grpc.secure_channel(address, credentials, options=options)
+                return grpc.insecure_channel(target, options=options + extra)
+            return grpc.secure_channel(target, credentials, options=options + extra)
 
         self._channels = []
         self._closed = False
         self._start_saving()
         self._store = self._loader = None
         if store is not None:
-            self._channels.append(channel(store))
+            self._channels.append(channel(store, "ckpt.v1.CheckpointStore"))
             self._store_channel = self._channels[-1]
             self._store = self._pb.checkpoint_store_pb2_grpc.CheckpointStoreStub(
                 self._store_channel)
         if loader is not None:
-            self._channels.append(channel(loader))
+            self._channels.append(channel(loader, "ckpt.v1.Loader"))
             self._loader = self._pb.loader_pb2_grpc.LoaderStub(self._channels[-1])
 
     # ---- plumbing
@@ -157,6 +193,22 @@ class Client(LoadingCalls, SavingCalls, RegistryCalls):
                 yield response
         except grpc.RpcError as error:
             raise from_rpc_error(error, method) from error
+
+    def _await_store_channel(self, timeout):
+        """Asks the store's channel to connect and waits up to `timeout` seconds (less once
+        close() is called) until it is. A wait that runs out is no error here: the resume that
+        follows fails fast and counts as a failed reconnect."""
+        ready = grpc.channel_ready_future(self._store_channel)
+        deadline = time.monotonic() + timeout
+        try:
+            while not self._closed and time.monotonic() < deadline:
+                try:
+                    ready.result(timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+                    return
+                except grpc.FutureTimeoutError:
+                    pass
+        finally:
+            ready.cancel()
 
     def version_ref(self, ref: str) -> Any:
         """A ckpt.v1.VersionRef for "MODEL[@N|@ALIAS]"."""

@@ -528,6 +528,37 @@ class SaveTest(unittest.TestCase):
             with self.assertRaises(ckpt_client.Unavailable):
                 client.save("team-a.nowhere", nn.Linear(4, 4))
 
+    def test_a_save_sent_again_with_its_idempotency_key_lands_once(self):
+        model = nn.Linear(8, 4)
+        with plain_client() as client:
+            first = client.save("team-a.keyed", model, step=1, idempotency_key="run-7-step-1")
+            self.assertFalse(first.replayed)
+            again = client.save("team-a.keyed", model, step=1, idempotency_key="run-7-step-1")
+            self.assertTrue(again.replayed)
+            self.assertEqual(again.version, first.version)
+            self.assertEqual(again.new_bytes, 0)
+            self.assertEqual([v.version for v in client.versions("team-a.keyed")],
+                             [first.version])
+            with torch.no_grad():
+                model.weight.add_(1)
+            with self.assertRaisesRegex(ckpt_client.AlreadyExists, "other tensors"):
+                client.save("team-a.keyed", model, idempotency_key="run-7-step-1")
+            with self.assertRaisesRegex(ckpt_client.InvalidArgument, "idempotency key"):
+                client.save("team-a.keyed", model, idempotency_key="two words")
+            self.assertEqual(len(client.versions("team-a.keyed")), 1)
+
+    def test_a_list_of_stores_reaches_the_one_that_serves(self):
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{probe.getsockname()[1]}"
+        with ckpt_client.Client(store=f"{dead},{PLAIN_STORE.address}", timeout=20) as client:
+            for step in range(3):  # round robin would send every other call to the dead one
+                saved = client.save("team-a.listed", nn.Linear(4, 4), step=step)
+                self.assertEqual(client.resolve("team-a.listed"), saved.version)
+        with self.assertRaisesRegex(ckpt_client.InvalidArgument, "empty entry"):
+            ckpt_client.Client(store=f"{PLAIN_STORE.address},")
+
     def test_a_saver_killed_mid_upload_leaves_no_version_and_the_next_save_sends_only_changes(
             self):
         # 16 tensors of one 4 MiB chunk each; version 1 holds them all.

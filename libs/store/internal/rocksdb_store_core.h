@@ -135,6 +135,10 @@ class RocksDbCheckpointStore::Core {
   absl::StatusOr<std::map<int64_t, std::vector<std::string>>> ReadAliases(
       absl::string_view model, const rocksdb::Snapshot* snapshot) const;
 
+  // The version of `model` committed with idempotency key `key` (CommitOptions), if any.
+  absl::StatusOr<std::optional<int64_t>> ReadIdempotentCommit(absl::string_view model,
+                                                              absl::string_view key) const;
+
   // Every (version, manifest) of `model`, oldest first.
   absl::StatusOr<std::vector<std::pair<int64_t, v1::Manifest>>> ReadAllManifests(
       absl::string_view model, const rocksdb::Snapshot* snapshot) const;

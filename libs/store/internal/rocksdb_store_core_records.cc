@@ -22,6 +22,23 @@ absl::StatusOr<std::optional<ModelRecord>> Core::ReadModel(
   return record;
 }
 
+absl::StatusOr<std::optional<int64_t>> Core::ReadIdempotentCommit(absl::string_view model,
+                                                                  absl::string_view key) const {
+  std::string bytes;
+  const rocksdb::Status read = db_->Get(Read(nullptr), cf(ColumnFamily::kDefault),
+                                        IdempotencyKeyKey(model, key), &bytes);
+  if (read.IsNotFound()) return std::nullopt;
+  RETURN_IF_ERROR(FromRocksDbStatus(
+      read, absl::StrCat("reading the commit of '", model, "' with idempotency key '", key, "'")));
+  absl::StatusOr<uint64_t> version = DecodeBigEndian64(bytes);
+  if (!version.ok()) {
+    return absl::DataLossError(absl::StrCat("the commit of '", model, "' with idempotency key '",
+                                            key, "' is recorded as ", bytes.size(),
+                                            " bytes, not a version number"));
+  }
+  return static_cast<int64_t>(*version);
+}
+
 absl::StatusOr<ModelRecord> Core::ReadExistingModel(absl::string_view model,
                                                     const rocksdb::Snapshot* snapshot,
                                                     absl::string_view ref_text) const {

@@ -37,14 +37,7 @@ class RocksDbUploadSession final : public UploadSession {
       if (pipeline_error_.ok()) pipeline_error_ = absl::CancelledError("upload abandoned");
     }
     StopPipeline();
-    // Abandoned: the upload record stays for GarbageCollect; only the in-memory pins go. So for
-    // the parts it had taken: each is an abandoned upload of its own now.
-    if (!finished_) {
-      (void)WriteUploadRecords();  // best effort: GarbageCollect reclaims the pack regardless.
-      core_->EndUpload(upload_id_, pinned_);
-      for (const Core::FinishedPart& part : adopted_) core_->EndUpload(part.upload_id, part.pinned);
-      if (parent_id_.empty()) core_->EndJoinable(join_name_);
-    }
+    if (!finished_) Abandon();
   }
 
   std::string upload_id() const override { return parent_id_.empty() ? join_name_ : parent_id_; }
@@ -231,8 +224,18 @@ class RocksDbUploadSession final : public UploadSession {
     const std::string& model = header_.model();
 
     CommitResult result;
+    bool replayed = false;
     absl::Status committed = [&]() -> absl::Status {
       absl::MutexLock lock(&core_->mu());
+      if (!options_.idempotency_key.empty()) {
+        ASSIGN_OR_RETURN(std::optional<int64_t> earlier,
+                         core_->ReadIdempotentCommit(model, options_.idempotency_key));
+        if (earlier.has_value()) {
+          ASSIGN_OR_RETURN(result, ReplayedCommit(model, *earlier));
+          replayed = true;
+          return absl::OkStatus();
+        }
+      }
       ASSIGN_OR_RETURN(std::optional<ModelRecord> existing, core_->ReadModel(model, nullptr));
       ModelRecord record = existing.value_or(ModelRecord());
       // A deleted model's name comes back to life with its version counter, so no MODEL@N is
@@ -290,6 +293,11 @@ class RocksDbUploadSession final : public UploadSession {
       }
       batch.Put(core_->cf(ColumnFamily::kVersions), VersionKey(model, version),
                 header_.SerializeAsString());
+      if (!options_.idempotency_key.empty()) {
+        batch.Put(core_->cf(ColumnFamily::kDefault),
+                  IdempotencyKeyKey(model, options_.idempotency_key),
+                  EncodeBigEndian64(static_cast<uint64_t>(version)));
+      }
       record.set_latest_version(version);
       record.set_next_version(version + 1);
       record.set_version_count(record.version_count() + 1);
@@ -328,6 +336,12 @@ class RocksDbUploadSession final : public UploadSession {
       return absl::OkStatus();
     }();
     if (!committed.ok()) return Fail(committed);
+    if (replayed) {
+      // Nothing of this attempt is kept: it ends as an abandoned upload (GC takes its pack).
+      Abandon();
+      finished_ = true;
+      return result;
+    }
     result.logical_bytes = logical_bytes;
     result.warnings = warnings_;
     return result;
@@ -393,6 +407,47 @@ class RocksDbUploadSession final : public UploadSession {
       RETURN_IF_ERROR(FinishTensor(i));
     }
     return absl::OkStatus();
+  }
+
+  // Abandoned: the upload record stays for GarbageCollect; only the in-memory pins go. So for
+  // the parts it had taken: each is an abandoned upload of its own now.
+  void Abandon() {
+    (void)WriteUploadRecords();  // best effort: GarbageCollect reclaims the pack regardless.
+    core_->EndUpload(upload_id_, pinned_);
+    for (const Core::FinishedPart& part : adopted_) core_->EndUpload(part.upload_id, part.pinned);
+    adopted_.clear();
+    if (parent_id_.empty()) core_->EndJoinable(join_name_);
+  }
+
+  // What Commit answers when its idempotency key committed `version` of `model` before: that
+  // version, if it holds the tensors this upload does (keys and content hashes, in order).
+  absl::StatusOr<CommitResult> ReplayedCommit(const std::string& model, int64_t version) {
+    const std::string ref = FormatVersionRef(model, version);
+    absl::StatusOr<v1::Manifest> earlier = core_->ReadManifest(model, version, nullptr);
+    if (absl::IsNotFound(earlier.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("idempotency key '", options_.idempotency_key, "' committed ", ref,
+                       ", which has since been deleted; nothing was committed again"));
+    }
+    RETURN_IF_ERROR(earlier.status());
+    const auto same_tensors = [](const auto& a, const auto& b) {
+      return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                        [](const v1::TensorMeta& x, const v1::TensorMeta& y) {
+                          return x.key() == y.key() && x.content_hash() == y.content_hash();
+                        });
+    };
+    if (!same_tensors(earlier->tensors(), header_.tensors()) ||
+        !same_tensors(earlier->state_tensors(), header_.state_tensors())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("idempotency key '", options_.idempotency_key, "' already committed ", ref,
+                       ", which holds other tensors than this upload: a key names one commit"));
+    }
+    CommitResult result;
+    result.version = MakeVersionRef(model, version);
+    result.logical_bytes = LogicalBytes(*earlier);
+    result.warnings.assign(earlier->warnings().begin(), earlier->warnings().end());
+    result.replayed = true;
+    return result;
   }
 
   v1::TensorMeta& Meta(int index) {

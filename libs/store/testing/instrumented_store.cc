@@ -58,7 +58,11 @@ class InstrumentedStore::Session final : public UploadSession {
   absl::StatusOr<CommitResult> Commit() override {
     store_.Called("Commit");
     if (store_.commit_fault_) RETURN_IF_ERROR(store_.commit_fault_("Commit"));
-    return base_->Commit();
+    absl::StatusOr<CommitResult> committed = base_->Commit();
+    if (committed.ok() && store_.commit_answer_fault_) {
+      RETURN_IF_ERROR(store_.commit_answer_fault_("Commit"));
+    }
+    return committed;
   }
 
  private:

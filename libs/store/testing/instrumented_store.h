@@ -43,11 +43,16 @@ class InstrumentedStore final : public CheckpointStore {
   // UploadSession::Commit returns the error `fault` gives for "Commit" instead of committing (the
   // session is then abandoned, as after a failed commit): a full disk as a writer sees it.
   void set_commit_fault(Fault fault) { commit_fault_ = std::move(fault); }
+  // UploadSession::Commit commits, then returns the error `fault` gives for "Commit" (when not
+  // OK) instead of the version: an answer lost on its way back to the writer.
+  void set_commit_answer_fault(Fault fault) { commit_answer_fault_ = std::move(fault); }
   // Chunk reads made through readers from OpenVersion (one per ReadTensorChunks call).
   int64_t reader_chunk_reads() const { return reader_chunk_reads_.load(); }
   // Bytes given to AddTensorData of sessions from BeginUpload (accepted or not).
   int64_t uploaded_bytes() const { return uploaded_bytes_.load(); }
 
+  // The wrapped store's: this one adds no way to fail that retrying heals.
+  absl::Duration CommitRetryWindow() const override { return base_.CommitRetryWindow(); }
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;
@@ -106,6 +111,7 @@ class InstrumentedStore final : public CheckpointStore {
   Hook hook_;
   Fault audit_fault_;
   Fault commit_fault_;
+  Fault commit_answer_fault_;
   mutable std::atomic<int64_t> reader_chunk_reads_{0};
   std::atomic<int64_t> uploaded_bytes_{0};
 };

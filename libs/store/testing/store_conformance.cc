@@ -399,6 +399,42 @@ TEST_P(StoreConformanceTest, ExpectedLatestVersionConflictIsFailedPrecondition) 
   EXPECT_EQ(latest.version(), 2);
 }
 
+TEST_P(StoreConformanceTest, ACommitSentAgainWithItsIdempotencyKeyLandsOnce) {
+  CommitOptions keyed;
+  keyed.idempotency_key = "commit-0123456789abcdef";
+  const CheckpointContents contents = WeightsOnly({{"w", Seeded({64}, 7)}});
+  const CommitResult first = MustCommit("m", contents, keyed);
+  EXPECT_FALSE(first.replayed);
+
+  // The answer was lost; the client sends the whole upload again with the same key.
+  ASSERT_OK_AND_ASSIGN(CommitResult again, store_->CommitCheckpoint("m", contents, keyed));
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.version.version(), first.version.version());
+  EXPECT_EQ(again.logical_bytes, first.logical_bytes);
+  EXPECT_EQ(again.new_bytes, 0);
+  ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, store_->ListVersions("m"));
+  EXPECT_EQ(versions.size(), 1u);
+
+  // Another commit without the key (or with another) is a version of its own.
+  CommitOptions other_key;
+  other_key.idempotency_key = "commit-fedcba9876543210";
+  EXPECT_EQ(MustCommit("m", contents, other_key).version.version(), 2);
+  EXPECT_EQ(MustCommit("m", contents).version.version(), 3);
+
+  // One key names one commit: other tensors under a used key are refused, nothing is made.
+  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"w", Seeded({64}, 8)}}), keyed),
+              StatusIs(absl::StatusCode::kAlreadyExists, "holds other tensors"));
+  // Keys belong to their model.
+  EXPECT_FALSE(MustCommit("other", contents, keyed).replayed);
+
+  CommitOptions spaced;
+  spaced.idempotency_key = "two words";
+  EXPECT_THAT(store_->CommitCheckpoint("m", contents, spaced),
+              StatusIs(absl::StatusCode::kInvalidArgument, "idempotency key"));
+  ASSERT_OK_AND_ASSIGN(versions, store_->ListVersions("m"));
+  EXPECT_EQ(versions.size(), 3u);
+}
+
 TEST_P(StoreConformanceTest, TwoThreadsCommittingToOneModelGetDistinctVersions) {
   constexpr int kPerThread = 5;
   std::vector<int64_t> versions[2];

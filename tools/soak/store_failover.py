@@ -1,0 +1,516 @@
+"""store_failover: take the writer away from two checkpoint_store processes that share one bucket
+and a real etcd (issue #53), again and again, while a client commits through both addresses; count
+the failovers and check that no acknowledged commit is lost, none lands twice, and nothing the
+deposed writer did after its successor started is visible.
+
+Set-up: Debian's etcd on loopback; libs/s3's fake S3 server as the bucket (it honours
+`If-None-Match: *` on PUT as radosgw does; tests/store_failover_test.cc and the Ceph DR test run
+on the real thing); stores "a" and "b" on fixed loopback ports, each with its own directory (its
+host's disk), `--writer_lease_ttl=2s --follow_interval=100ms`.
+
+The client: one thread of ckpt_client.Client(store="A,B") calling save() back to back, each
+version a 64 KiB tensor drawn from its seed plus step=seed. save() is the code under test: it
+sends a commit that failed with UNAVAILABLE again, with one idempotency key, for up to 10 s.
+A save that raises anyway is "detected" (the caller was told; its seed may be committed, once).
+
+Beside it, services/trainer runs against both addresses (--store=A,B), one run after another
+(1 rank, 4,000 steps, a checkpoint every 1,000 and at the end, uploaded in the background),
+3 s apart, each a new model: the
+row "trainer runs" counts them; a run must finish (exit 0) through the failovers it meets
+(crashes otherwise), every version it says it wrote must be listed (else lost), no step stored
+twice (else torn); a checkpoint that failed and was trained past (--max_failed_checkpoints) is
+detected.
+
+Trials alternate between three scenarios:
+  kill -9, back on its disk   SIGKILL of the writer; its host restarts on the same directory
+                              and port: it catches up from the log and follows.
+  kill -9, back on a new disk SIGKILL of the writer; its host restarts on an empty directory:
+                              it rebuilds its index from the bucket and follows.
+  pause past the lease        SIGSTOP of the writer for TTL + 1.5 s; the follower takes over;
+                              SIGCONT: the old writer must step down (fenced by the log) and
+                              follow.
+Each fault falls 0-80 ms after a save started, so it often catches one in flight. A trial waits
+for the other store to take over and for the first save acknowledged after the
+fault: that time is the failover (F1). Then the check, over the new writer:
+  - every acknowledged seed is listed exactly once, at the version its save returned (else lost);
+  - no seed is listed twice, and every listed version holds its seed's bytes (else torn);
+  - the deposed writer steps down within 10 s of coming back (else torn: split brain);
+and at the end both stores list the same versions with the same seeds (else torn). crashes = a
+store that exited by itself or did not come up.
+"""
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import soak_lib
+
+DESCRIPTION = "kill -9 and pause the writer of two stores on one bucket and etcd; count failovers"
+FULL_TRIALS = 120
+SHORT_TRIALS = 6
+
+LEASE_TTL = 2.0
+WEIGHT_ELEMENTS = 16 << 10  # float32: 64 KiB.
+# Seconds between saves. A trainer checkpoints minutes apart; one a second keeps a save in flight
+# at most faults while the log (3 records a save: the commit and its audit record's two) grows
+# slowly enough for the new-disk rebuilds, which replay all of it from the fake S3 server at
+# ~45 records/s (its SigV4 checks in Python; BENCHMARKS.md F2 has the store's own rate).
+SAVE_PAUSE = 1.0
+TAKEOVER_TIMEOUT = 20.0
+MODEL = "failover"
+
+KILL_SAME_DISK = "kill -9, back on its disk"
+KILL_NEW_DISK = "kill -9, back on a new disk"
+PAUSE = "pause past the lease"
+SCENARIOS = (KILL_SAME_DISK, PAUSE, KILL_NEW_DISK)
+TRAINER_ROW = "trainer runs (through the failovers)"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _repo_file(lib, path):
+    """A source file the campaign runs (the fake S3 server): in the runfiles under `bazel run`,
+    else in the source tree."""
+    candidates = [os.path.join(lib.repo_root, path)]
+    if os.environ.get("RUNFILES_DIR"):
+        candidates.insert(0, os.path.join(os.environ["RUNFILES_DIR"], "ckpt", path))
+    for candidate in candidates:
+        if os.path.exists(candidate):
+            return candidate
+    raise FileNotFoundError(f"{path}: looked in {', '.join(candidates)}")
+
+
+class Fleet:
+    """etcd, the bucket and the stores, by name."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.dir = lib.work_dir
+        self.ports = {"a": _free_port(), "b": _free_port()}
+        self.stores = {}
+        self.disks = {"a": 0, "b": 0}
+        self.etcd = None
+        self.s3 = None
+        self.s3_endpoint = None
+        self.etcd_endpoint = None
+
+    def start_services(self):
+        client, peer = _free_port(), _free_port()
+        self.etcd_endpoint = f"http://127.0.0.1:{client}"
+        self.etcd = self.lib.spawn(
+            ["etcd", "--name=n1", f"--data-dir={self.dir}/etcd",
+             f"--listen-client-urls={self.etcd_endpoint}",
+             f"--advertise-client-urls={self.etcd_endpoint}",
+             f"--listen-peer-urls=http://127.0.0.1:{peer}",
+             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+             f"--initial-cluster=n1=http://127.0.0.1:{peer}", "--log-level=warn"], name="etcd")
+        port_file = os.path.join(self.dir, "s3.port")
+        self.s3 = self.lib.spawn(
+            [self.lib.python, _repo_file(self.lib, "libs/s3/testdata/fake_s3_server.py"),
+             f"--port_file={port_file}", "--bucket=failover", "--access_key=AKIDSOAK",
+             "--secret_key=soak/secret"], name="fake_s3")
+        with open(os.path.join(self.dir, "credentials"), "w") as f:
+            f.write("[default]\naws_access_key_id = AKIDSOAK\n"
+                    "aws_secret_access_key = soak/secret\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                self.s3_endpoint = f"http://127.0.0.1:{open(port_file).read().strip()}"
+                break
+            time.sleep(0.05)
+        if self.s3_endpoint is None:
+            raise soak_lib.StartError(f"the fake S3 server did not start: {self.s3.log_tail()}")
+        # etcd answers on its client URL once it serves.
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", client), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise soak_lib.StartError(f"etcd did not start: {self.etcd.log_tail()}")
+
+    def start(self, name, new_disk=False):
+        if new_disk:
+            self.disks[name] += 1
+        home = os.path.join(self.dir, f"{name}-disk{self.disks[name]}")
+        os.makedirs(home, exist_ok=True)
+        flags = [f"--listen=127.0.0.1:{self.ports[name]}",
+                 f"--chunks_s3_endpoint={self.s3_endpoint}", "--chunks_s3_bucket=failover",
+                 "--chunks_s3_prefix=fleet/",
+                 f"--chunks_s3_credentials_file={self.dir}/credentials",
+                 f"--etcd_endpoints={self.etcd_endpoint}",
+                 f"--writer_lease_ttl={LEASE_TTL:g}s", "--follow_interval=100ms",
+                 "--shutdown_grace=1s"]
+        # A new disk replays the whole log before it serves.
+        self.stores[name] = self.lib.start_store(os.path.join(home, "index"), flags,
+                                                 start_timeout=300.0)
+        return self.stores[name]
+
+    def addresses(self):
+        return ",".join(f"127.0.0.1:{self.ports[name]}" for name in sorted(self.ports))
+
+    def role(self, name):
+        """"writer", "follower" or None: what the store's log said last."""
+        text = self.stores[name].log_tail(64 << 10)
+        writer = text.rfind("checkpoint_store: the writer")
+        follower = text.rfind("checkpoint_store: a follower")
+        if writer < 0 and follower < 0:
+            return None
+        return "writer" if writer > follower else "follower"
+
+    def wait_for_role(self, name, role, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.stores[name].poll() is not None:
+                return False
+            if self.role(name) == role:
+                return True
+            time.sleep(0.02)
+        return False
+
+
+class Committer(threading.Thread):
+    """save() back to back; every acknowledged (version, seed) and when it returned."""
+
+    def __init__(self, client, torch):
+        super().__init__(daemon=True)
+        self.client = client
+        self.torch = torch
+        self.lock = threading.Lock()
+        self.acks = []  # (monotonic time, version, seed, replayed)
+        self.failures = []  # (seed, error text)
+        self.next_seed = 1
+        self.stopping = threading.Event()
+        self.save_started = threading.Condition(self.lock)
+        self.saves_started = 0
+
+    def state(self, seed):
+        generator = self.torch.Generator().manual_seed(seed)
+        return {"weight": self.torch.randn(WEIGHT_ELEMENTS, generator=generator),
+                "seed": self.torch.full((4,), seed, dtype=self.torch.int64)}
+
+    def run(self):
+        while not self.stopping.is_set():
+            seed = self.next_seed
+            self.next_seed += 1
+            with self.lock:
+                self.saves_started += 1
+                self.save_started.notify_all()
+            try:
+                saved = self.client.save(MODEL, self.state(seed), step=seed, timeout=30)
+                with self.lock:
+                    self.acks.append((time.monotonic(), saved.version, seed, saved.replayed))
+            except Exception as error:  # noqa: BLE001 - every failure is a row count.
+                with self.lock:
+                    self.failures.append((seed, f"{type(error).__name__}: {error}"))
+            time.sleep(SAVE_PAUSE)
+
+    def wait_for_next_save(self, timeout):
+        """Returns once a save has started after the call (False after `timeout` s)."""
+        with self.lock:
+            started = self.saves_started
+            return self.save_started.wait_for(lambda: self.saves_started > started, timeout)
+
+    def acks_after(self, when):
+        with self.lock:
+            return [ack for ack in self.acks if ack[0] > when]
+
+
+class TrainerRuns(threading.Thread):
+    """services/trainer against every store (--store=A,B), run after run while the campaign
+    lasts, each a new model: one rank, TRAIN_STEPS steps, a checkpoint every CHECKPOINT_EVERY
+    (its upload in the background, as by default). Each run's exit status and what it printed."""
+
+    # One epoch (131,072 examples, batch 32), so the checkpoints are the 4 periodic ones and the
+    # last; runs 3 s apart. The log grows by 3 records a checkpoint, and a new disk replays all.
+    TRAIN_STEPS = 4000
+    CHECKPOINT_EVERY = 1000
+    PAUSE_SECONDS = 3.0
+
+    def __init__(self, lib, addresses):
+        super().__init__(daemon=True)
+        self.lib = lib
+        self.addresses = addresses
+        self.stopping = threading.Event()
+        self.runs = []  # (model, Result)
+
+    def run(self):
+        while not self.stopping.is_set():
+            model = f"trainer-{len(self.runs) + 1}"
+            result = self.lib.run(
+                [self.lib.binary("services/trainer/trainer"), f"--store={self.addresses}",
+                 "--backend=gloo", "--device=cpu", "--nproc_per_node=1",
+                 f"--steps={self.TRAIN_STEPS}", f"--checkpoint_every={self.CHECKPOINT_EVERY}",
+                 "--synthetic_examples=131072", "--log_every=100000", "--hidden=64",
+                 f"--model_name={model}"], timeout=300)
+            self.runs.append((model, result))
+            self.stopping.wait(self.PAUSE_SECONDS)
+
+
+def _written_versions(stdout_and_err):
+    """The versions a trainer run says it wrote ("versions written: @1 @2 ...")."""
+    for line in stdout_and_err.splitlines():
+        line = line.strip()
+        if line.startswith("versions written:"):
+            return [int(word[1:]) for word in line.split()[2:] if word.startswith("@")]
+    return None
+
+
+class Campaign:
+    def __init__(self, args, lib):
+        self.args = args
+        self.lib = lib
+        self.table = soak_lib.Table("store_failover", extra_columns=[
+            "failover p50 s", "failover p99 s", "failover max s", "commits acked",
+            "replayed saves"])
+        self.rows = {name: self.table.row(name) for name in SCENARIOS}
+        self.trainer_row = self.table.row(TRAINER_ROW)
+        self.failover_seconds = {name: [] for name in SCENARIOS}
+        self.fleet = Fleet(lib)
+        self.checked = {}  # version -> seed, verified once.
+        self.trainer_checkpoints = 0
+        self.failures_seen = 0
+
+    def run(self):
+        client_dir = os.path.join(self.lib.repo_root, "clients", "python")
+        if client_dir not in sys.path:
+            sys.path.insert(0, client_dir)
+        import torch  # noqa: E402  (Debian's torch 1.13, as the client needs)
+        from ckpt_client import Client  # noqa: E402
+        self.torch = torch
+        fleet = self.fleet
+        fleet.start_services()
+        fleet.start("a")
+        if not fleet.wait_for_role("a", "writer", TAKEOVER_TIMEOUT):
+            raise soak_lib.StartError(f"store a never became the writer: "
+                                      f"{fleet.stores['a'].log_tail()}")
+        fleet.start("b")
+        if not fleet.wait_for_role("b", "follower", TAKEOVER_TIMEOUT):
+            raise soak_lib.StartError(f"store b never followed: {fleet.stores['b'].log_tail()}")
+        self.client = Client(store=fleet.addresses(), timeout=30)
+        self.committer = Committer(self.client, torch)
+        self.committer.start()
+        self.trainer = TrainerRuns(self.lib, fleet.addresses())
+        self.trainer.start()
+        try:
+            for trial in range(self.args.trials):
+                if self.lib.out_of_time():
+                    self.table.stop_early(f"--max_minutes reached after {trial} trials")
+                    break
+                scenario = SCENARIOS[trial % len(SCENARIOS)]
+                if not self.trial(scenario, self.rows[scenario]):
+                    self.table.stop_early(f"trial {trial + 1} left no writer to go on with")
+                    break
+        finally:
+            self.committer.stopping.set()
+            self.trainer.stopping.set()
+            self.committer.join(60)
+            self.trainer.join(330)
+        self.final_check()
+        self.check_trainer_runs()
+        self.summarize()
+        self.client.close()
+        return self.table
+
+    def writer(self):
+        for name in sorted(self.fleet.stores):
+            if self.fleet.role(name) == "writer" and self.fleet.stores[name].poll() is None:
+                return name
+        return None
+
+    def trial(self, scenario, row):
+        fleet = self.fleet
+        old = self.writer()
+        if old is None:
+            row.fail("crashes", "no store says it is the writer")
+            return False
+        successor = "b" if old == "a" else "a"
+        # At least one commit through the writer before the fault.
+        before = time.monotonic()
+        if not self.wait_for_ack_after(before, 15):
+            row.fail("crashes", f"no commit acknowledged by writer {old} within 15 s")
+            return False
+        # The fault falls 0-80 ms into a save (a 64 KiB save takes tens of ms): often while it
+        # is in flight, sometimes between its log record and its answer.
+        self.committer.wait_for_next_save(10)
+        time.sleep(self.lib.rng.uniform(0.0, 0.08))
+        row.add("trials")
+        fault = time.monotonic()
+        if scenario == PAUSE:
+            fleet.stores[old].signal(signal.SIGSTOP)
+        else:
+            fleet.stores[old].kill()
+            row.saw_rss(fleet.stores[old].max_rss_mib)
+        took_over = fleet.wait_for_role(successor, "writer", TAKEOVER_TIMEOUT)
+        acked = self.wait_for_ack_after(fault, TAKEOVER_TIMEOUT)
+        if not took_over or not acked:
+            if scenario == PAUSE:
+                fleet.stores[old].signal(signal.SIGCONT)
+            row.fail("crashes", f"{scenario}: {successor} took over: {took_over}, a commit "
+                                f"acknowledged after the fault: {acked is not None}: "
+                                f"{fleet.stores[successor].log_tail(600)}")
+            return False
+        self.failover_seconds[scenario].append(acked[0] - fault)
+        if scenario == PAUSE:
+            # Past the lease whatever the failover took; then the old writer wakes up.
+            time.sleep(max(0.0, fault + LEASE_TTL + 1.5 - time.monotonic()))
+            fleet.stores[old].signal(signal.SIGCONT)
+            if not fleet.wait_for_role(old, "follower", 10):
+                row.fail("torn", f"split brain: the paused writer {old} did not step down "
+                                 f"within 10 s of SIGCONT: {fleet.stores[old].log_tail(600)}")
+        else:
+            try:
+                fleet.start(old, new_disk=scenario == KILL_NEW_DISK)
+            except soak_lib.StartError as error:
+                row.fail("crashes", f"{old} did not come back: {error}")
+                return False
+            if not fleet.wait_for_role(old, "follower", TAKEOVER_TIMEOUT):
+                row.fail("crashes", f"{old} came back but never followed: "
+                                    f"{fleet.stores[old].log_tail(600)}")
+        self.count_detected(row)
+        self.check(row, successor)
+        return True
+
+    def wait_for_ack_after(self, when, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            acks = self.committer.acks_after(when)
+            if acks:
+                return acks[0]
+            time.sleep(0.01)
+        return None
+
+    def count_detected(self, row):
+        with self.committer.lock:
+            failures = self.committer.failures[self.failures_seen:]
+            self.failures_seen = len(self.committer.failures)
+        for seed, error in failures:
+            row.add("detected")
+            print(f"[store_failover] save of seed {seed} raised: {error}", flush=True)
+
+    def listing(self, name):
+        """{version: seed} of MODEL on store `name`, through its address alone."""
+        from ckpt_client import Client  # noqa: E402
+        with Client(store=f"127.0.0.1:{self.fleet.ports[name]}", timeout=30) as direct:
+            return {info.version: direct.manifest(f"{MODEL}@{info.version}").metadata.global_step
+                    for info in direct.versions(MODEL)}
+
+    def check(self, row, writer):
+        # The acknowledgements first: a save acknowledged after the listing is not in it.
+        with self.committer.lock:
+            acks = list(self.committer.acks)
+        try:
+            listed = self.listing(writer)
+        except Exception as error:  # noqa: BLE001
+            row.fail("crashes", f"listing the writer {writer} failed: {error}")
+            return
+        by_seed = {}
+        for version, seed in listed.items():
+            by_seed.setdefault(seed, []).append(version)
+        for seed, versions in by_seed.items():
+            if len(versions) > 1:
+                row.fail("torn", f"seed {seed} is committed {len(versions)} times: {versions}")
+        for _, version, seed, _ in acks:
+            if listed.get(version) != seed:
+                row.fail("lost", f"save of seed {seed} was acknowledged as {MODEL}@{version}, "
+                                 f"which holds {listed.get(version)}")
+        for version, seed in sorted(listed.items()):
+            if version in self.checked:
+                continue
+            state = self.client.load_state_dict(f"{MODEL}@{version}")
+            expected = self.committer.state(seed)
+            if not all(self.torch.equal(state[key], expected[key]) for key in expected):
+                row.fail("torn", f"{MODEL}@{version} does not hold seed {seed}'s bytes")
+            self.checked[version] = seed
+
+    def final_check(self):
+        row = self.rows[SCENARIOS[0]]
+        writer = self.writer()
+        if writer is None:
+            row.fail("crashes", "no writer at the end")
+            return
+        follower = "b" if writer == "a" else "a"
+        expected = self.listing(writer)
+        deadline = time.monotonic() + 20
+        followed = None
+        while time.monotonic() < deadline:
+            try:
+                followed = self.listing(follower)
+            except Exception:  # noqa: BLE001 - still starting or catching up.
+                followed = None
+            if followed == expected:
+                break
+            time.sleep(0.2)
+        if followed != expected:
+            row.fail("torn", f"the follower {follower} lists {len(followed or {})} versions, the "
+                             f"writer {writer} {len(expected)}: they never converged")
+        for name, store in self.fleet.stores.items():
+            if store.poll() is not None and not store.killed_by_us:
+                row.fail("crashes", f"store {name} exited by itself: {store.log_tail(600)}")
+
+    def check_trainer_runs(self):
+        """Every run finished (exit 0) through the failovers it met; each checkpoint it says it
+        wrote is listed once, at its own step; none is listed twice."""
+        row = self.trainer_row
+        from ckpt_client import Client  # noqa: E402
+        writer = self.writer()
+        for model, result in self.trainer.runs:
+            row.add("trials")
+            row.saw_rss(result.max_rss_mib)
+            output = result.stdout + result.stderr
+            if not result.ok:
+                row.fail("crashes", f"trainer run {model} did not finish: {result.describe()}")
+                continue
+            for line in output.splitlines():
+                if "failed checkpoints (trained past):" in line:
+                    row.add("detected", int(line.rsplit(":", 1)[1].split()[0]))
+            written = _written_versions(output)
+            if written is None:
+                row.fail("crashes", f"trainer run {model} printed no versions: {output[-400:]}")
+                continue
+            if writer is None:
+                continue
+            with Client(store=f"127.0.0.1:{self.fleet.ports[writer]}", timeout=30) as direct:
+                steps = {info.version: direct.manifest(f"{model}@{info.version}")
+                         .metadata.global_step for info in direct.versions(model)}
+            for version in written:
+                if version not in steps:
+                    row.fail("lost", f"{model}@{version}, which the trainer wrote, is not listed")
+            if len(set(steps.values())) != len(steps):
+                row.fail("torn", f"{model} holds a step twice: {sorted(steps.values())}")
+            self.trainer_checkpoints += len(steps)
+
+    def summarize(self):
+        with self.committer.lock:
+            acks = list(self.committer.acks)
+        replayed = sum(1 for ack in acks if ack[3])
+        for name, row in self.rows.items():
+            seconds = self.failover_seconds[name]
+            if seconds:
+                row.extra["failover p50 s"] = f"{soak_lib.percentile(seconds, 0.5):.2f}"
+                row.extra["failover p99 s"] = f"{soak_lib.percentile(seconds, 0.99):.2f}"
+                row.extra["failover max s"] = f"{max(seconds):.2f}"
+        every = [s for name in SCENARIOS for s in self.failover_seconds[name]]
+        first = self.rows[SCENARIOS[0]]
+        first.extra["commits acked"] = str(len(acks))
+        first.extra["replayed saves"] = str(replayed)
+        self.trainer_row.extra["commits acked"] = str(self.trainer_checkpoints)
+        if every:
+            self.table.note(
+                f"F1 over all {len(every)} failovers (lease TTL {LEASE_TTL:g} s): p50 "
+                f"{soak_lib.percentile(every, 0.5):.2f} s, p99 "
+                f"{soak_lib.percentile(every, 0.99):.2f} s, max {max(every):.2f} s. "
+                f"{len(acks)} saves acknowledged, {replayed} of them answered from the "
+                f"idempotency key (an attempt whose answer was lost had committed); "
+                f"{len(self.checked)} versions checked byte for byte.")
+
+
+def run(args, lib):
+    return Campaign(args, lib).run()
