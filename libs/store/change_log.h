@@ -60,6 +60,19 @@ class ChangeLog {
   // or none, at the log's end). DATA_LOSS when a record is missing while later ones exist.
   virtual absl::StatusOr<std::vector<LoggedChange>> ReadAfter(int64_t after,
                                                               int max_count) const = 0;
+
+  // ---- Snapshots: the whole index as of one record, so that a store rebuilt on an empty
+  // directory loads the newest and replays only the records after it, instead of every record
+  // since the first. The records stay (fencing and followers read the log's tail, and a snapshot
+  // is only used when the record it names is there); the two newest snapshots are kept.
+
+  // Stores `bytes` (a frame, as records are) as the snapshot of the index after record
+  // `sequence`: whole or not at all. One of the same number is replaced (it holds the same index).
+  virtual absl::Status PutSnapshot(int64_t sequence, absl::string_view bytes) = 0;
+  // The number of the newest snapshot; 0 when there is none.
+  virtual absl::StatusOr<int64_t> LatestSnapshot() const = 0;
+  // The bytes of snapshot `sequence`. NOT_FOUND when there is none of that number.
+  virtual absl::StatusOr<std::string> ReadSnapshot(int64_t sequence) const = 0;
 };
 
 // The frame every record's bytes are kept in: "CKCL", a format byte, the payload's XXH3-64

@@ -13,6 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "libs/io/atomic_file.h"
+#include "libs/io/read_file.h"
 #include "libs/status/status_macros.h"
 
 namespace ckpt {
@@ -20,6 +22,7 @@ namespace ckpt {
 namespace {
 
 constexpr absl::string_view kSuffix = ".changes";
+constexpr absl::string_view kSnapshotSuffix = ".snapshot";
 constexpr int64_t kEntryHeaderBytes = 12;  // sequence (8) + length (4).
 // A record larger than this is refused: a length beyond it in a segment is damage, not a record.
 constexpr uint32_t kMaxRecordBytes = uint32_t{1} << 31;
@@ -330,6 +333,62 @@ absl::StatusOr<std::vector<LoggedChange>> DirectoryChangeLog::ReadAfter(int64_t 
   }
   position_ = ReadPosition{expected - 1, segment, offset};
   return changes;
+}
+
+std::string DirectoryChangeLog::SnapshotPath(int64_t sequence) const {
+  return absl::StrCat(dir_, "/snapshots/", ChangeName(sequence), kSnapshotSuffix);
+}
+
+absl::StatusOr<std::vector<int64_t>> DirectoryChangeLog::ListSnapshots() const {
+  std::vector<int64_t> numbers;
+  const std::string dir = absl::StrCat(dir_, "/snapshots");
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) {
+    if (errno == ENOENT) return numbers;
+    return ErrnoStatus(errno, absl::StrCat("listing ", dir));
+  }
+  while (const dirent* entry = ::readdir(listing)) {
+    const absl::string_view name = entry->d_name;
+    if (!absl::EndsWith(name, kSnapshotSuffix)) continue;
+    const int64_t sequence =
+        ChangeNumberFromName(name.substr(0, name.size() - kSnapshotSuffix.size()));
+    if (sequence > 0) numbers.push_back(sequence);
+  }
+  ::closedir(listing);
+  std::sort(numbers.begin(), numbers.end());
+  return numbers;
+}
+
+absl::Status DirectoryChangeLog::PutSnapshot(int64_t sequence, absl::string_view bytes) {
+  if (sequence < 1) return absl::InvalidArgumentError("change numbers start at 1");
+  const std::string dir = absl::StrCat(dir_, "/snapshots");
+  if (::mkdir(dir.c_str(), 0755) == 0) {
+    RETURN_IF_ERROR(SyncPath(dir_));
+  } else if (errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("creating ", dir));
+  }
+  RETURN_IF_ERROR(WriteFileAtomically(SnapshotPath(sequence), bytes));
+  // The two newest stay: the one just written, and the one before in case this one turns bad.
+  ASSIGN_OR_RETURN(std::vector<int64_t> numbers, ListSnapshots());
+  bool removed = false;
+  for (size_t i = 0; i + 2 < numbers.size(); ++i) {
+    const std::string path = SnapshotPath(numbers[i]);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, absl::StrCat("removing ", path));
+    }
+    removed = true;
+  }
+  return removed ? SyncPath(dir) : absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> DirectoryChangeLog::LatestSnapshot() const {
+  ASSIGN_OR_RETURN(std::vector<int64_t> numbers, ListSnapshots());
+  return numbers.empty() ? 0 : numbers.back();
+}
+
+absl::StatusOr<std::string> DirectoryChangeLog::ReadSnapshot(int64_t sequence) const {
+  return ReadSmallFile(SnapshotPath(sequence), "a snapshot of the change log",
+                       /*max_bytes=*/uint64_t{1} << 40);
 }
 
 }  // namespace ckpt

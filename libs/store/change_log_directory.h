@@ -14,6 +14,10 @@
 //
 // One process appends (the store's RocksDB lock guarantees it), so Append's fencing reduces to
 // "the number after the last"; reads may run beside appends.
+//
+// Snapshot N is the file `snapshots/<N as 20 digits>.snapshot` in the log's directory, written
+// atomically (a temporary file, fsync, rename, directory fsync); putting one removes all but the
+// two newest.
 
 #include <cstdint>
 #include <memory>
@@ -40,6 +44,9 @@ class DirectoryChangeLog final : public ChangeLog {
   absl::Status Append(int64_t sequence, absl::string_view bytes) override;
   absl::StatusOr<std::vector<LoggedChange>> ReadAfter(int64_t after,
                                                       int max_count) const override;
+  absl::Status PutSnapshot(int64_t sequence, absl::string_view bytes) override;
+  absl::StatusOr<int64_t> LatestSnapshot() const override;
+  absl::StatusOr<std::string> ReadSnapshot(int64_t sequence) const override;
 
   // The number of the last record (0 when the log is empty).
   int64_t last_sequence() const;
@@ -59,6 +66,9 @@ class DirectoryChangeLog final : public ChangeLog {
 
   explicit DirectoryChangeLog(std::string dir) : dir_(std::move(dir)) {}
   absl::Status Recover();
+  std::string SnapshotPath(int64_t sequence) const;
+  // The snapshots' numbers, oldest first.
+  absl::StatusOr<std::vector<int64_t>> ListSnapshots() const;
   absl::Status StartSegment(int64_t first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;

@@ -57,6 +57,26 @@ TEST(DirectoryChangeLogTest, AppendsReadsBackInPagesAndSurvivesReopen) {
   ASSERT_OK(log->Append(26, Record(26)));
 }
 
+TEST(DirectoryChangeLogTest, SnapshotsAreKeptTwoNewestBesideTheSegments) {
+  const std::string dir = TestDir();
+  ASSERT_OK_AND_ASSIGN(auto log, DirectoryChangeLog::Open(dir));
+  for (int64_t n = 1; n <= 5; ++n) ASSERT_OK(log->Append(n, Record(n)));
+  ASSERT_OK_AND_ASSIGN(int64_t latest, log->LatestSnapshot());
+  EXPECT_EQ(latest, 0);
+  for (int64_t n : {2, 4, 5}) ASSERT_OK(log->PutSnapshot(n, Record(100 + n)));
+  ASSERT_OK_AND_ASSIGN(latest, log->LatestSnapshot());
+  EXPECT_EQ(latest, 5);
+  ASSERT_OK_AND_ASSIGN(std::string bytes, log->ReadSnapshot(5));
+  EXPECT_EQ(bytes, Record(105));
+  EXPECT_THAT(log->ReadSnapshot(2), StatusIs(absl::StatusCode::kNotFound));
+  // A reopened log still finds its records (the snapshots' directory is not a segment) and them.
+  log.reset();
+  ASSERT_OK_AND_ASSIGN(log, DirectoryChangeLog::Open(dir));
+  EXPECT_EQ(log->last_sequence(), 5);
+  ASSERT_OK_AND_ASSIGN(latest, log->LatestSnapshot());
+  EXPECT_EQ(latest, 5);
+}
+
 TEST(DirectoryChangeLogTest, ATakenNumberIsFencedUnlessItHoldsTheSameBytes) {
   ASSERT_OK_AND_ASSIGN(auto log, DirectoryChangeLog::Open(TestDir()));
   ASSERT_OK(log->Append(1, Record(1)));

@@ -15,7 +15,9 @@
 #include "libs/s3/s3_client.h"
 #include "libs/s3/testing/fake_s3_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/change_log_directory.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
+#include "libs/store/s3_change_log.h"
 #include "libs/store/s3_chunk_backend.h"
 #include "libs/store/testing/registry_workload.h"
 #include "libs/store/testing/seeded_checkpoints.h"
@@ -47,14 +49,27 @@ void DeleteIndexFiles(const std::string& db_path) {
 }
 
 std::unique_ptr<RocksDbCheckpointStore> OpenLocal(const std::string& db_path,
-                                                  bool keep_change_log = true) {
+                                                  bool keep_change_log = true,
+                                                  int64_t snapshot_every = 10000) {
   StoreOptions options;
   options.db_path = db_path;
   options.keep_change_log = keep_change_log;
+  options.change_log_snapshot_every = snapshot_every;
   absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
       RocksDbCheckpointStore::Open(options);
   EXPECT_OK(store.status());
   return store.ok() ? *std::move(store) : nullptr;
+}
+
+// `store`, rebuilt, dumps as `before` did, its versions verify, and it carries on: the next
+// version is 5, after MakeEveryKindOfChange's four (event and audit numbers likewise).
+void ExpectTheSameStoreCarryingOn(RocksDbCheckpointStore& store, const std::string& before) {
+  ASSERT_OK_AND_ASSIGN(std::string after, DumpRegistry(store));
+  EXPECT_EQ(after, before);
+  ASSERT_OK(testing::CheckSeeded(store, "resnet-1", 3, 103));
+  ASSERT_OK(testing::CheckSeeded(store, "resnet-1", 4, 104));
+  ASSERT_OK_AND_ASSIGN(int64_t next, CommitSeeded(store, "resnet-1", 105));
+  EXPECT_EQ(next, 5);
 }
 
 class Bucket {
@@ -69,8 +84,8 @@ class Bucket {
     return client.ok() ? std::shared_ptr<s3::S3Client>(*std::move(client)) : nullptr;
   }
 
-  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> Open(const std::string& db_path,
-                                                               int max_attempts = 3) const {
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> Open(
+      const std::string& db_path, int max_attempts = 3, int64_t snapshot_every = 10000) const {
     S3ChunkBackendOptions backend_options;
     backend_options.prefix = "team/";
     ASSIGN_OR_RETURN(std::unique_ptr<S3ChunkBackend> backend,
@@ -78,6 +93,7 @@ class Bucket {
     StoreOptions options;
     options.db_path = db_path;
     options.chunk_backend = std::move(backend);
+    options.change_log_snapshot_every = snapshot_every;
     return RocksDbCheckpointStore::Open(options);
   }
 
@@ -118,17 +134,55 @@ TEST(ChangeLogRebuildTest, AStoreDirectoryLostWithItsHostComesBackFromTheBucket)
   fs::remove_all(dir + "/host-a");
   {
     ASSERT_OK_AND_ASSIGN(auto store, bucket.Open(dir + "/host-b"));
-    ASSERT_OK_AND_ASSIGN(std::string after, DumpRegistry(*store));
-    EXPECT_EQ(after, before);
-    ASSERT_OK(testing::CheckSeeded(*store, "resnet-1", 3, 103));
-    // Numbers go on where the lost store left them (version 5, event and audit numbers).
-    ASSERT_OK_AND_ASSIGN(int64_t next, CommitSeeded(*store, "resnet-1", 105));
-    EXPECT_EQ(next, 5);
+    ExpectTheSameStoreCarryingOn(*store, before);
     ASSERT_OK(MakeEveryKindOfChange(*store, /*round=*/2));
     ASSERT_OK_AND_ASSIGN(before, DumpRegistry(*store));
   }
   fs::remove_all(dir + "/host-b");
   ASSERT_OK_AND_ASSIGN(auto store, bucket.Open(dir + "/host-c"));
+  ASSERT_OK_AND_ASSIGN(std::string after, DumpRegistry(*store));
+  EXPECT_EQ(after, before);
+}
+
+// A store that put snapshots of its index comes back from the newest one and the records after
+// it: shown by deleting from the bucket every record the snapshot covers (but the first and the
+// one it names), which a replay from the first record could not do without.
+TEST(ChangeLogRebuildTest, ARebuildLoadsTheNewestSnapshotAndReplaysOnlyTheChangesAfterIt) {
+  Bucket bucket;
+  const std::string dir = FreshDir();
+  std::string before;
+  {
+    ASSERT_OK_AND_ASSIGN(auto store, bucket.Open(dir + "/host-a", 3, /*snapshot_every=*/5));
+    ASSERT_OK(MakeEveryKindOfChange(*store));
+    ASSERT_OK_AND_ASSIGN(before, DumpRegistry(*store));
+  }  // Closing waits for a snapshot being written.
+  S3ChangeLog log(bucket.Client(), "team/");
+  ASSERT_OK_AND_ASSIGN(const int64_t snapshot, log.LatestSnapshot());
+  ASSERT_GE(snapshot, 5);
+  ASSERT_OK_AND_ASSIGN(std::vector<s3::ListedObject> kept,
+                       bucket.Client()->ListAllObjects("team/snapshots/"));
+  EXPECT_LE(kept.size(), 2u);  // the two newest.
+  for (int64_t sequence = 2; sequence < snapshot; ++sequence) {
+    ASSERT_OK(bucket.Client()->DeleteObject(log.ObjectKey(sequence)));
+  }
+  ASSERT_OK_AND_ASSIGN(auto store, bucket.Open(dir + "/host-b"));
+  ExpectTheSameStoreCarryingOn(*store, before);
+}
+
+TEST(ChangeLogRebuildTest, ADeletedIndexBesidePackFilesComesBackFromItsSnapshot) {
+  const std::string db = FreshDir() + "/store";
+  std::string before;
+  {
+    std::unique_ptr<RocksDbCheckpointStore> store = OpenLocal(db, true, /*snapshot_every=*/5);
+    ASSERT_OK(MakeEveryKindOfChange(*store));
+    ASSERT_OK_AND_ASSIGN(before, DumpRegistry(*store));
+  }
+  ASSERT_OK_AND_ASSIGN(auto log, DirectoryChangeLog::Open(db + "/changes"));
+  ASSERT_OK_AND_ASSIGN(const int64_t snapshot, log->LatestSnapshot());
+  EXPECT_GE(snapshot, 5);
+  log.reset();
+  DeleteIndexFiles(db);
+  std::unique_ptr<RocksDbCheckpointStore> store = OpenLocal(db);
   ASSERT_OK_AND_ASSIGN(std::string after, DumpRegistry(*store));
   EXPECT_EQ(after, before);
 }

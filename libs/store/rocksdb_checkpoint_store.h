@@ -81,6 +81,10 @@ struct StoreOptions {
   // reads are served from this index, FollowChangeLog applies what the writer appends, and every
   // change is refused with UNAVAILABLE until TakeOverAsWriter. Needs keep_change_log.
   bool start_as_follower = false;
+  // The writer puts a snapshot of the whole index beside its change log every this many changes
+  // (in the background), so that a store rebuilt on an empty directory loads it and replays only
+  // the changes after it. 0: never. Default 10,000.
+  int64_t change_log_snapshot_every = 10000;
 };
 
 // A seam for tools/bench only (libs/store/benchmark_seams.h, visible to tools/bench alone).

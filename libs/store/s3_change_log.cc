@@ -15,6 +15,7 @@ S3ChangeLog::S3ChangeLog(std::shared_ptr<s3::S3Client> client, std::string prefi
                          int read_threads)
     : client_(std::move(client)),
       changes_prefix_(absl::StrCat(prefix, "changes/")),
+      snapshots_prefix_(absl::StrCat(prefix, "snapshots/")),
       read_threads_(std::max(1, read_threads)) {}
 
 std::string S3ChangeLog::Describe() const {
@@ -93,6 +94,39 @@ absl::StatusOr<std::vector<LoggedChange>> S3ChangeLog::ReadAfter(int64_t after,
   for (std::thread& worker : workers) worker.join();
   for (const absl::Status& failure : failures) RETURN_IF_ERROR(failure);
   return changes;
+}
+
+absl::StatusOr<std::vector<int64_t>> S3ChangeLog::ListSnapshots() const {
+  ASSIGN_OR_RETURN(std::vector<s3::ListedObject> objects,
+                   client_->ListAllObjects(snapshots_prefix_));
+  std::vector<int64_t> numbers;
+  for (const s3::ListedObject& object : objects) {
+    const int64_t sequence =
+        ChangeNumberFromName(absl::string_view(object.key).substr(snapshots_prefix_.size()));
+    if (sequence > 0) numbers.push_back(sequence);
+  }
+  std::sort(numbers.begin(), numbers.end());
+  return numbers;
+}
+
+absl::Status S3ChangeLog::PutSnapshot(int64_t sequence, absl::string_view bytes) {
+  if (sequence < 1) return absl::InvalidArgumentError("change numbers start at 1");
+  RETURN_IF_ERROR(client_->PutObject(absl::StrCat(snapshots_prefix_, ChangeName(sequence)), bytes));
+  // The two newest stay: the one just put, and the one before in case this one turns out bad.
+  ASSIGN_OR_RETURN(std::vector<int64_t> numbers, ListSnapshots());
+  for (size_t i = 0; i + 2 < numbers.size(); ++i) {
+    RETURN_IF_ERROR(client_->DeleteObject(absl::StrCat(snapshots_prefix_, ChangeName(numbers[i]))));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> S3ChangeLog::LatestSnapshot() const {
+  ASSIGN_OR_RETURN(std::vector<int64_t> numbers, ListSnapshots());
+  return numbers.empty() ? 0 : numbers.back();
+}
+
+absl::StatusOr<std::string> S3ChangeLog::ReadSnapshot(int64_t sequence) const {
+  return client_->GetObject(absl::StrCat(snapshots_prefix_, ChangeName(sequence)));
 }
 
 }  // namespace ckpt

@@ -14,6 +14,8 @@
 //   is ALREADY_EXISTS.
 // - ReadAfter lists with `start-after` and reads the listed records with up to `read_threads`
 //   GETs at once.
+// - Snapshot N is the object `<prefix>snapshots/<N as 20 digits>`, put whole (an object appears
+//   whole or not at all, multipart or not); putting one deletes all but the two newest.
 //
 // Thread-safe.
 
@@ -35,13 +37,20 @@ class S3ChangeLog final : public ChangeLog {
   absl::Status Append(int64_t sequence, absl::string_view bytes) override;
   absl::StatusOr<std::vector<LoggedChange>> ReadAfter(int64_t after,
                                                       int max_count) const override;
+  absl::Status PutSnapshot(int64_t sequence, absl::string_view bytes) override;
+  absl::StatusOr<int64_t> LatestSnapshot() const override;
+  absl::StatusOr<std::string> ReadSnapshot(int64_t sequence) const override;
 
   // The object key of record `sequence`.
   std::string ObjectKey(int64_t sequence) const;
 
  private:
   const std::shared_ptr<s3::S3Client> client_;
-  const std::string changes_prefix_;  // prefix + "changes/"
+  // The snapshots' numbers, oldest first.
+  absl::StatusOr<std::vector<int64_t>> ListSnapshots() const;
+
+  const std::string changes_prefix_;    // prefix + "changes/"
+  const std::string snapshots_prefix_;  // prefix + "snapshots/"
   const int read_threads_;
 };
 

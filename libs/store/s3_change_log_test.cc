@@ -61,6 +61,24 @@ TEST(S3ChangeLogTest, ASecondWriterOfANumberIsFenced) {
   EXPECT_EQ(read[0].bytes, Record(1, "first"));
 }
 
+TEST(S3ChangeLogTest, SnapshotsAreKeptTwoNewestAndReadBackWhole) {
+  testing::FakeS3Server server;
+  S3ChangeLog log(Client(server), "team/");
+  ASSERT_OK_AND_ASSIGN(int64_t latest, log.LatestSnapshot());
+  EXPECT_EQ(latest, 0);
+  EXPECT_THAT(log.ReadSnapshot(3), StatusIs(absl::StatusCode::kNotFound));
+  for (int64_t n : {3, 9, 27}) ASSERT_OK(log.PutSnapshot(n, Record(n, "snapshot")));
+  ASSERT_OK_AND_ASSIGN(latest, log.LatestSnapshot());
+  EXPECT_EQ(latest, 27);
+  ASSERT_OK_AND_ASSIGN(std::string bytes, log.ReadSnapshot(27));
+  EXPECT_EQ(bytes, Record(27, "snapshot"));
+  EXPECT_OK(log.ReadSnapshot(9).status());
+  EXPECT_THAT(log.ReadSnapshot(3), StatusIs(absl::StatusCode::kNotFound));
+  // The records are untouched.
+  ASSERT_OK_AND_ASSIGN(auto records, log.ReadAfter(0, 10));
+  EXPECT_TRUE(records.empty());
+}
+
 TEST(S3ChangeLogTest, AMissingRecordBeforeLaterOnesIsDataLoss) {
   testing::FakeS3Server server;
   std::shared_ptr<s3::S3Client> client = Client(server);

@@ -77,6 +77,11 @@ ABSL_FLAG(absl::Duration, writer_lease_ttl, absl::Seconds(2),
 ABSL_FLAG(absl::Duration, follow_interval, absl::Milliseconds(100),
           "With --etcd_endpoints: how often a follower applies the writer's new changes and "
           "tries for the lease. Default 100ms.");
+ABSL_FLAG(int64_t, change_log_snapshot_every, 10000,
+          "Every this many changes the writer puts a snapshot of its whole index beside the "
+          "change log (in the background; the two newest are kept), so that a store started on "
+          "an empty directory loads it and replays only the changes after it. 0: never. Default "
+          "10000.");
 ABSL_FLAG(int, worker_threads, 8,
           "Threads that run store work (RocksDB reads and writes, hashing, fsync) off gRPC's "
           "threads; calls beyond this many wait in a queue. Default 8.");
@@ -139,6 +144,12 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
         "--max_message_bytes=", config.server.max_message_bytes,
         " is too small: a TensorData message carries up to 1 MiB of tensor bytes; use at least ",
         kMinMaxMessageBytes));
+  }
+  config.store.change_log_snapshot_every = absl::GetFlag(FLAGS_change_log_snapshot_every);
+  if (config.store.change_log_snapshot_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--change_log_snapshot_every must not be negative, got ",
+        config.store.change_log_snapshot_every));
   }
   config.service.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   if (config.service.worker_threads < 1) {

@@ -412,12 +412,14 @@ class Soak:
             argv.append(f"--store_dir={store_dir}")
         return self.run(argv, timeout=timeout)
 
-    def start_store(self, db_path, flags=(), start_timeout=60.0):
+    def start_store(self, db_path, flags=(), start_timeout=60.0, wrapper=()):
         """Starts checkpoint_store on 127.0.0.1:0 over `db_path` and waits until it serves.
+        `wrapper` goes before the binary (e.g. `ip netns exec NS`, which execs it: the pid is
+        the store's).
 
         Raises StartError (with its log) if it exits or does not write its port file."""
         port_file = os.path.join(self.work_dir, f"store.port.{time.monotonic_ns()}")
-        argv = [self.binary("services/checkpoint_store/checkpoint_store"),
+        argv = [*wrapper, self.binary("services/checkpoint_store/checkpoint_store"),
                 f"--store_dir={db_path}", "--listen=127.0.0.1:0", f"--port_file={port_file}",
                 *flags]
         process = StoreProcess(self, argv, self.log_path("checkpoint_store"))

@@ -3,10 +3,12 @@ and a real etcd (issue #53), again and again, while a client commits through bot
 the failovers and check that no acknowledged commit is lost, none lands twice, and nothing the
 deposed writer did after its successor started is visible.
 
-Set-up: Debian's etcd on loopback; libs/s3's fake S3 server as the bucket (it honours
+Set-up (root: network namespaces): stores "a" and "b" each on a "host" of its own, a network
+namespace joined to this one by a veth pair (as tests/multinode_test.cc does), each with its own
+directory (its host's disk); Debian's etcd and libs/s3's fake S3 server as the bucket (it honours
 `If-None-Match: *` on PUT as radosgw does; tests/store_failover_test.cc and the Ceph DR test run
-on the real thing); stores "a" and "b" on fixed loopback ports, each with its own directory (its
-host's disk), `--writer_lease_ttl=2s --follow_interval=100ms`.
+on the real thing) on this side; `--writer_lease_ttl=2s --follow_interval=100ms --change_log_snapshot_every=300` (so
+a new disk loads a snapshot and replays at most 300 records).
 
 The client: one thread of ckpt_client.Client(store="A,B") calling save() back to back, each
 version a 64 KiB tensor drawn from its seed plus step=seed. save() is the code under test: it
@@ -21,7 +23,7 @@ row "trainer runs" counts them; a run must finish (exit 0) through the failovers
 twice (else torn); a checkpoint that failed and was trained past (--max_failed_checkpoints) is
 detected.
 
-Trials alternate between three scenarios:
+Trials go round four scenarios:
   kill -9, back on its disk   SIGKILL of the writer; its host restarts on the same directory
                               and port: it catches up from the log and follows.
   kill -9, back on a new disk SIGKILL of the writer; its host restarts on an empty directory:
@@ -29,6 +31,9 @@ Trials alternate between three scenarios:
   pause past the lease        SIGSTOP of the writer for TTL + 1.5 s; the follower takes over;
                               SIGCONT: the old writer must step down (fenced by the log) and
                               follow.
+  partition past the lease    the writer's veth taken down for TTL + 1.5 s: it runs on, cut off
+                              from etcd, the bucket and the clients; the follower takes over;
+                              the link back up: the old writer must have stepped down.
 Each fault falls 0-80 ms after a save started, so it often catches one in flight. A trial waits
 for the other store to take over and for the first save acknowledged after the
 fault: that time is the failover (F1). Then the check, over the new writer:
@@ -48,24 +53,27 @@ import time
 
 import soak_lib
 
-DESCRIPTION = "kill -9 and pause the writer of two stores on one bucket and etcd; count failovers"
+DESCRIPTION = ("kill -9, pause and partition the writer of two stores on one bucket and etcd "
+               "(root: network namespaces); count failovers")
 FULL_TRIALS = 120
-SHORT_TRIALS = 6
+SHORT_TRIALS = 8
 
 LEASE_TTL = 2.0
 WEIGHT_ELEMENTS = 16 << 10  # float32: 64 KiB.
 # Seconds between saves. A trainer checkpoints minutes apart; one a second keeps a save in flight
-# at most faults while the log (3 records a save: the commit and its audit record's two) grows
-# slowly enough for the new-disk rebuilds, which replay all of it from the fake S3 server at
-# ~45 records/s (its SigV4 checks in Python; BENCHMARKS.md F2 has the store's own rate).
+# at most faults while the log grows by 3 records a save (the commit and its audit record's two).
 SAVE_PAUSE = 1.0
 TAKEOVER_TIMEOUT = 20.0
+# The writer puts a snapshot of its index beside the log every this many changes, so a new disk
+# replays at most this many records (the fake S3 server serves ~45 a second) after loading it.
+SNAPSHOT_EVERY = 300
 MODEL = "failover"
 
 KILL_SAME_DISK = "kill -9, back on its disk"
 KILL_NEW_DISK = "kill -9, back on a new disk"
 PAUSE = "pause past the lease"
-SCENARIOS = (KILL_SAME_DISK, PAUSE, KILL_NEW_DISK)
+PARTITION = "partition past the lease"
+SCENARIOS = (KILL_SAME_DISK, PAUSE, KILL_NEW_DISK, PARTITION)
 TRAINER_ROW = "trainer runs (through the failovers)"
 
 
@@ -87,13 +95,66 @@ def _repo_file(lib, path):
     raise FileNotFoundError(f"{path}: looked in {', '.join(candidates)}")
 
 
+class Hosts:
+    """Each store on a "host" of its own: a network namespace joined to this one by a veth pair
+    (as tests/multinode_test.cc does), the store at HOST_IP on its side, etcd and the bucket
+    reached through GATEWAY_IP on ours. Taking this side's end of the pair down partitions the
+    store from etcd, the bucket and every client at once, while it runs on. Needs root."""
+
+    def __init__(self, lib, names):
+        self.lib = lib
+        tag = f"cf{os.getpid() % 100000}"
+        octet = 200 + os.getpid() % 50
+        self.names = names
+        self.namespace = {name: f"{tag}{name}" for name in names}
+        self.veth = {name: (f"{tag}{name}h", f"{tag}{name}n") for name in names}
+        self.gateway = {name: f"10.{octet}.{i + 1}.1" for i, name in enumerate(names)}
+        self.address = {name: f"10.{octet}.{i + 1}.2" for i, name in enumerate(names)}
+        self.made = []
+
+    def ip(self, *args):
+        result = self.lib.run(["ip", *args], timeout=30)
+        if not result.ok:
+            raise soak_lib.StartError(f"`ip {' '.join(args)}` failed: {result.describe()}")
+
+    def create(self):
+        for name in self.names:
+            ns, (outside, inside) = self.namespace[name], self.veth[name]
+            self.ip("netns", "add", ns)
+            self.made.append(ns)
+            self.ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+            self.ip("link", "set", inside, "netns", ns)
+            self.ip("addr", "add", f"{self.gateway[name]}/30", "dev", outside)
+            self.ip("link", "set", outside, "up")
+            self.ip("-n", ns, "addr", "add", f"{self.address[name]}/30", "dev", inside)
+            self.ip("-n", ns, "link", "set", inside, "up")
+            self.ip("-n", ns, "link", "set", "lo", "up")
+            self.ip("-n", ns, "route", "add", "default", "via", self.gateway[name])
+
+    def wrapper(self, name):
+        return ["ip", "netns", "exec", self.namespace[name]]
+
+    def cut(self, name):
+        self.ip("link", "set", self.veth[name][0], "down")
+
+    def heal(self, name):
+        self.ip("link", "set", self.veth[name][0], "up")
+
+    def delete(self):
+        for ns in self.made:
+            self.lib.run(["sh", "-c", f"ip netns pids {ns} | xargs -r kill -9; ip netns del {ns}"],
+                         timeout=30)
+        self.made = []
+
+
 class Fleet:
-    """etcd, the bucket and the stores, by name."""
+    """etcd, the bucket and the stores, by name, each store on its own host (Hosts)."""
 
     def __init__(self, lib):
         self.lib = lib
         self.dir = lib.work_dir
         self.ports = {"a": _free_port(), "b": _free_port()}
+        self.hosts = Hosts(lib, sorted(self.ports))
         self.stores = {}
         self.disks = {"a": 0, "b": 0}
         self.etcd = None
@@ -102,11 +163,13 @@ class Fleet:
         self.etcd_endpoint = None
 
     def start_services(self):
+        self.hosts.create()
         client, peer = _free_port(), _free_port()
+        self.etcd_port = client
         self.etcd_endpoint = f"http://127.0.0.1:{client}"
         self.etcd = self.lib.spawn(
             ["etcd", "--name=n1", f"--data-dir={self.dir}/etcd",
-             f"--listen-client-urls={self.etcd_endpoint}",
+             f"--listen-client-urls=http://0.0.0.0:{client}",
              f"--advertise-client-urls={self.etcd_endpoint}",
              f"--listen-peer-urls=http://127.0.0.1:{peer}",
              f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
@@ -114,7 +177,8 @@ class Fleet:
         port_file = os.path.join(self.dir, "s3.port")
         self.s3 = self.lib.spawn(
             [self.lib.python, _repo_file(self.lib, "libs/s3/testdata/fake_s3_server.py"),
-             f"--port_file={port_file}", "--bucket=failover", "--access_key=AKIDSOAK",
+             f"--port_file={port_file}", "--host=0.0.0.0", "--bucket=failover",
+             "--access_key=AKIDSOAK",
              "--secret_key=soak/secret"], name="fake_s3")
         with open(os.path.join(self.dir, "credentials"), "w") as f:
             f.write("[default]\naws_access_key_id = AKIDSOAK\n"
@@ -122,7 +186,8 @@ class Fleet:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if os.path.exists(port_file) and open(port_file).read().strip():
-                self.s3_endpoint = f"http://127.0.0.1:{open(port_file).read().strip()}"
+                self.s3_port = int(open(port_file).read().strip())
+                self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
                 break
             time.sleep(0.05)
         if self.s3_endpoint is None:
@@ -141,20 +206,27 @@ class Fleet:
             self.disks[name] += 1
         home = os.path.join(self.dir, f"{name}-disk{self.disks[name]}")
         os.makedirs(home, exist_ok=True)
-        flags = [f"--listen=127.0.0.1:{self.ports[name]}",
-                 f"--chunks_s3_endpoint={self.s3_endpoint}", "--chunks_s3_bucket=failover",
-                 "--chunks_s3_prefix=fleet/",
+        # On its host: etcd and the bucket through the gateway, clients at its own address.
+        gateway = self.hosts.gateway[name]
+        flags = [f"--listen=0.0.0.0:{self.ports[name]}",
+                 f"--advertise_address={self.address(name)}",
+                 f"--chunks_s3_endpoint=http://{gateway}:{self.s3_port}",
+                 "--chunks_s3_bucket=failover", "--chunks_s3_prefix=fleet/",
                  f"--chunks_s3_credentials_file={self.dir}/credentials",
-                 f"--etcd_endpoints={self.etcd_endpoint}",
+                 f"--etcd_endpoints=http://{gateway}:{self.etcd_port}",
                  f"--writer_lease_ttl={LEASE_TTL:g}s", "--follow_interval=100ms",
-                 "--shutdown_grace=1s"]
+                 f"--change_log_snapshot_every={SNAPSHOT_EVERY}", "--shutdown_grace=1s"]
         # A new disk replays the whole log before it serves.
         self.stores[name] = self.lib.start_store(os.path.join(home, "index"), flags,
-                                                 start_timeout=300.0)
+                                                 start_timeout=300.0,
+                                                 wrapper=self.hosts.wrapper(name))
         return self.stores[name]
 
+    def address(self, name):
+        return f"{self.hosts.address[name]}:{self.ports[name]}"
+
     def addresses(self):
-        return ",".join(f"127.0.0.1:{self.ports[name]}" for name in sorted(self.ports))
+        return ",".join(self.address(name) for name in sorted(self.ports))
 
     def role(self, name):
         """"writer", "follower" or None: what the store's log said last."""
@@ -279,6 +351,12 @@ class Campaign:
         self.failures_seen = 0
 
     def run(self):
+        try:
+            return self.run_trials()
+        finally:
+            self.fleet.hosts.delete()  # the namespaces outlive their processes otherwise.
+
+    def run_trials(self):
         client_dir = os.path.join(self.lib.repo_root, "clients", "python")
         if client_dir not in sys.path:
             sys.path.insert(0, client_dir)
@@ -345,6 +423,8 @@ class Campaign:
         fault = time.monotonic()
         if scenario == PAUSE:
             fleet.stores[old].signal(signal.SIGSTOP)
+        elif scenario == PARTITION:
+            fleet.hosts.cut(old)
         else:
             fleet.stores[old].kill()
             row.saw_rss(fleet.stores[old].max_rss_mib)
@@ -353,18 +433,25 @@ class Campaign:
         if not took_over or not acked:
             if scenario == PAUSE:
                 fleet.stores[old].signal(signal.SIGCONT)
+            elif scenario == PARTITION:
+                fleet.hosts.heal(old)
             row.fail("crashes", f"{scenario}: {successor} took over: {took_over}, a commit "
                                 f"acknowledged after the fault: {acked is not None}: "
                                 f"{fleet.stores[successor].log_tail(600)}")
             return False
         self.failover_seconds[scenario].append(acked[0] - fault)
-        if scenario == PAUSE:
-            # Past the lease whatever the failover took; then the old writer wakes up.
+        if scenario in (PAUSE, PARTITION):
+            # Past the lease whatever the failover took; then the old writer wakes up, or its
+            # link comes back.
             time.sleep(max(0.0, fault + LEASE_TTL + 1.5 - time.monotonic()))
-            fleet.stores[old].signal(signal.SIGCONT)
+            if scenario == PAUSE:
+                fleet.stores[old].signal(signal.SIGCONT)
+            else:
+                fleet.hosts.heal(old)
             if not fleet.wait_for_role(old, "follower", 10):
-                row.fail("torn", f"split brain: the paused writer {old} did not step down "
-                                 f"within 10 s of SIGCONT: {fleet.stores[old].log_tail(600)}")
+                row.fail("torn", f"split brain: the deposed writer {old} ({scenario}) did not "
+                                 f"step down within 10 s of coming back: "
+                                 f"{fleet.stores[old].log_tail(600)}")
         else:
             try:
                 fleet.start(old, new_disk=scenario == KILL_NEW_DISK)
@@ -398,7 +485,7 @@ class Campaign:
     def listing(self, name):
         """{version: seed} of MODEL on store `name`, through its address alone."""
         from ckpt_client import Client  # noqa: E402
-        with Client(store=f"127.0.0.1:{self.fleet.ports[name]}", timeout=30) as direct:
+        with Client(store=self.fleet.address(name), timeout=30) as direct:
             return {info.version: direct.manifest(f"{MODEL}@{info.version}").metadata.global_step
                     for info in direct.versions(MODEL)}
 
@@ -437,6 +524,7 @@ class Campaign:
             row.fail("crashes", "no writer at the end")
             return
         follower = "b" if writer == "a" else "a"
+        self.check(row, writer)  # the saves acknowledged since the last trial's check too.
         expected = self.listing(writer)
         deadline = time.monotonic() + 20
         followed = None
@@ -477,7 +565,7 @@ class Campaign:
                 continue
             if writer is None:
                 continue
-            with Client(store=f"127.0.0.1:{self.fleet.ports[writer]}", timeout=30) as direct:
+            with Client(store=self.fleet.address(writer), timeout=30) as direct:
                 steps = {info.version: direct.manifest(f"{model}@{info.version}")
                          .metadata.global_step for info in direct.versions(model)}
             for version in written:

@@ -454,6 +454,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port_file", required=True)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0 for clients in network namespaces)")
     parser.add_argument("--bucket", default="test-bucket")
     parser.add_argument("--region", default="us-east-1")
     parser.add_argument("--access_key", default="AKIDTEST")
@@ -465,7 +467,7 @@ def main():
     parser.add_argument("--tls_key")
     cfg = parser.parse_args()
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer((cfg.host, 0), Handler)
     server.daemon_threads = True
     server.cfg = cfg
     server.state = State()

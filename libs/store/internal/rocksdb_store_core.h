@@ -25,6 +25,7 @@
 //                                            with a using-directive of its own
 
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "libs/io/disjoint_ranges.h"
@@ -50,6 +51,8 @@ class RocksDbCheckpointStore::Core {
  public:
   Core(StoreOptions options, std::unique_ptr<StoreDb> db, std::shared_ptr<ChunkBackend> packs,
        bool skip_hashing);
+  // Waits for a snapshot of the change log being written.
+  ~Core();
 
   const StoreOptions& options() const { return options_; }
   // StoreBenchmarkSeams::OpenWithoutHashing: chunks get serial addresses, nothing is hashed.
@@ -437,8 +440,16 @@ class RocksDbCheckpointStore::Core {
   // `record` numbered `sequence`, signed with this writer and the time, framed for the log.
   std::string StampedFrame(store::ChangeRecord& record, int64_t sequence,
                            absl::string_view what) const;
-  // A record of the whole index (its first, for an index that kept no log).
-  absl::StatusOr<std::string> SnapshotRecord() const;
+  // A record of the whole index as `at` sees it, numbered `sequence`: the first record of an
+  // index that kept no log, or a snapshot of the log (ChangeLog::PutSnapshot).
+  absl::StatusOr<std::string> SnapshotRecord(const rocksdb::Snapshot* at, int64_t sequence,
+                                             absl::string_view what) const;
+  // After change `sequence` was written: starts writing a snapshot of the index as of it, in the
+  // background, when StoreOptions::change_log_snapshot_every changes passed since the last.
+  void MaybeStartSnapshot(int64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
+  // Loads snapshot `sequence` into an empty index (a rebuild), after checking that the log
+  // holds the record it names.
+  absl::Status LoadSnapshot(int64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(change_mu_);
   absl::StatusOr<store::ChangeRecord> RecordFromBatch(rocksdb::WriteBatch& batch) const;
   absl::Status BatchFromRecord(const store::ChangeRecord& record, rocksdb::WriteBatch& batch) const;
 
@@ -453,6 +464,9 @@ class RocksDbCheckpointStore::Core {
   std::optional<rocksdb::WriteBatch> unapplied_ ABSL_GUARDED_BY(change_mu_);
   bool follower_ ABSL_GUARDED_BY(change_mu_) = false;
   std::string writer_address_ ABSL_GUARDED_BY(change_mu_);  // where followers send changes.
+  int64_t last_snapshot_ ABSL_GUARDED_BY(change_mu_) = 0;   // the newest snapshot's number.
+  bool snapshot_running_ ABSL_GUARDED_BY(change_mu_) = false;
+  std::thread snapshot_thread_;  // started and joined under change_mu_, and by ~Core.
 };
 
 }  // namespace ckpt

@@ -139,10 +139,19 @@ std::string Core::StampedFrame(store::ChangeRecord& record, int64_t sequence,
   return EncodeChangeFrame(record.SerializeAsString());
 }
 
-absl::StatusOr<std::string> Core::SnapshotRecord() const {
+Core::~Core() {
+  std::thread snapshot;
+  {
+    absl::MutexLock lock(&change_mu_);
+    snapshot = std::move(snapshot_thread_);
+  }
+  if (snapshot.joinable()) snapshot.join();
+}
+
+absl::StatusOr<std::string> Core::SnapshotRecord(const rocksdb::Snapshot* snapshot,
+                                                 int64_t sequence, absl::string_view what) const {
   store::ChangeRecord record;
   record.set_snapshot(true);
-  const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
   for (int i = 0; i < kColumnFamilyCount; ++i) {
     const ColumnFamily family = static_cast<ColumnFamily>(i);
     // Uploads in flight are this process's, as they are for every later record.
@@ -156,14 +165,64 @@ absl::StatusOr<std::string> Core::SnapshotRecord() const {
       op->set_key(it->key().data(), it->key().size());
       op->set_value(it->value().data(), it->value().size());
     }
-    absl::Status status = FromRocksDbStatus(it->status(), "reading the index for its first change");
-    if (!status.ok()) {
-      db_->ReleaseSnapshot(snapshot);
-      return status;
-    }
+    RETURN_IF_ERROR(FromRocksDbStatus(it->status(), absl::StrCat("reading the index for ", what)));
   }
-  db_->ReleaseSnapshot(snapshot);
-  return StampedFrame(record, 1, "the whole index of a store that kept no change log before");
+  return StampedFrame(record, sequence, what);
+}
+
+void Core::MaybeStartSnapshot(int64_t sequence) {
+  const int64_t every = options_.change_log_snapshot_every;
+  if (every <= 0 || snapshot_running_ || sequence - last_snapshot_ < every) return;
+  snapshot_running_ = true;
+  last_snapshot_ = sequence;
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();  // finished: snapshot_running_ was off.
+  // The index as it is now, right after change `sequence`: the commits that follow do not wait
+  // for the scan and the upload.
+  const rocksdb::Snapshot* at = db_->GetSnapshot();
+  snapshot_thread_ = std::thread([this, at, sequence] {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::string> frame =
+        SnapshotRecord(at, sequence, absl::StrCat("a snapshot of the index at change ", sequence));
+    db_->ReleaseSnapshot(at);
+    absl::Status put = frame.ok() ? change_log_->PutSnapshot(sequence, *frame) : frame.status();
+    if (put.ok()) {
+      std::fprintf(stderr, "ckpt store: a snapshot of the index at change %lld (%zu bytes) is in "
+                   "its %s (%.2f s)\n", static_cast<long long>(sequence), frame->size(),
+                   change_log_->Describe().c_str(), absl::ToDoubleSeconds(absl::Now() - start));
+    } else {
+      // Nothing is lost: the log holds every change; a rebuild replays more of it.
+      std::fprintf(stderr, "ckpt store: no snapshot of the index at change %lld: %s\n",
+                   static_cast<long long>(sequence), put.ToString().c_str());
+    }
+    absl::MutexLock lock(&change_mu_);
+    snapshot_running_ = false;
+  });
+}
+
+absl::Status Core::LoadSnapshot(int64_t sequence) {
+  const std::string where = absl::StrCat("the snapshot of the index at change ", sequence,
+                                         " beside its ", change_log_->Describe());
+  // A snapshot of this log: the record it was taken after is there.
+  ASSIGN_OR_RETURN(std::vector<LoggedChange> named, change_log_->ReadAfter(sequence - 1, 1));
+  if (named.empty() || named[0].sequence != sequence) {
+    return absl::DataLossError(absl::StrCat(where, " was taken after a change the log does not "
+                                            "hold: it belongs to another log"));
+  }
+  ASSIGN_OR_RETURN(std::string bytes, change_log_->ReadSnapshot(sequence));
+  ASSIGN_OR_RETURN(absl::string_view payload, DecodeChangeFrame(bytes, where));
+  store::ChangeRecord record;
+  if (!record.ParseFromArray(payload.data(), static_cast<int>(payload.size())) ||
+      !record.snapshot() || record.sequence() != sequence) {
+    return absl::DataLossError(absl::StrCat(where, " does not parse as a snapshot of change ",
+                                            sequence));
+  }
+  rocksdb::WriteBatch batch;
+  RETURN_IF_ERROR(BatchFromRecord(record, batch));
+  batch.Put(cf(ColumnFamily::kDefault), std::string(kChangeLogAppliedKey),
+            EncodeBigEndian64(static_cast<uint64_t>(sequence)));
+  RETURN_IF_ERROR(store_db_->WriteAcknowledged(batch, absl::StrCat("loading ", where)));
+  std::fprintf(stderr, "ckpt store: loaded %s (%d entries)\n", where.c_str(), record.ops_size());
+  return absl::OkStatus();
 }
 
 absl::Status Core::AttachChangeLog(std::unique_ptr<ChangeLog> log) {
@@ -185,6 +244,7 @@ absl::Status Core::AttachChangeLog(std::unique_ptr<ChangeLog> log) {
     applied = static_cast<int64_t>(*decoded);
   }
   ASSIGN_OR_RETURN(std::vector<LoggedChange> first, change_log_->ReadAfter(0, 1));
+  ASSIGN_OR_RETURN(last_snapshot_, change_log_->LatestSnapshot());
   if (!read.ok()) {
     // No record applied: an index to rebuild from the log, a new store, or one from before logs.
     bool empty = true;
@@ -203,8 +263,12 @@ absl::Status Core::AttachChangeLog(std::unique_ptr<ChangeLog> log) {
           "open this index with its own log, or move it aside to rebuild from this one"));
     }
     if (!empty) {
-      ASSIGN_OR_RETURN(std::string snapshot, SnapshotRecord());
-      RETURN_IF_ERROR(change_log_->Append(1, snapshot));
+      const rocksdb::Snapshot* at = db_->GetSnapshot();
+      absl::StatusOr<std::string> snapshot = SnapshotRecord(
+          at, 1, "the whole index of a store that kept no change log before");
+      db_->ReleaseSnapshot(at);
+      RETURN_IF_ERROR(snapshot.status());
+      RETURN_IF_ERROR(change_log_->Append(1, *snapshot));
       rocksdb::WriteBatch batch;
       batch.Put(cf(ColumnFamily::kDefault), std::string(kChangeLogAppliedKey),
                 EncodeBigEndian64(1));
@@ -213,6 +277,11 @@ absl::Status Core::AttachChangeLog(std::unique_ptr<ChangeLog> log) {
                    options_.db_path.c_str(), change_log_->Describe().c_str());
       last_change_ = 1;
       return absl::OkStatus();
+    }
+    // A rebuild: from the newest snapshot, if the log has one, then the records after it.
+    if (!first.empty() && last_snapshot_ > 1) {
+      RETURN_IF_ERROR(LoadSnapshot(last_snapshot_));
+      applied = last_snapshot_;
     }
   } else if (applied > 0) {
     // The log must still hold what the index applied: a log that lost records (a bucket
@@ -352,7 +421,7 @@ absl::Status Core::LogAndWrite(rocksdb::WriteBatch& batch, absl::string_view wha
   last_change_ = sequence;
   batch.Put(cf(ColumnFamily::kDefault), std::string(kChangeLogAppliedKey),
             EncodeBigEndian64(static_cast<uint64_t>(sequence)));
-  absl::Status written = options_.sync_commits
+  const absl::Status written = options_.sync_commits
                              ? store_db_->WriteAcknowledged(batch, what)
                              : FromRocksDbStatus(db_->Write(rocksdb::WriteOptions(), &batch), what);
   if (!written.ok()) {
@@ -362,6 +431,7 @@ absl::Status Core::LogAndWrite(rocksdb::WriteBatch& batch, absl::string_view wha
         absl::StrCat(written.message(), "; the change is recorded in the store's ",
                      change_log_->Describe(), " and is applied at the next change or open"));
   }
+  MaybeStartSnapshot(sequence);
   return absl::OkStatus();
 }
 
