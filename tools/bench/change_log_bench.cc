@@ -13,13 +13,17 @@
 //     deleted, then the time to open again: versions per second, and the store's time-to-serving
 //     after a lost disk; once replaying every record, once from a snapshot of the index taken
 //     near the end (StoreOptions::change_log_snapshot_every) and the records after it.
+// F4  follower lag (S3 only): under D1's workload, how long after the writer acknowledged each
+//     commit a follower on the same bucket, applying the log every 100 ms, could read it.
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -33,8 +37,10 @@
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/s3_chunk_backend.h"
+#include "libs/store/version_ref.h"
 #include "libs/tensor/state_dict.h"
 #include "tools/bench/stats.h"
+#include "tools/bench/workloads.h"
 #include "torch/torch.h"
 
 ABSL_FLAG(int, commits, 20, "Commits per run for F3. Default 20.");
@@ -42,6 +48,9 @@ ABSL_FLAG(int, mib, 16, "Checkpoint size of each F3 commit in MiB (4 MiB tensors
 ABSL_FLAG(int, aliases, 200, "Alias moves per run for F3. Default 200.");
 ABSL_FLAG(int, rebuild_versions, 2000, "Versions committed before the F2 rebuild. Default 2000.");
 ABSL_FLAG(int, runs, 3, "Runs of each F3 measurement (medians shown). Default 3.");
+ABSL_FLAG(bool, follower_lag, true,
+          "With S3: F4, a follower's lag under D1's ten 256 MiB fine-tunes (about 300 MiB of "
+          "packs). Default true.");
 ABSL_FLAG(std::string, work_dir, "/tmp/ckpt-change-log-bench",
           "Scratch directory for the stores (removed after).");
 
@@ -218,6 +227,71 @@ void F2(const Backend& backend, int64_t snapshot_every) {
   fs::remove_all(dir);
 }
 
+// F4: how far a follower trails its writer under D1's workload (ten fine-tunes of one 256 MiB
+// backbone, each with its own 4 MiB head): the writer commits them back to back; a follower on
+// the same bucket applies what the writer appended every 100 ms (checkpoint_store's
+// --follow_interval) and notes when each version becomes readable there. S3 only: followers
+// share the writer's bucket.
+void F4(const Backend& backend) {
+  const std::string dir = absl::StrCat(absl::GetFlag(FLAGS_work_dir), "/f4-", backend.name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string prefix = absl::StrCat("f4-", absl::ToUnixMicros(absl::Now()), "/");
+  constexpr int kVersions = 10;
+  absl::StatusOr<bench::FineTuneSeries> series =
+      bench::MakeFineTuneSeries(int64_t{256} << 20, int64_t{4} << 20, kVersions);
+  Check(series.status(), "making D1's fine-tune series");
+  std::unique_ptr<RocksDbCheckpointStore> writer =
+      OpenStore(dir + "/writer", MakeChunks(backend, prefix), true);
+  StoreOptions follower_options;
+  follower_options.db_path = dir + "/follower";
+  follower_options.chunk_backend = MakeChunks(backend, prefix);
+  follower_options.start_as_follower = true;
+  absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> opened =
+      RocksDbCheckpointStore::Open(follower_options);
+  Check(opened.status(), "opening the follower");
+  std::unique_ptr<RocksDbCheckpointStore> follower = *std::move(opened);
+
+  std::vector<absl::Time> acknowledged(kVersions + 1), visible(kVersions + 1);
+  std::atomic<bool> done{false};
+  std::thread follow([&] {
+    int64_t next = 1;
+    while (next <= kVersions && !done.load()) {
+      Check(follower->FollowChangeLog().status(), "following");
+      while (next <= kVersions && follower->GetManifest(MakeVersionRef("d1", next)).ok()) {
+        visible[next++] = absl::Now();
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  for (int i = 0; i < kVersions; ++i) {
+    Check(writer->CommitCheckpoint("d1", series->versions[i]).status(), "committing");
+    acknowledged[i + 1] = absl::Now();
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < give_up && visible[kVersions] == absl::Time()) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  done = true;
+  follow.join();
+  std::vector<double> lag_ms;
+  for (int v = 1; v <= kVersions; ++v) {
+    if (visible[v] == absl::Time()) {
+      std::fprintf(stderr, "d1@%d never became readable on the follower\n", v);
+      std::exit(1);
+    }
+    // A version can show up between its commit and the writer's clock reading after it: 0.
+    lag_ms.push_back(std::max(0.0, absl::ToDoubleMilliseconds(visible[v] - acknowledged[v])));
+  }
+  std::sort(lag_ms.begin(), lag_ms.end());
+  std::printf("| F4 %-12s | follower lag, D1 (10 commits of 256 MiB + 4 MiB) | p50 %.0f ms | "
+              "max %.0f ms (= p99 of 10) | follow interval 100 ms |\n",
+              backend.name.c_str(), lag_ms[lag_ms.size() / 2], lag_ms.back());
+  follower.reset();
+  writer.reset();
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ckpt
 
@@ -240,6 +314,9 @@ int main(int argc, char** argv) {
   for (const ckpt::Backend& backend : backends) {
     ckpt::F2(backend, /*snapshot_every=*/0);
     ckpt::F2(backend, near_the_end);
+  }
+  for (const ckpt::Backend& backend : backends) {
+    if (backend.s3 && absl::GetFlag(FLAGS_follower_lag)) ckpt::F4(backend);
   }
   std::filesystem::remove_all(absl::GetFlag(FLAGS_work_dir));
   return 0;
