@@ -10,8 +10,11 @@ directory (its host's disk); Debian's etcd and libs/s3's fake S3 server as the b
 on the real thing) on this side; `--writer_lease_ttl=2s --follow_interval=100ms --change_log_snapshot_every=300` (so
 a new disk loads a snapshot and replays at most 300 records).
 
-The client: one thread of ckpt_client.Client(store="A,B") calling save() back to back, each
-version a 64 KiB tensor drawn from its seed plus step=seed. save() is the code under test: it
+The clients: three savers, threads of one ckpt_client.Client(store="A,B") each calling save()
+of a model of its own once a second, each version a 64 KiB tensor drawn from its seed plus
+step=seed; the first moves alias "serving" with every save, and `ckpt sync failover-0@serving
+DIR --store=A,B` follows it for the whole campaign (row "ckpt sync": still running at the end,
+and its CURRENT reaches the alias's version within 30 s, else lost). save() is the code under test: it
 sends a commit that failed with UNAVAILABLE again, with one idempotency key, for up to 10 s.
 A save that raises anyway is "detected" (the caller was told; its seed may be committed, once).
 
@@ -35,9 +38,10 @@ Trials go round four scenarios:
                               from etcd, the bucket and the clients; the follower takes over;
                               the link back up: the old writer must have stepped down.
 Each fault falls 0-80 ms after a save started, so it often catches one in flight. A trial waits
-for the other store to take over and for the first save acknowledged after the
-fault: that time is the failover (F1). Then the check, over the new writer:
-  - every acknowledged seed is listed exactly once, at the version its save returned (else lost);
+for the other store to take over and for the first save acknowledged after that: the time from
+the fault to it is the failover (F1). Then the check, over the new writer:
+  - every acknowledged seed of each saver is listed exactly once, at the version its save
+    returned (else lost);
   - no seed is listed twice, and every listed version holds its seed's bytes (else torn);
   - the deposed writer steps down within 10 s of coming back (else torn: split brain);
 and at the end both stores list the same versions with the same seeds (else torn). crashes = a
@@ -67,7 +71,10 @@ TAKEOVER_TIMEOUT = 20.0
 # The writer puts a snapshot of its index beside the log every this many changes, so a new disk
 # replays at most this many records (the fake S3 server serves ~45 a second) after loading it.
 SNAPSHOT_EVERY = 300
-MODEL = "failover"
+# Three savers, each its own model; the first moves alias "serving" with every save, which a
+# `ckpt sync` follows for the whole campaign.
+SAVERS = 3
+SYNCED_ALIAS = "serving"
 
 KILL_SAME_DISK = "kill -9, back on its disk"
 KILL_NEW_DISK = "kill -9, back on a new disk"
@@ -75,6 +82,7 @@ PAUSE = "pause past the lease"
 PARTITION = "partition past the lease"
 SCENARIOS = (KILL_SAME_DISK, PAUSE, KILL_NEW_DISK, PARTITION)
 TRAINER_ROW = "trainer runs (through the failovers)"
+SYNC_ROW = "ckpt sync of failover-0@serving (the whole campaign)"
 
 
 def _free_port():
@@ -249,12 +257,16 @@ class Fleet:
 
 
 class Committer(threading.Thread):
-    """save() back to back; every acknowledged (version, seed) and when it returned."""
+    """save() of `model` back to back (moving `alias` with each, when given); every acknowledged
+    (version, seed) and when it returned."""
 
-    def __init__(self, client, torch):
+    def __init__(self, client, torch, model, alias=None):
         super().__init__(daemon=True)
         self.client = client
         self.torch = torch
+        self.model = model
+        self.alias = alias
+        self.failures_seen = 0  # failures already counted as detected.
         self.lock = threading.Lock()
         self.acks = []  # (monotonic time, version, seed, replayed)
         self.failures = []  # (seed, error text)
@@ -276,7 +288,8 @@ class Committer(threading.Thread):
                 self.saves_started += 1
                 self.save_started.notify_all()
             try:
-                saved = self.client.save(MODEL, self.state(seed), step=seed, timeout=30)
+                saved = self.client.save(self.model, self.state(seed), step=seed,
+                                         alias=self.alias, timeout=30)
                 with self.lock:
                     self.acks.append((time.monotonic(), saved.version, seed, saved.replayed))
             except Exception as error:  # noqa: BLE001 - every failure is a row count.
@@ -344,6 +357,7 @@ class Campaign:
             "replayed saves"])
         self.rows = {name: self.table.row(name) for name in SCENARIOS}
         self.trainer_row = self.table.row(TRAINER_ROW)
+        self.sync_row = self.table.row(SYNC_ROW)
         self.failover_seconds = {name: [] for name in SCENARIOS}
         self.fleet = Fleet(lib)
         self.checked = {}  # version -> seed, verified once.
@@ -373,10 +387,18 @@ class Campaign:
         if not fleet.wait_for_role("b", "follower", TAKEOVER_TIMEOUT):
             raise soak_lib.StartError(f"store b never followed: {fleet.stores['b'].log_tail()}")
         self.client = Client(store=fleet.addresses(), timeout=30)
-        self.committer = Committer(self.client, torch)
-        self.committer.start()
+        self.committers = [Committer(self.client, torch, f"failover-{i}",
+                                     SYNCED_ALIAS if i == 0 else None) for i in range(SAVERS)]
+        # The first saver's saves are the ones the faults are timed against.
+        self.committer = self.committers[0]
+        for committer in self.committers:
+            committer.start()
         self.trainer = TrainerRuns(self.lib, fleet.addresses())
         self.trainer.start()
+        self.sync_dir = os.path.join(self.lib.work_dir, "serving")
+        self.sync = self.lib.spawn(
+            [self.lib.ckpt_binary(), "sync", f"failover-0@{SYNCED_ALIAS}", self.sync_dir,
+             f"--store={fleet.addresses()}"], name="ckpt-sync")
         try:
             for trial in range(self.args.trials):
                 if self.lib.out_of_time():
@@ -387,11 +409,14 @@ class Campaign:
                     self.table.stop_early(f"trial {trial + 1} left no writer to go on with")
                     break
         finally:
-            self.committer.stopping.set()
+            for committer in self.committers:
+                committer.stopping.set()
             self.trainer.stopping.set()
-            self.committer.join(60)
+            for committer in self.committers:
+                committer.join(60)
             self.trainer.join(330)
         self.final_check()
+        self.check_sync()
         self.check_trainer_runs()
         self.summarize()
         self.client.close()
@@ -429,7 +454,11 @@ class Campaign:
             fleet.stores[old].kill()
             row.saw_rss(fleet.stores[old].max_rss_mib)
         took_over = fleet.wait_for_role(successor, "writer", TAKEOVER_TIMEOUT)
-        acked = self.wait_for_ack_after(fault, TAKEOVER_TIMEOUT)
+        # Only a save acknowledged once the successor said it writes is surely its own: the old
+        # writer may have answered one in the moment between `fault` and the signal landing.
+        # (The successor's log is polled every 20 ms, so F1 may be over-stated by up to the gap
+        # to the next save; never under-stated.)
+        acked = self.wait_for_ack_after(time.monotonic(), TAKEOVER_TIMEOUT)
         if not took_over or not acked:
             if scenario == PAUSE:
                 fleet.stores[old].signal(signal.SIGCONT)
@@ -466,56 +495,68 @@ class Campaign:
         return True
 
     def wait_for_ack_after(self, when, timeout):
+        """The first save any saver got acknowledged after `when` (None after `timeout` s)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            acks = self.committer.acks_after(when)
+            acks = [ack for c in self.committers for ack in c.acks_after(when)]
             if acks:
-                return acks[0]
+                return min(acks)
             time.sleep(0.01)
         return None
 
     def count_detected(self, row):
-        with self.committer.lock:
-            failures = self.committer.failures[self.failures_seen:]
-            self.failures_seen = len(self.committer.failures)
-        for seed, error in failures:
-            row.add("detected")
-            print(f"[store_failover] save of seed {seed} raised: {error}", flush=True)
+        for committer in self.committers:
+            with committer.lock:
+                failures = committer.failures[committer.failures_seen:]
+                committer.failures_seen = len(committer.failures)
+            for seed, error in failures:
+                row.add("detected")
+                print(f"[store_failover] save of {committer.model} seed {seed} raised: {error}",
+                      flush=True)
 
-    def listing(self, name):
-        """{version: seed} of MODEL on store `name`, through its address alone."""
+    def listing(self, name, model):
+        """{version: seed} of `model` on store `name`, through its address alone."""
         from ckpt_client import Client  # noqa: E402
         with Client(store=self.fleet.address(name), timeout=30) as direct:
-            return {info.version: direct.manifest(f"{MODEL}@{info.version}").metadata.global_step
-                    for info in direct.versions(MODEL)}
+            return {info.version: direct.manifest(f"{model}@{info.version}").metadata.global_step
+                    for info in direct.versions(model)}
+
+    def listings(self, name):
+        return {c.model: self.listing(name, c.model) for c in self.committers}
 
     def check(self, row, writer):
+        for committer in self.committers:
+            self.check_saver(row, writer, committer)
+
+    def check_saver(self, row, writer, committer):
+        model = committer.model
         # The acknowledgements first: a save acknowledged after the listing is not in it.
-        with self.committer.lock:
-            acks = list(self.committer.acks)
+        with committer.lock:
+            acks = list(committer.acks)
         try:
-            listed = self.listing(writer)
+            listed = self.listing(writer, model)
         except Exception as error:  # noqa: BLE001
-            row.fail("crashes", f"listing the writer {writer} failed: {error}")
+            row.fail("crashes", f"listing {model} on the writer {writer} failed: {error}")
             return
         by_seed = {}
         for version, seed in listed.items():
             by_seed.setdefault(seed, []).append(version)
         for seed, versions in by_seed.items():
             if len(versions) > 1:
-                row.fail("torn", f"seed {seed} is committed {len(versions)} times: {versions}")
+                row.fail("torn", f"{model}: seed {seed} is committed {len(versions)} times: "
+                                 f"{versions}")
         for _, version, seed, _ in acks:
             if listed.get(version) != seed:
-                row.fail("lost", f"save of seed {seed} was acknowledged as {MODEL}@{version}, "
+                row.fail("lost", f"save of seed {seed} was acknowledged as {model}@{version}, "
                                  f"which holds {listed.get(version)}")
         for version, seed in sorted(listed.items()):
-            if version in self.checked:
+            if (model, version) in self.checked:
                 continue
-            state = self.client.load_state_dict(f"{MODEL}@{version}")
-            expected = self.committer.state(seed)
+            state = self.client.load_state_dict(f"{model}@{version}")
+            expected = committer.state(seed)
             if not all(self.torch.equal(state[key], expected[key]) for key in expected):
-                row.fail("torn", f"{MODEL}@{version} does not hold seed {seed}'s bytes")
-            self.checked[version] = seed
+                row.fail("torn", f"{model}@{version} does not hold seed {seed}'s bytes")
+            self.checked[(model, version)] = seed
 
     def final_check(self):
         row = self.rows[SCENARIOS[0]]
@@ -525,23 +566,58 @@ class Campaign:
             return
         follower = "b" if writer == "a" else "a"
         self.check(row, writer)  # the saves acknowledged since the last trial's check too.
-        expected = self.listing(writer)
+        expected = self.listings(writer)
         deadline = time.monotonic() + 20
         followed = None
         while time.monotonic() < deadline:
             try:
-                followed = self.listing(follower)
+                followed = self.listings(follower)
             except Exception:  # noqa: BLE001 - still starting or catching up.
                 followed = None
             if followed == expected:
                 break
             time.sleep(0.2)
         if followed != expected:
-            row.fail("torn", f"the follower {follower} lists {len(followed or {})} versions, the "
-                             f"writer {writer} {len(expected)}: they never converged")
+            row.fail("torn", f"the follower {follower} and the writer {writer} never listed the "
+                             f"same versions: {len(expected['failover-0'])} of failover-0 on "
+                             f"the writer")
         for name, store in self.fleet.stores.items():
             if store.poll() is not None and not store.killed_by_us:
                 row.fail("crashes", f"store {name} exited by itself: {store.log_tail(600)}")
+
+    def check_sync(self):
+        """`ckpt sync` followed the alias through every failover: still running, and within 30 s
+        of the last save its CURRENT names the version the alias points at."""
+        row = self.sync_row
+        row.add("trials")
+        writer = self.writer()
+        if self.sync.poll() is not None:
+            row.fail("crashes", f"ckpt sync exited with {self.sync.returncode}: "
+                                f"{self.sync.log_tail(600)}")
+            return
+        if writer is None:
+            return
+        from ckpt_client import Client  # noqa: E402
+        with Client(store=self.fleet.address(writer), timeout=30) as direct:
+            expected = direct.resolve(f"failover-0@{SYNCED_ALIAS}")
+        current = os.path.join(self.sync_dir, "failover-0", "CURRENT")
+        deadline = time.monotonic() + 30
+        seen = None
+        while time.monotonic() < deadline:
+            try:
+                with open(current) as f:
+                    seen = int(f.read().strip())
+            except (OSError, ValueError):
+                seen = None
+            if seen == expected:
+                break
+            time.sleep(0.2)
+        if seen != expected:
+            row.fail("lost", f"ckpt sync's CURRENT says {seen}, the alias is at {expected}: "
+                             f"{self.sync.log_tail(600)}")
+        self.sync_row.extra["commits acked"] = f"synced @{seen}"
+        self.sync.stop()
+        row.saw_rss(self.sync.max_rss_mib)
 
     def check_trainer_runs(self):
         """Every run finished (exit 0) through the failovers it met; each checkpoint it says it
@@ -576,8 +652,10 @@ class Campaign:
             self.trainer_checkpoints += len(steps)
 
     def summarize(self):
-        with self.committer.lock:
-            acks = list(self.committer.acks)
+        acks = []
+        for committer in self.committers:
+            with committer.lock:
+                acks += committer.acks
         replayed = sum(1 for ack in acks if ack[3])
         for name, row in self.rows.items():
             seconds = self.failover_seconds[name]
@@ -595,7 +673,8 @@ class Campaign:
                 f"F1 over all {len(every)} failovers (lease TTL {LEASE_TTL:g} s): p50 "
                 f"{soak_lib.percentile(every, 0.5):.2f} s, p99 "
                 f"{soak_lib.percentile(every, 0.99):.2f} s, max {max(every):.2f} s. "
-                f"{len(acks)} saves acknowledged, {replayed} of them answered from the "
+                f"{len(acks)} saves acknowledged ({SAVERS} savers), {replayed} of them answered "
+                f"from the "
                 f"idempotency key (an attempt whose answer was lost had committed); "
                 f"{len(self.checked)} versions checked byte for byte.")
 
