@@ -14,7 +14,9 @@ The clients: three savers, threads of one ckpt_client.Client(store="A,B") each c
 of a model of its own once a second, each version a 64 KiB tensor drawn from its seed plus
 step=seed; the first moves alias "serving" with every save, and `ckpt sync failover-0@serving
 DIR --store=A,B` follows it for the whole campaign (row "ckpt sync": still running at the end,
-and its CURRENT reaches the alias's version within 30 s, else lost). save() is the code under test: it
+and its CURRENT reaches the alias's version within 30 s, else lost), and a reader loads it
+through `services/loader --store=A,B` every half second (row "reads": each read whole and its
+seed's bytes, else torn; a read that raised is detected, the loader not riding through). save() is the code under test: it
 sends a commit that failed with UNAVAILABLE again, with one idempotency key, for up to 10 s.
 A save that raises anyway is "detected" (the caller was told; its seed may be committed, once).
 
@@ -83,6 +85,7 @@ PARTITION = "partition past the lease"
 SCENARIOS = (KILL_SAME_DISK, PAUSE, KILL_NEW_DISK, PARTITION)
 TRAINER_ROW = "trainer runs (through the failovers)"
 SYNC_ROW = "ckpt sync of failover-0@serving (the whole campaign)"
+LOADER_ROW = "reads of failover-0@serving through services/loader"
 
 
 def _free_port():
@@ -339,6 +342,41 @@ class TrainerRuns(threading.Thread):
             self.stopping.wait(self.PAUSE_SECONDS)
 
 
+class LoaderReads(threading.Thread):
+    """services/loader against every store (--store=A,B), and a reader loading
+    failover-0@serving through it every half second, as a serving fleet would: each read's
+    outcome, and whether its bytes were the seed's its step names."""
+
+    def __init__(self, lib, loader_address, committer):
+        super().__init__(daemon=True)
+        self.lib = lib
+        self.loader_address = loader_address
+        self.committer = committer
+        self.stopping = threading.Event()
+        self.reads = 0
+        self.failures = []  # error text of the reads that raised.
+        self.torn = []
+
+    def run(self):
+        from ckpt_client import Client  # noqa: E402
+        with Client(loader=self.loader_address, timeout=30) as client:
+            while not self.stopping.wait(0.5):
+                ref = f"failover-0@{SYNCED_ALIAS}"
+                try:
+                    state = client.load_state_dict(ref)
+                except Exception as error:  # noqa: BLE001 - counted, not raised.
+                    if "no alias" in str(error) or "no model" in str(error):
+                        continue  # nothing saved yet.
+                    self.failures.append(f"{type(error).__name__}: {error}")
+                    self.reads += 1
+                    continue
+                self.reads += 1
+                seed = int(state["seed"][0])
+                expected = self.committer.state(seed)
+                if not all(self.committer.torch.equal(state[k], expected[k]) for k in expected):
+                    self.torn.append(f"{ref} read as seed {seed} holds other bytes")
+
+
 def _written_versions(stdout_and_err):
     """The versions a trainer run says it wrote ("versions written: @1 @2 ...")."""
     for line in stdout_and_err.splitlines():
@@ -358,6 +396,7 @@ class Campaign:
         self.rows = {name: self.table.row(name) for name in SCENARIOS}
         self.trainer_row = self.table.row(TRAINER_ROW)
         self.sync_row = self.table.row(SYNC_ROW)
+        self.loader_row = self.table.row(LOADER_ROW)
         self.failover_seconds = {name: [] for name in SCENARIOS}
         self.fleet = Fleet(lib)
         self.checked = {}  # version -> seed, verified once.
@@ -395,6 +434,18 @@ class Campaign:
             committer.start()
         self.trainer = TrainerRuns(self.lib, fleet.addresses())
         self.trainer.start()
+        loader_port_file = os.path.join(self.lib.work_dir, "loader.port")
+        self.loader = self.lib.spawn(
+            [self.lib.binary("services/loader/loader"), f"--store={fleet.addresses()}",
+             "--listen=127.0.0.1:0", f"--port_file={loader_port_file}"], name="loader")
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(loader_port_file) and open(loader_port_file).read().strip()):
+            if self.loader.poll() is not None or time.monotonic() > deadline:
+                raise soak_lib.StartError(f"the loader did not start: {self.loader.log_tail()}")
+            time.sleep(0.05)
+        self.loader_reads = LoaderReads(
+            self.lib, f"127.0.0.1:{open(loader_port_file).read().strip()}", self.committers[0])
+        self.loader_reads.start()
         self.sync_dir = os.path.join(self.lib.work_dir, "serving")
         self.sync = self.lib.spawn(
             [self.lib.ckpt_binary(), "sync", f"failover-0@{SYNCED_ALIAS}", self.sync_dir,
@@ -412,11 +463,14 @@ class Campaign:
             for committer in self.committers:
                 committer.stopping.set()
             self.trainer.stopping.set()
+            self.loader_reads.stopping.set()
             for committer in self.committers:
                 committer.join(60)
             self.trainer.join(330)
+            self.loader_reads.join(60)
         self.final_check()
         self.check_sync()
+        self.check_loader_reads()
         self.check_trainer_runs()
         self.summarize()
         self.client.close()
@@ -618,6 +672,23 @@ class Campaign:
         self.sync_row.extra["commits acked"] = f"synced @{seen}"
         self.sync.stop()
         row.saw_rss(self.sync.max_rss_mib)
+
+    def check_loader_reads(self):
+        """Every read through the loader returned the alias's version whole (torn otherwise);
+        reads that raised are detected: the loader's own retries did not ride through."""
+        row = self.loader_row
+        row.add("trials", self.loader_reads.reads)
+        row.add("detected", len(self.loader_reads.failures))
+        for failure in self.loader_reads.failures[:5]:
+            print(f"[store_failover] a read through the loader raised: {failure}", flush=True)
+        for torn in self.loader_reads.torn:
+            row.fail("torn", torn)
+        if self.loader.poll() is not None:
+            row.fail("crashes", f"the loader exited with {self.loader.returncode}: "
+                                f"{self.loader.log_tail(600)}")
+        else:
+            self.loader.stop()
+        row.saw_rss(self.loader.max_rss_mib)
 
     def check_trainer_runs(self):
         """Every run finished (exit 0) through the failovers it met; each checkpoint it says it
