@@ -377,6 +377,19 @@ class LoaderReads(threading.Thread):
                     self.torn.append(f"{ref} read as seed {seed} holds other bytes")
 
 
+def _poll_until(read, expected, deadline):
+    """Calls `read` every 0.2 s until it returns `expected` or `deadline` (monotonic) passes;
+    its last value (None when it raised: a store still starting, a file not yet written)."""
+    while True:
+        try:
+            value = read()
+        except Exception:  # noqa: BLE001 - not there yet.
+            value = None
+        if value == expected or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.2)
+
+
 def _written_versions(stdout_and_err):
     """The versions a trainer run says it wrote ("versions written: @1 @2 ...")."""
     for line in stdout_and_err.splitlines():
@@ -622,15 +635,7 @@ class Campaign:
         self.check(row, writer)  # the saves acknowledged since the last trial's check too.
         expected = self.listings(writer)
         deadline = time.monotonic() + 20
-        followed = None
-        while time.monotonic() < deadline:
-            try:
-                followed = self.listings(follower)
-            except Exception:  # noqa: BLE001 - still starting or catching up.
-                followed = None
-            if followed == expected:
-                break
-            time.sleep(0.2)
+        followed = _poll_until(lambda: self.listings(follower), expected, deadline)
         if followed != expected:
             row.fail("torn", f"the follower {follower} and the writer {writer} never listed the "
                              f"same versions: {len(expected['failover-0'])} of failover-0 on "
@@ -655,17 +660,12 @@ class Campaign:
         with Client(store=self.fleet.address(writer), timeout=30) as direct:
             expected = direct.resolve(f"failover-0@{SYNCED_ALIAS}")
         current = os.path.join(self.sync_dir, "failover-0", "CURRENT")
-        deadline = time.monotonic() + 30
-        seen = None
-        while time.monotonic() < deadline:
-            try:
-                with open(current) as f:
-                    seen = int(f.read().strip())
-            except (OSError, ValueError):
-                seen = None
-            if seen == expected:
-                break
-            time.sleep(0.2)
+
+        def read_current():
+            with open(current) as f:
+                return int(f.read().strip())
+
+        seen = _poll_until(read_current, expected, time.monotonic() + 30)
         if seen != expected:
             row.fail("lost", f"ckpt sync's CURRENT says {seen}, the alias is at {expected}: "
                              f"{self.sync.log_tail(600)}")
