@@ -7,8 +7,9 @@ Set-up (root: network namespaces): stores "a" and "b" each on a "host" of its ow
 namespace joined to this one by a veth pair (as tests/multinode_test.cc does), each with its own
 directory (its host's disk); Debian's etcd and libs/s3's fake S3 server as the bucket (it honours
 `If-None-Match: *` on PUT as radosgw does; tests/store_failover_test.cc and the Ceph DR test run
-on the real thing) on this side; `--writer_lease_ttl=2s --follow_interval=100ms --change_log_snapshot_every=300` (so
-a new disk loads a snapshot and replays at most 300 records).
+on the real thing) on this side; `--writer_lease_ttl=2s --follow_interval=100ms
+--change_log_snapshot_every=300` (so a new disk loads a snapshot and replays at most 300
+records). The set-up is failover_fleet.py, the clients failover_clients.py.
 
 The clients: three savers, threads of one ckpt_client.Client(store="A,B") each calling save()
 of a model of its own once a second, each version a 64 KiB tensor drawn from its seed plus
@@ -52,31 +53,22 @@ store that exited by itself or did not come up.
 
 import os
 import signal
-import socket
 import sys
-import threading
 import time
 
 import soak_lib
+from failover_clients import Committer, LoaderReads, SYNCED_ALIAS, TrainerRuns, written_versions
+from failover_fleet import LEASE_TTL, Fleet
 
 DESCRIPTION = ("kill -9, pause and partition the writer of two stores on one bucket and etcd "
                "(root: network namespaces); count failovers")
 FULL_TRIALS = 120
 SHORT_TRIALS = 8
 
-LEASE_TTL = 2.0
-WEIGHT_ELEMENTS = 16 << 10  # float32: 64 KiB.
-# Seconds between saves. A trainer checkpoints minutes apart; one a second keeps a save in flight
-# at most faults while the log grows by 3 records a save (the commit and its audit record's two).
-SAVE_PAUSE = 1.0
 TAKEOVER_TIMEOUT = 20.0
-# The writer puts a snapshot of its index beside the log every this many changes, so a new disk
-# replays at most this many records (the fake S3 server serves ~45 a second) after loading it.
-SNAPSHOT_EVERY = 300
 # Three savers, each its own model; the first moves alias "serving" with every save, which a
 # `ckpt sync` follows for the whole campaign.
 SAVERS = 3
-SYNCED_ALIAS = "serving"
 
 KILL_SAME_DISK = "kill -9, back on its disk"
 KILL_NEW_DISK = "kill -9, back on a new disk"
@@ -86,295 +78,6 @@ SCENARIOS = (KILL_SAME_DISK, PAUSE, KILL_NEW_DISK, PARTITION)
 TRAINER_ROW = "trainer runs (through the failovers)"
 SYNC_ROW = "ckpt sync of failover-0@serving (the whole campaign)"
 LOADER_ROW = "reads of failover-0@serving through services/loader"
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _repo_file(lib, path):
-    """A source file the campaign runs (the fake S3 server): in the runfiles under `bazel run`,
-    else in the source tree."""
-    candidates = [os.path.join(lib.repo_root, path)]
-    if os.environ.get("RUNFILES_DIR"):
-        candidates.insert(0, os.path.join(os.environ["RUNFILES_DIR"], "ckpt", path))
-    for candidate in candidates:
-        if os.path.exists(candidate):
-            return candidate
-    raise FileNotFoundError(f"{path}: looked in {', '.join(candidates)}")
-
-
-class Hosts:
-    """Each store on a "host" of its own: a network namespace joined to this one by a veth pair
-    (as tests/multinode_test.cc does), the store at HOST_IP on its side, etcd and the bucket
-    reached through GATEWAY_IP on ours. Taking this side's end of the pair down partitions the
-    store from etcd, the bucket and every client at once, while it runs on. Needs root."""
-
-    def __init__(self, lib, names):
-        self.lib = lib
-        tag = f"cf{os.getpid() % 100000}"
-        octet = 200 + os.getpid() % 50
-        self.names = names
-        self.namespace = {name: f"{tag}{name}" for name in names}
-        self.veth = {name: (f"{tag}{name}h", f"{tag}{name}n") for name in names}
-        self.gateway = {name: f"10.{octet}.{i + 1}.1" for i, name in enumerate(names)}
-        self.address = {name: f"10.{octet}.{i + 1}.2" for i, name in enumerate(names)}
-        self.made = []
-
-    def ip(self, *args):
-        result = self.lib.run(["ip", *args], timeout=30)
-        if not result.ok:
-            raise soak_lib.StartError(f"`ip {' '.join(args)}` failed: {result.describe()}")
-
-    def create(self):
-        for name in self.names:
-            ns, (outside, inside) = self.namespace[name], self.veth[name]
-            self.ip("netns", "add", ns)
-            self.made.append(ns)
-            self.ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-            self.ip("link", "set", inside, "netns", ns)
-            self.ip("addr", "add", f"{self.gateway[name]}/30", "dev", outside)
-            self.ip("link", "set", outside, "up")
-            self.ip("-n", ns, "addr", "add", f"{self.address[name]}/30", "dev", inside)
-            self.ip("-n", ns, "link", "set", inside, "up")
-            self.ip("-n", ns, "link", "set", "lo", "up")
-            self.ip("-n", ns, "route", "add", "default", "via", self.gateway[name])
-
-    def wrapper(self, name):
-        return ["ip", "netns", "exec", self.namespace[name]]
-
-    def cut(self, name):
-        self.ip("link", "set", self.veth[name][0], "down")
-
-    def heal(self, name):
-        self.ip("link", "set", self.veth[name][0], "up")
-
-    def delete(self):
-        for ns in self.made:
-            self.lib.run(["sh", "-c", f"ip netns pids {ns} | xargs -r kill -9; ip netns del {ns}"],
-                         timeout=30)
-        self.made = []
-
-
-class Fleet:
-    """etcd, the bucket and the stores, by name, each store on its own host (Hosts)."""
-
-    def __init__(self, lib):
-        self.lib = lib
-        self.dir = lib.work_dir
-        self.ports = {"a": _free_port(), "b": _free_port()}
-        self.hosts = Hosts(lib, sorted(self.ports))
-        self.stores = {}
-        self.disks = {"a": 0, "b": 0}
-        self.etcd = None
-        self.s3 = None
-        self.s3_endpoint = None
-        self.etcd_endpoint = None
-
-    def start_services(self):
-        self.hosts.create()
-        client, peer = _free_port(), _free_port()
-        self.etcd_port = client
-        self.etcd_endpoint = f"http://127.0.0.1:{client}"
-        self.etcd = self.lib.spawn(
-            ["etcd", "--name=n1", f"--data-dir={self.dir}/etcd",
-             f"--listen-client-urls=http://0.0.0.0:{client}",
-             f"--advertise-client-urls={self.etcd_endpoint}",
-             f"--listen-peer-urls=http://127.0.0.1:{peer}",
-             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-             f"--initial-cluster=n1=http://127.0.0.1:{peer}", "--log-level=warn"], name="etcd")
-        port_file = os.path.join(self.dir, "s3.port")
-        self.s3 = self.lib.spawn(
-            [self.lib.python, _repo_file(self.lib, "libs/s3/testdata/fake_s3_server.py"),
-             f"--port_file={port_file}", "--host=0.0.0.0", "--bucket=failover",
-             "--access_key=AKIDSOAK",
-             "--secret_key=soak/secret"], name="fake_s3")
-        with open(os.path.join(self.dir, "credentials"), "w") as f:
-            f.write("[default]\naws_access_key_id = AKIDSOAK\n"
-                    "aws_secret_access_key = soak/secret\n")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if os.path.exists(port_file) and open(port_file).read().strip():
-                self.s3_port = int(open(port_file).read().strip())
-                self.s3_endpoint = f"http://127.0.0.1:{self.s3_port}"
-                break
-            time.sleep(0.05)
-        if self.s3_endpoint is None:
-            raise soak_lib.StartError(f"the fake S3 server did not start: {self.s3.log_tail()}")
-        # etcd answers on its client URL once it serves.
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", client), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise soak_lib.StartError(f"etcd did not start: {self.etcd.log_tail()}")
-
-    def start(self, name, new_disk=False):
-        if new_disk:
-            self.disks[name] += 1
-        home = os.path.join(self.dir, f"{name}-disk{self.disks[name]}")
-        os.makedirs(home, exist_ok=True)
-        # On its host: etcd and the bucket through the gateway, clients at its own address.
-        gateway = self.hosts.gateway[name]
-        flags = [f"--listen=0.0.0.0:{self.ports[name]}",
-                 f"--advertise_address={self.address(name)}",
-                 f"--chunks_s3_endpoint=http://{gateway}:{self.s3_port}",
-                 "--chunks_s3_bucket=failover", "--chunks_s3_prefix=fleet/",
-                 f"--chunks_s3_credentials_file={self.dir}/credentials",
-                 f"--etcd_endpoints=http://{gateway}:{self.etcd_port}",
-                 f"--writer_lease_ttl={LEASE_TTL:g}s", "--follow_interval=100ms",
-                 f"--change_log_snapshot_every={SNAPSHOT_EVERY}", "--shutdown_grace=1s"]
-        # A new disk replays the whole log before it serves.
-        self.stores[name] = self.lib.start_store(os.path.join(home, "index"), flags,
-                                                 start_timeout=300.0,
-                                                 wrapper=self.hosts.wrapper(name))
-        return self.stores[name]
-
-    def address(self, name):
-        return f"{self.hosts.address[name]}:{self.ports[name]}"
-
-    def addresses(self):
-        return ",".join(self.address(name) for name in sorted(self.ports))
-
-    def role(self, name):
-        """"writer", "follower" or None: what the store's log said last."""
-        text = self.stores[name].log_tail(64 << 10)
-        writer = text.rfind("checkpoint_store: the writer")
-        follower = text.rfind("checkpoint_store: a follower")
-        if writer < 0 and follower < 0:
-            return None
-        return "writer" if writer > follower else "follower"
-
-    def wait_for_role(self, name, role, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.stores[name].poll() is not None:
-                return False
-            if self.role(name) == role:
-                return True
-            time.sleep(0.02)
-        return False
-
-
-class Committer(threading.Thread):
-    """save() of `model` back to back (moving `alias` with each, when given); every acknowledged
-    (version, seed) and when it returned."""
-
-    def __init__(self, client, torch, model, alias=None):
-        super().__init__(daemon=True)
-        self.client = client
-        self.torch = torch
-        self.model = model
-        self.alias = alias
-        self.failures_seen = 0  # failures already counted as detected.
-        self.lock = threading.Lock()
-        self.acks = []  # (monotonic time, version, seed, replayed)
-        self.failures = []  # (seed, error text)
-        self.next_seed = 1
-        self.stopping = threading.Event()
-        self.save_started = threading.Condition(self.lock)
-        self.saves_started = 0
-
-    def state(self, seed):
-        generator = self.torch.Generator().manual_seed(seed)
-        return {"weight": self.torch.randn(WEIGHT_ELEMENTS, generator=generator),
-                "seed": self.torch.full((4,), seed, dtype=self.torch.int64)}
-
-    def run(self):
-        while not self.stopping.is_set():
-            seed = self.next_seed
-            self.next_seed += 1
-            with self.lock:
-                self.saves_started += 1
-                self.save_started.notify_all()
-            try:
-                saved = self.client.save(self.model, self.state(seed), step=seed,
-                                         alias=self.alias, timeout=30)
-                with self.lock:
-                    self.acks.append((time.monotonic(), saved.version, seed, saved.replayed))
-            except Exception as error:  # noqa: BLE001 - every failure is a row count.
-                with self.lock:
-                    self.failures.append((seed, f"{type(error).__name__}: {error}"))
-            time.sleep(SAVE_PAUSE)
-
-    def wait_for_next_save(self, timeout):
-        """Returns once a save has started after the call (False after `timeout` s)."""
-        with self.lock:
-            started = self.saves_started
-            return self.save_started.wait_for(lambda: self.saves_started > started, timeout)
-
-    def acks_after(self, when):
-        with self.lock:
-            return [ack for ack in self.acks if ack[0] > when]
-
-
-class TrainerRuns(threading.Thread):
-    """services/trainer against every store (--store=A,B), run after run while the campaign
-    lasts, each a new model: one rank, TRAIN_STEPS steps, a checkpoint every CHECKPOINT_EVERY
-    (its upload in the background, as by default). Each run's exit status and what it printed."""
-
-    # One epoch (131,072 examples, batch 32), so the checkpoints are the 4 periodic ones and the
-    # last; runs 3 s apart. The log grows by 3 records a checkpoint, and a new disk replays all.
-    TRAIN_STEPS = 4000
-    CHECKPOINT_EVERY = 1000
-    PAUSE_SECONDS = 3.0
-
-    def __init__(self, lib, addresses):
-        super().__init__(daemon=True)
-        self.lib = lib
-        self.addresses = addresses
-        self.stopping = threading.Event()
-        self.runs = []  # (model, Result)
-
-    def run(self):
-        while not self.stopping.is_set():
-            model = f"trainer-{len(self.runs) + 1}"
-            result = self.lib.run(
-                [self.lib.binary("services/trainer/trainer"), f"--store={self.addresses}",
-                 "--backend=gloo", "--device=cpu", "--nproc_per_node=1",
-                 f"--steps={self.TRAIN_STEPS}", f"--checkpoint_every={self.CHECKPOINT_EVERY}",
-                 "--synthetic_examples=131072", "--log_every=100000", "--hidden=64",
-                 f"--model_name={model}"], timeout=300)
-            self.runs.append((model, result))
-            self.stopping.wait(self.PAUSE_SECONDS)
-
-
-class LoaderReads(threading.Thread):
-    """services/loader against every store (--store=A,B), and a reader loading
-    failover-0@serving through it every half second, as a serving fleet would: each read's
-    outcome, and whether its bytes were the seed's its step names."""
-
-    def __init__(self, lib, loader_address, committer):
-        super().__init__(daemon=True)
-        self.lib = lib
-        self.loader_address = loader_address
-        self.committer = committer
-        self.stopping = threading.Event()
-        self.reads = 0
-        self.failures = []  # error text of the reads that raised.
-        self.torn = []
-
-    def run(self):
-        from ckpt_client import Client  # noqa: E402
-        with Client(loader=self.loader_address, timeout=30) as client:
-            while not self.stopping.wait(0.5):
-                ref = f"failover-0@{SYNCED_ALIAS}"
-                try:
-                    state = client.load_state_dict(ref)
-                except Exception as error:  # noqa: BLE001 - counted, not raised.
-                    if "no alias" in str(error) or "no model" in str(error):
-                        continue  # nothing saved yet.
-                    self.failures.append(f"{type(error).__name__}: {error}")
-                    self.reads += 1
-                    continue
-                self.reads += 1
-                seed = int(state["seed"][0])
-                expected = self.committer.state(seed)
-                if not all(self.committer.torch.equal(state[k], expected[k]) for k in expected):
-                    self.torn.append(f"{ref} read as seed {seed} holds other bytes")
 
 
 def _poll_until(read, expected, deadline):
@@ -388,15 +91,6 @@ def _poll_until(read, expected, deadline):
         if value == expected or time.monotonic() >= deadline:
             return value
         time.sleep(0.2)
-
-
-def _written_versions(stdout_and_err):
-    """The versions a trainer run says it wrote ("versions written: @1 @2 ...")."""
-    for line in stdout_and_err.splitlines():
-        line = line.strip()
-        if line.startswith("versions written:"):
-            return [int(word[1:]) for word in line.split()[2:] if word.startswith("@")]
-    return None
 
 
 class Campaign:
@@ -706,7 +400,7 @@ class Campaign:
             for line in output.splitlines():
                 if "failed checkpoints (trained past):" in line:
                     row.add("detected", int(line.rsplit(":", 1)[1].split()[0]))
-            written = _written_versions(output)
+            written = written_versions(output)
             if written is None:
                 row.fail("crashes", f"trainer run {model} printed no versions: {output[-400:]}")
                 continue
