@@ -17,8 +17,9 @@ step=seed; the first moves alias "serving" with every save, and `ckpt sync failo
 DIR --store=A,B` follows it for the whole campaign (row "ckpt sync": still running at the end,
 and its CURRENT reaches the alias's version within 30 s, else lost), and a reader loads it
 through `services/loader --store=A,B` every half second (row "reads": each read whole and its
-seed's bytes, else torn; a read that raised is detected, the loader not riding through). save() is the code under test: it
-sends a commit that failed with UNAVAILABLE again, with one idempotency key, for up to 10 s.
+seed's bytes, else torn; a read that raised is detected, the loader not riding through).
+save() is the code under test: it sends a commit that failed with UNAVAILABLE again, with one
+idempotency key, for up to 10 s.
 A save that raises anyway is "detected" (the caller was told; its seed may be committed, once).
 
 Beside it, services/trainer runs against both addresses (--store=A,B), one run after another
