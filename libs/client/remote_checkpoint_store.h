@@ -35,6 +35,10 @@
 //    the stream, or read twice) is fetched with a separate Download of MODEL@N restricted to its
 //    key; the main stream stays where it was. Every chunk's length and xxh3 are checked on
 //    arrival against the manifest (DATA_LOSS naming the chunk), as the local store does on disk.
+//    A Download that breaks with UNAVAILABLE after its manifest (the store's host died; a store
+//    list moves on to the successor) goes on from the first chunk not yet delivered, on a fresh
+//    Download of MODEL@N by byte ranges, so a load in flight at a failover finishes and no byte is
+//    delivered twice; three breaks in a row without a chunk between end the read.
 //
 // Audit: every change made through this client is recorded by the server (identity, peer, what);
 // ListAudit reads that log. BeginAudit / FinishAudit are refused (see below).

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -88,10 +90,12 @@ class DownloadStream {
   // `destination` (byte_length bytes, for a whole tensor) when it is not null -- each message
   // copied once, straight to its place -- else to `callback`. The tensor's data must be the next
   // on the stream, apart from data of earlier tensors, which is skipped. After an error the
-  // stream is mid-tensor and must not be read again.
+  // stream is mid-tensor and must not be read again; when the error is the stream's own
+  // UNAVAILABLE (the store died or was cut off), `*unread` is set to the chunks of `span` that
+  // were not delivered, from which a fresh Download can go on.
   absl::Status ReadTensor(int index, const v1::TensorMeta& meta, const ChunkSpan& span,
                           const ChunkCallback& callback, absl::string_view where,
-                          char* destination = nullptr) {
+                          char* destination, std::optional<ChunkSpan>* unread) {
     const int64_t length = span.end_offset;
     int64_t received = span.first_offset;
     int chunk_index = span.first_chunk;
@@ -102,6 +106,9 @@ class DownloadStream {
       if (!reader_->Read(&message_)) {
         const grpc::Status status = reader_->Finish();
         open_ = false;
+        if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+          *unread = ChunkSpan{chunk_index, span.end_chunk, chunk_offset, span.end_offset};
+        }
         if (!status.ok()) return connection_->FromCall(status);
         return absl::DataLossError(absl::StrCat("the download of ", where, " ended after ",
                                                 received, " of ", length, " bytes of tensor '",
@@ -243,16 +250,8 @@ class RemoteVersionReader final : public VersionReader {
     RETURN_IF_ERROR(CheckChunkLayout(stored, where_));
     ASSIGN_OR_RETURN(const ChunkSpan span, ChunksCovering(stored, begin, end, where_));
     if (span.first_chunk == span.end_chunk) return absl::OkStatus();
-    v1::DownloadRequest request;
-    *request.mutable_ref() = MakeVersionRef(manifest_.model(), manifest_.version());
-    request.set_include_state(index >= manifest_.tensors_size());
-    v1::TensorByteRange* range = request.add_ranges();
-    range->set_key(stored.key());
-    range->set_begin(begin);
-    range->set_end(end);
-    ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
-                     DownloadStream::Open(connection_, request));
-    return stream->ReadTensor(
+    std::unique_ptr<DownloadStream> stream;
+    return ReadResuming(
         index, stored, span,
         [&](int64_t offset, absl::string_view chunk) {
           const int64_t from = std::max(begin, offset);
@@ -263,10 +262,14 @@ class RemoteVersionReader final : public VersionReader {
           }
           return absl::OkStatus();
         },
-        where_);
+        nullptr, stream, /*rest_of_version=*/false);
   }
 
  private:
+  // A stream that breaks this many times in a row without delivering a chunk in between ends
+  // the read with its UNAVAILABLE.
+  static constexpr int kMaxFruitlessResumes = 3;
+
   absl::Status Read(const v1::TensorMeta& meta, const ChunkCallback& callback,
                     char* destination) const {
     ASSIGN_OR_RETURN(const int index, IndexOf(meta));
@@ -280,18 +283,70 @@ class RemoteVersionReader final : public VersionReader {
     RETURN_IF_ERROR(CheckChunkLayout(stored, where_));  // before a buffer is sized by a chunk
     const ChunkSpan whole{0, stored.chunks_size(), 0, stored.byte_length()};
     if (main_ != nullptr && index == NextOnMainStream()) {
-      absl::Status status = main_->ReadTensor(index, stored, whole, callback, where_, destination);
       main_position_ = index + 1;
-      if (!status.ok()) main_.reset();  // Mid-tensor now: later reads go one-off.
-      return status;
+      // A main stream that failed for good is left null: later reads go one-off.
+      return ReadResuming(index, stored, whole, callback, destination, main_,
+                          /*rest_of_version=*/true);
     }
+    std::unique_ptr<DownloadStream> stream;
+    return ReadResuming(index, stored, whole, callback, destination, stream,
+                        /*rest_of_version=*/false);
+  }
+
+  // Reads `span` of tensor `index` from `stream` -- a Download of just that span when `stream`
+  // is null -- and, when the stream breaks with UNAVAILABLE (the store's host died, the client's
+  // store list moves on to the successor), goes on from the first chunk it did not deliver on a
+  // fresh Download of the same version, by number: a stored version never changes, and every
+  // chunk is checked against this reader's manifest anyway. So no byte reaches `callback` or
+  // `destination` twice, and a load in flight at a failover finishes instead of failing. With
+  // `rest_of_version`, the fresh stream also carries every later tensor (it becomes the main
+  // stream); else just the rest of `span`. On failure `stream` is null.
+  absl::Status ReadResuming(int index, const v1::TensorMeta& stored, ChunkSpan span,
+                            const ChunkCallback& callback, char* destination,
+                            std::unique_ptr<DownloadStream>& stream, bool rest_of_version) const {
+    for (int fruitless = 0;;) {
+      if (stream == nullptr) {
+        absl::StatusOr<std::unique_ptr<DownloadStream>> opened =
+            DownloadStream::Open(connection_, ResumeRequest(index, stored, span, rest_of_version));
+        if (!opened.ok()) return opened.status();
+        stream = *std::move(opened);
+      }
+      std::optional<ChunkSpan> unread;
+      absl::Status status =
+          stream->ReadTensor(index, stored, span, callback, where_, destination, &unread);
+      if (status.ok()) return status;
+      stream.reset();
+      if (!unread.has_value()) return status;
+      fruitless = unread->first_offset > span.first_offset ? 0 : fruitless + 1;
+      if (fruitless > kMaxFruitlessResumes) return status;
+      span = *unread;
+    }
+  }
+
+  // A Download of `span` of tensor `index` and, with `rest_of_version`, every later tensor
+  // (as byte ranges, which a Download sends in manifest order) up to the first that a range
+  // cannot name (a state tensor whose key a model tensor also has).
+  v1::DownloadRequest ResumeRequest(int index, const v1::TensorMeta& stored, const ChunkSpan& span,
+                                    bool rest_of_version) const {
     v1::DownloadRequest request;
     *request.mutable_ref() = MakeVersionRef(manifest_.model(), manifest_.version());
-    request.add_keys(stored.key());
-    request.set_include_state(index >= manifest_.tensors_size());
-    ASSIGN_OR_RETURN(std::unique_ptr<DownloadStream> stream,
-                     DownloadStream::Open(connection_, request));
-    return stream->ReadTensor(index, stored, whole, callback, where_, destination);
+    request.set_include_state(true);
+    v1::TensorByteRange* range = request.add_ranges();
+    range->set_key(stored.key());
+    range->set_begin(span.first_offset);
+    range->set_end(span.end_offset);
+    if (!rest_of_version) return request;
+    const int count = manifest_.tensors_size() + manifest_.state_tensors_size();
+    for (main_end_ = index + 1; main_end_ < count; ++main_end_) {
+      const v1::TensorMeta& later = TensorAt(manifest_, main_end_);
+      if (main_end_ >= manifest_.tensors_size() && model_index_.contains(later.key())) break;
+      if (later.byte_length() == 0) continue;
+      range = request.add_ranges();
+      range->set_key(later.key());
+      range->set_begin(0);
+      range->set_end(later.byte_length());
+    }
+    return request;
   }
 
   // The index of `meta` in manifest order: the very entry when `meta` is one of manifest()'s,
@@ -309,10 +364,10 @@ class RemoteVersionReader final : public VersionReader {
 
   // The tensor whose bytes the main stream delivers next (tensors of 0 bytes send none).
   int NextOnMainStream() const {
-    const int count = manifest_.tensors_size() + manifest_.state_tensors_size();
+    const int count = std::min(main_end_, manifest_.tensors_size() + manifest_.state_tensors_size());
     int index = main_position_;
     while (index < count && TensorAt(manifest_, index).byte_length() == 0) ++index;
-    return index;
+    return index < count ? index : -1;
   }
 
   const std::shared_ptr<const Connection> connection_;
@@ -320,6 +375,8 @@ class RemoteVersionReader final : public VersionReader {
   // by one thread at a time, as the interface requires.
   mutable std::unique_ptr<DownloadStream> main_;  // null once it failed.
   mutable int main_position_ = 0;                 // tensors before this were consumed.
+  // Tensors from this index on are not on the main stream (a resumed one may stop early).
+  mutable int main_end_ = std::numeric_limits<int>::max();
   const v1::Manifest manifest_;
   const std::string where_;
   absl::flat_hash_map<std::string, int> model_index_;

@@ -651,6 +651,96 @@ TEST_F(RemoteCheckpointStoreTest, EveryChunkDamagedInTransitIsDataLossOnTheClien
   ExpectSameCheckpoint(loaded.contents, original);
 }
 
+// A store whose host dies in the middle of a Download (a failover: the client's store list
+// moves on to the successor) ends the stream with UNAVAILABLE. The reader goes on from the first
+// chunk it did not deliver, on a fresh Download of the same version: a load in flight finishes,
+// and no byte is delivered twice or skipped, on every read path.
+TEST_F(RemoteCheckpointStoreTest, ADownloadBrokenByAnUnavailableStoreGoesOnFromItsNextChunk) {
+  StartServer();
+  std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
+  ASSERT_NE(remote, nullptr);
+  const CheckpointContents original = FullCheckpoint(6);
+  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+  ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, remote->GetManifest(Ref("m@1")));
+  const v1::TensorMeta& big = manifest.tensors(0);
+  ASSERT_EQ(big.chunks_size(), 2);
+
+  // Every third chunk read on the server fails, as a dying store's would.
+  std::atomic<int> reads{0};
+  std::atomic<int> broken{0};
+  instrumented_->set_read_fault([&](absl::string_view) {
+    if (reads.fetch_add(1) % 3 != 2) return absl::OkStatus();
+    broken.fetch_add(1);
+    return absl::UnavailableError("the store's host went down");
+  });
+
+  // A whole checkpoint, in order on the version's main stream (resumed with the later tensors).
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@1")));
+  ExpectSameCheckpoint(loaded.contents, original);
+  EXPECT_GE(broken.load(), 3);
+
+  // Chunk by chunk: each chunk reaches the callback once, in order, the second after a break
+  // (the server's first read, chunk 0, succeeds; its second, chunk 1, fails).
+  reads = 1;
+  int broken_before = broken.load();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, remote->OpenVersion(Ref("m@1")));
+  std::vector<std::pair<int64_t, size_t>> pieces;
+  ASSERT_OK(reader->ReadTensorChunks(big, [&](int64_t offset, absl::string_view bytes) {
+    pieces.emplace_back(offset, bytes.size());
+    return absl::OkStatus();
+  }));
+  EXPECT_THAT(pieces, ElementsAre(std::make_pair(int64_t{0}, size_t{4 * kMiB}),
+                                  std::make_pair(int64_t{4 * kMiB},
+                                                 static_cast<size_t>(big.byte_length() - 4 * kMiB))));
+  EXPECT_GT(broken.load(), broken_before);
+  // The main stream goes on after its break: the next tensors read in order are whole.
+  for (int i = 1; i < manifest.tensors_size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(at::Tensor tensor, reader->ReadTensor(manifest.tensors(i)));
+    const std::string key = manifest.tensors(i).key();
+    ExpectSameTensor(tensor, *original.model.Find("module." + key), key);
+  }
+
+  // Out of order, into a buffer, and a byte range across the chunk boundary: one-off Downloads
+  // whose second chunk read fails.
+  reads = 1;
+  broken_before = broken.load();
+  ASSERT_OK_AND_ASSIGN(at::Tensor again, reader->ReadTensor(big));
+  ExpectSameTensor(again, *original.model.Find("module.encoder.weight"), "encoder.weight");
+  EXPECT_GT(broken.load(), broken_before);
+  reads = 1;
+  broken_before = broken.load();
+  const int64_t begin = 4 * kMiB - 100;
+  std::string range(200, '\0');
+  ASSERT_OK(reader->ReadTensorRange(big, begin, begin + 200, range.data()));
+  const at::Tensor flat = original.model.Find("module.encoder.weight")->contiguous();
+  EXPECT_EQ(range, std::string(static_cast<const char*>(flat.data_ptr()) + begin, 200));
+  EXPECT_GT(broken.load(), broken_before);
+
+  // A store that stays unavailable: the read ends with its UNAVAILABLE after a few fruitless
+  // resumes, naming the store, and delivers nothing twice.
+  instrumented_->set_read_fault(
+      [](absl::string_view) { return absl::UnavailableError("the store's host went down"); });
+  ASSERT_OK_AND_ASSIGN(reader, remote->OpenVersion(Ref("m@1")));
+  pieces.clear();
+  EXPECT_THAT(reader->ReadTensorChunks(big,
+                                       [&](int64_t offset, absl::string_view bytes) {
+                                         pieces.emplace_back(offset, bytes.size());
+                                         return absl::OkStatus();
+                                       }),
+              StatusIs(absl::StatusCode::kUnavailable, server_->address()));
+  EXPECT_THAT(pieces, IsEmpty());
+  // Other errors are not resumed: a callback's own UNAVAILABLE comes back unchanged at once.
+  instrumented_->set_read_fault(nullptr);
+  int calls = 0;
+  EXPECT_THAT(reader->ReadTensorChunks(big,
+                                       [&](int64_t, absl::string_view) {
+                                         ++calls;
+                                         return absl::UnavailableError("the caller's own");
+                                       }),
+              StatusIs(absl::StatusCode::kUnavailable, "the caller's own"));
+  EXPECT_EQ(calls, 1);
+}
+
 TEST(RemoteStoreOptionsTest, BadOptionsAreInvalidArguments) {
   RemoteStoreOptions options;
   EXPECT_THAT(RemoteCheckpointStore::Connect(options),

@@ -17,6 +17,7 @@ class InstrumentedStore::Reader final : public VersionReader {
                                 const ChunkCallback& callback) const override {
     store_.Called("ReadTensorChunks");
     store_.reader_chunk_reads_.fetch_add(1);
+    if (store_.read_fault_) RETURN_IF_ERROR(store_.read_fault_("ReadTensorChunks"));
     return base_->ReadTensorChunks(meta, callback);
   }
 

@@ -46,6 +46,10 @@ class InstrumentedStore final : public CheckpointStore {
   // UploadSession::Commit commits, then returns the error `fault` gives for "Commit" (when not
   // OK) instead of the version: an answer lost on its way back to the writer.
   void set_commit_answer_fault(Fault fault) { commit_answer_fault_ = std::move(fault); }
+  // A chunk read through a reader from OpenVersion (ReadTensorChunks, which ReadTensorInto and a
+  // Download's reads go through) returns the error `fault` gives for "ReadTensorChunks" (when not
+  // OK) instead of reading: a store that dies in the middle of a Download, as its client sees it.
+  void set_read_fault(Fault fault) { read_fault_ = std::move(fault); }
   // Chunk reads made through readers from OpenVersion (one per ReadTensorChunks call).
   int64_t reader_chunk_reads() const { return reader_chunk_reads_.load(); }
   // Bytes given to AddTensorData of sessions from BeginUpload (accepted or not).
@@ -112,6 +116,7 @@ class InstrumentedStore final : public CheckpointStore {
   Fault audit_fault_;
   Fault commit_fault_;
   Fault commit_answer_fault_;
+  Fault read_fault_;
   mutable std::atomic<int64_t> reader_chunk_reads_{0};
   std::atomic<int64_t> uploaded_bytes_{0};
 };
