@@ -11,6 +11,7 @@ from typing import Any, Iterable, Optional, Union
 import torch
 
 from ._bundles import Bundle, restore_bundle
+from ._retry import while_unavailable
 from ._tensors import RangeAssembler, StreamAssembler, to_tensor
 from .errors import FailedPrecondition, IntegrityError, InvalidArgument, NotFound, ProtocolError
 
@@ -52,7 +53,8 @@ Device = Union[str, torch.device]
 class LoadingCalls:
     """The reading methods of Client (mixed into it). They use the Client's plumbing: ``_pb``
     (the generated modules), ``_dtypes`` (torch_dtypes()), ``_loader`` (the loader's stub or
-    None), ``_stream`` (a server-streaming call, errors mapped) and ``version_ref``."""
+    None), ``_stream`` (a server-streaming call, errors mapped), ``_await_store_channel``
+    (before a retry) and ``version_ref``."""
 
     def load_state_dict(self, ref: str, device: Device = "cpu",
                         dtype: Optional[torch.dtype] = None,
@@ -74,9 +76,11 @@ class LoadingCalls:
             ckpt_client._tensors); IntegrityError names the tensor and chunk that fail.
 
         Reads from the loader when the Client has one (its shared chunk cache serves many
-        readers), else from the store's Download. Both are verified: both manifests name each
-        chunk's SHA-256 as the store computed it (a loader older than this client names only
-        each tensor's content hash). The loader is asked for stored dtypes, because a tensor it
+        readers), else from the store's Download, which is read again from the start (the
+        version by number) while it fails with Unavailable, for up to 10 s: a store restarting,
+        or another store of Client(store="A,B") taking over. Both are verified: both manifests
+        name each chunk's SHA-256 as the store computed it (a loader older than this client
+        names only each tensor's content hash). The loader is asked for stored dtypes, because a tensor it
         casts loses its hashes, and the cast is done here.
         """
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -85,20 +89,22 @@ class LoadingCalls:
         keys = list(keys or [])
         prefixes = list(prefixes or [])
         version_ref = self.version_ref(ref)
+
+        def choose(manifest):
+            return (list(manifest.tensors), [index for index, meta in enumerate(manifest.tensors)
+                                             if self._selected(meta.key, keys, prefixes)])
+
         if self._loader is not None:
             pb = self._pb.loader_pb2
             request = pb.LoadRequest(ref=version_ref, target=pb.LoadTarget(
                 device="cpu", include_keys=keys, include_prefixes=prefixes))
-            stream = self._stream("loader", "Load", request, timeout)
+            manifest, buffers = self._receive(
+                ref, self._stream("loader", "Load", request, timeout), verify, choose)
         else:
             pb = self._pb.checkpoint_store_pb2
             request = pb.DownloadRequest(ref=version_ref, keys=keys, key_prefixes=prefixes)
-            stream = self._stream("store", "Download", request, timeout)
-        manifest, buffers = self._receive(
-            ref, stream, verify,
-            lambda manifest: (list(manifest.tensors),
-                              [index for index, meta in enumerate(manifest.tensors)
-                               if self._selected(meta.key, keys, prefixes)]))
+            manifest, buffers = self._from_store(
+                request, lambda stream: self._receive(ref, stream, verify, choose), timeout)
         state = collections.OrderedDict()
         for index, buffer in buffers.items():
             meta = manifest.tensors[index]
@@ -116,7 +122,8 @@ class LoadingCalls:
                     timeout: Optional[float] = None) -> Bundle:
         """Resumes from a stored version: the model's weights, the optimizer's and the
         scheduler's state and the rest of the bundle, read from the store (Download with its
-        state) and verified as load_state_dict's are.
+        state) and verified as load_state_dict's are, and read again as its Download is while
+        the store is unavailable.
 
         Given ``model``, ``optimizer`` and / or ``scheduler``, restores each in place with its
         own ``load_state_dict`` (``strict`` for the model): the weights are copied onto the
@@ -132,8 +139,8 @@ class LoadingCalls:
             metas = list(manifest.tensors) + list(manifest.state_tensors)
             return metas, range(len(metas))
 
-        manifest, buffers = self._receive(
-            ref, self._stream("store", "Download", request, timeout), verify, everything)
+        manifest, buffers = self._from_store(
+            request, lambda stream: self._receive(ref, stream, verify, everything), timeout)
         return restore_bundle(manifest, buffers, self._dtypes, model, optimizer, scheduler,
                               strict)
 
@@ -163,28 +170,49 @@ class LoadingCalls:
             raise NotImplementedError(f"tensor '{key}' has dtype {meta.dtype} (ckpt.v1.DType), "
                                       f"which torch {torch.__version__} cannot hold")
         size = torch.empty((), dtype=dtype).element_size()
-        assembler = RangeAssembler(meta, index, start * size, stop * size, verify, where)
         if start != stop:
             pb = self._pb.checkpoint_store_pb2
             request = pb.DownloadRequest(
                 ref=self.version_ref(where), include_state=index >= len(manifest.tensors),
                 ranges=[pb.TensorByteRange(key=key, begin=start * size, end=stop * size)])
-            seen_manifest = False
-            for response in self._stream("store", "Download", request, timeout):
-                if response.HasField("manifest"):
-                    if seen_manifest:
-                        raise ProtocolError(f"{where}: the stream sent a second manifest")
-                    seen_manifest = True
-                elif not seen_manifest:
-                    raise ProtocolError(f"{where}: tensor bytes arrived before the manifest")
-                else:
-                    assembler.add(response.data)
-            data = assembler.finish()
+
+            def receive(stream):
+                assembler = RangeAssembler(meta, index, start * size, stop * size, verify, where)
+                seen_manifest = False
+                for response in stream:
+                    if response.HasField("manifest"):
+                        if seen_manifest:
+                            raise ProtocolError(f"{where}: the stream sent a second manifest")
+                        seen_manifest = True
+                    elif not seen_manifest:
+                        raise ProtocolError(f"{where}: tensor bytes arrived before the manifest")
+                    else:
+                        assembler.add(response.data)
+                return assembler.finish()
+
+            data = self._from_store(request, receive, timeout)
         else:
             data = bytearray()
         if len(data) == 0:
             return torch.empty((0,), dtype=dtype)
         return torch.frombuffer(data, dtype=torch.uint8).view(dtype)
+
+    def _from_store(self, request, receive, timeout):
+        """``receive(stream)`` of the store's Download of ``request``, made again from the start
+        while it fails with Unavailable (_retry.while_unavailable): the store restarting, or a
+        follower of Client(store="A,B") taking over from a writer that died mid-stream. Once a
+        manifest has arrived, a retry asks for that version by number, so an alias that moves
+        meanwhile cannot mix two versions' bytes."""
+        def attempt():
+            def stream():
+                for response in self._stream("store", "Download", request, timeout):
+                    if response.HasField("manifest") and response.manifest.model:
+                        request.ref.CopyFrom(self.version_ref(
+                            f"{response.manifest.model}@{response.manifest.version}"))
+                    yield response
+            return receive(stream())
+
+        return while_unavailable(attempt, self._await_store_channel)
 
     @staticmethod
     def _receive(ref, stream, verify, choose):

@@ -8,7 +8,14 @@ the wait would reach the deadline (``time.monotonic()`` seconds; None: no deadli
 
 import random
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
+
+from .errors import Unavailable
+
+# Seconds a call to the store that failed with Unavailable is made again, counted from the first
+# failure: a restarting store, or the follower taking over from a writer that died (the C++
+# client's CommitRetryWindow, its connect_timeout).
+STORE_RETRY_WINDOW = 10.0
 
 
 def delay(initial: float, maximum: float, multiplier: float, jitter: float, retry: int,
@@ -57,3 +64,21 @@ class Backoff:
 
     def reset(self) -> None:
         self.retries = 0
+
+
+def while_unavailable(attempt: Callable[[], Any], await_channel: Callable[[float], None],
+                      window: float = STORE_RETRY_WINDOW) -> Any:
+    """``attempt()``, made again from the start while it raises Unavailable, for ``window``
+    seconds from the first failure: each retry waits its Backoff, then up to the time left for
+    the channel (``await_channel(seconds)``). Raises the last Unavailable when the window ends;
+    any other error at once."""
+    backoff = Backoff()
+    while True:
+        try:
+            return attempt()
+        except Unavailable:
+            if backoff.deadline is None:
+                backoff.deadline = time.monotonic() + window
+            if not backoff.wait():
+                raise
+            await_channel(max(0.0, backoff.deadline - time.monotonic()))

@@ -6,15 +6,14 @@ import collections
 import concurrent.futures
 import secrets
 import threading
-import time
 from typing import Any, Mapping, Optional, Union
 
 import torch
 
 from ._bundles import HostSnapshot, build_manifest, param_names_of
-from ._retry import Backoff
+from ._retry import while_unavailable
 from ._upload import Uploader
-from .errors import CkptError, NotFound, Unavailable
+from .errors import CkptError, NotFound
 
 # Public as ckpt_client.Saved / ckpt_client.client.Saved, which is where pickle and repr look.
 Saved = collections.namedtuple("Saved", ["version", "logical_bytes", "new_bytes", "warnings",
@@ -27,11 +26,6 @@ the store's validation warnings, and what travelled: the 4 MiB chunks whose byte
 chunks named by address because the store already held them, and the tensor bytes sent (of the
 last attempt). ``replayed``: an earlier attempt of this save had committed the version and its
 answer was lost; the last attempt made nothing new."""
-
-# Seconds save() goes on sending a commit that failed with UNAVAILABLE, counted from the first
-# failure: a restarting store, or the follower taking over from a writer that died (the C++
-# client's CommitRetryWindow, its connect_timeout).
-_RETRY_WINDOW = 10.0
 
 
 class SavingCalls:
@@ -117,16 +111,9 @@ class SavingCalls:
                                  expected_latest_version=expected_latest_version,
                                  idempotency_key=idempotency_key or
                                  "commit-" + secrets.token_hex(16))
-        backoff = Backoff()
-        while True:
-            try:
-                return self._upload(pb, header, tensors, aliases, dedup, timeout)
-            except Unavailable:
-                if backoff.deadline is None:
-                    backoff.deadline = time.monotonic() + _RETRY_WINDOW
-                if not backoff.wait():
-                    raise
-                self._await_store_channel(max(0.0, backoff.deadline - time.monotonic()))
+        return while_unavailable(
+            lambda: self._upload(pb, header, tensors, aliases, dedup, timeout),
+            self._await_store_channel)
 
     def _upload(self, pb, header, tensors, aliases, dedup, timeout):
         """One attempt of a save: the Upload call (made twice when a chunk it named was

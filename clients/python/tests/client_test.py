@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -108,6 +109,61 @@ class Server:
         """Stops and starts again on the same port and data (a store restart clients ride out)."""
         self.stop()
         self.start(self.port)
+
+
+class CuttingProxy:
+    """A TCP forwarder to 127.0.0.1:`port` that closes each of its first `cuts` connections once
+    `cut_after` bytes went from the server to the client: a store whose host dies in the middle
+    of a stream, as the client sees it. Later connections are forwarded whole."""
+
+    def __init__(self, port, cut_after, cuts=1):
+        self.port, self.cut_after, self.cuts_left = port, cut_after, cuts
+        self.cut = 0  # connections cut so far
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self):
+        self.listener.close()
+
+    def _accept(self):
+        while True:
+            try:
+                downstream, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            limit = None
+            if self.cuts_left > 0:
+                self.cuts_left -= 1
+                limit = self.cut_after
+            self.connections += 1
+            threading.Thread(target=self._pump, args=(downstream, upstream, None),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, downstream, limit),
+                             daemon=True).start()
+
+    def _pump(self, source, destination, limit):
+        forwarded = 0
+        try:
+            while True:
+                data = source.recv(1 << 16)
+                if not data:
+                    break
+                if limit is not None and forwarded + len(data) > limit:
+                    self.cut += 1
+                    break
+                destination.sendall(data)
+                forwarded += len(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, destination):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 def make_certificates(directory):
@@ -338,6 +394,37 @@ class LoadTest(unittest.TestCase):
                 client.export("no-such-model", os.path.join(TMP, "export", "missing.pt"))
             self.assertFalse(os.path.exists(os.path.join(TMP, "export", "missing.pt")))
             self.assertEqual(len(os.listdir(os.path.dirname(path))), 2)
+
+
+    def test_a_store_download_broken_mid_stream_is_read_again_and_arrives_whole(self):
+        # A store that dies in the middle of a Download (a failover, as Client(store="A,B")
+        # sees it): load_state_dict, load_bundle and load_flat_range start it again, by version.
+        torch.manual_seed(11)
+        model = nn.Linear(1024, 2048)  # 8 MiB of weight: two store chunks
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.randn(2, 1024)).sum().backward()
+        optimizer.step()
+        with plain_client() as client:
+            saved = client.save("team-a.cut", model, optimizer=optimizer, alias="serving")
+        reads = {
+            "load_state_dict": lambda client: client.load_state_dict("team-a.cut@serving"),
+            "load_bundle": lambda client: client.load_bundle("team-a.cut@serving").model,
+            "load_flat_range": lambda client: {"weight": client.load_flat_range(
+                "team-a.cut", "weight", 0, 2048 * 1024).view(2048, 1024)},
+        }
+        for name, read in reads.items():
+            with self.subTest(read=name):
+                proxy = CuttingProxy(PLAIN_STORE.port, cut_after=1 << 20)
+                try:
+                    with ckpt_client.Client(store=proxy.address, timeout=20) as client:
+                        state = read(client)
+                    self.assertEqual(proxy.cut, 1)
+                    self.assertGreaterEqual(proxy.connections, 2)
+                finally:
+                    proxy.close()
+                for key, tensor in state.items():
+                    self.assertTrue(torch.equal(tensor, model.state_dict()[key]), key)
+        self.assertEqual(saved.version, 1)
 
 
 class BundleTest(unittest.TestCase):
