@@ -1,9 +1,12 @@
 """The clients of the store_failover campaign (store_failover.py), each riding through its
-failovers: savers (the Python client's save()), services/trainer runs, and reads through
-services/loader."""
+failovers: savers (the Python client's save()), services/trainer runs, reads through
+services/loader, and an operator's page on services/console (its API reads and live watch)."""
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 WEIGHT_ELEMENTS = 16 << 10  # float32: 64 KiB.
 # Seconds between saves. A trainer checkpoints minutes apart; one a second keeps a save in flight
@@ -63,6 +66,11 @@ class Committer(threading.Thread):
     def acks_after(self, when):
         with self.lock:
             return [ack for ack in self.acks if ack[0] > when]
+
+    def seed_of(self, version):
+        """The seed of the acknowledged save that made `version` (None: not acknowledged)."""
+        with self.lock:
+            return next((seed for _, acked, seed, _ in self.acks if acked == version), None)
 
 
 class TrainerRuns(threading.Thread):
@@ -129,6 +137,93 @@ class LoaderReads(threading.Thread):
                 expected = self.committer.state(seed)
                 if not all(self.committer.torch.equal(state[k], expected[k]) for k in expected):
                     self.torn.append(f"{ref} read as seed {seed} holds other bytes")
+
+
+class ConsoleReads(threading.Thread):
+    """services/console against every store (--store=A,B), as an operator's open page uses it:
+    GET .../failover-0/versions/serving every half second (the version's step must be the seed
+    its save was acknowledged with, else wrong), and one live watch of the alias (GET
+    /api/v1/watch, Server-Sent Events) for the whole campaign, which must never break (the
+    console's store client resumes it) and must end at the alias's last version."""
+
+    def __init__(self, console_address, committer):
+        super().__init__(daemon=True)
+        self.base = f"http://{console_address}/api/v1"
+        self.committer = committer
+        self.stopping = threading.Event()
+        self.reads = 0
+        self.failures = []  # reads that failed: an HTTP error or a dropped connection.
+        self.wrong = []  # reads whose version held another save's step.
+        self.watch_breaks = []  # how each watch stream ended before the campaign did.
+        self.watched_version = None  # the alias's version as the watch last told it.
+        self.watch_events = 0
+
+    def run(self):
+        watcher = threading.Thread(target=self.watch, daemon=True)
+        watcher.start()
+        url = f"{self.base}/models/failover-0/versions/{SYNCED_ALIAS}"
+        while not self.stopping.wait(0.5):
+            try:
+                with urllib.request.urlopen(url, timeout=30) as response:
+                    manifest = json.load(response)
+            except urllib.error.HTTPError as error:
+                body = error.read().decode(errors="replace")[:300]
+                if error.code == 404 and self.committer.seed_of(1) is None:
+                    continue  # nothing saved yet.
+                self.reads += 1
+                self.failures.append(f"HTTP {error.code}: {body}")
+                continue
+            except (OSError, ValueError) as error:
+                self.reads += 1
+                self.failures.append(f"{type(error).__name__}: {error}")
+                continue
+            self.reads += 1
+            version = int(manifest["version"])
+            step = int(manifest.get("metadata", {}).get("global_step", 0))
+            seed = self.committer.seed_of(version)
+            if seed is not None and seed != step:
+                self.wrong.append(f"failover-0@{version} read through the console as step "
+                                  f"{step}, saved as {seed}")
+
+    def watch(self):
+        """One watch for the campaign; a stream that ends early is a break, and the watch is
+        opened again after its last id (as a page's EventSource would) so the end still counts."""
+        after = None
+        while not self.stopping.is_set():
+            url = f"{self.base}/watch?model=failover-0&alias={SYNCED_ALIAS}"
+            if after is not None:
+                url += f"&after={after}"
+            try:
+                with urllib.request.urlopen(url, timeout=60) as stream:
+                    for raw in stream:
+                        line = raw.decode().rstrip("\n")
+                        if line.startswith("id: "):
+                            after = line[4:]
+                        elif line.startswith("event: error"):
+                            self.watch_breaks.append("the console sent an error event")
+                        elif line.startswith("data: "):
+                            self.on_update(json.loads(line[6:]))
+                        if self.stopping.is_set():
+                            return
+                    if not self.stopping.is_set():
+                        self.watch_breaks.append("the stream ended")
+            except (OSError, ValueError) as error:
+                if self.stopping.is_set():
+                    return
+                self.watch_breaks.append(f"{type(error).__name__}: {error}")
+                time.sleep(0.5)
+
+    def on_update(self, update):
+        if "error" in update:
+            self.watch_breaks.append(f"error: {update['error']}")
+            return
+        event = update.get("event")
+        if event and event.get("alias") == SYNCED_ALIAS and event.get("kind") == "ALIAS_SET":
+            self.watched_version = int(event["version"])
+            self.watch_events += 1
+        for model in update.get("state", {}).get("models", []):
+            if model.get("name") == "failover-0" and SYNCED_ALIAS in model.get("aliases", {}):
+                self.watched_version = int(model["aliases"][SYNCED_ALIAS])
 
 
 def written_versions(stdout_and_err):

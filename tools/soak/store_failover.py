@@ -18,6 +18,10 @@ DIR --store=A,B` follows it for the whole campaign (row "ckpt sync": still runni
 and its CURRENT reaches the alias's version within 30 s, else lost), and a reader loads it
 through `services/loader --store=A,B` every half second (row "reads": each read whole and its
 seed's bytes, else torn; a read that raised is detected, the loader not riding through).
+`services/console --store=A,B` is read as an operator's page reads it (row "services/console"):
+the alias's version every half second (its step must be its save's seed, else torn; a failed
+read is detected) and one live watch of the alias for the whole campaign (a break is detected;
+ending anywhere but the alias's last version is lost).
 save() is the code under test: it sends a commit that failed with UNAVAILABLE again, with one
 idempotency key, for up to 10 s.
 A save that raises anyway is "detected" (the caller was told; its seed may be committed, once).
@@ -58,7 +62,8 @@ import sys
 import time
 
 import soak_lib
-from failover_clients import Committer, LoaderReads, SYNCED_ALIAS, TrainerRuns, written_versions
+from failover_clients import (Committer, ConsoleReads, LoaderReads, SYNCED_ALIAS, TrainerRuns,
+                              written_versions)
 from failover_fleet import LEASE_TTL, Fleet
 
 DESCRIPTION = ("kill -9, pause and partition the writer of two stores on one bucket and etcd "
@@ -79,6 +84,7 @@ SCENARIOS = (KILL_SAME_DISK, PAUSE, KILL_NEW_DISK, PARTITION)
 TRAINER_ROW = "trainer runs (through the failovers)"
 SYNC_ROW = "ckpt sync of failover-0@serving (the whole campaign)"
 LOADER_ROW = "reads of failover-0@serving through services/loader"
+CONSOLE_ROW = "services/console: reads of failover-0@serving, one live watch"
 
 
 def _poll_until(read, expected, deadline):
@@ -105,6 +111,7 @@ class Campaign:
         self.trainer_row = self.table.row(TRAINER_ROW)
         self.sync_row = self.table.row(SYNC_ROW)
         self.loader_row = self.table.row(LOADER_ROW)
+        self.console_row = self.table.row(CONSOLE_ROW)
         self.failover_seconds = {name: [] for name in SCENARIOS}
         self.fleet = Fleet(lib)
         self.checked = {}  # version -> seed, verified once.
@@ -142,18 +149,13 @@ class Campaign:
             committer.start()
         self.trainer = TrainerRuns(self.lib, fleet.addresses())
         self.trainer.start()
-        loader_port_file = os.path.join(self.lib.work_dir, "loader.port")
-        self.loader = self.lib.spawn(
-            [self.lib.binary("services/loader/loader"), f"--store={fleet.addresses()}",
-             "--listen=127.0.0.1:0", f"--port_file={loader_port_file}"], name="loader")
-        deadline = time.monotonic() + 60
-        while not (os.path.exists(loader_port_file) and open(loader_port_file).read().strip()):
-            if self.loader.poll() is not None or time.monotonic() > deadline:
-                raise soak_lib.StartError(f"the loader did not start: {self.loader.log_tail()}")
-            time.sleep(0.05)
-        self.loader_reads = LoaderReads(
-            self.lib, f"127.0.0.1:{open(loader_port_file).read().strip()}", self.committers[0])
+        self.loader, loader_address = self.start_service("services/loader/loader", "loader")
+        self.loader_reads = LoaderReads(self.lib, loader_address, self.committers[0])
         self.loader_reads.start()
+        self.console, console_address = self.start_service(
+            "services/console/console", "console", ["--web_dir="])
+        self.console_reads = ConsoleReads(console_address, self.committers[0])
+        self.console_reads.start()
         self.sync_dir = os.path.join(self.lib.work_dir, "serving")
         self.sync = self.lib.spawn(
             [self.lib.ckpt_binary(), "sync", f"failover-0@{SYNCED_ALIAS}", self.sync_dir,
@@ -179,10 +181,25 @@ class Campaign:
         self.final_check()
         self.check_sync()
         self.check_loader_reads()
+        self.check_console()
         self.check_trainer_runs()
         self.summarize()
         self.client.close()
         return self.table
+
+    def start_service(self, path, name, flags=()):
+        """services/NAME against every store (--store=A,B) on 127.0.0.1:0: (its Process, its
+        address)."""
+        port_file = os.path.join(self.lib.work_dir, f"{name}.port")
+        process = self.lib.spawn(
+            [self.lib.binary(path), f"--store={self.fleet.addresses()}", "--listen=127.0.0.1:0",
+             f"--port_file={port_file}", *flags], name=name)
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise soak_lib.StartError(f"the {name} did not start: {process.log_tail()}")
+            time.sleep(0.05)
+        return process, f"127.0.0.1:{open(port_file).read().strip()}"
 
     def writer(self):
         for name in sorted(self.fleet.stores):
@@ -349,11 +366,9 @@ class Campaign:
             row.fail("crashes", f"ckpt sync exited with {self.sync.returncode}: "
                                 f"{self.sync.log_tail(600)}")
             return
-        if writer is None:
+        expected = self.last_synced_version()
+        if expected is None:
             return
-        from ckpt_client import Client  # noqa: E402
-        with Client(store=self.fleet.address(writer), timeout=30) as direct:
-            expected = direct.resolve(f"failover-0@{SYNCED_ALIAS}")
         current = os.path.join(self.sync_dir, "failover-0", "CURRENT")
 
         def read_current():
@@ -384,6 +399,43 @@ class Campaign:
         else:
             self.loader.stop()
         row.saw_rss(self.loader.max_rss_mib)
+
+    def last_synced_version(self):
+        """The version failover-0@serving points at, as the writer says (None: no writer)."""
+        writer = self.writer()
+        if writer is None:
+            return None
+        from ckpt_client import Client  # noqa: E402
+        with Client(store=self.fleet.address(writer), timeout=30) as direct:
+            return direct.resolve(f"failover-0@{SYNCED_ALIAS}")
+
+    def check_console(self):
+        """Every read through the console named the step its version was saved with (torn
+        otherwise); reads that failed and watch streams that broke are detected; the watch ends
+        at the alias's last version (lost otherwise: an operator's page left behind)."""
+        row = self.console_row
+        reads = self.console_reads
+        expected = self.last_synced_version()
+        if expected is not None:
+            _poll_until(lambda: reads.watched_version, expected, time.monotonic() + 30)
+        reads.stopping.set()
+        reads.join(60)
+        row.add("trials", reads.reads)
+        row.add("detected", len(reads.failures) + len(reads.watch_breaks))
+        for failure in (reads.failures + reads.watch_breaks)[:5]:
+            print(f"[store_failover] through the console: {failure}", flush=True)
+        for wrong in reads.wrong:
+            row.fail("torn", wrong)
+        if expected is not None and reads.watched_version != expected:
+            row.fail("lost", f"the console's watch of failover-0@{SYNCED_ALIAS} ended at "
+                             f"{reads.watched_version}, the alias is at {expected}")
+        row.extra["commits acked"] = f"watched {reads.watch_events} moves"
+        if self.console.poll() is not None:
+            row.fail("crashes", f"the console exited with {self.console.returncode}: "
+                                f"{self.console.log_tail(600)}")
+        else:
+            self.console.stop()
+        row.saw_rss(self.console.max_rss_mib)
 
     def check_trainer_runs(self):
         """Every run finished (exit 0) through the failovers it met; each checkpoint it says it
