@@ -10,6 +10,7 @@ absl::StatusOr<std::string> ProtoToJson(const google::protobuf::Message& message
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = indented;
   options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
   std::string text;
   const auto status = google::protobuf::util::MessageToJsonString(message, &text, options);
   if (!status.ok()) return absl::InternalError(status.ToString());

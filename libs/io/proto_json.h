@@ -18,8 +18,11 @@
 namespace ckpt {
 
 // `message` in protobuf's JSON mapping, with fields under their .proto names ("run_id", not
-// "runId": what Python's MessageToDict(preserving_proto_field_name=True) gives) and fields at
-// their default value left out. `indented`: one field a line, for people; else one line.
+// "runId": what Python's MessageToDict(preserving_proto_field_name=True) gives) and every
+// scalar, list and map field printed even at its default ("shape": [] of a scalar, "epoch": "0",
+// "aliases": {}), so a reader need not know proto3's defaults; an unset message field or oneof
+// is left out (absent is its meaning). 64-bit integers are strings, as the mapping has them.
+// `indented`: one field a line, for people; else one line.
 // INTERNAL when protobuf cannot print the message (an Any of a type it does not know).
 absl::StatusOr<std::string> ProtoToJson(const google::protobuf::Message& message,
                                         bool indented = false);

@@ -17,15 +17,27 @@ v1::Lineage SomeLineage() {
   return lineage;
 }
 
-TEST(ProtoToJsonTest, KeepsProtoFieldNamesAndLeavesOutDefaults) {
+TEST(ProtoToJsonTest, KeepsProtoFieldNamesAndPrintsDefaults) {
   ASSERT_OK_AND_ASSIGN(std::string json, ProtoToJson(SomeLineage()));
-  EXPECT_EQ(json, R"({"run_id":"run-1","parent_relation":"fine_tuned_from"})");
+  EXPECT_EQ(json,
+            R"({"run_id":"run-1","parent":"","parent_relation":"fine_tuned_from",)"
+            R"("code_revision":"","dataset":"","producer_info":{}})");
+  // A scalar's shape is an empty list, not missing; a zero is a zero; an unset message is absent.
+  v1::TensorMeta scalar;
+  scalar.set_key("step");
+  ASSERT_OK_AND_ASSIGN(json, ProtoToJson(scalar));
+  EXPECT_THAT(json, ::testing::HasSubstr(R"("shape":[])"));
+  EXPECT_THAT(json, ::testing::HasSubstr(R"("byte_length":"0")"));
+  v1::VersionMetadata metadata;
+  ASSERT_OK_AND_ASSIGN(json, ProtoToJson(metadata));
+  EXPECT_THAT(json, ::testing::HasSubstr(R"("epoch":"0")"));
+  EXPECT_THAT(json, ::testing::Not(::testing::HasSubstr("lineage")));
 }
 
 TEST(ProtoToJsonTest, IndentedPutsOneFieldOnEachLine) {
   ASSERT_OK_AND_ASSIGN(std::string json, ProtoToJson(SomeLineage(), /*indented=*/true));
   EXPECT_THAT(json, ::testing::HasSubstr("\"run_id\": \"run-1\",\n"));
-  EXPECT_THAT(json, ::testing::HasSubstr("\"parent_relation\": \"fine_tuned_from\"\n"));
+  EXPECT_THAT(json, ::testing::HasSubstr("\"parent_relation\": \"fine_tuned_from\",\n"));
 }
 
 TEST(JsonToProtoTest, ReadsWhatProtoToJsonWritesAndRefusesUnknownFields) {

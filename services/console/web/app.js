@@ -226,7 +226,7 @@ async function modelPage(model, isCurrent = () => true) {
   const timeline = moves.map((event) => el('tr', {},
       el('td', {}, micros(event.unix_micros)),
       el('td', {}, event.alias || ''),
-      el('td', {}, (event.previous_version || 'new') + ' \u2192 ' +
+      el('td', {}, (Number(event.previous_version || 0) ? event.previous_version : 'new') + ' \u2192 ' +
                    (event.kind === 'ALIAS_DELETED' ? 'deleted' : event.version)),
       el('td', {}, event.identity || ''),
       el('td', {}, event.reason || '')));
