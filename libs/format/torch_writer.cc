@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 #include <utility>
 
 #include "ATen/core/Tensor.h"
@@ -322,36 +323,20 @@ class TorchPickler {
       report_->warnings.push_back("an undefined tensor was written as None");
       return absl::OkStatus();
     }
-    if (tensor.is_quantized() || tensor.is_sparse() || tensor.layout() != at::kStrided) {
+    if (tensor.layout() != at::kStrided) {
+      std::ostringstream layout;
+      layout << tensor.layout();
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot write a ", c10::toString(tensor.layout()),
-                       tensor.is_quantized() ? " quantized" : "", " tensor to a torch file yet"));
+          absl::StrCat("cannot write a tensor of layout ", layout.str(), " to a torch file yet"));
     }
     ASSIGN_OR_RETURN(DType dtype, FromScalarType(tensor.scalar_type()));
-    const DTypeInfo& info = GetDTypeInfo(dtype);
+    if (tensor.is_quantized()) return QuantizedTensor(tensor, dtype);
     ASSIGN_OR_RETURN(const Storage* storage, StorageFor(tensor, dtype));
     const bool parameter = tensor.requires_grad();
     if (parameter) Global("torch._utils", "_rebuild_parameter");
     Global("torch._utils", "_rebuild_tensor_v2");
     out_.push_back(op::kMark);
-    {
-      // Persistent id: ('storage', torch.<Type>Storage, key, 'cpu', numel).
-      out_.push_back(op::kMark);
-      RETURN_IF_ERROR(String("storage"));
-      Global("torch", info.storage_name);
-      RETURN_IF_ERROR(String(storage->key));
-      RETURN_IF_ERROR(String("cpu"));
-      Int(static_cast<int64_t>(storage->nbytes) / info.element_size);
-      out_.push_back(op::kTuple);
-      out_.push_back(op::kBinPersId);
-    }
-    Int(tensor.storage_offset());
-    if (tensor.dim() > 3) out_.push_back(op::kMark);
-    for (int64_t size : tensor.sizes()) Int(size);
-    TupleOf(tensor.dim());
-    if (tensor.dim() > 3) out_.push_back(op::kMark);
-    for (int64_t stride : tensor.strides()) Int(stride);
-    TupleOf(tensor.dim());
+    RETURN_IF_ERROR(StorageOffsetSizeStride(tensor, dtype, *storage));
     out_.push_back(op::kNewFalse);         // requires_grad is restored by _rebuild_parameter.
     Global("collections", "OrderedDict");  // backward_hooks: always empty.
     out_.push_back(op::kEmptyTuple);
@@ -366,6 +351,74 @@ class TorchPickler {
       out_.push_back(op::kTuple3);
       out_.push_back(op::kReduce);
     }
+    return absl::OkStatus();
+  }
+
+  // The first arguments of torch's rebuild functions: the storage's persistent id
+  // ('storage', torch.<Type>Storage, key, 'cpu', numel), then the storage offset, size and
+  // stride.
+  absl::Status StorageOffsetSizeStride(const at::Tensor& tensor, DType dtype,
+                                       const Storage& storage) {
+    const DTypeInfo& info = GetDTypeInfo(dtype);
+    out_.push_back(op::kMark);
+    RETURN_IF_ERROR(String("storage"));
+    Global("torch", info.storage_name);
+    RETURN_IF_ERROR(String(storage.key));
+    RETURN_IF_ERROR(String("cpu"));
+    Int(static_cast<int64_t>(storage.nbytes) / info.element_size);
+    out_.push_back(op::kTuple);
+    out_.push_back(op::kBinPersId);
+    Int(tensor.storage_offset());
+    if (tensor.dim() > 3) out_.push_back(op::kMark);
+    for (int64_t size : tensor.sizes()) Int(size);
+    TupleOf(tensor.dim());
+    if (tensor.dim() > 3) out_.push_back(op::kMark);
+    for (int64_t stride : tensor.strides()) Int(stride);
+    TupleOf(tensor.dim());
+    return absl::OkStatus();
+  }
+
+  // A quantized tensor as torch.save writes one: torch._utils._rebuild_qtensor(storage, offset,
+  // size, stride, quantizer_params, requires_grad, backward_hooks), the params (qscheme, scale,
+  // zero_point) per tensor or (qscheme, scales, zero_points, axis) per channel. torch 1.13's
+  // weights_only loader refuses every quantized file, torch.save's own too; 2.x allows these.
+  absl::Status QuantizedTensor(const at::Tensor& tensor, DType dtype) {
+    if (dtype == DType::kQUInt4x2 || dtype == DType::kQUInt2x4) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot write a ", DTypeName(dtype),
+          " tensor (sub-byte elements packed per row) to a torch file yet"));
+    }
+    const at::QScheme scheme = tensor.qscheme();
+    const std::string scheme_name = c10::toString(scheme);
+    if (scheme != at::kPerTensorAffine && scheme != at::kPerChannelAffine &&
+        scheme != at::kPerChannelAffineFloatQParams) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot write a ", DTypeName(dtype),
+                                                     " tensor quantized with scheme ",
+                                                     scheme_name, " to a torch file"));
+    }
+    ASSIGN_OR_RETURN(const Storage* storage, StorageFor(tensor, dtype));
+    Global("torch._utils", "_rebuild_qtensor");
+    out_.push_back(op::kMark);
+    RETURN_IF_ERROR(StorageOffsetSizeStride(tensor, dtype, *storage));
+    if (scheme == at::kPerTensorAffine) {
+      Global("torch", scheme_name);
+      Float(tensor.q_scale());
+      Int(tensor.q_zero_point());
+      out_.push_back(op::kTuple3);
+    } else {
+      out_.push_back(op::kMark);
+      Global("torch", scheme_name);
+      RETURN_IF_ERROR(Tensor(tensor.q_per_channel_scales()));
+      RETURN_IF_ERROR(Tensor(tensor.q_per_channel_zero_points()));
+      Int(tensor.q_per_channel_axis());
+      out_.push_back(op::kTuple);
+    }
+    out_.push_back(op::kNewFalse);  // a quantized tensor never requires grad.
+    Global("collections", "OrderedDict");  // backward_hooks: always empty.
+    out_.push_back(op::kEmptyTuple);
+    out_.push_back(op::kReduce);
+    out_.push_back(op::kTuple);
+    out_.push_back(op::kReduce);
     return absl::OkStatus();
   }
 

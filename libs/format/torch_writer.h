@@ -65,10 +65,11 @@ struct TorchWriteReport {
 };
 
 // The pickle and the storages of `root`, written atomically to `path` (a crash or full disk
-// leaves any previous file intact). INVALID_ARGUMENT for values the format cannot hold
-// (quantized tensors, tensors viewing one storage as different dtypes, strings that are not
-// UTF-8, a meta tensor, whose bytes nothing supplies); errors from the filesystem as
-// AtomicFileWriter reports them.
+// leaves any previous file intact). Quantized tensors (per-tensor and per-channel affine, float
+// qparams too) are written as torch.save writes them. INVALID_ARGUMENT for values this writer
+// cannot hold (sparse and other non-strided layouts, sub-byte quint4x2 / quint2x4, tensors
+// viewing one storage as different dtypes, strings that are not UTF-8, a meta tensor, whose
+// bytes nothing supplies); errors from the filesystem as AtomicFileWriter reports them.
 absl::StatusOr<TorchWriteReport> WriteTorchFile(const std::string& path, const Value& root,
                                                 const TorchWriteOptions& options = {});
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "ATen/ATen.h"
 #include "absl/strings/escaping.h"
@@ -250,6 +251,52 @@ TEST(TorchWriterTest, DeferredTensorsThatDoNotFitFailAndLeaveNoFile) {
               StatusIs(absl::StatusCode::kInvalidArgument, "negative"));
 }
 
+// Quantized tensors as torch.save writes them (_rebuild_qtensor): per tensor and per channel,
+// each integer dtype, a view at an offset; torch reads back the same integers, scheme and
+// quantizer parameters.
+TEST(TorchWriterTest, PythonLoadsQuantizedTensorsWithTheirSchemeAndParameters) {
+  const at::Tensor values = at::linspace(-3, 3, 24).reshape({4, 6});
+  StateDict state;
+  ASSERT_OK(state.Insert("per_tensor", at::quantize_per_tensor(values, 0.05, 7, at::kQInt8)));
+  ASSERT_OK(state.Insert("unsigned", at::quantize_per_tensor(values, 0.1, 128, at::kQUInt8)));
+  ASSERT_OK(state.Insert("wide", at::quantize_per_tensor(values, 0.001, -5, at::kQInt32)));
+  ASSERT_OK(state.Insert(
+      "per_channel",
+      at::quantize_per_channel(values, at::tensor(std::vector<double>{0.1, 0.2, 0.3, 0.4}),
+                               at::tensor(std::vector<int64_t>{0, 1, -1, 2}), 0, at::kQInt8)));
+  ASSERT_OK(state.Insert(
+      "float_qparams",
+      at::quantize_per_channel(values, at::tensor(std::vector<float>{0.1, 0.2, 0.3, 0.4, 0.5, 0.6}),
+                               at::tensor(std::vector<float>{0.5, 0, 1, 0, 0, 2}), 1, at::kQUInt8)));
+  const std::string path = TmpPath("quantized.pt");
+  ASSERT_OK(WriteTorchFile(path, StateDictToValue(state)).status());
+
+  const auto hex = [](const at::Tensor& tensor) {
+    const at::Tensor bytes = tensor.contiguous();
+    return absl::BytesToHexString(
+        absl::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
+  };
+  std::set<std::string> expected;
+  for (const StateDict::Entry& entry : state) {
+    const at::Tensor& q = entry.tensor;
+    std::string params;
+    if (q.qscheme() == at::kPerTensorAffine) {
+      const double scale = q.q_scale();
+      const int64_t zero_point = q.q_zero_point();
+      params = absl::StrCat(
+          absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(&scale), 8)),
+          absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(&zero_point), 8)));
+    } else {
+      params = absl::StrCat(hex(q.q_per_channel_scales()), ",",
+                            hex(q.q_per_channel_zero_points()), ",", q.q_per_channel_axis());
+    }
+    expected.insert(absl::StrCat(entry.key, "|torch.", DTypeName(FromScalarType(q.scalar_type()).value()),
+                                 "|", absl::StrJoin(q.sizes(), ","), "|", c10::toString(q.qscheme()),
+                                 "|", params, "|", hex(q.int_repr())));
+  }
+  EXPECT_EQ(Lines(RunPython("quantized " + path)), expected);
+}
+
 TEST(TorchWriterTest, RejectsWhatTheFormatCannotHold) {
   Value bad_key = Value::Dict();
   bad_key.Set(std::string("\xff\xfe", 2), Value::Int(1));
@@ -261,9 +308,13 @@ TEST(TorchWriterTest, RejectsWhatTheFormatCannotHold) {
   EXPECT_THAT(WriteTorchFile(TmpPath("mixed.pt"), mixed),
               StatusIs(absl::StatusCode::kInvalidArgument, "view one storage as"));
 
-  const at::Tensor quantized = at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8);
-  EXPECT_THAT(WriteTorchFile(TmpPath("q.pt"), Value::Tensor(quantized)),
-              StatusIs(absl::StatusCode::kInvalidArgument, "quantized"));
+  const at::Tensor packed = at::quantize_per_channel(
+      at::ones({2, 4}), at::ones({2}), at::zeros({2}), 0, at::kQUInt4x2);
+  EXPECT_THAT(WriteTorchFile(TmpPath("q.pt"), Value::Tensor(packed)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "quint4x2 tensor (sub-byte"));
+  const at::Tensor sparse = at::ones({2, 2}).to_sparse();
+  EXPECT_THAT(WriteTorchFile(TmpPath("sparse.pt"), Value::Tensor(sparse)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "layout Sparse"));
   EXPECT_THAT(WriteTorchFile(TmpPath("no/such/dir/x.pt"), Value::Int(1)),
               StatusIs(absl::StatusCode::kNotFound));
 }

@@ -7,6 +7,10 @@
                  asserts the bundle torch_writer_test wrote, value by value; prints OK.
   zip FILE       checks the zip with Python's zipfile (CRCs) and that every data record starts on
                  a 64-byte boundary; prints OK.
+  quantized FILE torch.load(FILE) (torch 1.13's weights_only refuses quantized files); one line
+                 per quantized tensor: key|dtype|shape|qscheme|params|int_repr hex, the params
+                 as hex (scale: float64, zero point: int64; per channel: the scales and zero
+                 points tensors' bytes, then the axis).
 """
 import io
 import math
@@ -93,5 +97,20 @@ def check_zip(path):
     print("OK")
 
 
+def quantized(path):
+    sd = torch.load(path)
+    for key, t in sd.items():
+        scheme = str(t.qscheme()).replace("torch.", "")
+        if t.qscheme() == torch.per_tensor_affine:
+            params = struct.pack("<dq", t.q_scale(), t.q_zero_point()).hex()
+        else:
+            params = ",".join([raw_hex(t.q_per_channel_scales()),
+                               raw_hex(t.q_per_channel_zero_points()),
+                               str(t.q_per_channel_axis())])
+        print("|".join([key, str(t.dtype), ",".join(map(str, t.shape)), scheme, params,
+                        raw_hex(t.int_repr())]))
+
+
 if __name__ == "__main__":
-    {"describe": describe, "bundle": bundle, "zip": check_zip}[sys.argv[1]](sys.argv[2])
+    {"describe": describe, "bundle": bundle, "zip": check_zip,
+     "quantized": quantized}[sys.argv[1]](sys.argv[2])
