@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <functional>
@@ -200,16 +201,11 @@ absl::StatusOr<AssembledBundle> BundleOf(const VersionReader& reader, const Load
                                          DeferredTensors& deferred, int64_t& model_tensors) {
   const v1::Manifest& manifest = reader.manifest();
   const std::string where = FormatVersionRef(manifest.model(), manifest.version());
-  if (target.include_optimizer && !manifest.has_optimizer_state()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, " holds no optimizer state (it has ", manifest.tensors_size(), " model tensors",
-        manifest.has_scheduler_state() ? ", scheduler state" : "",
-        manifest.has_extra_state() ? " and other fields" : "",
-        "; retention drops optimizer state from older versions): export it without the "
-        "optimizer, or pick a version that has one"));
-  }
+  // A version without optimizer state (saved without one, or retention dropped it) is exported
+  // without it, as one without a scheduler is, and left_out says why.
+  const bool with_optimizer = target.include_optimizer && manifest.has_optimizer_state();
   const LoadTarget on_cpu = OnCpu(target);
-  if (target.include_optimizer) {
+  if (with_optimizer) {
     ASSIGN_OR_RETURN(std::vector<PlannedTensor> planned, PlanLoad(manifest, on_cpu));
     RETURN_IF_ERROR(CheckOptimizerAlignment(manifest, planned));
   }
@@ -217,7 +213,7 @@ absl::StatusOr<AssembledBundle> BundleOf(const VersionReader& reader, const Load
   model_tensors = static_cast<int64_t>(model.size());
   BundleParts parts;
   parts.model = StateDictToValue(model);
-  if (target.include_optimizer) {
+  if (with_optimizer) {
     ASSIGN_OR_RETURN(parts.optimizer,
                      DeferredValueTree(reader, manifest.optimizer_state(), deferred));
   }
@@ -234,6 +230,14 @@ absl::StatusOr<AssembledBundle> BundleOf(const VersionReader& reader, const Load
   std::vector<std::string> left_out;
   if (manifest.has_optimizer_state() && !target.include_optimizer) {
     left_out.push_back("optimizer: not asked for");
+  } else if (!manifest.has_optimizer_state() && target.include_optimizer) {
+    const auto dropped = std::find_if(
+        manifest.warnings().begin(), manifest.warnings().end(), [](const std::string& warning) {
+          return absl::StartsWith(warning, "optimizer state dropped by retention");
+        });
+    left_out.push_back(dropped != manifest.warnings().end()
+                           ? absl::StrCat("optimizer: ", *dropped)
+                           : absl::StrCat("optimizer: ", where, " holds none (saved without one)"));
   }
   if (!manifest.has_scheduler_state() && target.include_scheduler) {
     left_out.push_back("scheduler: the version holds none");
