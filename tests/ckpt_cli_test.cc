@@ -344,6 +344,10 @@ TEST_F(CkptCliTest, UsageErrorsExitTwoAndFailuresExitOne) {
   Result missing = Ckpt("inspect " + Dir() + "/no-such.pt");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.output, HasSubstr("NOT_FOUND"));
+  // A stored version's name: inspect reads files; it says which command describes a version.
+  Result version = Ckpt("inspect resnet@best");
+  EXPECT_EQ(version.exit_code, 1);
+  EXPECT_THAT(version.output, HasSubstr("run `ckpt show resnet@best` (with --store"));
 }
 
 TEST_F(CkptCliTest, RemoteStoreWithToken) {

@@ -1,13 +1,16 @@
 #include "tools/ckpt/file_commands.h"
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/format/inspect.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/version_ref.h"
 #include "nlohmann/json.hpp"
 #include "tools/ckpt/output.h"
 
@@ -24,8 +27,8 @@ cli::CommandSpec InspectCommand() {
   return {
       "inspect",
       "FILE",
-      "Describe a checkpoint: format, tensors (dtype, shape, original device), wrapper prefix, "
-      "optimizer / scheduler structure.",
+      "Describe a checkpoint file: format, tensors (dtype, shape, original device), wrapper "
+      "prefix, optimizer / scheduler structure. A stored version: `ckpt show MODEL@REF`.",
       1,
       1,
       {{"json", "", "print the report as JSON", ""},
@@ -67,7 +70,15 @@ absl::Status RunInspect(const cli::ParsedCommandLine& line) {
   ReadCheckpointOptions options;
   options.model_key = ModelKey(line);
   options.max_expanded_bytes = -1;  // inspect reports shapes; it never materializes a tensor.
-  absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(line.arguments()[0], options);
+  const std::string& path = line.arguments()[0];
+  absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(path, options);
+  if (absl::IsNotFound(file.status()) && absl::StrContains(path, '@') &&
+      ParseVersionRef(path).ok() && !std::filesystem::exists(path)) {
+    // MODEL@REF names a stored version, which `show` describes (inspect reads files only).
+    return absl::NotFoundError(absl::StrCat(
+        "no file '", path, "'; to describe the stored version ", path, " run `ckpt show ", path,
+        "` (with --store or --store_dir)"));
+  }
   if (!file.ok()) return file.status();
   const nlohmann::ordered_json report = InspectCheckpoint(*file);
   std::cout << (line.Has("json") ? report.dump(2) + "\n" : RenderInspectText(report));
