@@ -14,7 +14,7 @@ says where they come from).
 # The package's version: MAJOR is the wire API's (ckpt.v1), MINOR grows with compatible additions.
 __version__ = "1.0.0"
 
-from .client import Bundle, Client, Saved, WatchUpdate, parse_ref
+from .client import Bundle, Client, Saved, VersionSummary, WatchUpdate, parse_ref
 from .errors import (AlreadyExists, Cancelled, CkptError, DataLoss, DeadlineExceeded,
                      FailedPrecondition, IntegrityError, InvalidArgument, NotFound, OutOfRange,
                      PermissionDenied, ProtocolError, ResourceExhausted, ServerError,
@@ -23,8 +23,9 @@ from ._stubs import StubsUnavailableError
 from ._values import Opaque
 
 __all__ = [
-    "Bundle", "Client", "Saved", "WatchUpdate", "parse_ref", "Opaque", "CkptError",
-    "IntegrityError", "ProtocolError", "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied", "Unauthenticated",
+    "Bundle", "Client", "Saved", "VersionSummary", "WatchUpdate", "parse_ref", "Opaque",
+    "CkptError", "IntegrityError", "ProtocolError", "InvalidArgument", "NotFound",
+    "AlreadyExists", "PermissionDenied", "Unauthenticated",
     "FailedPrecondition", "ResourceExhausted", "Unavailable", "DeadlineExceeded", "Cancelled",
     "Unimplemented", "DataLoss", "OutOfRange", "ServerError", "StubsUnavailableError",
 ]

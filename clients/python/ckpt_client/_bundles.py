@@ -12,11 +12,17 @@ from ._values import Opaque, StateTensors, decode_value, encode_value
 from .errors import FailedPrecondition, InvalidArgument
 
 
-Bundle = collections.namedtuple("Bundle", ["version", "model", "optimizer", "scheduler", "extra"])
+Bundle = collections.namedtuple(
+    "Bundle", ["version", "model", "optimizer", "scheduler", "extra", "epoch", "step"],
+    defaults=(0, 0), module="ckpt_client.client")
 Bundle.__doc__ = """A stored training bundle (Client.load_bundle): the version number, the model's
 state dict (canonical keys), the optimizer's and the scheduler's state dicts as their producer
-saved them (None when the version holds none), and ``extra``: everything else of the bundle
-(epoch, step, RNG states, user entries; None when nothing), as plain Python values."""
+saved them (None when the version holds none), ``extra``: everything else of the bundle
+(epoch, step, RNG states, user entries; None when nothing), as plain Python values, and
+``epoch`` and ``step``: the bundle's own "epoch" and "step" entries when it has them (what
+save(epoch=, step=) and a torch.save dict with those keys hold), else the version's recorded
+epoch and global step (the trainer's), 0 when the producer recorded none. So the usual resume
+stays one line: ``start_epoch = client.load_bundle(ref, model, optimizer).epoch + 1``."""
 
 
 def param_names_of(module, optimizer):
@@ -133,8 +139,16 @@ def restore_bundle(manifest, buffers, dtypes, model, optimizer, scheduler, stric
             return None
         return decode_value(getattr(manifest, field), state_tensors)
 
+    extra = state("extra_state")
+
+    def counter(name, recorded):
+        value = extra.get(name) if isinstance(extra, Mapping) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else recorded
+
     bundle = Bundle(manifest.version, weights, state("optimizer_state"),
-                    state("scheduler_state"), state("extra_state"))
+                    state("scheduler_state"), extra,
+                    counter("epoch", manifest.metadata.epoch),
+                    counter("step", manifest.metadata.global_step))
     where = f"{manifest.model}@{manifest.version}"
     for target, held, what in ((optimizer, bundle.optimizer, "optimizer"),
                                (scheduler, bundle.scheduler, "scheduler")):

@@ -4,7 +4,9 @@ versions() filters by."""
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+import dataclasses
+import datetime
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 
@@ -23,6 +25,56 @@ WatchUpdate.__doc__ = """One message of a watch: exactly one of ``state`` (a ckp
 the watched models as they are, sent first on a fresh watch) and ``event`` (a
 ckpt.v1.RegistryEvent) is set. ``resume_token`` continues after it (``Client.watch(...,
 resume_token=...)``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionSummary:
+    """One stored version as versions() lists it, in plain Python values.
+
+    ``created`` is the commit time (UTC); ``metrics`` the commit-time metrics with the
+    annotations' over them (what ``where=`` filters on); ``tags`` and ``description`` the
+    annotations' (the description given at commit when never annotated); ``labels``,
+    ``run_id`` and ``parent`` (a "MODEL@N" or "") as committed. ``message`` is the
+    ckpt.v1.VersionInfo as the store sent it, for anything else."""
+
+    model: str
+    version: int
+    aliases: List[str]
+    created: Optional[datetime.datetime]
+    epoch: int
+    step: int
+    metrics: Dict[str, float]
+    tags: Dict[str, str]
+    labels: Dict[str, str]
+    description: str
+    logical_bytes: int
+    tensor_count: int
+    has_optimizer_state: bool
+    has_scheduler_state: bool
+    run_id: str
+    parent: str
+    message: Any = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def from_message(cls, model: str, info: Any) -> "VersionSummary":
+        metadata, annotations = info.metadata, info.annotations
+        created = None
+        if metadata.created_unix_micros:
+            created = datetime.datetime.fromtimestamp(metadata.created_unix_micros / 1e6,
+                                                      tz=datetime.timezone.utc)
+        metrics = dict(metadata.metrics)
+        metrics.update(annotations.metrics)
+        return cls(model=model, version=info.version, aliases=list(info.aliases),
+                   created=created, epoch=metadata.epoch, step=metadata.global_step,
+                   metrics=metrics, tags=dict(annotations.tags), labels=dict(metadata.labels),
+                   description=annotations.description or metadata.description,
+                   logical_bytes=info.logical_bytes, tensor_count=info.tensor_count,
+                   has_optimizer_state=info.has_optimizer_state,
+                   has_scheduler_state=info.has_scheduler_state,
+                   run_id=metadata.lineage.run_id, parent=metadata.lineage.parent, message=info)
+
+
+VersionSummary.__module__ = "ckpt_client.client"  # public there, where pickle and repr look.
 
 
 class RegistryCalls:
@@ -83,7 +135,7 @@ class RegistryCalls:
     def versions(self, model: str, tags: Sequence[str] = (), labels: Sequence[str] = (),
                  where: Sequence[str] = (), created_after_unix_micros: int = 0,
                  created_before_unix_micros: int = 0) -> list:
-        """The versions of `model` (ckpt.v1.VersionInfo, oldest first) that match every filter:
+        """The versions of `model` (VersionSummary, oldest first) that match every filter:
         ``tags`` / ``labels`` as "key=value" or bare "key"; ``where`` metric conditions such as
         "val_acc>=0.9", "loss<=0.2", "val_acc==0.93" (annotation metrics over commit-time ones)."""
         registry = self._pb.registry_pb2
@@ -103,7 +155,7 @@ class RegistryCalls:
         while True:
             response = self._call("store", "ListVersions", pb.ListVersionsRequest(
                 model=model, page_token=token, filter=version_filter))
-            infos.extend(response.versions)
+            infos.extend(VersionSummary.from_message(model, info) for info in response.versions)
             token = response.next_page_token
             if not token:
                 return infos

@@ -18,13 +18,13 @@ from . import _registry, _stubs
 from ._bundles import Bundle
 from ._loading import Device, LoadingCalls
 from ._refs import parse_ref
-from ._registry import RegistryCalls, WatchUpdate
+from ._registry import RegistryCalls, VersionSummary, WatchUpdate
 from ._saving import Saved, SavingCalls
 from ._tensors import torch_dtypes
 from .errors import InvalidArgument, from_rpc_error
 
 # What `from ckpt_client.client import ...` has always found here.
-__all__ = ["Bundle", "Client", "Device", "Saved", "WatchUpdate", "parse_ref"]
+__all__ = ["Bundle", "Client", "Device", "Saved", "VersionSummary", "WatchUpdate", "parse_ref"]
 # The metric-condition parser versions() uses (tests import it from here).
 _parse_condition = _registry._parse_condition
 

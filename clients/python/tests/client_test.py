@@ -6,6 +6,7 @@ The registry cases (annotate, history, watch) run against the store's AnnotateVe
 ListHistory / Watch.
 """
 import collections
+import datetime
 import json
 import os
 import queue
@@ -463,6 +464,7 @@ class BundleTest(unittest.TestCase):
             bundle = client.load_bundle("team-a.bundle", *resumed)
         self.assertEqual(bundle.version, 1)
         self.assertEqual((bundle.extra["epoch"], bundle.extra["step"]), (1, 3))
+        self.assertEqual((bundle.epoch, bundle.step), (1, 3))  # start_epoch = bundle.epoch + 1
         self.assertEqual(sorted(bundle.model), sorted(model.state_dict()))
         restored = resumed[1].state_dict()
         original = optimizer.state_dict()
@@ -492,6 +494,7 @@ class BundleTest(unittest.TestCase):
                                    torch.optim.SGD(model.parameters(), lr=0.1))
             bundle = client.load_bundle(f"{MODEL}@1", model)
             self.assertIsNone(bundle.optimizer)
+            self.assertEqual((bundle.epoch, bundle.step), (0, 0))  # none recorded
             for key, tensor in V1.items():
                 self.assertTrue(torch.equal(model.state_dict()[key], tensor), key)
 
@@ -539,6 +542,10 @@ class SaveTest(unittest.TestCase):
             resumed = self.make()
             bundle = client.load_bundle("team-a.saved@candidate", *resumed)
             self.assertEqual(bundle.extra, {"epoch": 1, "step": 3, "best_acc": 0.5})
+            (listed,) = client.versions("team-a.saved")
+            self.assertEqual((listed.epoch, listed.step, listed.run_id, listed.metrics,
+                              listed.aliases, listed.has_optimizer_state),
+                             (1, 3, "run-7", {"loss": 1.25}, ["candidate"], True))
             # The same weights again: the store holds every chunk already.
             again = client.save("team-a.saved", model)
             self.assertEqual((again.version, again.new_bytes), (2, 0))
@@ -757,6 +764,20 @@ class RegistryTest(unittest.TestCase):
             found = client.versions(MODEL, tags=["eval=imagenet-v2"], where=["val_acc>=0.9"])
             self.assertEqual([v.version for v in found], [1])
             self.assertEqual(client.versions(MODEL, where=["val_acc>=0.95"]), [])
+            # Plain Python values, not protobuf messages.
+            (first,) = found
+            self.assertIsInstance(first, ckpt_client.VersionSummary)
+            self.assertEqual((first.model, first.aliases, first.tags, first.description),
+                             (MODEL, ["production"], {"eval": "imagenet-v2"}, "first eval"))
+            self.assertIs(type(first.metrics), dict)
+            self.assertAlmostEqual(first.metrics["val_acc"], 0.93)
+            self.assertEqual(first.created.tzinfo, datetime.timezone.utc)
+            self.assertLess(abs(first.created - datetime.datetime.now(datetime.timezone.utc)),
+                            datetime.timedelta(hours=1))
+            self.assertEqual(first.tensor_count, len(V1))
+            self.assertFalse(first.has_optimizer_state)
+            self.assertEqual(first.message.version, 1)
+            self.assertIn("version=1", repr(first))
 
     def test_watch_across_a_sigterm_restart_with_a_second_watcher_resumes_for_a_move_right_after(
             self):
