@@ -4,8 +4,11 @@ The metadata is in pyproject.toml; this file only adds the build step that runs 
 ckpt_client/_stubs.py's run_protoc, the same code a source checkout runs on first import) into
 the built package's _generated/ directory.
 """
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -42,4 +45,12 @@ class BuildPyWithGrpcModules(build_py):
         stubs.run_protoc(root, target)
 
 
-setup(cmdclass={"build_py": BuildPyWithGrpcModules})
+# pip builds a local directory in place (since pip 21.3): build/ and ckpt_client.egg-info go to a
+# scratch directory instead, removed when this build step ends, so `pip install ./clients/python`
+# leaves the checkout exactly as it was.
+_SCRATCH = tempfile.mkdtemp(prefix="ckpt-client-build-")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+
+setup(cmdclass={"build_py": BuildPyWithGrpcModules},
+      options={"build": {"build_base": os.path.join(_SCRATCH, "build")},
+               "egg_info": {"egg_base": _SCRATCH}})

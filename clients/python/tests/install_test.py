@@ -80,8 +80,15 @@ class InstallTest(unittest.TestCase):
         shutil.rmtree(venv, ignore_errors=True)
         run("/usr/bin/python3", "-m", "venv", "--system-site-packages", venv)
         python = os.path.join(venv, "bin", "python")
+        def tree(top):
+            return sorted(os.path.relpath(os.path.join(where, name), top)
+                          for where, dirs, files in os.walk(top) for name in dirs + files)
+
+        before = tree(source)
         run(python, "-m", "pip", "install", "--no-build-isolation", "--no-index",
             "--disable-pip-version-check", package)
+        # The build leaves the checkout as it was: no build/, no *.egg-info.
+        self.assertEqual(tree(source), before)
 
         # Real services with one version in them, put in by `ckpt import` from a torch.save file.
         store, store_address = start("store", STORE_BIN, [f"--store_dir={TMP}/db"])
