@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "libs/rpc/reflection_v1_service.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -111,6 +112,15 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   for (const ServiceBinding& binding : services) builder.RegisterService(binding.service);
+  std::unique_ptr<ReflectionV1Service> reflection_v1;
+  if (options.reflection) {
+    std::vector<std::string> names = {"grpc.health.v1.Health",
+                                      "grpc.reflection.v1.ServerReflection",
+                                      "grpc.reflection.v1alpha.ServerReflection"};
+    for (const ServiceBinding& binding : services) names.push_back(binding.name);
+    reflection_v1 = std::make_unique<ReflectionV1Service>(std::move(names));
+    builder.RegisterService(reflection_v1.get());
+  }
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
@@ -133,12 +143,17 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
                  "mutual TLS), or listen on 127.0.0.1.\n",
                  host.c_str(), bound_port);
   }
-  return std::unique_ptr<GrpcServer>(
-      new GrpcServer(std::move(server), bound_port, absl::StrCat(host, ":", bound_port)));
+  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(reflection_v1), std::move(server),
+                                                    bound_port,
+                                                    absl::StrCat(host, ":", bound_port)));
 }
 
-GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::string address)
-    : server_(std::move(server)), port_(port), address_(std::move(address)) {}
+GrpcServer::GrpcServer(std::unique_ptr<ReflectionV1Service> reflection_v1,
+                       std::unique_ptr<grpc::Server> server, int port, std::string address)
+    : reflection_v1_(std::move(reflection_v1)),
+      server_(std::move(server)),
+      port_(port),
+      address_(std::move(address)) {}
 
 GrpcServer::~GrpcServer() {
   Shutdown(absl::ZeroDuration());

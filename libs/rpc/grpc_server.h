@@ -29,6 +29,8 @@
 
 namespace ckpt {
 
+class ReflectionV1Service;
+
 // TLS for a server: its certificate and key, and for mutual TLS the CA its clients' certificates
 // must chain to. The files are watched and re-read every reload_interval, so a rotated
 // certificate is served to new connections without a restart.
@@ -54,8 +56,8 @@ struct GrpcServerOptions {
   // other than loopback starts, but says loudly on stderr that anyone on the network can read
   // and forge its calls.
   ServerTlsOptions tls;
-  // Serve grpc.reflection (v1alpha), so grpcurl and other standard tools can list and call the
-  // services without their .proto files.
+  // Serve gRPC server reflection, grpc.reflection.v1 and v1alpha (reflection_v1_service.h), so
+  // grpcurl and other standard tools can list and call the services without their .proto files.
   bool reflection = true;
 };
 
@@ -99,8 +101,10 @@ class GrpcServer {
   void SetServing(const std::string& service, bool serving);
 
  private:
-  GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::string address);
+  GrpcServer(std::unique_ptr<ReflectionV1Service> reflection_v1,
+             std::unique_ptr<grpc::Server> server, int port, std::string address);
 
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;  // outlives server_; null without.
   std::unique_ptr<grpc::Server> server_;
   int port_;
   std::string address_;

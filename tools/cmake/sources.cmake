@@ -56,6 +56,7 @@ set(CKPT_TRAINER_SOURCES
     libs/rpc/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
+    libs/rpc/reflection_v1_service.cc
     libs/rpc/run_certificate.cc
     libs/rpc/server_main.cc
     libs/rpc/server_security.cc
@@ -129,6 +130,7 @@ set(CKPT_TRAINER_PROTOS
     proto/ckpt/v1/registry.proto
     proto/ckpt/v1/trainer.proto
     proto/ckpt/v1/types.proto
+    proto/grpc/reflection/v1/reflection.proto
 )
 set(CKPT_TRAINER_SYSTEM_LIBRARIES
     absl_base
@@ -377,6 +379,7 @@ set(CKPT_LOADER_SOURCES
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
+    libs/rpc/reflection_v1_service.cc
     libs/rpc/server_main.cc
     libs/rpc/server_security.cc
     libs/rpc/tensor_data_message.cc
@@ -429,6 +432,7 @@ set(CKPT_LOADER_PROTOS
     proto/ckpt/v1/loader.proto
     proto/ckpt/v1/registry.proto
     proto/ckpt/v1/types.proto
+    proto/grpc/reflection/v1/reflection.proto
 )
 set(CKPT_LOADER_SYSTEM_LIBRARIES
     absl_base
@@ -670,6 +674,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
+    libs/rpc/reflection_v1_service.cc
     libs/rpc/run_certificate.cc
     libs/rpc/server_main.cc
     libs/rpc/server_security.cc

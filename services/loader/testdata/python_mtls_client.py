@@ -35,7 +35,8 @@ def main():
 
     services = list_services(python_client.open_channel(address, ca, cert, key), gen_dir)
     for expected in ["ckpt.v1.Loader", "grpc.health.v1.Health",
-                     "grpc.reflection.v1alpha.ServerReflection"]:
+                     "grpc.reflection.v1alpha.ServerReflection",
+                     "grpc.reflection.v1.ServerReflection"]:
         assert expected in services, services
 
     manifest, state = python_client.load(stub, types_pb2, loader_pb2, model, None,
