@@ -94,8 +94,7 @@ class ConsoleTest : public ::testing::Test {
     console_ = std::make_unique<testing::ChildProcess>(
         testing::RunfilesPath("services/console/console"), dir_ + "/console");
     ASSERT_TRUE(console_->Start({"--store=" + store_address_, "--listen=127.0.0.1:0",
-                                 "--port_file=" + dir_ + "/console.port",
-                                 "--web_dir=" + testing::RunfilesPath("services/console/web")}));
+                                 "--port_file=" + dir_ + "/console.port"}));
     const int port = console_->WaitForPort(dir_ + "/console.port", absl::Seconds(60));
     ASSERT_GT(port, 0) << console_->stderr_text();
     base_ = absl::StrCat("http://127.0.0.1:", port);
@@ -181,9 +180,22 @@ TEST_F(ConsoleTest, ThePrintedUrlServesThePageWithoutInlineScript) {
        absl::SleepFor(absl::Milliseconds(20))) {
   }
   EXPECT_THAT(console_->stdout_text(), HasSubstr(base_ + "/"));
+  // The page built into the binary: no copy of services/console/web is in this test's files.
   const testing::ShellResult root = testing::RunShell("curl -s -i '" + base_ + "/'");
   EXPECT_THAT(root.output, HasSubstr("<script src=\"/app.js\" defer></script>"));
   EXPECT_THAT(root.output, HasSubstr("Content-Security-Policy: default-src 'self'"));
+  EXPECT_THAT(root.output, HasSubstr("Content-Type: text/html"));
+  const testing::ShellResult script = testing::RunShell("curl -s -i '" + base_ + "/app.js'");
+  EXPECT_THAT(script.output, HasSubstr("Content-Type: text/javascript"));
+  EXPECT_THAT(script.output, HasSubstr("function token()"));
+  EXPECT_THAT(testing::RunShell("curl -s -i '" + base_ + "/favicon.svg'").output,
+              HasSubstr("Content-Type: image/svg+xml"));
+  // A directory that is not there is a bad flag, not a console without its page.
+  const testing::ShellResult bad =
+      testing::RunShell(testing::RunfilesPath("services/console/console") + " --store=" +
+                        store_address_ + " --listen=127.0.0.1:0 --web_dir=/no/such/dir");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("--web_dir=/no/such/dir is not a directory"));
 }
 
 // The page in a real headless Chromium: sign in, the models list, a model's page, markup in a

@@ -40,6 +40,7 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/server_main.h"
 #include "libs/rpc/service_flags.h"
+#include "services/console/web_assets.h"
 
 CKPT_DEFINE_STORE_CLIENT_FLAGS("");
 CKPT_DEFINE_LISTEN_FLAGS(, "127.0.0.1:8080");
@@ -48,10 +49,11 @@ CKPT_DEFINE_SHUTDOWN_GRACE_FLAG();
 ABSL_FLAG(int, max_watches, ckpt::ConsoleApi::kDefaultMaxWatches,
           "Pages following a model (live updates) open at once at most; each holds one of the "
           "server's threads. One more is answered 429. Default 64.");
-ABSL_FLAG(std::string, web_dir, "services/console/web",
-          "Directory of the page's files (index.html, app.js, app.css), served at /. The default "
-          "is where `bazel run //services/console` finds them; an installed console names its "
-          "copy. Empty: no page, the API only.");
+ABSL_FLAG(std::string, web_dir, "",
+          "Serve the page from this directory (index.html, app.js, app.css, favicon.svg) "
+          "instead of the copy built into the binary: services/console/web while working on "
+          "the page. 'none': no page, the API only. Default: the built-in copy, whatever the "
+          "working directory.");
 
 namespace ckpt {
 namespace {
@@ -70,6 +72,27 @@ std::string BearerToken(const httplib::Request& request) {
   absl::string_view value = header;
   if (!absl::ConsumePrefix(&value, "Bearer ")) return "";
   return std::string(absl::StripAsciiWhitespace(value));
+}
+
+// The Content-Type of a page file, by its extension.
+const char* ContentTypeOf(absl::string_view name) {
+  if (absl::EndsWith(name, ".html")) return "text/html; charset=utf-8";
+  if (absl::EndsWith(name, ".js")) return "text/javascript; charset=utf-8";
+  if (absl::EndsWith(name, ".css")) return "text/css; charset=utf-8";
+  if (absl::EndsWith(name, ".svg")) return "image/svg+xml";
+  return "application/octet-stream";
+}
+
+// Every file built into the binary (web_assets.h) at "/NAME", and index.html at "/" too.
+void ServeBuiltInPage(httplib::Server& server) {
+  for (size_t i = 0; i < console_web::kEmbeddedFileCount; ++i) {
+    const console_web::EmbeddedFile& file = console_web::kEmbeddedFiles[i];
+    const auto serve = [&file](const httplib::Request&, httplib::Response& response) {
+      response.set_content(file.data, file.size, ContentTypeOf(file.name));
+    };
+    server.Get(absl::StrCat("/", file.name), serve);
+    if (absl::string_view(file.name) == "index.html") server.Get("/", serve);
+  }
 }
 
 int Run() {
@@ -191,17 +214,22 @@ int Run() {
     response.status = answer.status;
     response.set_content(answer.body, answer.content_type.c_str());
   };
-  // The page (services/console/web: static files, no inline script) at "/", when it is there.
+  // The page (services/console/web: static files, no inline script) at "/".
   const std::string web_dir = absl::GetFlag(FLAGS_web_dir);
-  if (web_dir.empty() || !server.set_mount_point("/", web_dir)) {
-    server.Get("/", [web_dir](const httplib::Request&, httplib::Response& response) {
+  if (web_dir == "none") {
+    server.Get("/", [](const httplib::Request&, httplib::Response& response) {
       response.set_content(
-          absl::StrCat("ckpt console: no page to serve (--web_dir='", web_dir,
-                       "' is not a directory). The HTTP/JSON API is under /api/v1/ (e.g. "
-                       "/api/v1/models, with \"Authorization: Bearer TOKEN\"); docs/console.md "
-                       "lists every endpoint.\n"),
+          "ckpt console: started with --web_dir=none, so no page. The HTTP/JSON API is under "
+          "/api/v1/ (e.g. /api/v1/models, with \"Authorization: Bearer TOKEN\"); "
+          "docs/console.md lists every endpoint.\n",
           "text/plain; charset=utf-8");
     });
+  } else if (web_dir.empty()) {
+    ServeBuiltInPage(server);
+  } else if (!server.set_mount_point("/", web_dir)) {
+    return BadFlag("--web_dir=" + web_dir +
+                   " is not a directory (leave it out for the page built into the binary, or "
+                   "--web_dir=none for the API only)");
   }
   const char* const kApi = R"(/api/.*)";
   server.Get(kApi, handle);

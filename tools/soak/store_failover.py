@@ -153,7 +153,7 @@ class Campaign:
         self.loader_reads = LoaderReads(self.lib, loader_address, self.committers[0])
         self.loader_reads.start()
         self.console, console_address = self.start_service(
-            "services/console/console", "console", ["--web_dir="])
+            "services/console/console", "console", ["--web_dir=none"])
         self.console_reads = ConsoleReads(console_address, self.committers[0])
         self.console_reads.start()
         self.sync_dir = os.path.join(self.lib.work_dir, "serving")
