@@ -31,42 +31,43 @@ constexpr absl::Duration kReloadCheckInterval = absl::Seconds(1);
 struct MethodRole {
   absl::string_view method;
   Role role;
+  absl::string_view action;  // what a caller of it tries to do, for refusals.
 };
 
 // Every method of ckpt.v1.CheckpointStore, ckpt.v1.Loader and ckpt.v1.Trainer.
 constexpr MethodRole kMethodRoles[] = {
     // ckpt.v1.CheckpointStore
-    {"Download", Role::kReader},
-    {"FindMissingChunks", Role::kReader},
-    {"ListModels", Role::kReader},
-    {"ListVersions", Role::kReader},
-    {"GetManifest", Role::kReader},
-    {"Verify", Role::kReader},
-    {"GetStats", Role::kReader},
-    {"ListAudit", Role::kReader},
-    {"ListHistory", Role::kReader},
-    {"Watch", Role::kReader},
-    {"Upload", Role::kWriter},
-    {"SetAlias", Role::kWriter},
-    {"DeleteAlias", Role::kWriter},
-    {"AnnotateVersion", Role::kWriter},
-    {"CreateModel", Role::kWriter},
-    {"UpdateModel", Role::kWriter},
-    {"DeleteVersion", Role::kAdmin},
-    {"ApplyRetention", Role::kAdmin},
-    {"GarbageCollect", Role::kAdmin},
-    {"RenameModel", Role::kAdmin},
-    {"DeleteModel", Role::kAdmin},
+    {"Download", Role::kReader, "read versions"},
+    {"FindMissingChunks", Role::kReader, "check which chunks the store holds"},
+    {"ListModels", Role::kReader, "list models"},
+    {"ListVersions", Role::kReader, "list versions"},
+    {"GetManifest", Role::kReader, "read manifests"},
+    {"Verify", Role::kReader, "verify versions"},
+    {"GetStats", Role::kReader, "read the store's statistics"},
+    {"ListAudit", Role::kReader, "read the audit log"},
+    {"ListHistory", Role::kReader, "read the registry's history"},
+    {"Watch", Role::kReader, "watch the registry"},
+    {"Upload", Role::kWriter, "commit versions"},
+    {"SetAlias", Role::kWriter, "move aliases"},
+    {"DeleteAlias", Role::kWriter, "delete aliases"},
+    {"AnnotateVersion", Role::kWriter, "annotate versions"},
+    {"CreateModel", Role::kWriter, "create models"},
+    {"UpdateModel", Role::kWriter, "change models' details"},
+    {"DeleteVersion", Role::kAdmin, "delete versions"},
+    {"ApplyRetention", Role::kAdmin, "apply retention"},
+    {"GarbageCollect", Role::kAdmin, "collect garbage"},
+    {"RenameModel", Role::kAdmin, "rename models"},
+    {"DeleteModel", Role::kAdmin, "delete models"},
     // ckpt.v1.Loader
-    {"Load", Role::kReader},
-    {"Preflight", Role::kReader},
-    {"Export", Role::kReader},
+    {"Load", Role::kReader, "load versions"},
+    {"Preflight", Role::kReader, "preflight loads"},
+    {"Export", Role::kReader, "export versions"},
     // ckpt.v1.Trainer
-    {"GetStatus", Role::kReader},
-    {"CheckpointNow", Role::kWriter},
-    {"Stop", Role::kWriter},
+    {"GetStatus", Role::kReader, "read the trainer's status"},
+    {"CheckpointNow", Role::kWriter, "ask the trainer for a checkpoint"},
+    {"Stop", Role::kWriter, "stop the trainer"},
     // ckpt.v1.Identity (every server)
-    {"WhoAmI", Role::kReader},
+    {"WhoAmI", Role::kReader, "ask who it is"},
 };
 
 std::string Sha256(absl::string_view bytes) {
@@ -174,6 +175,18 @@ Role RequiredRole(absl::string_view method) {
   }
   return Role::kAdmin;
 }
+
+namespace {
+
+// "move aliases (SetAlias)": what the caller tried, then the method, for refusals.
+std::string Attempted(absl::string_view method) {
+  for (const MethodRole& entry : kMethodRoles) {
+    if (entry.method == method) return absl::StrCat(entry.action, " (", method, ")");
+  }
+  return absl::StrCat("call ", method);
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<IdentityEntry>> ParseIdentities(absl::string_view json,
                                                            absl::string_view source) {
@@ -421,15 +434,17 @@ absl::Status AccessPolicy::Authorize(const Caller& caller, absl::string_view met
                                      absl::string_view model) {
   const Role needed = RequiredRole(method);
   if (static_cast<int>(caller.role) < static_cast<int>(needed)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("identity '", caller.identity, "' (role ", RoleName(caller.role),
-                     ") may not call ", method, ": it needs the ", RoleName(needed), " role"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "identity '", caller.identity, "' (role ", RoleName(caller.role), ") may not ",
+        Attempted(method), model.empty() ? "" : absl::StrCat(" on model '", model, "'"),
+        ": that needs the ", RoleName(needed), " role"));
   }
   const ModelScope scope(caller.models);
   if (model.empty() || scope.Covers(model)) return absl::OkStatus();
   return absl::PermissionDeniedError(
-      absl::StrCat("identity '", caller.identity, "' may not call ", method, " on model '", model,
-                   "': its ", RoleName(caller.role), " role covers only ", scope.Describe()));
+      absl::StrCat("identity '", caller.identity, "' may not ", Attempted(method), " on model '",
+                   model, "': its ", RoleName(caller.role), " role covers only ",
+                   scope.Describe()));
 }
 
 absl::StatusOr<Caller> AccessPolicy::Check(const grpc::ServerContextBase& context,

@@ -23,19 +23,24 @@ TEST(RequiredRoleTest, EachMethodNeedsItsRoleAndUnknownMethodsNeedAdmin) {
   EXPECT_EQ(RequiredRole("SomethingNew"), Role::kAdmin);
 }
 
-TEST(AuthorizeTest, DeniedCallsNameTheIdentityTheMethodAndWhatIsMissing) {
+TEST(AuthorizeTest, DeniedCallsNameTheIdentityWhatItTriedTheModelAndWhatIsMissing) {
   Caller reader{"serving", Role::kReader, {}, "ipv4:10.0.0.1:1"};
   EXPECT_OK(AccessPolicy::Authorize(reader, "Download", "m"));
   EXPECT_THAT(AccessPolicy::Authorize(reader, "SetAlias", "m"),
               StatusIs(absl::StatusCode::kPermissionDenied,
-                       "identity 'serving' (role reader) may not call SetAlias: it needs the "
-                       "writer role"));
+                       "identity 'serving' (role reader) may not move aliases (SetAlias) on "
+                       "model 'm': that needs the writer role"));
+  EXPECT_THAT(AccessPolicy::Authorize(reader, "GarbageCollect", ""),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       "identity 'serving' (role reader) may not collect garbage "
+                       "(GarbageCollect): that needs the admin role"));
   Caller scoped{"team-a", Role::kWriter, {"team-a/*"}, ""};
   EXPECT_OK(AccessPolicy::Authorize(scoped, "Upload", "team-a/resnet"));
   EXPECT_OK(AccessPolicy::Authorize(scoped, "ListModels", ""));
   EXPECT_THAT(AccessPolicy::Authorize(scoped, "Upload", "team-b/resnet"),
               StatusIs(absl::StatusCode::kPermissionDenied,
-                       "identity 'team-a' may not call Upload on model 'team-b/resnet'"));
+                       "identity 'team-a' may not commit versions (Upload) on model "
+                       "'team-b/resnet': its writer role covers only"));
   EXPECT_THAT(AccessPolicy::Authorize(scoped, "DeleteVersion", "team-a/resnet"),
               StatusIs(absl::StatusCode::kPermissionDenied, "needs the admin role"));
 }

@@ -169,8 +169,8 @@ TEST_F(TlsTest, ACertificateIdentityIsHeldToItsRoleLikeAToken) {
   EXPECT_EQ(WhoAmIAs(Client(&certs_->client)).value_or("error"), "team-a");
   EXPECT_THAT(CheckpointNowAs(Client(&certs_->client)),
               StatusIs(absl::StatusCode::kPermissionDenied,
-                       "identity 'team-a' (role reader) may not call CheckpointNow: it needs the "
-                       "writer role"));
+                       "identity 'team-a' (role reader) may not ask the trainer for a "
+                       "checkpoint (CheckpointNow): that needs the writer role"));
   EXPECT_OK(CheckpointNowAs(Client(&certs_->ops)));
 }
 
@@ -248,7 +248,8 @@ TEST_F(TlsTest, AForwardingFrontEndActsAsTheUserWhoseCertificateItForwardsAndAsN
   EXPECT_EQ(WhoAmIAs(front_end).value_or("error"), "viewer via console");
   EXPECT_THAT(CheckpointNowAs(front_end),
               StatusIs(absl::StatusCode::kPermissionDenied,
-                       "identity 'viewer via console' (role reader) may not call CheckpointNow"));
+                       "identity 'viewer via console' (role reader) may not ask the trainer "
+                       "for a checkpoint (CheckpointNow)"));
 
   // A certificate no identity is listed for, and no certificate at all: the front end has no
   // rights of its own.

@@ -2,7 +2,8 @@
 
 gRPC failures become the subclass for their status code, carrying the server's message (ckpt's
 servers say what was wrong and what to do, e.g. "identity 'serving-fleet' (role reader) may not
-call SetAlias: it needs the writer role"), the code and the RPC that failed.
+move aliases (SetAlias) on model 'resnet': that needs the writer role"), the code and the RPC that
+failed.
 """
 import grpc
 
