@@ -78,10 +78,13 @@ absl::StatusOr<const Value*> FindByPath(const Value& root, absl::string_view pat
     const Value* state = current;
     if (current->is_opaque() && current->opaque_state().is_dict()) state = &current->opaque_state();
     const Value* next = nullptr;
+    int64_t index = 0;
     if (state->is_dict()) {
       next = state->Find(std::string(part));
-      int64_t index = 0;
       if (next == nullptr && absl::SimpleAtoi(part, &index)) next = state->Find(index);
+    } else if ((state->is_list() || state->is_tuple()) && absl::SimpleAtoi(part, &index) &&
+               index >= 0 && index < static_cast<int64_t>(state->items().size())) {
+      next = &state->items()[static_cast<size_t>(index)];  // "0": a list's first item.
     }
     if (next == nullptr) {
       std::vector<std::string> keys;
@@ -109,6 +112,10 @@ absl::StatusOr<CheckpointFile> WithBundle(CheckpointFile file,
       file.bundle.extra = Value::Dict();
     } else {
       absl::StatusOr<CheckpointBundle> bundle = ExtractCheckpointBundle(file.root);
+      if (absl::IsNotFound(bundle.status()) && options.allow_no_model) {
+        file.has_model = false;
+        return file;
+      }
       if (!bundle.ok()) {
         return absl::Status(bundle.status().code(),
                             absl::StrCat(path, ": ", bundle.status().message()));

@@ -51,6 +51,10 @@ struct ReadCheckpointOptions {
   // 1/kDefaultExpansionShare of this host's available memory; negative: no limit (for callers
   // that never materialize, like inspect). Tensors no larger than their storage count nothing.
   int64_t max_expanded_bytes = 0;
+  // A root that holds no model state dict (a bare tensor, a list of tensors, a dict of plain
+  // values) is read anyway, with CheckpointFile::has_model false and an empty bundle, instead of
+  // NOT_FOUND: for inspect and convert, which describe and write any root. Import leaves it off.
+  bool allow_no_model = false;
 };
 
 // What the tensors of a file would take once materialized beyond the bytes it stores for them:
@@ -69,6 +73,7 @@ struct CheckpointFile {
   uint64_t file_bytes = 0;
   Value root;                                   // What torch.load / safetensors load_file gives.
   CheckpointBundle bundle;                      // The parts of `root`.
+  bool has_model = true;  // false: `root` holds no model state dict (allow_no_model).
   std::map<std::string, std::string> metadata;  // safetensors __metadata__.
   std::vector<std::string> warnings;            // Reader and bundle warnings, in order.
 };

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "libs/format/bundle.h"
 #include "libs/format/checkpoint_file.h"
+#include "libs/format/inspect.h"
 #include "libs/format/safetensors.h"
 #include "libs/format/torch_writer.h"
 #include "libs/status/status_macros.h"
@@ -44,6 +45,46 @@ absl::StatusOr<StateDict> StripPrefix(const StateDict& model, const std::string&
   return exact;
 }
 
+// A root that holds no model state dict, written as it is (torch) or as its tensors under their
+// paths (safetensors), every tensor on the CPU as read.
+absl::StatusOr<ConvertReport> ConvertPlainRoot(const CheckpointFile& file, const std::string& out,
+                                               ConvertReport report) {
+  const nlohmann::ordered_json described = InspectCheckpoint(file)["root"];
+  report.plain_root = described["kind"].get<std::string>();
+  if (!described["unstored"].empty()) {
+    const auto& unstored = described["unstored"].front();
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path, ": '", unstored["path"].get<std::string>(), "' is ",
+        unstored["kind"].get<std::string>(),
+        "; ckpt writes dense tensors only (make it dense with tensor.to_dense(), or give it "
+        "storage, before saving)"));
+  }
+  StateDict tensors;
+  file.root.ForEachTensor([&](const std::string& path, const at::Tensor& tensor) {
+    tensors.InsertOrAssign(path.empty() ? "tensor" : path, tensor.detach());
+  });
+  report.tensors = tensors.size();
+  report.tensor_bytes = tensors.TotalBytes();
+  if (report.format == "safetensors") {
+    if (!file.root.is_tensor() && file.root.TensorCount() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.path, ": its root (", report.plain_root,
+          ") holds no tensor, and safetensors holds tensors only; write a .pt"));
+    }
+    std::map<std::string, std::string> metadata = file.metadata;
+    metadata["format"] = "pt";
+    metadata["ckpt.source_format"] = std::string(CheckpointFormatName(file.format));
+    RETURN_IF_ERROR(WriteSafetensorsFile(out, tensors, metadata));
+  } else {
+    // As torch.load gave it: an nn.Parameter stays one.
+    ASSIGN_OR_RETURN(TorchWriteReport written, WriteTorchFile(out, file.root));
+    report.warnings.insert(report.warnings.end(), written.warnings.begin(), written.warnings.end());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> written, OpenFileSource(out));
+  report.file_bytes = written->size();
+  return report;
+}
+
 }  // namespace
 
 absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std::string& out,
@@ -53,8 +94,10 @@ absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std
   ReadCheckpointOptions read_options;
   read_options.model_key = options.model_key;
   read_options.max_expanded_bytes = options.max_expanded_bytes;
+  read_options.allow_no_model = true;
   ASSIGN_OR_RETURN(CheckpointFile file, ReadCheckpointFile(in, read_options));
   report.warnings = file.warnings;
+  if (!file.has_model) return ConvertPlainRoot(file, out, std::move(report));
   // (A model named by model_key has no layout: it is written alone.)
   report.bundle =
       report.format == "torch" && !options.model_only && IsBundleLayout(file.bundle.layout);

@@ -44,6 +44,10 @@ struct ConvertReport {
   uint64_t file_bytes = 0;
   std::string stripped_prefix;  // What was removed from the front of every key.
   bool bundle = false;          // OUT is the whole bundle, not the state dict alone.
+  // IN's root held no model state dict (a bare tensor, a list of tensors, plain values): OUT is
+  // that root as it is (torch) or its tensors under their paths ("0", "a/b"; a bare tensor as
+  // "tensor") (safetensors); this says what the root was, e.g. "a list of 2 items".
+  std::string plain_root;
   // What OUT does not hold, each with why ("optimizer: model weights only", "scheduler/
   // anneal_func: a builtins.getattr object (never written back as code)").
   std::vector<std::string> left_out;

@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ATen/core/Tensor.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/format/checkpoint_file.h"
@@ -223,6 +225,80 @@ TEST_F(ConvertTest, InspectDescribesTheBundle) {
   EXPECT_THAT(text, HasSubstr("module.1.num_batches_tracked"));
   EXPECT_THAT(text, HasSubstr("optimizer: 1 param group(s), 6 parameter states"));
   EXPECT_THAT(text, HasSubstr("step_size=2"));
+}
+
+// Roots that hold no state dict: inspect describes them and convert writes them as they are;
+// reading for import says what it needs and how --key reaches inside.
+TEST_F(ConvertTest, RootsThatAreNoStateDictAreDescribedAndConvertedAsTheyAre) {
+  ReadCheckpointOptions any_root;
+  any_root.allow_no_model = true;
+  ASSERT_OK_AND_ASSIGN(CheckpointFile list, ReadCheckpointFile(Dir() + "/root_list.pt", any_root));
+  EXPECT_FALSE(list.has_model);
+  const nlohmann::ordered_json report = InspectCheckpoint(list);
+  EXPECT_TRUE(report["model"].is_null());
+  EXPECT_EQ(report["root"]["kind"], "a list of 2 items");
+  ASSERT_EQ(report["root"]["tensors"].size(), 2u);
+  EXPECT_EQ(report["root"]["tensors"][1]["path"], "1");
+  EXPECT_EQ(report["root"]["tensors"][1]["dtype"], "int64");
+  EXPECT_THAT(RenderInspectText(report), HasSubstr("no model state dict: the root is a list"));
+
+  ASSERT_OK_AND_ASSIGN(CheckpointFile tensor,
+                       ReadCheckpointFile(Dir() + "/root_tensor.pt", any_root));
+  EXPECT_EQ(InspectCheckpoint(tensor)["root"]["kind"], "a tensor");
+  ASSERT_OK_AND_ASSIGN(CheckpointFile plain,
+                       ReadCheckpointFile(Dir() + "/root_plain.pt", any_root));
+  EXPECT_THAT(RenderInspectText(InspectCheckpoint(plain)), HasSubstr("values: "));
+
+  // convert: the list back as a list (torch checks), a bare tensor to safetensors as "tensor".
+  const std::string out = Dir() + "/root_list_out.pt";
+  ASSERT_OK_AND_ASSIGN(ConvertReport converted,
+                       ConvertCheckpoint(Dir() + "/root_list.pt", out, {}));
+  EXPECT_EQ(converted.plain_root, "a list of 2 items");
+  EXPECT_EQ(converted.tensors, 2u);
+  EXPECT_EQ(RunFixtures(absl::StrCat("verify_root ", out, " ", Dir())), "OK\n");
+  ASSERT_OK_AND_ASSIGN(converted, ConvertCheckpoint(Dir() + "/root_tensor.pt",
+                                                    Dir() + "/root_tensor.safetensors", {}));
+  ASSERT_OK_AND_ASSIGN(CheckpointFile back, ReadCheckpointFile(Dir() + "/root_tensor.safetensors"));
+  ASSERT_NE(back.bundle.model.Find("tensor"), nullptr);
+  EXPECT_EQ(back.bundle.model.Find("tensor")->sizes().vec(), (std::vector<int64_t>{3, 4}));
+  EXPECT_THAT(ConvertCheckpoint(Dir() + "/root_plain.pt", Dir() + "/plain.safetensors", {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "holds no tensor"));
+
+  // For import (no allow_no_model): what it needs, and --key into the list.
+  EXPECT_THAT(ReadCheckpointFile(Dir() + "/root_list.pt"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       ::testing::AllOf(HasSubstr("no model state dict"),
+                                        HasSubstr("--key PATH names the state dict inside it"))));
+  ReadCheckpointOptions first;
+  first.model_key = "0";
+  EXPECT_THAT(ReadCheckpointFile(Dir() + "/root_list.pt", first),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'0' is not a model state dict"));
+}
+
+// Sparse and meta tensors, which ckpt does not store, are named as what they are.
+TEST_F(ConvertTest, SparseAndMetaTensorsAreNamedInRefusals) {
+  EXPECT_THAT(ReadCheckpointFile(Dir() + "/sparse.pt"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       ::testing::AllOf(HasSubstr("'w' (a sparse tensor)"),
+                                        HasSubstr("tensor.to_dense()"))));
+  EXPECT_THAT(ReadCheckpointFile(Dir() + "/meta.pt"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("a meta tensor: shape only")));
+  ReadCheckpointOptions any_root;
+  any_root.allow_no_model = true;
+  ASSERT_OK_AND_ASSIGN(CheckpointFile sparse, ReadCheckpointFile(Dir() + "/sparse.pt", any_root));
+  EXPECT_THAT(RenderInspectText(InspectCheckpoint(sparse)), HasSubstr("w: a sparse tensor"));
+  EXPECT_THAT(ConvertCheckpoint(Dir() + "/sparse.pt", Dir() + "/sparse_out.pt", {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'w' is a sparse tensor"));
+}
+
+TEST_F(ConvertTest, AnEmptyStorageViewedAsTwoDtypesReads) {
+  ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/empty_two_dtypes.pt"));
+  ASSERT_EQ(file.bundle.model.size(), 3u);
+  EXPECT_EQ(file.bundle.model.Find("a")->scalar_type(), at::kFloat);
+  EXPECT_EQ(file.bundle.model.Find("b")->scalar_type(), at::kInt);
+  EXPECT_EQ(file.bundle.model.Find("b")->numel(), 0);
+  ASSERT_OK(ConvertCheckpoint(Dir() + "/empty_two_dtypes.pt", Dir() + "/empty_out.pt", {})
+                .status());
 }
 
 TEST_F(ConvertTest, RefusesFilesThatAreNotCheckpoints) {

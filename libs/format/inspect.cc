@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "libs/format/module_state.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/key_normalization.h"
 
@@ -133,11 +134,61 @@ std::string HumanBytes(uint64_t bytes) {
   return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", value, units[unit]);
 }
 
+// A root that holds no model state dict: what it is, every tensor in it by path, and what it
+// holds that ckpt does not store (sparse and meta tensors).
+Json InspectRoot(const Value& root) {
+  Json report = Json::object();
+  std::string kind;
+  if (root.is_tensor()) {
+    kind = "a tensor";
+  } else if (root.is_list() || root.is_tuple()) {
+    kind = absl::StrCat("a ", root.is_list() ? "list" : "tuple", " of ", root.items().size(),
+                        " items");
+  } else if (root.is_dict()) {
+    kind = absl::StrCat("a dict of ", root.entries().size(), " entries");
+  } else if (const std::string unstored = UnstoredTensorKind(root); !unstored.empty()) {
+    kind = unstored;
+  } else {
+    kind = "a plain value";
+  }
+  report["kind"] = kind;
+  Json tensors = Json::array();
+  root.ForEachTensor([&](const std::string& path, const at::Tensor& tensor) {
+    tensors.push_back({{"path", path.empty() ? "<root>" : path},
+                       {"dtype", DTypeOf(tensor)},
+                       {"shape", tensor.sizes().vec()},
+                       {"bytes", tensor.nbytes()}});
+  });
+  report["tensors"] = std::move(tensors);
+  Json unstored = Json::array();
+  const auto note = [&](const std::string& path, const Value& value) {
+    const std::string what = UnstoredTensorKind(value);
+    if (!what.empty()) unstored.push_back({{"path", path.empty() ? "<root>" : path}, {"kind", what}});
+  };
+  note("", root);
+  if (root.is_dict()) {
+    for (const auto& [key, value] : root.entries()) {
+      note(key.is_int() ? std::to_string(key.int_key()) : key.string_key(), value);
+    }
+  } else if (root.is_sequence()) {
+    for (size_t i = 0; i < root.items().size(); ++i) note(std::to_string(i), root.items()[i]);
+  }
+  report["unstored"] = std::move(unstored);
+  report["summary"] = Summarize(root);
+  return report;
+}
+
 Json InspectCheckpoint(const CheckpointFile& file) {
   Json report = Json::object();
   report["file"] = file.path;
   report["format"] = std::string(CheckpointFormatName(file.format));
   report["file_bytes"] = file.file_bytes;
+  if (!file.has_model) {
+    report["model"] = nullptr;
+    report["root"] = InspectRoot(file.root);
+    report["warnings"] = file.warnings;
+    return report;
+  }
 
   const StateDict& model = file.bundle.model;
   Json model_report = Json::object();
@@ -197,6 +248,40 @@ std::string RenderInspectText(const Json& report) {
   std::string out =
       absl::StrCat(report["file"].get<std::string>(), ": ", report["format"].get<std::string>(),
                    ", ", HumanBytes(report["file_bytes"].get<uint64_t>()), "\n");
+  if (report["model"].is_null()) {
+    const Json& root = report["root"];
+    absl::StrAppend(&out, "no model state dict: the root is ", root["kind"].get<std::string>(),
+                    " (`ckpt convert` writes it as it is; `ckpt import` needs a state dict: "
+                    "--key PATH names one inside it)\n");
+    size_t path_width = 4;
+    for (const Json& tensor : root["tensors"]) {
+      path_width = std::max(path_width, tensor["path"].get<std::string>().size());
+    }
+    if (!root["tensors"].empty()) {
+      absl::StrAppend(&out, absl::StrFormat("  %-*s  %-9s  %-18s  %10s\n", path_width, "PATH",
+                                            "DTYPE", "SHAPE", "BYTES"));
+    }
+    for (const Json& tensor : root["tensors"]) {
+      const std::string shape = absl::StrCat(
+          "[", absl::StrJoin(tensor["shape"].get<std::vector<int64_t>>(), ", "), "]");
+      absl::StrAppend(&out, absl::StrFormat("  %-*s  %-9s  %-18s  %10s\n", path_width,
+                                            tensor["path"].get<std::string>(),
+                                            tensor["dtype"].get<std::string>(), shape,
+                                            HumanBytes(tensor["bytes"].get<uint64_t>())));
+    }
+    for (const Json& unstored : root["unstored"]) {
+      absl::StrAppend(&out, "  ", unstored["path"].get<std::string>(), ": ",
+                      unstored["kind"].get<std::string>(),
+                      " (ckpt stores dense tensors only: to_dense() it, or give it storage)\n");
+    }
+    if (root["tensors"].empty() && root["unstored"].empty()) {
+      absl::StrAppend(&out, "  values: ", root["summary"].dump(), "\n");
+    }
+    for (const Json& warning : report["warnings"]) {
+      absl::StrAppend(&out, "warning: ", warning.get<std::string>(), "\n");
+    }
+    return out;
+  }
   if (const Json& expansion = report["expansion"]; expansion["views"].get<int>() > 0) {
     absl::StrAppend(&out, "expands: ", expansion["views"].get<int>(),
                     " tensors wider than their storage would take ",

@@ -220,6 +220,17 @@ std::string JoinPath(const std::vector<DictKey>& path) {
 
 }  // namespace
 
+std::string UnstoredTensorKind(const Value& value) {
+  if (!value.is_opaque()) return "";
+  const std::string& name = value.opaque_class_name();
+  if (name == "torch._utils._rebuild_sparse_tensor") return "a sparse tensor";
+  if (name == "torch._utils._rebuild_sparse_csr_tensor") return "a sparse CSR tensor";
+  if (name == "torch._utils._rebuild_meta_tensor_no_storage") {
+    return "a meta tensor: shape only, no bytes";
+  }
+  return "";
+}
+
 bool IsModuleObject(const Value& value) {
   const Value* attributes = ModuleDict(value);
   return attributes != nullptr && attributes->Find("_parameters") != nullptr &&
@@ -264,18 +275,34 @@ absl::StatusOr<StateDict> StateDictFromTensorDict(const Value& dict) {
 absl::StatusOr<CheckpointBundle> ExtractCheckpointBundle(const Value& root) {
   std::optional<ModelLocation> location = FindModel(root, 0);
   if (!location.has_value()) {
+    bool unstored_layout = false;
     std::string described;
     if (root.is_dict()) {
       std::vector<std::string> keys;
-      for (const auto& [key, value] : root.entries()) keys.push_back(key.DebugString());
+      for (const auto& [key, value] : root.entries()) {
+        const std::string kind = UnstoredTensorKind(value);
+        unstored_layout |= !kind.empty();
+        keys.push_back(kind.empty() ? key.DebugString()
+                                    : absl::StrCat(key.DebugString(), " (", kind, ")"));
+      }
       described = absl::StrCat("a dict with keys ", absl::StrJoin(keys, ", "));
+    } else if (const std::string kind = UnstoredTensorKind(root); !kind.empty()) {
+      unstored_layout = true;
+      described = kind;
     } else {
       described = root.DebugString().substr(0, 120);
     }
     return absl::NotFoundError(absl::StrCat(
         "no model state dict in the checkpoint (", described,
         "): looked for a dict of tensors or a pickled nn.Module at the root or under 'model', "
-        "'state_dict', 'model_state_dict', 'module', 'net', 'weights'"));
+        "'state_dict', 'model_state_dict', 'module', 'net', 'weights'",
+        unstored_layout
+            ? "; ckpt stores dense tensors only: make sparse ones dense (tensor.to_dense()) and "
+              "give meta tensors real storage before saving"
+            : "",
+        root.is_list() || root.is_tuple() || root.is_dict()
+            ? "; --key PATH names the state dict inside it (a list's items by index: --key 0)"
+            : ""));
   }
   CheckpointBundle bundle;
   if (IsModuleObject(*location->value)) {

@@ -51,6 +51,11 @@ namespace ckpt {
 // `_parameters`, `_buffers` and `_modules`.
 bool IsModuleObject(const Value& value);
 
+// "a sparse tensor", "a sparse CSR tensor" or "a meta tensor: shape only, no bytes" for a value
+// the reader kept as the torch call that would rebuild such a tensor (ckpt stores dense tensors
+// only); "" for anything else.
+std::string UnstoredTensorKind(const Value& value);
+
 // True for a non-empty dict with str keys whose values are all tensors (a state dict).
 bool IsTensorDict(const Value& value);
 

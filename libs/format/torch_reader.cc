@@ -77,6 +77,15 @@ class ZipHooks : public TorchHooks {
     ASSIGN_OR_RETURN(int64_t numel, AsInt(a[4], "storage size"));
     auto it = storages_.find(key);
     if (it != storages_.end()) {
+      if ((it->second.dtype != dtype || it->second.numel != numel) && numel == 0 &&
+          it->second.numel == 0) {
+        // torch lets an empty storage be viewed as any dtype (there is no byte to disagree
+        // on): each view gets an empty storage of its own dtype.
+        ASSIGN_OR_RETURN(c10::Storage empty, AllocateStorage(0));
+        PersistentObject object;
+        ASSIGN_OR_RETURN(object.value, StorageValue(empty, dtype, 0, location, warnings()));
+        return object;
+      }
       if (it->second.dtype != dtype || it->second.numel != numel) {
         return absl::InvalidArgumentError(
             absl::StrCat("storage '", key, "' is referenced as ", numel, " x ", DTypeName(dtype),

@@ -70,6 +70,7 @@ absl::Status RunInspect(const cli::ParsedCommandLine& line) {
   ReadCheckpointOptions options;
   options.model_key = ModelKey(line);
   options.max_expanded_bytes = -1;  // inspect reports shapes; it never materializes a tensor.
+  options.allow_no_model = true;    // any root is described: a bare tensor, a list, values.
   const std::string& path = line.arguments()[0];
   absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(path, options);
   if (absl::IsNotFound(file.status()) && absl::StrContains(path, '@') &&
@@ -97,9 +98,18 @@ absl::Status RunConvert(const cli::ParsedCommandLine& line) {
   const std::string& out = line.arguments()[1];
   absl::StatusOr<ConvertReport> report = ConvertCheckpoint(in, out, options);
   if (!report.ok()) return report.status();
-  std::cout << "wrote " << out << " (" << report->format << (report->bundle ? ", whole bundle" : "")
-            << "): " << report->tensors << " model tensors, " << HumanBytes(report->tensor_bytes)
-            << " of model tensor data, " << HumanBytes(report->file_bytes) << " on disk\n";
+  if (!report->plain_root.empty()) {
+    // No state dict in IN: its root, as it is.
+    std::cout << "wrote " << out << " (" << report->format << "): the root, "
+              << report->plain_root << " with no model state dict, as it is: " << report->tensors
+              << " tensors, " << HumanBytes(report->tensor_bytes) << ", "
+              << HumanBytes(report->file_bytes) << " on disk\n";
+  } else {
+    std::cout << "wrote " << out << " (" << report->format
+              << (report->bundle ? ", whole bundle" : "") << "): " << report->tensors
+              << " model tensors, " << HumanBytes(report->tensor_bytes) << " of model tensor data, "
+              << HumanBytes(report->file_bytes) << " on disk\n";
+  }
   if (!report->stripped_prefix.empty()) {
     std::cout << "stripped prefix '" << report->stripped_prefix << "' from every key\n";
   }

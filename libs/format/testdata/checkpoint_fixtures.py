@@ -112,6 +112,17 @@ def make(d):
                f"{d}/hostile_eight_broadcasts.pt")
     torch.save({"w": torch.zeros(10).as_strided((10**9,), (0,))}, f"{d}/hostile_as_strided.pt")
     torch.save({"w": torch.zeros(1).expand(6 * 10**9)}, f"{d}/hostile_one_broadcast.pt")
+    # Roots that are no state dict (#54): a bare tensor, a list of tensors, plain values; and
+    # the layouts ckpt does not store, sparse and meta.
+    torch.save(torch.arange(12.0).reshape(3, 4), f"{d}/root_tensor.pt")
+    torch.save([torch.arange(3.0), torch.ones(2, dtype=torch.int64)], f"{d}/root_list.pt")
+    torch.save({"lr": 0.1, "name": "run-7"}, f"{d}/root_plain.pt")
+    torch.save({"w": torch.eye(3).to_sparse(), "b": torch.ones(3)}, f"{d}/sparse.pt")
+    torch.save({"w": torch.empty(3, 4, device="meta")}, f"{d}/meta.pt")
+    # One empty storage viewed as two dtypes, which torch allows when it has no bytes.
+    empty = torch.empty(0)
+    torch.save({"a": empty, "b": empty.view(torch.int32), "c": torch.ones(2)},
+               f"{d}/empty_two_dtypes.pt")
 
 
 def check(state, d):
@@ -127,6 +138,15 @@ def check(state, d):
 
 def verify_torch(path, d):
     check(torch.load(path, weights_only=True), d)
+
+
+def verify_root(path, d):
+    """`path` (converted from root_list.pt) loads as the same list of tensors."""
+    got, want = torch.load(path, weights_only=True), torch.load(f"{d}/root_list.pt")
+    assert isinstance(got, list) and len(got) == len(want), got
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+    print("OK")
 
 
 def verify_safetensors(path, d):
@@ -154,5 +174,7 @@ if __name__ == "__main__":
         make(sys.argv[2])
     elif mode == "verify_torch":
         verify_torch(sys.argv[2], sys.argv[3])
+    elif mode == "verify_root":
+        verify_root(sys.argv[2], sys.argv[3])
     else:
         verify_safetensors(sys.argv[2], sys.argv[3])
