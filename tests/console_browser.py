@@ -1,6 +1,12 @@
 """The console's page in a real headless Chromium (Selenium), against a running console.
 
 Usage: console_browser.py BASE_URL OUT_DIR
+       console_browser.py --open BASE_URL OUT_DIR
+With --open, BASE_URL is a console over a store without identities: the page must go straight to
+the models list, asking for no token, and say the store is open; prints "browser: open store
+checked".
+
+Without it:
 Signs in with the reader's token, opens the models list and a model's page, checks that a
 description holding markup shows as text and that the reader is offered no promote or rollback
 (and the API refuses the reader's promotion, 403); another caller -- an identity whose name is
@@ -26,6 +32,8 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 MARKUP = '<img src=x onerror="document.title=\'pwned\'">'
+# A description with no space to break at: the versions table must still fit the window.
+LONG_DESCRIPTION = 'distilled-from-the-nightly-teacher-run-' * 12
 # The name of an identity in the store's identities file (tests/console_test.cc), as the issue
 # asks: if the page ever rendered it as markup, the alert would stop the test.
 MARKUP_IDENTITY = '<img src=x onerror=alert(1)>'
@@ -44,7 +52,41 @@ def sign_in(driver, wait, token):
     driver.find_element(By.CSS_SELECTOR, '#signin button[type=submit]').click()
 
 
+def chrome():
+    options = webdriver.ChromeOptions()
+    for argument in ('--headless=new', '--no-sandbox', '--disable-dev-shm-usage',
+                     '--window-size=1280,1600'):
+        options.add_argument(argument)
+    options.set_capability('goog:loggingPrefs', {'browser': 'ALL'})
+    return webdriver.Chrome(service=Service('/usr/bin/chromedriver'), options=options)
+
+
+def open_store(base, out):
+    """A store that checks no tokens: no sign-in form, the models at once, the store called
+    open, and nothing to sign out of."""
+    driver = chrome()
+    wait = WebDriverWait(driver, 20)
+    try:
+        driver.get(base + '/')
+        wait.until(EC.text_to_be_present_in_element((By.ID, 'models'), 'open-net'))
+        assert not driver.find_elements(By.ID, 'signin'), 'an open store asked for a token'
+        who = driver.find_element(By.ID, 'who').text
+        assert who.startswith('anonymous (admin)') and 'open store' in who, \
+            f'the header says {who!r}'
+        assert not driver.find_element(By.ID, 'signout').is_displayed(), 'a sign-out button'
+        driver.save_screenshot(os.path.join(out, 'open-store.png'))
+        errors = [entry for entry in driver.get_log('browser') if entry['level'] == 'SEVERE']
+        assert not errors, f'errors in the browser console: {errors}'
+        print('browser: open store checked')
+    finally:
+        driver.quit()
+
+
 def main():
+    if sys.argv[1] == '--open':
+        os.makedirs(sys.argv[3], exist_ok=True)
+        open_store(sys.argv[2], sys.argv[3])
+        return
     base, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
     # A description with markup, set through the API by the team's writer.
@@ -52,14 +94,10 @@ def main():
          {'description': MARKUP})
     # A better val_acc for version 2 (an offline evaluation), for the comparison.
     post(base, '/api/v1/models/team-a-resnet/versions/2/annotations', 'team-a-token',
-         {'set_metrics': {'val_acc': 0.95}, 'reason': 'offline eval'})
+         {'set_metrics': {'val_acc': 0.95}, 'reason': 'offline eval',
+          'description': LONG_DESCRIPTION})
 
-    options = webdriver.ChromeOptions()
-    for argument in ('--headless=new', '--no-sandbox', '--disable-dev-shm-usage',
-                     '--window-size=1280,1600'):
-        options.add_argument(argument)
-    options.set_capability('goog:loggingPrefs', {'browser': 'ALL'})
-    driver = webdriver.Chrome(service=Service('/usr/bin/chromedriver'), options=options)
+    driver = chrome()
     wait = WebDriverWait(driver, 20)
     try:
         driver.get(base + '/')
@@ -78,6 +116,15 @@ def main():
         assert description == MARKUP, f'the description shows as {description!r}'
         assert not driver.find_elements(By.CSS_SELECTOR, '#versions img'), 'markup was rendered'
         assert driver.title != 'pwned', 'a script from the description ran'
+        # A long description is cut to its column (the whole of it on hover): the table fits.
+        long_cell = driver.find_element(
+            By.CSS_SELECTOR, '#versions tr[data-version="2"] td.description')
+        assert long_cell.get_attribute('title') == LONG_DESCRIPTION, 'no whole value on hover'
+        table_width = driver.execute_script(
+            "return document.getElementById('versions').getBoundingClientRect().width")
+        window_width = driver.execute_script('return window.innerWidth')
+        assert table_width <= window_width, \
+            f'the versions table is {table_width}px wide in a {window_width}px window'
         # The metric plot: one point per version that has the metric.
         points = driver.find_element(By.CSS_SELECTOR, '#plot polyline').get_attribute('points')
         assert len(points.split()) == 2, f'the val_acc plot has points {points!r}'

@@ -227,6 +227,42 @@ TEST_F(ConsoleTest, TheBrowserPageShowsTheRegistryAndFollowsAPromotion) {
   EXPECT_THAT(browser.output, HasSubstr("every page checked"));
 }
 
+// A store without identities (every caller "anonymous", admin): the page asks for no token, shows
+// the models at once and says the store is open.
+TEST_F(ConsoleTest, TheBrowserPageOfAnOpenStoreAsksForNoToken) {
+  if (!std::filesystem::exists("/usr/bin/chromedriver")) {
+    if (std::getenv("CKPT_CI") != nullptr) FAIL() << "chromium-driver is not installed";
+    GTEST_SKIP() << "needs Debian's chromium, chromium-driver and python3-selenium "
+                    "(tools/install_deps.sh)";
+  }
+  testing::ChildProcess store(testing::RunfilesPath("services/checkpoint_store/checkpoint_store"),
+                              dir_ + "/open-store");
+  ASSERT_TRUE(store.Start({"--store_dir=" + dir_ + "/open-db", "--listen=127.0.0.1:0",
+                           "--port_file=" + dir_ + "/open-store.port"}));
+  const int store_port = store.WaitForPort(dir_ + "/open-store.port", absl::Seconds(60));
+  ASSERT_GT(store_port, 0) << store.stderr_text();
+  RemoteStoreOptions options;
+  options.address = absl::StrCat("127.0.0.1:", store_port);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> client,
+                       RemoteCheckpointStore::Connect(options));
+  CheckpointContents contents;
+  contents.model.InsertOrAssign("fc.weight", at::randn({2, 2}));
+  ASSERT_OK(client->CommitCheckpoint("open-net", contents).status());
+  testing::ChildProcess console(testing::RunfilesPath("services/console/console"),
+                                dir_ + "/open-console");
+  ASSERT_TRUE(console.Start({"--store=" + options.address, "--listen=127.0.0.1:0",
+                             "--port_file=" + dir_ + "/open-console.port"}));
+  const int port = console.WaitForPort(dir_ + "/open-console.port", absl::Seconds(60));
+  ASSERT_GT(port, 0) << console.stderr_text();
+  const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  const std::string out = outputs != nullptr ? outputs : dir_ + "/screenshots";
+  const testing::ShellResult browser = testing::RunShell(
+      absl::StrCat("/usr/bin/python3 ", testing::RunfilesPath("tests/console_browser.py"),
+                   " --open http://127.0.0.1:", port, " ", out, " 2>&1"));
+  EXPECT_EQ(browser.exit_code, 0) << browser.output;
+  EXPECT_THAT(browser.output, HasSubstr("open store checked"));
+}
+
 TEST_F(ConsoleTest, ErrorsAreJsonWithTheirHttpStatus) {
   const auto expect = [&](const Curl& curl, int status, const std::string& code) {
     EXPECT_EQ(curl.status, status) << curl.text;

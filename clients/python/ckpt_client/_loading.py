@@ -4,6 +4,7 @@ checked against its XXH3-64)."""
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import tempfile
 from typing import Any, Iterable, Optional, Union
@@ -11,6 +12,7 @@ from typing import Any, Iterable, Optional, Union
 import torch
 
 from ._bundles import Bundle, restore_bundle
+from ._distributed import on_one_rank
 from ._retry import while_unavailable
 from ._tensors import RangeAssembler, StreamAssembler, to_tensor
 from .errors import FailedPrecondition, IntegrityError, InvalidArgument, NotFound, ProtocolError
@@ -24,25 +26,31 @@ def _xxh3_64():
     except ImportError as error:
         raise FailedPrecondition(
             "checking an Export needs the xxhash module (Debian: apt-get install python3-xxhash; "
-            "pip: xxhash); pass verify=False to accept the file unchecked") from error
+            "pip: xxhash); or pass checksum='sha256' (hashlib), or verify=False to accept the "
+            "file unchecked") from error
     return xxhash.xxh3_64_intdigest
 
 
-def _check_piece(ref, response, at, xxh3_64):
-    """One ExportResponse piece against its offset and XXH3-64 (proto/ckpt/v1/loader.proto)."""
+def _check_piece(ref, response, at, checksum, compute):
+    """One ExportResponse piece against its offset and its checksum (proto/ckpt/v1/loader.proto):
+    ``checksum`` "xxh3" (ExportResponse.xxh3_64, ``compute`` xxh3_64_intdigest) or "sha256"
+    (ExportResponse.sha256, ``compute`` returning the 32-byte digest)."""
     end = at + len(response.data)
-    if not response.HasField("xxh3_64"):
+    sent = response.xxh3_64 if checksum == "xxh3" else response.sha256
+    if (checksum == "xxh3" and not response.HasField("xxh3_64")) or \
+            (checksum == "sha256" and not sent):
         raise FailedPrecondition(
-            f"Export of {ref}: bytes {at}..{end} of the file came without a checksum (a loader "
-            "older than this client); pass verify=False to accept the file unchecked")
+            f"Export of {ref}: bytes {at}..{end} of the file came without a {checksum} checksum "
+            "(a loader older than this client); pass verify=False to accept the file unchecked")
     if response.offset != at:
         raise ProtocolError(f"Export of {ref}: bytes at offset {response.offset} arrived after "
                             f"{at} bytes")
-    digest = xxh3_64(response.data)
-    if digest != response.xxh3_64:
+    digest = compute(response.data)
+    if digest != sent:
+        shown = (lambda d: f"{d:016x}") if checksum == "xxh3" else (lambda d: d.hex())
         raise IntegrityError(
-            f"Export of {ref}: file bytes {at}..{end} arrived with XXH3-64 {digest:016x}, the "
-            f"loader sent {response.xxh3_64:016x}: damaged between the loader and this client; "
+            f"Export of {ref}: file bytes {at}..{end} arrived with {checksum} {shown(digest)}, "
+            f"the loader sent {shown(sent)}: damaged between the loader and this client; "
             "nothing was written", offset=at)
 
 
@@ -119,7 +127,8 @@ class LoadingCalls:
     def load_bundle(self, ref: str, model: Optional[torch.nn.Module] = None,
                     optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
                     strict: bool = True, verify: bool = True,
-                    timeout: Optional[float] = None) -> Bundle:
+                    timeout: Optional[float] = None, broadcast_from: Optional[int] = None,
+                    group: Any = None) -> Bundle:
         """Resumes from a stored version: the model's weights, the optimizer's and the
         scheduler's state and the rest of the bundle, read from the store (Download with its
         state) and verified as load_state_dict's are, and read again as its Download is while
@@ -131,6 +140,12 @@ class LoadingCalls:
         state tensor on its parameter's device. Returns the Bundle either way, whose ``extra``
         holds epoch, step and whatever else the producer saved beside the three. A restore asked
         for state the version does not hold raises FailedPrecondition naming what is missing.
+
+        broadcast_from: in a torch.distributed job (DDP), call load_bundle() on every rank with
+        the same ref: only global rank `broadcast_from` reads (and verifies) the version from the
+        store and sends it to the others over the process group (`group`, default the whole
+        job), so N ranks do not download N copies; each rank then restores its own model,
+        optimizer and scheduler. Every rank gets the same version, or the same error.
         """
         pb = self._pb.checkpoint_store_pb2
         request = pb.DownloadRequest(ref=self.version_ref(ref), include_state=True)
@@ -139,8 +154,17 @@ class LoadingCalls:
             metas = list(manifest.tensors) + list(manifest.state_tensors)
             return metas, range(len(metas))
 
-        manifest, buffers = self._from_store(
-            request, lambda stream: self._receive(ref, stream, verify, everything), timeout)
+        def download():
+            manifest, buffers = self._from_store(
+                request, lambda stream: self._receive(ref, stream, verify, everything), timeout)
+            return manifest.SerializeToString(), buffers
+
+        if broadcast_from is None:
+            serialized, buffers = download()
+        else:
+            serialized, buffers = on_one_rank(download, broadcast_from, group,
+                                              "load_bundle(broadcast_from=)")
+        manifest = pb.Manifest.FromString(serialized)
         return restore_bundle(manifest, buffers, self._dtypes, model, optimizer, scheduler,
                               strict)
 
@@ -247,7 +271,7 @@ class LoadingCalls:
                dtype: Optional[torch.dtype] = None, keys: Optional[Iterable[str]] = None,
                prefixes: Optional[Iterable[str]] = None, include_optimizer: bool = False,
                include_scheduler: bool = False, verify: bool = True,
-               timeout: Optional[float] = None) -> Any:
+               timeout: Optional[float] = None, checksum: str = "xxh3") -> Any:
         """Writes a version as a file through the loader's Export: ``format="pt"`` (torch.save
         zip that torch.load(weights_only=True) reads) or ``"safetensors"``. With
         include_optimizer / include_scheduler (pt only) the file is the whole training bundle as
@@ -255,15 +279,22 @@ class LoadingCalls:
         on the server. The file appears whole or not at all: bytes go to a temporary file beside
         ``path``, which is renamed into place once the size the server announced has arrived.
 
-        With verify (the default) each piece is checked against the XXH3-64 the loader took as it
-        sent it; a mismatch raises IntegrityError (a DataLoss) naming the piece's offset, and
-        nothing is written. The check needs the ``xxhash`` module (Debian: python3-xxhash); without
-        it export raises FailedPrecondition rather than skip the check.
+        With verify (the default) each piece is checked against the checksum the loader took as
+        it sent it; a mismatch raises IntegrityError (a DataLoss) naming the piece's offset, and
+        nothing is written. ``checksum="xxh3"`` (the default, the cheapest) needs the ``xxhash``
+        module (Debian: python3-xxhash); without it export raises FailedPrecondition rather than
+        skip the check. ``checksum="sha256"`` asks the loader for each piece's SHA-256 too
+        (ExportRequest.sha256_pieces) and checks it with hashlib, which every Python has.
 
         Returns a dict: version ("MODEL@N"), file_name (the server's suggestion), bytes,
         left_out (what the file cannot hold, with why) and warnings.
         """
-        xxh3_64 = _xxh3_64() if verify else None
+        if checksum not in ("xxh3", "sha256"):
+            raise InvalidArgument(f"export checksum must be 'xxh3' or 'sha256', got {checksum!r}")
+        compute = None
+        if verify:
+            compute = _xxh3_64() if checksum == "xxh3" else (
+                lambda data: hashlib.sha256(data).digest())
         pb = self._pb.loader_pb2
         formats = {"pt": pb.EXPORT_FORMAT_TORCH, "torch": pb.EXPORT_FORMAT_TORCH,
                    "safetensors": pb.EXPORT_FORMAT_SAFETENSORS}
@@ -276,7 +307,8 @@ class LoadingCalls:
         if dtype is not None:
             target.cast_floating_to = self._wire_dtype(dtype)
         request = pb.ExportRequest(ref=self.version_ref(ref), target=target,
-                                   format=formats[format])
+                                   format=formats[format],
+                                   sha256_pieces=verify and checksum == "sha256")
         path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(path))
         fd, partial = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".partial",
@@ -290,8 +322,8 @@ class LoadingCalls:
                                 "total_bytes": response.total_bytes,
                                 "left_out": list(response.left_out),
                                 "warnings": list(response.warnings)}
-                    if xxh3_64 is not None:
-                        _check_piece(ref, response, out.tell(), xxh3_64)
+                    if compute is not None:
+                        _check_piece(ref, response, out.tell(), checksum, compute)
                     out.write(response.data)
                 size = out.tell()
                 out.flush()

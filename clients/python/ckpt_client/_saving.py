@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from ._bundles import HostSnapshot, build_manifest, param_names_of
+from ._distributed import on_one_rank
 from ._retry import while_unavailable
 from ._upload import Uploader
 from .errors import CkptError, NotFound
@@ -54,7 +55,8 @@ class SavingCalls:
              lineage: Optional[Mapping[str, Any]] = None, alias: Optional[str] = None,
              reason: Optional[str] = None, expected_latest_version: int = 0,
              dedup: bool = True, idempotency_key: Optional[str] = None,
-             timeout: Optional[float] = None) -> Saved:
+             timeout: Optional[float] = None, on_rank: Optional[int] = None,
+             group: Any = None) -> Saved:
         """Commits one version of `model_name` through the store's Upload: visible only once
         whole (a save that fails or is killed leaves nothing), keys normalized by the store as
         `ckpt import` normalizes them ("module.", "_orig_mod." stripped), tensors from any
@@ -86,13 +88,24 @@ class SavingCalls:
         attempt with one idempotency key, so it commits exactly once; Saved.replayed says an
         earlier attempt had landed.
 
+          on_rank: in a torch.distributed job (DDP), call save() on every rank with the same
+            arguments: only global rank `on_rank` saves, the others wait for it (in `group`,
+            default the whole job) and every rank returns its Saved, or raises its error. The
+            plain way works too: ``if dist.get_rank() == 0: client.save(...)`` then
+            ``dist.barrier()``.
+
         InvalidArgument names the key of anything it cannot store. Returns Saved.
         """
-        return self._save(model_name, state, param_names_of(state, optimizer),
-                          optimizer=optimizer, scheduler=scheduler, epoch=epoch, step=step,
-                          extra=extra, metrics=metrics, lineage=lineage, alias=alias,
-                          reason=reason, expected_latest_version=expected_latest_version,
-                          dedup=dedup, idempotency_key=idempotency_key, timeout=timeout)
+        def save():
+            return self._save(model_name, state, param_names_of(state, optimizer),
+                              optimizer=optimizer, scheduler=scheduler, epoch=epoch, step=step,
+                              extra=extra, metrics=metrics, lineage=lineage, alias=alias,
+                              reason=reason, expected_latest_version=expected_latest_version,
+                              dedup=dedup, idempotency_key=idempotency_key, timeout=timeout)
+
+        if on_rank is None:
+            return save()
+        return on_one_rank(save, on_rank, group, "save(on_rank=)")
 
     def _save(self, model_name, state, param_names, optimizer=None, scheduler=None, epoch=None,
               step=None, extra=None, metrics=None, lineage=None, alias=None, reason=None,

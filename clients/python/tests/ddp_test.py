@@ -4,8 +4,13 @@ from the store's latest version with Client.load_bundle. The job is SIGKILLed mi
 again; both ranks resume from the latest version and the run ends bit-equal to one that was never
 interrupted.
 
-    ddp_test.py                                            the test
-    ddp_test.py worker RANK WORLD INIT STORE MODEL TOTAL   one rank (started by the test)
+A second job does it with one rank talking to the store: rank 0 saves for all (save(on_rank=0))
+and reads for all (load_bundle(broadcast_from=0)), while rank 1's client points at a dead address,
+so any call of its own would fail; it resumes and ends bit-equal all the same.
+
+    ddp_test.py                                                 the test
+    ddp_test.py worker RANK WORLD INIT STORE MODEL TOTAL MODE   one rank (started by the test);
+                                                                MODE async or rank0
 """
 import os
 import signal
@@ -34,7 +39,7 @@ def batch(step, rank):
             torch.randint(0, 4, (16,), generator=generator))
 
 
-def worker(rank, world, init_file, store, model_name, total):
+def worker(rank, world, init_file, store, model_name, total, mode):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
@@ -44,11 +49,16 @@ def worker(rank, world, init_file, store, model_name, total):
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=6, gamma=0.7)
     start = 0
-    with ckpt_client.Client(store=store) as client:
+    one_rank = mode == "rank0"
+    if one_rank and rank != 0:
+        store = "127.0.0.1:1"  # nothing listens: this rank must never call the store itself.
+    with ckpt_client.Client(store=store, timeout=20) as client:
         try:
-            # Every rank reads the latest version itself; DDP's wrapper keys need no mapping.
-            bundle = client.load_bundle(f"{model_name}@latest", ddp, optimizer, scheduler)
-            start = bundle.extra["step"]
+            # Every rank reads the latest version itself (or rank 0 for all); DDP's wrapper keys
+            # need no mapping.
+            bundle = client.load_bundle(f"{model_name}@latest", ddp, optimizer, scheduler,
+                                        broadcast_from=0 if one_rank else None)
+            start = bundle.step
             print(f"rank {rank} resumed from version {bundle.version} at step {start}",
                   flush=True)
         except ckpt_client.NotFound:
@@ -63,7 +73,11 @@ def worker(rank, world, init_file, store, model_name, total):
             if pending is not None and pending.done():
                 print(f"rank {rank} committed version {pending.result().version}", flush=True)
                 pending = None
-            if rank == 0 and (step + 1) % SAVE_EVERY == 0:
+            if one_rank and (step + 1) % SAVE_EVERY == 0:
+                saved = client.save(model_name, ddp, optimizer=optimizer, scheduler=scheduler,
+                                    step=step + 1, on_rank=0)
+                print(f"rank {rank} saved version {saved.version}", flush=True)
+            elif rank == 0 and (step + 1) % SAVE_EVERY == 0:
                 pending = client.save_async(model_name, ddp, optimizer=optimizer,
                                             scheduler=scheduler, step=step + 1)
             time.sleep(STEP_PAUSE)
@@ -78,14 +92,14 @@ def worker(rank, world, init_file, store, model_name, total):
 class Job:
     """The WORLD ranks of one run, each a process of this file in worker mode."""
 
-    def __init__(self, store, model_name, name):
+    def __init__(self, store, model_name, name, total=TOTAL, mode="async"):
         init_file = os.path.join(TMP, f"{name}.rendezvous")
         if os.path.exists(init_file):
             os.remove(init_file)
         self.logs = [os.path.join(TMP, f"{name}.rank{rank}.log") for rank in range(WORLD)]
         self.ranks = [subprocess.Popen(
             [sys.executable, __file__, "worker", str(rank), str(WORLD), init_file, store,
-             model_name, str(TOTAL)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+             model_name, str(total), mode], stdout=open(log, "w"), stderr=subprocess.STDOUT)
             for rank, log in enumerate(self.logs)]
 
     def log(self, rank):
@@ -135,10 +149,29 @@ class DdpTest(unittest.TestCase):
             self.assertTrue(torch.equal(final[key], tensor), f"{key} after the resume")
 
 
+    def test_one_rank_saves_and_reads_for_all_and_the_others_never_call_the_store(self):
+        Job(self.store.address, "ddp.rank0.whole", "rank0-whole", mode="rank0").wait(self)
+        first = Job(self.store.address, "ddp.rank0", "rank0-first", total=TOTAL // 2,
+                    mode="rank0")
+        first.wait(self)
+        saves = TOTAL // 2 // SAVE_EVERY
+        for rank in range(WORLD):  # every rank was told the version rank 0 committed
+            self.assertIn(f"rank {rank} saved version {saves}", first.log(rank))
+        second = Job(self.store.address, "ddp.rank0", "rank0-second", mode="rank0")
+        second.wait(self)
+        for rank in range(WORLD):
+            self.assertIn(f"rank {rank} resumed from version {saves} at step {TOTAL // 2}",
+                          second.log(rank))
+        expected = torch.load(os.path.join(TMP, "ddp.rank0.whole.final.pt"))
+        final = torch.load(os.path.join(TMP, "ddp.rank0.final.pt"))
+        for key, tensor in expected.items():
+            self.assertTrue(torch.equal(final[key], tensor), f"{key} after the resume")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        rank, world, init_file, store, model_name, total = sys.argv[2:8]
-        worker(int(rank), int(world), init_file, store, model_name, int(total))
+        rank, world, init_file, store, model_name, total, mode = sys.argv[2:9]
+        worker(int(rank), int(world), init_file, store, model_name, int(total), mode)
     else:
         os.makedirs(TMP, exist_ok=True)
         unittest.main()

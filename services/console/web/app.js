@@ -88,7 +88,12 @@ async function whoAmI(model) {
 }
 
 function showIdentity(me) {
-  document.getElementById('who').textContent = me ? me.identity + ' (' + me.role + ')' : '';
+  let text = me ? me.identity + ' (' + me.role + ')' : '';
+  // A store without identities admits every caller as "anonymous" (admin): say so plainly.
+  if (me && me.identity === 'anonymous' && !token()) {
+    text += ' \u2014 an open store: no token needed';
+  }
+  document.getElementById('who').textContent = text;
 }
 
 function signIn(message) {
@@ -119,6 +124,12 @@ function failed(error) {
     return;
   }
   show(el('p', { class: 'error', id: 'error' }, error.message));
+}
+
+// A cell for a value that can be long (a run id, a description): cut to the column's width with
+// an ellipsis, the whole value on hover (title) and in the text itself, so nothing is lost.
+function clipped(kind, text) {
+  return el('td', { class: kind + ' clipped', title: text }, text);
 }
 
 function micros(value) {
@@ -210,11 +221,10 @@ async function modelPage(model, isCurrent = () => true) {
               ...metricNames.map((metric) => el('td', { class: 'number' },
                   metric in metrics ? Number(metrics[metric]).toPrecision(4) : '')),
               el('td', { class: 'number' }, mebibytes(info.logical_bytes)),
-              el('td', {}, (metadata.lineage || {}).run_id || ''),
+              clipped('run', (metadata.lineage || {}).run_id || ''),
               el('td', {}, ...Object.entries(annotations.tags || {}).map(
                   ([key, value]) => el('span', { class: 'alias' }, value ? key + '=' + value : key))),
-              el('td', { class: 'description' },
-                 annotations.description || metadata.description || ''),
+              clipped('description', annotations.description || metadata.description || ''),
               el('td', {}, previous ? el('a', {
                 class: 'compare',
                 href: '#/models/' + name + '/compare/' + previous.version + '/' + info.version,
@@ -589,15 +599,22 @@ async function route() {
   let me;
   try {
     if (!token()) {
-      // Without a token, only a browser that presented a client certificate can be signed in.
+      // Without a token: a browser that presented a client certificate is signed in by it, and
+      // a store without identities (every caller "anonymous") needs no token at all; else the
+      // page asks for one.
       const info = await api('console');
       if (!isCurrent()) return;
       if (!(info.client_certificate || []).length) {
-        signIn('');
-        return;
+        const open = await whoAmI('').catch(() => null);
+        if (!isCurrent()) return;
+        if (!open || open.identity !== 'anonymous') {
+          signIn('');
+          return;
+        }
+        me = open;
       }
     }
-    me = await whoAmI('');
+    if (me === undefined) me = await whoAmI('');
   } catch (error) {
     if (!isCurrent()) return;
     if (token() || !(error instanceof ApiError && error.httpStatus === 401)) {
