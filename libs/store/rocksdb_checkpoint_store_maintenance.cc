@@ -272,16 +272,21 @@ absl::StatusOr<v1::VerifyResponse> RocksDbCheckpointStore::Verify(absl::string_v
     for (const v1::TensorMeta& meta : manifest.state_tensors()) verify_tensor(meta);
   };
 
+  response.set_whole_store(whole_store);
   for (const std::string& model_name : models) {
+    response.add_models(model_name);
     if (version > 0) {
       ASSIGN_OR_RETURN(v1::Manifest manifest, core_->ReadManifest(model_name, version, snap));
       verify_manifest(model_name, version, manifest);
+      response.set_versions_checked(response.versions_checked() + 1);
       continue;
     }
     ASSIGN_OR_RETURN(auto manifests, core_->ReadAllManifests(model_name, snap));
     for (const auto& [manifest_version, manifest] : manifests) {
       verify_manifest(model_name, manifest_version, manifest);
     }
+    response.set_versions_checked(response.versions_checked() +
+                                  static_cast<int64_t>(manifests.size()));
   }
 
   if (whole_store) {

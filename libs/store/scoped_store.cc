@@ -271,10 +271,13 @@ absl::StatusOr<v1::VerifyResponse> ScopedStore::Verify(absl::string_view model, 
     RETURN_IF_ERROR(one.status());
     all.set_chunks_checked(all.chunks_checked() + one->chunks_checked());
     all.set_bytes_checked(all.bytes_checked() + one->bytes_checked());
+    all.set_versions_checked(all.versions_checked() + one->versions_checked());
+    all.add_models(info.name());
     for (v1::VerifyProblem& problem : *one->mutable_problems()) {
       *all.add_problems() = std::move(problem);
     }
   }
+  all.set_whole_store(false);  // the caller's models only; refcounts span every model.
   return all;
 }
 

@@ -206,6 +206,14 @@ TEST_F(ScopedStoreTest, StatsVerifyAndAuditCoverOnlyTheScope) {
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, team_a->Verify("", 0));
   EXPECT_EQ(verified.bytes_checked(), kMiB);
   EXPECT_THAT(verified.problems(), IsEmpty());
+  // It says what it covered: team-a's model, not the whole store.
+  EXPECT_FALSE(verified.whole_store());
+  EXPECT_THAT(verified.models(), ::testing::ElementsAre("team-a-net"));
+  EXPECT_EQ(verified.versions_checked(), 1);
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse everything, store_->Verify("", 0));
+  EXPECT_TRUE(everything.whole_store());
+  EXPECT_EQ(everything.models_size(), 2);
+  EXPECT_EQ(everything.versions_checked(), 2);
   EXPECT_THAT(team_a->Verify("team-b-net", 0).status(),
               StatusIs(absl::StatusCode::kPermissionDenied));
 

@@ -11,6 +11,7 @@
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
 #include "libs/io/xxh3.h"
+#include "libs/store/chunk_hasher.h"
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
@@ -301,6 +302,7 @@ absl::Status LoaderService::DoExport(grpc::ServerContext& context, const v1::Exp
                         piece.set_data(bytes.data(), bytes.size());
                         piece.set_offset(offset);
                         piece.set_xxh3_64(Xxh3(bytes));
+                        if (request.sha256_pieces()) piece.set_sha256(Sha256(bytes));
                         if (options_.tamper_for_testing) {
                           std::string& data = *piece.mutable_data();
                           options_.tamper_for_testing({stream, true, 0, offset},

@@ -1,5 +1,6 @@
 #include "tools/ckpt/maintenance_commands.h"
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -215,6 +216,19 @@ absl::Status RunVerify(const cli::ParsedCommandLine& line) {
   }
   if (StdoutIsTerminal()) std::cout << "verifying " << scope << "...\n";
   ASSIGN_OR_RETURN(v1::VerifyResponse total, store->Verify(model, version));
+  if (model.empty() && !total.whole_store()) {
+    // A caller scoped to some models verified those only: say which.
+    constexpr int kNamed = 5;
+    const std::vector<std::string> named(
+        total.models().begin(), total.models().begin() + std::min(total.models_size(), kNamed));
+    scope = absl::StrCat("the ", total.models_size(), " models in your scope (",
+                         named.empty() ? "none" : absl::StrJoin(named, ", "),
+                         total.models_size() > kNamed ? ", ..." : "", "; ",
+                         total.versions_checked(), " versions; not the whole store)");
+  } else if (model.empty()) {
+    scope = absl::StrCat("the whole store (", total.models_size(), " models, ",
+                         total.versions_checked(), " versions)");
+  }
   std::cout << "verified " << scope << ": " << total.chunks_checked() << " chunks, "
             << HumanBytes(total.bytes_checked()) << ", " << total.problems_size() << " problems\n";
   for (const v1::VerifyProblem& problem : total.problems()) {
