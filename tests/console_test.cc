@@ -235,6 +235,8 @@ TEST_F(ConsoleTest, TheBrowserPageOfAnOpenStoreAsksForNoToken) {
     GTEST_SKIP() << "needs Debian's chromium, chromium-driver and python3-selenium "
                     "(tools/install_deps.sh)";
   }
+  std::filesystem::create_directories(dir_ + "/open-store");
+  std::filesystem::create_directories(dir_ + "/open-console");
   testing::ChildProcess store(testing::RunfilesPath("services/checkpoint_store/checkpoint_store"),
                               dir_ + "/open-store");
   ASSERT_TRUE(store.Start({"--store_dir=" + dir_ + "/open-db", "--listen=127.0.0.1:0",

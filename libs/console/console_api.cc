@@ -235,9 +235,18 @@ absl::StatusOr<std::string> ConsoleApi::Route(const ApiRequest& request) const {
   const char* const allowed = change ? "POST" : "GET";
   if (request.method != allowed) return MethodNotAllowed(request.method, request.path, allowed);
   if (console) {
-    // The page signs in without a token when the browser presented a certificate.
-    return nlohmann::json(
-               {{"store", store_address_}, {"client_certificate", request.certificate_names}})
+    // The page signs in without a token when the browser presented a certificate, and asks for
+    // none when the store has no identities: it then takes a call without credentials as
+    // "anonymous" (asked here, so the page makes no call it expects to be refused).
+    bool store_open = false;
+    if (identity_for_caller_) {
+      const absl::StatusOr<v1::WhoAmIResponse> anonymous =
+          identity_for_caller_(CallerCredentials{}, v1::WhoAmIRequest());
+      store_open = anonymous.ok() && anonymous->identity() == "anonymous";
+    }
+    return nlohmann::json({{"store", store_address_},
+                           {"client_certificate", request.certificate_names},
+                           {"store_open", store_open}})
         .dump();
   }
   if (me) return Me(request);

@@ -16,7 +16,9 @@
 // (libs/io/proto_json.h, as `ckpt ... --json` prints):
 //   /api/v1/console                          {"store": the store's address,
 //                                            "client_certificate": [names of the certificate
-//                                            this browser presented, if any]} (no store call)
+//                                            this browser presented, if any], "store_open":
+//                                            whether the store takes a call with no
+//                                            credentials (no identities: "anonymous")}
 //   /api/v1/me                               WhoAmIResponse (proto/ckpt/v1/identity.proto): who
 //                                            the store takes the caller to be, and which of
 //                                            ?method= (repeatable; default SetAlias,

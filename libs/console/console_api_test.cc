@@ -315,6 +315,31 @@ TEST(ConsoleInfoTest, SaysWhereTheStoreIsWithoutCallingIt) {
   const ApiResponse info = api.Handle({"GET", "/api/v1/console", {}, "", ""});
   ASSERT_EQ(info.status, 200) << info.body;
   EXPECT_EQ(nlohmann::json::parse(info.body)["store"], "store.example:7070");
+  EXPECT_EQ(nlohmann::json::parse(info.body)["store_open"], false);  // no Identity to ask
+}
+
+// A store without identities takes a call with no credentials as "anonymous": the page then
+// asks for no token. One with identities refuses it (UNAUTHENTICATED): not open.
+TEST(ConsoleInfoTest, SaysWhetherTheStoreTakesCallsWithoutCredentials) {
+  const auto no_store = [](const CallerCredentials&)
+      -> absl::StatusOr<std::shared_ptr<CheckpointStore>> {
+    return absl::InternalError("no store call expected");
+  };
+  for (const bool open : {true, false}) {
+    ConsoleApi api(no_store, "store.example:7070",
+                   [open](const CallerCredentials& caller,
+                          const v1::WhoAmIRequest&) -> absl::StatusOr<v1::WhoAmIResponse> {
+                     EXPECT_TRUE(caller.bearer_token.empty());
+                     if (!open) return absl::UnauthenticatedError("no credentials");
+                     v1::WhoAmIResponse who;
+                     who.set_identity("anonymous");
+                     who.set_role("admin");
+                     return who;
+                   });
+    const ApiResponse info = api.Handle({"GET", "/api/v1/console", {}, "", "some-token"});
+    ASSERT_EQ(info.status, 200) << info.body;
+    EXPECT_EQ(nlohmann::json::parse(info.body)["store_open"], open);
+  }
 }
 
 // /api/v1/me passes the caller's credentials and the methods asked about to the store's

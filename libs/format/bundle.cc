@@ -36,7 +36,7 @@ void StripDict(Value& dict, const std::string& path, std::vector<std::string>& l
   for (Value::Entry& entry : entries) {
     const std::string entry_path = Join(path, KeyText(entry.first));
     Value& value = entry.second;
-    if (value.is_opaque()) {
+    if (value.is_opaque() && PlainObjectKind(value) == PlainObject::kNone) {
       left_out.push_back(absl::StrCat(entry_path, ": ", Object(value), kNotCode));
       continue;
     }
@@ -60,7 +60,9 @@ std::optional<std::pair<std::string, const Value*>> StripSequence(
   for (size_t i = 0; i < items.size(); ++i) {
     const std::string item_path = Join(path, std::to_string(i));
     Value& item = items[i];
-    if (item.is_opaque()) return std::make_pair(item_path, &item);
+    if (item.is_opaque() && PlainObjectKind(item) == PlainObject::kNone) {
+      return std::make_pair(item_path, &item);
+    }
     if (item.is_dict()) StripDict(item, item_path, left_out);
     if (item.is_sequence()) {
       if (auto found = StripSequence(item, item_path, left_out)) return found;

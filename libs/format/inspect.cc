@@ -163,7 +163,8 @@ Json InspectRoot(const Value& root) {
   Json unstored = Json::array();
   const auto note = [&](const std::string& path, const Value& value) {
     const std::string what = UnstoredTensorKind(value);
-    if (!what.empty()) unstored.push_back({{"path", path.empty() ? "<root>" : path}, {"kind", what}});
+    if (what.empty()) return;
+    unstored.push_back({{"path", path.empty() ? "<root>" : path}, {"kind", what}});
   };
   note("", root);
   if (root.is_dict()) {

@@ -38,6 +38,11 @@ using torch_reader_internal::AllocateStorage;
 using torch_reader_internal::AsInt;
 using torch_reader_internal::AsText;
 using torch_reader_internal::ByteSwap;
+
+// Storage bytes are copied as they are where the file is little-endian (legacy files always, zip
+// files unless their byteorder record says "big").
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ckpt reads torch files on "
+              "little-endian hosts only");
 using torch_reader_internal::GlobalName;
 using torch_reader_internal::StorageBytes;
 using torch_reader_internal::StorageDType;
@@ -358,8 +363,7 @@ class LegacyHooks : public TorchHooks {
 
   // Reads the storage data section that starts at `offset`, in the order of `keys`; returns the
   // offset after it.
-  absl::StatusOr<uint64_t> ReadStorages(const std::vector<std::string>& keys, uint64_t offset,
-                                        bool big_endian) {
+  absl::StatusOr<uint64_t> ReadStorages(const std::vector<std::string>& keys, uint64_t offset) {
     for (const std::string& key : keys) {
       auto it = roots_.find(key);
       if (it == roots_.end()) {
@@ -374,8 +378,7 @@ class LegacyHooks : public TorchHooks {
       }
       char count_bytes[8];
       RETURN_IF_ERROR(source_.ReadAt(offset, absl::MakeSpan(count_bytes, 8)));
-      if (big_endian) std::reverse(count_bytes, count_bytes + 8);
-      int64_t count;
+      int64_t count;  // little-endian, as this host is (the static_assert above)
       std::memcpy(&count, count_bytes, 8);
       if (count != root.numel) {
         return absl::InvalidArgumentError(
@@ -386,7 +389,6 @@ class LegacyHooks : public TorchHooks {
       if (nbytes > 0) {
         RETURN_IF_ERROR(
             source_.ReadAt(offset + 8, absl::MakeSpan(StorageBytes(root.storage), nbytes)));
-        if (big_endian) ByteSwap(StorageBytes(root.storage), nbytes, root.dtype);
       }
       root.filled = true;
       offset += 8 + nbytes;
@@ -459,12 +461,9 @@ absl::StatusOr<TorchFile> ReadLegacyCheckpoint(const ByteSource& source, absl::s
   options.name = absl::StrCat(source.name(), ": legacy sys_info pickle");
   ASSIGN_OR_RETURN(PickleResult sys_info,
                    ReadPickle(source, protocol.end_offset, options, nullptr));
-  bool big_endian = false;
-  if (sys_info.value.is_dict()) {
-    if (const Value* little = sys_info.value.Find("little_endian")) {
-      big_endian = little->is_bool() && !little->bool_value();
-    }
-  }
+  // sys_info's little_endian records the writing host's byte order only: the legacy writer
+  // (THPStorage_writeFileRaw) stores every storage's count and elements little-endian whatever
+  // the host, and torch's reader takes them as such, so this reader never swaps either.
   TorchFile file;
   file.format = "torch_legacy";
   LegacyHooks hooks(source);
@@ -484,7 +483,7 @@ absl::StatusOr<TorchFile> ReadLegacyCheckpoint(const ByteSource& source, absl::s
     ASSIGN_OR_RETURN(std::string text, AsText(key, options.name));
     keys.push_back(std::move(text));
   }
-  ASSIGN_OR_RETURN(uint64_t end, hooks.ReadStorages(keys, keys_pickle.end_offset, big_endian));
+  ASSIGN_OR_RETURN(uint64_t end, hooks.ReadStorages(keys, keys_pickle.end_offset));
   if (end != source.size()) {
     file.warnings.push_back(absl::StrCat(source.name(), ": ", source.size() - end,
                                          " bytes after the last storage ignored"));

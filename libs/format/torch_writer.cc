@@ -453,6 +453,25 @@ class TorchPickler {
       case Value::Kind::kTensor:
         return Tensor(value.tensor());
       case Value::Kind::kOpaque: {
+        // Data, not code: written back as the objects they were, as torch.save writes them.
+        switch (PlainObjectKind(value)) {
+          case PlainObject::kDtype: {
+            const std::string& name = value.opaque_class_name();  // "torch.float16"
+            Global("torch", absl::string_view(name).substr(6));
+            return absl::OkStatus();
+          }
+          case PlainObject::kComplex:
+          case PlainObject::kDevice: {
+            const std::string& name = value.opaque_class_name();
+            const size_t dot = name.find('.');
+            Global(absl::string_view(name).substr(0, dot), absl::string_view(name).substr(dot + 1));
+            RETURN_IF_ERROR(Emit(value.opaque_args(), depth + 1));
+            out_.push_back(op::kReduce);
+            return absl::OkStatus();
+          }
+          case PlainObject::kNone:
+            break;
+        }
         report_->warnings.push_back(
             absl::StrCat("opaque object of class ", value.opaque_class_name(),
                          " written as a plain description dict, not as code"));

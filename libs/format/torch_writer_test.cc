@@ -297,6 +297,24 @@ TEST(TorchWriterTest, PythonLoadsQuantizedTensorsWithTheirSchemeAndParameters) {
   EXPECT_EQ(Lines(RunPython("quantized " + path)), expected);
 }
 
+// Objects that are data, not code (a complex, a torch.device, a dtype), as the reader keeps
+// them: written back as the objects they were, not as descriptions.
+TEST(TorchWriterTest, WritesComplexDevicesAndDtypesBackAsThemselves) {
+  Value root = Value::Dict();
+  root.Set("c", Value::Opaque("builtins.complex", Value::Tuple({Value::Float(1.5), Value::Int(-2)}),
+                              Value::None()));
+  root.Set("dev", Value::Opaque("torch.device",
+                                Value::Tuple({Value::String("cuda"), Value::Int(1)}), Value::None()));
+  root.Set("cpu", Value::Opaque("torch.device", Value::Tuple({Value::String("cpu")}), Value::None()));
+  root.Set("dt", Value::Opaque("torch.float16", Value::None(), Value::None()));
+  const std::string path = TmpPath("plain.pt");
+  ASSERT_OK_AND_ASSIGN(TorchWriteReport report, WriteTorchFile(path, root));
+  EXPECT_TRUE(report.warnings.empty());
+  EXPECT_EQ(Lines(RunPython("plain " + path)),
+            (std::set<std::string>{"c|complex|(1.5-2j)", "dev|device|device(type='cuda', index=1)",
+                                   "cpu|device|device(type='cpu')", "dt|dtype|torch.float16"}));
+}
+
 TEST(TorchWriterTest, RejectsWhatTheFormatCannotHold) {
   Value bad_key = Value::Dict();
   bad_key.Set(std::string("\xff\xfe", 2), Value::Int(1));

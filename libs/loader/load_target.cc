@@ -36,6 +36,7 @@ absl::StatusOr<LoadTarget> LoadTargetFromProto(const v1::LoadTarget& proto) {
   target.include_prefixes.assign(proto.include_prefixes().begin(), proto.include_prefixes().end());
   target.include_optimizer = proto.include_optimizer_state();
   target.include_scheduler = proto.include_scheduler_state();
+  target.include_extra = proto.include_extra_state();
   return target;
 }
 
@@ -61,6 +62,7 @@ v1::LoadTarget LoadTargetToProto(const LoadTarget& target) {
   for (const std::string& prefix : target.include_prefixes) proto.add_include_prefixes(prefix);
   proto.set_include_optimizer_state(target.include_optimizer);
   proto.set_include_scheduler_state(target.include_scheduler);
+  proto.set_include_extra_state(target.include_extra);
   return proto;
 }
 

@@ -33,9 +33,11 @@ struct LoadTarget {
   // loaded when its key is in include_keys or starts with one of include_prefixes.
   std::vector<std::string> include_keys;
   std::vector<std::string> include_prefixes;
-  // Whether optimizer / scheduler state is loaded as well.
+  // Whether optimizer / scheduler state, and the bundle's other entries (Manifest.extra_state),
+  // are loaded as well.
   bool include_optimizer = false;
   bool include_scheduler = false;
+  bool include_extra = false;
 };
 
 // The LoadTarget a v1::LoadTarget message describes: an empty device is the CPU,

@@ -386,9 +386,11 @@ absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
     adapted.clear_optimizer_param_names();
   }
   if (!target.include_scheduler) adapted.clear_scheduler_state();
-  adapted.clear_extra_state();  // a loader serves model, optimizer and scheduler state.
+  if (!target.include_extra) adapted.clear_extra_state();
   // State tensors go out as stored, chunk refs and all.
-  if (!target.include_optimizer && !target.include_scheduler) adapted.clear_state_tensors();
+  if (!target.include_optimizer && !target.include_scheduler && !target.include_extra) {
+    adapted.clear_state_tensors();
+  }
   return adapted;
 }
 

@@ -37,6 +37,10 @@ class ServedLoadTest : public ::testing::Test {
     optimizer.Set("param_groups",
                   Value::List({Value::Dict({{"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
+    Value extra = Value::Dict();
+    extra.Set("epoch", Value::Int(4));
+    extra.Set("rng", Value::Tensor(torch::arange(4, torch::dtype(torch::kUInt8))));
+    contents.extra = extra;
     ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
     ASSERT_OK_AND_ASSIGN(reader_, store_->OpenVersion(committed.version));
     request_.mutable_ref()->CopyFrom(committed.version);
@@ -63,9 +67,12 @@ TEST_F(ServedLoadTest, CastsFloatingTensorsOnlyAndDigestsWhatNoChunkNames) {
   ASSERT_OK_AND_ASSIGN(const ServedLoad load,
                        ServedLoad::Plan(reader_->manifest(), Request(target)));
   EXPECT_EQ(load.target().device, DeviceSpec::Cpu());
-  ASSERT_EQ(load.tensors().size(), 3u);  // two model tensors, then exp_avg.
+  // Two model tensors, then the state tensors (exp_avg; the extra entries' rng goes along as
+  // stored, though the extra state itself was not asked for).
+  ASSERT_EQ(load.tensors().size(), 4u);
   EXPECT_EQ(load.manifest().tensors_size(), 2);
-  EXPECT_EQ(load.manifest().state_tensors_size(), 1);
+  EXPECT_EQ(load.manifest().state_tensors_size(), 2);
+  EXPECT_FALSE(load.manifest().has_extra_state());
 
   const ServedTensor& weight = load.tensors()[0];
   EXPECT_EQ(weight.sent->key(), "module.fc.weight");
@@ -77,7 +84,7 @@ TEST_F(ServedLoadTest, CastsFloatingTensorsOnlyAndDigestsWhatNoChunkNames) {
   const ServedTensor& exp_avg = load.tensors()[2];
   EXPECT_EQ(exp_avg.index, 2);
   EXPECT_FALSE(exp_avg.cast);  // state tensors go as stored.
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(load.wanted(i));
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(load.wanted(i));
 
   ASSERT_OK_AND_ASSIGN(const at::Tensor cast, load.Cast(*reader_, weight));
   EXPECT_TRUE(cast.equal(weight_.to(torch::kBFloat16)));
@@ -89,6 +96,24 @@ TEST_F(ServedLoadTest, CastsFloatingTensorsOnlyAndDigestsWhatNoChunkNames) {
   EXPECT_EQ(digest.tensor_index(), 0);
   EXPECT_EQ(digest.byte_length(), weight.sent->byte_length());
   EXPECT_EQ(digest.xxh3_64(), Xxh3(into));
+}
+
+// The bundle's other entries (epoch, RNG state) only when asked for: what load_bundle through
+// a loader needs to resume.
+TEST_F(ServedLoadTest, TheExtraStateGoesWhenAskedFor) {
+  ASSERT_OK_AND_ASSIGN(const ServedLoad weights,
+                       ServedLoad::Plan(reader_->manifest(), Request(LoadTarget())));
+  EXPECT_FALSE(weights.manifest().has_extra_state());
+  EXPECT_EQ(weights.manifest().state_tensors_size(), 0);
+  LoadTarget target;
+  target.include_extra = true;
+  EXPECT_TRUE(LoadTargetFromProto(LoadTargetToProto(target))->include_extra);
+  ASSERT_OK_AND_ASSIGN(const ServedLoad bundle,
+                       ServedLoad::Plan(reader_->manifest(), Request(target)));
+  ASSERT_TRUE(bundle.manifest().has_extra_state());
+  EXPECT_FALSE(bundle.manifest().has_optimizer_state());
+  EXPECT_EQ(bundle.manifest().state_tensors_size(), 2);
+  EXPECT_EQ(bundle.tensors().size(), 4u);
 }
 
 TEST_F(ServedLoadTest, OnlyTensorsSelectsAndOutOfRangeIsRefusedNamingTheVersion) {

@@ -210,10 +210,10 @@ TEST_F(ScopedStoreTest, StatsVerifyAndAuditCoverOnlyTheScope) {
   EXPECT_FALSE(verified.whole_store());
   EXPECT_THAT(verified.models(), ::testing::ElementsAre("team-a-net"));
   EXPECT_EQ(verified.versions_checked(), 1);
-  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse everything, store_->Verify("", 0));
-  EXPECT_TRUE(everything.whole_store());
-  EXPECT_EQ(everything.models_size(), 2);
-  EXPECT_EQ(everything.versions_checked(), 2);
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse whole, store_->Verify("", 0));
+  EXPECT_TRUE(whole.whole_store());
+  EXPECT_EQ(whole.models_size(), 2);
+  EXPECT_EQ(whole.versions_checked(), 2);
   EXPECT_THAT(team_a->Verify("team-b-net", 0).status(),
               StatusIs(absl::StatusCode::kPermissionDenied));
 

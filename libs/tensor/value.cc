@@ -1,5 +1,6 @@
 #include "libs/tensor/value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -329,6 +330,36 @@ std::string Value::DebugString() const {
                           " state=", items_[1].DebugString(), ">");
   }
   return "?";
+}
+
+PlainObject PlainObjectKind(const Value& value) {
+  if (!value.is_opaque() || !value.opaque_state().is_none()) return PlainObject::kNone;
+  const std::string& name = value.opaque_class_name();
+  const Value& args = value.opaque_args();
+  const auto number = [](const Value& v) { return v.is_float() || v.is_int(); };
+  if (name == "builtins.complex") {
+    return args.is_tuple() && args.items().size() == 2 && number(args.items()[0]) &&
+                   number(args.items()[1])
+               ? PlainObject::kComplex
+               : PlainObject::kNone;
+  }
+  if (name == "torch.device") {
+    const std::vector<Value>* items = args.is_tuple() ? &args.items() : nullptr;
+    const bool fits = items != nullptr && !items->empty() && items->size() <= 2 &&
+                      (*items)[0].is_string() && (items->size() == 1 || (*items)[1].is_int());
+    return fits ? PlainObject::kDevice : PlainObject::kNone;
+  }
+  static constexpr const char* kDtypes[] = {
+      "torch.float16", "torch.float32", "torch.float64", "torch.bfloat16", "torch.half",
+      "torch.float", "torch.double", "torch.int8", "torch.int16", "torch.int32", "torch.int64",
+      "torch.short", "torch.int", "torch.long", "torch.uint8", "torch.bool", "torch.complex32",
+      "torch.complex64", "torch.complex128", "torch.cfloat", "torch.cdouble", "torch.chalf",
+      "torch.qint8", "torch.quint8", "torch.qint32", "torch.quint4x2", "torch.quint2x4"};
+  if (args.is_none() && std::find(std::begin(kDtypes), std::end(kDtypes), name) !=
+                            std::end(kDtypes)) {
+    return PlainObject::kDtype;
+  }
+  return PlainObject::kNone;
 }
 
 }  // namespace ckpt

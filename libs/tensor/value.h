@@ -159,6 +159,17 @@ class Value {
   at::Tensor tensor_;
 };
 
+// The kinds of opaque value that are data, not code: what torch's weights-only loader rebuilds
+// (2.x) and ckpt's torch writer writes back as the objects they were, where any other opaque
+// object is left out or written as a description.
+enum class PlainObject {
+  kNone,     // not one of them.
+  kComplex,  // a Python complex: builtins.complex(real, imag), two numbers.
+  kDevice,   // a torch.device("cuda", 1) / ("cpu",) / ("cuda:1",).
+  kDtype,    // a torch dtype named by its global: torch.float16, torch.int64, ...
+};
+PlainObject PlainObjectKind(const Value& value);
+
 }  // namespace ckpt
 
 #endif  // CKPT_LIBS_TENSOR_VALUE_H_

@@ -88,8 +88,8 @@ class LoadingCalls:
         version by number) while it fails with Unavailable, for up to 10 s: a store restarting,
         or another store of Client(store="A,B") taking over. Both are verified: both manifests
         name each chunk's SHA-256 as the store computed it (a loader older than this client
-        names only each tensor's content hash). The loader is asked for stored dtypes, because a tensor it
-        casts loses its hashes, and the cast is done here.
+        names only each tensor's content hash). The loader is asked for stored dtypes, because a
+        tensor it casts loses its hashes, and the cast is done here.
         """
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise InvalidArgument(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -130,9 +130,10 @@ class LoadingCalls:
                     timeout: Optional[float] = None, broadcast_from: Optional[int] = None,
                     group: Any = None) -> Bundle:
         """Resumes from a stored version: the model's weights, the optimizer's and the
-        scheduler's state and the rest of the bundle, read from the store (Download with its
-        state) and verified as load_state_dict's are, and read again as its Download is while
-        the store is unavailable.
+        scheduler's state and the rest of the bundle, read from the loader when the Client has
+        one (Load with every state part, through its chunk cache), else from the store (Download
+        with its state, read again while the store is unavailable), and verified as
+        load_state_dict's are.
 
         Given ``model``, ``optimizer`` and / or ``scheduler``, restores each in place with its
         own ``load_state_dict`` (``strict`` for the model): the weights are copied onto the
@@ -155,8 +156,18 @@ class LoadingCalls:
             return metas, range(len(metas))
 
         def download():
-            manifest, buffers = self._from_store(
-                request, lambda stream: self._receive(ref, stream, verify, everything), timeout)
+            if self._loader is not None:
+                # Through the loader's chunk cache: the whole bundle, stored dtypes, on the CPU.
+                lpb = self._pb.loader_pb2
+                load = lpb.LoadRequest(ref=request.ref, target=lpb.LoadTarget(
+                    device="cpu", include_optimizer_state=True, include_scheduler_state=True,
+                    include_extra_state=True))
+                manifest, buffers = self._receive(
+                    ref, self._stream("loader", "Load", load, timeout), verify, everything)
+            else:
+                manifest, buffers = self._from_store(
+                    request, lambda stream: self._receive(ref, stream, verify, everything),
+                    timeout)
             return manifest.SerializeToString(), buffers
 
         if broadcast_from is None:

@@ -42,13 +42,32 @@ def decode_value(value, tensors):
         return tensors[key]
     if kind == "opaque_value":
         opaque = value.opaque_value
-        return Opaque(opaque.class_name,
-                      decode_value(opaque.args, tensors) if opaque.HasField("args") else None,
-                      decode_value(opaque.state, tensors) if opaque.HasField("state") else None)
+        args = decode_value(opaque.args, tensors) if opaque.HasField("args") else None
+        state = decode_value(opaque.state, tensors) if opaque.HasField("state") else None
+        plain = _plain_object(opaque.class_name, args, state)
+        return plain if plain is not None else Opaque(opaque.class_name, args, state)
     raise ProtocolError(f"a state value of unknown kind '{kind}'")
 
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _plain_object(class_name, args, state):
+    """The objects that are data, not code (libs/tensor/value.h PlainObjectKind): a complex, a
+    torch.device, a torch dtype, built without running anything; None for any other class."""
+    if state is not None:
+        return None
+    if class_name == "builtins.complex" and isinstance(args, tuple) and len(args) == 2 and \
+            all(isinstance(part, (int, float)) and not isinstance(part, bool) for part in args):
+        return complex(*args)
+    if class_name == "torch.device" and isinstance(args, tuple) and 1 <= len(args) <= 2 and \
+            isinstance(args[0], str) and (len(args) == 1 or isinstance(args[1], int)):
+        return torch.device(*args)
+    if class_name.startswith("torch.") and args is None:
+        dtype = getattr(torch, class_name[len("torch."):], None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    return None
 
 
 class StateTensors:
@@ -93,6 +112,19 @@ def encode_value(obj, path, table, types_pb2):
         return pb.Value(string_value=obj)
     if isinstance(obj, (bytes, bytearray)):
         return pb.Value(bytes_value=bytes(obj))
+    # Data, not code: kept as the objects torch.save would pickle (a complex, a device, a dtype).
+    if isinstance(obj, complex):
+        return pb.Value(opaque_value=pb.OpaqueObject(class_name="builtins.complex", args=pb.Value(
+            tuple_value=pb.ValueList(items=[pb.Value(float_value=obj.real),
+                                            pb.Value(float_value=obj.imag)]))))
+    if isinstance(obj, torch.device):
+        args = [pb.Value(string_value=obj.type)]
+        if obj.index is not None:
+            args.append(pb.Value(int_value=obj.index))
+        return pb.Value(opaque_value=pb.OpaqueObject(
+            class_name="torch.device", args=pb.Value(tuple_value=pb.ValueList(items=args))))
+    if isinstance(obj, torch.dtype):
+        return pb.Value(opaque_value=pb.OpaqueObject(class_name=str(obj)))
     if isinstance(obj, torch.Tensor):
         return pb.Value(tensor_value=pb.TensorRef(key=table.add(path, obj)))
     if isinstance(obj, (list, tuple)):
@@ -113,5 +145,6 @@ def encode_value(obj, path, table, types_pb2):
             entries=entries, ordered=isinstance(obj, collections.OrderedDict)))
     raise InvalidArgument(
         f"cannot store {path}: a {type(obj).__module__}.{type(obj).__qualname__}; ckpt stores "
-        "tensors, numbers, strings, bytes, None and lists, tuples and dicts of them, and never "
-        "pickles (save what rebuilds it instead)")
+        "tensors, numbers (complex too), strings, bytes, None, torch devices and dtypes, "
+        "and lists, tuples and dicts of them, and never pickles (save what rebuilds it "
+        "instead)")

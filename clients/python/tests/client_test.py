@@ -460,8 +460,16 @@ class BundleTest(unittest.TestCase):
             f"--store={PLAIN_STORE.address}")
 
         resumed = make()
-        with plain_client() as client:
+        with plain_client() as client:  # through the loader (its Load with every state part)
             bundle = client.load_bundle("team-a.bundle", *resumed)
+        direct = make()
+        with ckpt_client.Client(store=PLAIN_STORE.address) as store_only:  # the store's Download
+            through_store = store_only.load_bundle("team-a.bundle", *direct)
+        self.assertEqual(through_store.extra, bundle.extra)
+        self.assertEqual(through_store.scheduler.keys(), bundle.scheduler.keys())
+        for index, state in resumed[1].state_dict()["state"].items():
+            for name, value in state.items():
+                self.assertTrue(torch.equal(direct[1].state_dict()["state"][index][name], value))
         self.assertEqual(bundle.version, 1)
         self.assertEqual((bundle.extra["epoch"], bundle.extra["step"]), (1, 3))
         self.assertEqual((bundle.epoch, bundle.step), (1, 3))  # start_epoch = bundle.epoch + 1
@@ -612,6 +620,28 @@ class SaveTest(unittest.TestCase):
                 client.save("team-a.refused", {"w": [1.0, 2.0]})
             with self.assertRaises(ckpt_client.NotFound):
                 client.resolve("team-a.refused")
+
+    def test_complex_numbers_devices_and_dtypes_in_a_bundle_come_back_as_themselves(self):
+        # Data, not code, as torch 2.x's weights-only loader keeps them: through save and
+        # load_bundle, and through `ckpt import` and `ckpt export --bundle` of a torch.save file.
+        values = {"phase": 1.5 - 2j, "device": torch.device("cuda", 1),
+                  "where": torch.device("cpu"), "half": torch.float16}
+        with plain_client() as client:
+            client.save("team-a.values", nn.Linear(2, 2), extra=values)
+            bundle = client.load_bundle("team-a.values")
+            for key, value in values.items():
+                self.assertEqual(bundle.extra[key], value, key)
+                self.assertIs(type(bundle.extra[key]), type(value), key)
+        path = os.path.join(TMP, "values.pt")
+        torch.save({"model": nn.Linear(2, 2).state_dict(), **values}, path)
+        run(CKPT_BIN, "import", path, "--model", "team-a.values-file",
+            f"--store={PLAIN_STORE.address}")
+        exported = os.path.join(TMP, "values-export.pt")
+        run(CKPT_BIN, "export", "team-a.values-file", exported, "--bundle",
+            f"--store={PLAIN_STORE.address}")
+        back = torch.load(exported)
+        for key, value in values.items():
+            self.assertEqual(back[key], value, key)
 
     def test_save_to_a_dead_store_is_unavailable(self):
         import socket

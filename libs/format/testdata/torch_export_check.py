@@ -7,6 +7,7 @@
                  asserts the bundle torch_writer_test wrote, value by value; prints OK.
   zip FILE       checks the zip with Python's zipfile (CRCs) and that every data record starts on
                  a 64-byte boundary; prints OK.
+  plain FILE     torch.load(FILE): key|type|repr of each entry (complex, torch.device, dtype).
   quantized FILE torch.load(FILE) (torch 1.13's weights_only refuses quantized files); one line
                  per quantized tensor: key|dtype|shape|qscheme|params|int_repr hex, the params
                  as hex (scale: float64, zero point: int64; per channel: the scales and zero
@@ -97,6 +98,12 @@ def check_zip(path):
     print("OK")
 
 
+def plain(path):
+    """torch.load(FILE) of {"c": complex, "dev": device, "dt": dtype, ...}: one line each."""
+    for key, value in torch.load(path).items():
+        print(f"{key}|{type(value).__name__}|{value!r}")
+
+
 def quantized(path):
     sd = torch.load(path)
     for key, t in sd.items():
@@ -112,5 +119,5 @@ def quantized(path):
 
 
 if __name__ == "__main__":
-    {"describe": describe, "bundle": bundle, "zip": check_zip,
-     "quantized": quantized}[sys.argv[1]](sys.argv[2])
+    {"describe": describe, "bundle": bundle, "zip": check_zip, "quantized": quantized,
+     "plain": plain}[sys.argv[1]](sys.argv[2])

@@ -604,14 +604,9 @@ async function route() {
       // page asks for one.
       const info = await api('console');
       if (!isCurrent()) return;
-      if (!(info.client_certificate || []).length) {
-        const open = await whoAmI('').catch(() => null);
-        if (!isCurrent()) return;
-        if (!open || open.identity !== 'anonymous') {
-          signIn('');
-          return;
-        }
-        me = open;
+      if (!(info.client_certificate || []).length && !info.store_open) {
+        signIn('');
+        return;
       }
     }
     if (me === undefined) me = await whoAmI('');
