@@ -217,14 +217,18 @@ TEST_F(BundleResumeTest, BadRequestsFailClearlyAndLeaveNoFile) {
   EXPECT_EQ(weights.exit_code, 0) << weights.output;
   EXPECT_THAT(weights.output, HasSubstr("optimizer: not asked for"));
 
-  // A bundle that holds no model.
+  // A bundle that holds no model: convert writes it as it is; import, which stores a model,
+  // refuses it saying what it found.
   ASSERT_THAT(Python("nomodel " + Dir() + "/nomodel.pt"), HasSubstr("OK"));
   const std::string converted = Dir() + "/nomodel-out.pt";
-  refused = Ckpt(absl::StrCat("convert ", Dir(), "/nomodel.pt ", converted));
+  Result as_is = Ckpt(absl::StrCat("convert ", Dir(), "/nomodel.pt ", converted));
+  EXPECT_EQ(as_is.exit_code, 0) << as_is.output;
+  EXPECT_THAT(as_is.output, HasSubstr("the root, a dict of 3 entries with no model state dict"));
+  EXPECT_TRUE(Exists(converted));
+  refused = Ckpt(absl::StrCat("import ", Dir(), "/nomodel.pt --model nomodel ", Store()));
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_THAT(refused.output, HasSubstr("no model state dict in the checkpoint (a dict with keys "
                                         "'epoch', 'optimizer', 'best_acc')"));
-  EXPECT_FALSE(Exists(converted));
 
   // A version without optimizer state asked for as a bundle.
   ASSERT_EQ(Ckpt(absl::StrCat("convert ", Dir(), "/sgd_step.pt ", Dir(),

@@ -609,7 +609,7 @@ async function route() {
         return;
       }
     }
-    if (me === undefined) me = await whoAmI('');
+    me = await whoAmI('');
   } catch (error) {
     if (!isCurrent()) return;
     if (token() || !(error instanceof ApiError && error.httpStatus === 401)) {
