@@ -488,8 +488,10 @@ absl::StatusOr<TorchFile> ReadLegacyCheckpoint(const ByteSource& source, absl::s
     file.warnings.push_back(absl::StrCat(source.name(), ": ", source.size() - end,
                                          " bytes after the last storage ignored"));
   }
+  RETURN_IF_ERROR(hooks.RebuildSetStateTensors(main.value));
   file.root = std::move(main.value);
   for (std::string& warning : main.warnings) file.warnings.push_back(std::move(warning));
+  for (std::string& warning : hooks.warnings()) file.warnings.push_back(std::move(warning));
   return file;
 }
 

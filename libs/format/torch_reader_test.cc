@@ -135,6 +135,17 @@ TEST(ReadTorchFileTest, ReadsLegacyFilesFromBigEndianHostsAsTorchDoes) {
   ExpectMatchesPython("legacy_bigendian.pt", file.root);
 }
 
+// Tensors pickled the pre-1.0 way (torch.Tensor() and a __setstate__ tuple), as the legacy
+// files of PyTorch's own backwards-compatibility tests hold them.
+TEST(ReadTorchFileTest, ReadsPreOneZeroTensorSetState) {
+  ASSERT_OK_AND_ASSIGN(TorchFile file, ReadTorchFile(Fixtures().Path("legacy_setstate.pt")));
+  ExpectMatchesPython("legacy_setstate.pt", file.root);
+  ASSERT_TRUE(file.root.Find("row")->is_tensor());
+  // The view shares the tensor's storage, as torch.load's does.
+  EXPECT_EQ(file.root.Find("row")->tensor().storage().data(),
+            file.root.Find("w")->tensor().storage().data());
+}
+
 TEST(ReadTorchFileTest, ReadsQuantizedTensors) {
   ASSERT_OK_AND_ASSIGN(TorchFile file, ReadTorchFile(Fixtures().Path("quantized.pt")));
   ExpectMatchesPython("quantized.pt", file.root);

@@ -9,6 +9,7 @@
 #include "ATen/ops/_empty_affine_quantized.h"
 #include "ATen/ops/_empty_per_channel_affine_quantized.h"
 #include "ATen/ops/empty.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "c10/core/CPUAllocator.h"
@@ -410,6 +411,46 @@ absl::StatusOr<std::optional<Value>> TorchHooks::RebuildQuantized(const std::vec
                                           absl::StatusCode::kInvalidArgument));
   if (a.size() > 5 && AsBool(a[5])) Warn("requires_grad dropped from a quantized tensor");
   return Value::Tensor(std::move(tensor), span->location);
+}
+
+absl::Status TorchHooks::RebuildSetStateTensors(Value& root) {
+  std::vector<Value*> pending = {&root};  // iterative: the reader bounds depth, not the stack.
+  while (!pending.empty()) {
+    Value& value = *pending.back();
+    pending.pop_back();
+    if (value.is_dict()) {
+      for (Value::Entry& entry : value.mutable_entries()) pending.push_back(&entry.second);
+      continue;
+    }
+    if (value.is_sequence()) {
+      for (Value& item : value.mutable_items()) pending.push_back(&item);
+      continue;
+    }
+    if (!value.is_opaque()) continue;
+    const std::string& name = value.opaque_class_name();
+    const bool tensor_class =
+        absl::StartsWith(name, "torch.") && absl::EndsWith(name, "Tensor") &&
+        name.find('.', 6) == std::string::npos;
+    const Value& args = value.opaque_args();
+    const Value& state = value.opaque_state();
+    if (!tensor_class || !(args.is_none() || (args.is_tuple() && args.items().empty())) ||
+        !state.is_tuple()) {
+      continue;
+    }
+    const std::vector<Value>& s = state.items();
+    if (s.size() == 4) {  // a Tensor: set_(storage, offset, size, stride).
+      ASSIGN_OR_RETURN(std::optional<Value> rebuilt,
+                       RebuildTensor(absl::StrCat(name, ".__setstate__"), s[0], s[1], s[2], s[3],
+                                     /*requires_grad=*/false, std::nullopt));
+      if (rebuilt.has_value()) value = *std::move(rebuilt);
+    } else if (s.size() == 5 && s[0].is_tensor()) {  // a Variable: (data, _, _, requires_grad, _)
+      const bool requires_grad = AsBool(s[3]);
+      Value data = s[0];
+      if (requires_grad) data.mutable_tensor() = SetRequiresGrad(data.tensor());
+      value = std::move(data);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<Value>> TorchHooks::NumpyScalar(const std::vector<Value>& a) {

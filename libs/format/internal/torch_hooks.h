@@ -65,6 +65,13 @@ class TorchHooks : public PickleHooks {
   absl::StatusOr<std::optional<Value>> CallGlobal(absl::string_view global,
                                                   const Value& args) override;
 
+  // Tensors pickled the pre-1.0 way, as an empty torch.Tensor (or torch.FloatTensor, ...) and a
+  // __setstate__ tuple: (storage, offset, size, stride) for a Tensor, (data, ..., requires_grad,
+  // hooks) for an old Variable. Torch's Tensor.__setstate__ still reads both; this rebuilds them
+  // in `root` (its dicts and sequences, after the storages are read), where the pickle machine
+  // kept them as opaque objects.
+  absl::Status RebuildSetStateTensors(Value& root);
+
  protected:
   void Warn(std::string message) { warnings().push_back(std::move(message)); }
 

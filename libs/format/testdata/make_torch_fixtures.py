@@ -182,6 +182,23 @@ def make_basic():
     write_big_endian_legacy('legacy.pt', 'legacy_bigendian.pt')
     emit_tensors('legacy_bigendian.pt', legacy)
 
+    # Tensors as pre-1.0 PyTorch pickled them: an empty tensor of the typed class
+    # (torch.FloatTensor, torch.LongTensor) plus a __setstate__ tuple (storage, offset, size,
+    # stride), which Tensor.__setstate__ still reads; a view among them.
+    base = torch.arange(12.0).reshape(3, 4)
+    setstate = {'w': base, 'row': base[1], 'ints': torch.tensor([7, -1], dtype=torch.int64)}
+    reduce_ex = torch.Tensor.__reduce_ex__
+    torch.Tensor.__reduce_ex__ = lambda self, proto: (
+        getattr(torch, self.type().split('.')[-1]), (),
+        (self.storage(), self.storage_offset(), tuple(self.size()), self.stride()))
+    try:
+        save(setstate, 'legacy_setstate.pt', _use_new_zipfile_serialization=False)
+    finally:
+        torch.Tensor.__reduce_ex__ = reduce_ex
+    loaded = torch.load(os.path.join(OUT, 'legacy_setstate.pt'))
+    assert torch.equal(loaded['row'], base[1]), loaded
+    emit_tensors('legacy_setstate.pt', setstate)
+
     q = {
         'per_tensor': torch.quantize_per_tensor(torch.tensor([[-1.0, 0.5], [0.25, 2.0]]),
                                                 0.1, 3, torch.qint8),
