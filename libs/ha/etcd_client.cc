@@ -1,5 +1,7 @@
 #include "libs/ha/etcd_client.h"
 
+#include <unistd.h>
+
 #include <curl/curl.h>
 
 #include <utility>
@@ -78,9 +80,29 @@ absl::StatusOr<EtcdClient> EtcdClient::Create(EtcdClientOptions options) {
     endpoints.emplace_back(absl::StripSuffix(endpoint, "/"));
   }
   if (endpoints.empty()) return absl::InvalidArgumentError("no etcd endpoint given");
+  const bool tls_files =
+      !options.ca_file.empty() || !options.cert_file.empty() || !options.key_file.empty();
+  if (tls_files) {
+    for (const std::string& endpoint : endpoints) {
+      if (!absl::StartsWith(endpoint, "https://")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "etcd TLS files are given but endpoint '", endpoint,
+            "' is plain http://: use https:// for every member"));
+      }
+    }
+  }
+  if (options.cert_file.empty() != options.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "an etcd client certificate needs both its cert_file and its key_file");
+  }
+  for (const std::string* file : {&options.ca_file, &options.cert_file, &options.key_file}) {
+    if (!file->empty() && ::access(file->c_str(), R_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat("cannot read the etcd TLS file ", *file));
+    }
+  }
   static const CURLcode initialized = curl_global_init(CURL_GLOBAL_DEFAULT);
   (void)initialized;
-  return EtcdClient(std::move(endpoints), options.request_timeout);
+  return EtcdClient(std::move(endpoints), std::move(options));
 }
 
 absl::StatusOr<std::string> EtcdClient::Post(absl::string_view path, const std::string& body) {
@@ -102,6 +124,11 @@ absl::StatusOr<std::string> EtcdClient::Post(absl::string_view path, const std::
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(absl::ToInt64Milliseconds(timeout_)));
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    if (!options_.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, options_.ca_file.c_str());
+    if (!options_.cert_file.empty()) {
+      curl_easy_setopt(curl, CURLOPT_SSLCERT, options_.cert_file.c_str());
+      curl_easy_setopt(curl, CURLOPT_SSLKEY, options_.key_file.c_str());
+    }
     const CURLcode result = curl_easy_perform(curl);
     long http_status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http_status);

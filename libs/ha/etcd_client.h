@@ -10,6 +10,10 @@
 // until one answers, so one dead etcd member does not stop the store; etcd itself makes any
 // member's answer linearizable (the gateway's range reads are, by default).
 //
+// TLS: https:// endpoints are verified against `ca_file` (else the system's CAs); with
+// `cert_file` / `key_file` the client presents a certificate, for a cluster started with
+// --client-cert-auth (who may hold the writer's lease is then who holds such a certificate).
+//
 // Errors: an unreachable cluster is UNAVAILABLE naming every endpoint tried; an answer that is
 // not what the gateway sends is INTERNAL with its body. Thread-safe.
 
@@ -30,6 +34,11 @@ struct EtcdClientOptions {
   std::string endpoints;
   // Per attempt; keep it below the lease TTL so a keep-alive can try another member in time.
   absl::Duration request_timeout = absl::Seconds(1);
+  // PEM files for https:// endpoints: the CA that signed the members' certificates (empty: the
+  // system's), and this client's certificate and key (both or neither).
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 // A key's value and the lease that holds it (0: none).
@@ -41,7 +50,9 @@ struct EtcdValue {
 
 class EtcdClient {
  public:
-  // INVALID_ARGUMENT for no endpoint or one that is not http(s)://.
+  // INVALID_ARGUMENT for no endpoint or one that is not http(s)://, TLS files with http://
+  // endpoints, or only one of cert_file and key_file; NOT_FOUND naming a TLS file that cannot be
+  // read.
   static absl::StatusOr<EtcdClient> Create(EtcdClientOptions options);
 
   // A new lease of `ttl` (whole seconds, >= 1); its id.
@@ -61,13 +72,15 @@ class EtcdClient {
   const std::vector<std::string>& endpoints() const { return endpoints_; }
 
  private:
-  EtcdClient(std::vector<std::string> endpoints, absl::Duration timeout)
-      : endpoints_(std::move(endpoints)), timeout_(timeout) {}
+  EtcdClient(std::vector<std::string> endpoints, EtcdClientOptions options)
+      : endpoints_(std::move(endpoints)), timeout_(options.request_timeout),
+        options_(std::move(options)) {}
   // POSTs `body` to `path` on the first endpoint that answers; the parsed body's text.
   absl::StatusOr<std::string> Post(absl::string_view path, const std::string& body);
 
   std::vector<std::string> endpoints_;
   absl::Duration timeout_;
+  EtcdClientOptions options_;  // its TLS files.
 };
 
 }  // namespace ckpt::ha

@@ -59,11 +59,19 @@ ABSL_FLAG(absl::Duration, abandoned_upload_grace, absl::Hours(1),
           "A duration such as 1h or 90m. Default 1h.");
 ABSL_FLAG(std::string, etcd_endpoints, "",
           "Run as one of several stores sharing one bucket (--chunks_s3_*): comma-separated etcd "
-          "URLs (http://HOST:PORT). The store that holds the writer's lease in etcd takes "
-          "changes; the others follow the bucket's change log, answer reads, and refuse changes "
+          "URLs (http://HOST:PORT, or https:// with --etcd_*_file). The store that holds the "
+          "writer's lease in etcd takes changes; the others follow the bucket's change log, answer reads, and refuse changes "
           "with UNAVAILABLE naming the writer, and their health reports ckpt.v1.CheckpointStore "
           "NOT_SERVING, so clients given every store's address (--store=A,B) reach the writer. "
           "Empty (the default): this store is the only writer.");
+ABSL_FLAG(std::string, etcd_ca_file, "",
+          "With https:// --etcd_endpoints: the PEM CA that signed the etcd members' "
+          "certificates. Default: the system's CAs.");
+ABSL_FLAG(std::string, etcd_cert_file, "",
+          "With https:// --etcd_endpoints: this store's PEM client certificate (with "
+          "--etcd_key_file), for an etcd cluster started with --client-cert-auth, so only "
+          "stores holding such a certificate can take the writer's lease.");
+ABSL_FLAG(std::string, etcd_key_file, "", "The private key of --etcd_cert_file (PEM).");
 ABSL_FLAG(std::string, advertise_address, "",
           "With --etcd_endpoints: this store's address as clients reach it, named to them when "
           "it is the writer. Default: the address it listens on.");
@@ -109,8 +117,8 @@ struct ServerConfig {
   GrpcServerOptions server;
   std::string port_file;
   absl::Duration shutdown_grace;
-  // --etcd_endpoints: several stores on one bucket, one of them the writer.
-  std::string etcd_endpoints;
+  // --etcd_endpoints (and its TLS files): several stores on one bucket, one of them the writer.
+  ha::EtcdClientOptions etcd;
   ha::StoreFailoverOptions failover;
 };
 
@@ -172,8 +180,11 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
                    LoadServerSecurity(CKPT_SERVER_SECURITY_FROM_FLAGS(), "--"));
   config.server.tls = security.tls;
   config.service.access = security.access;
-  config.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
-  if (!config.etcd_endpoints.empty()) {
+  config.etcd.endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  config.etcd.ca_file = absl::GetFlag(FLAGS_etcd_ca_file);
+  config.etcd.cert_file = absl::GetFlag(FLAGS_etcd_cert_file);
+  config.etcd.key_file = absl::GetFlag(FLAGS_etcd_key_file);
+  if (!config.etcd.endpoints.empty()) {
     if (config.chunks_s3.endpoint.empty()) {
       return absl::InvalidArgumentError(
           "--etcd_endpoints needs --chunks_s3_endpoint: stores on several hosts share their "
@@ -197,9 +208,10 @@ absl::StatusOr<ServerConfig> ConfigFromFlags(const std::vector<char*>& positiona
           absl::FormatDuration(config.failover.follow_interval), ")"));
     }
   } else if (!absl::GetFlag(FLAGS_advertise_address).empty() ||
-             !absl::GetFlag(FLAGS_writer_key).empty()) {
+             !absl::GetFlag(FLAGS_writer_key).empty() || !config.etcd.ca_file.empty() ||
+             !config.etcd.cert_file.empty() || !config.etcd.key_file.empty()) {
     return absl::InvalidArgumentError(
-        "--advertise_address and --writer_key need --etcd_endpoints");
+        "--advertise_address, --writer_key and --etcd_*_file need --etcd_endpoints");
   }
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
@@ -240,14 +252,12 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
     return kExitFailure;
   }
   std::unique_ptr<ha::StoreFailover> failover;
-  if (!config.etcd_endpoints.empty()) {
+  if (!config.etcd.endpoints.empty()) {
     // A follower until the lease says otherwise: clients balancing over every store's address
     // skip it (its health says NOT_SERVING for the store service).
     GrpcServer* const serving = server->get();
     serving->SetServing(v1::CheckpointStore::service_full_name(), false);
-    ha::EtcdClientOptions etcd_options;
-    etcd_options.endpoints = config.etcd_endpoints;
-    absl::StatusOr<ha::EtcdClient> etcd = ha::EtcdClient::Create(etcd_options);
+    absl::StatusOr<ha::EtcdClient> etcd = ha::EtcdClient::Create(config.etcd);
     if (!etcd.ok()) {
       std::cerr << "checkpoint_store: --etcd_endpoints: " << etcd.status() << "\n";
       return kExitFailure;
@@ -296,7 +306,8 @@ int main(int argc, char** argv) {
       "                   [--identities_file=JSON | --auth_token_file=FILE] "
       "[--shutdown_grace=10s]\n"
       "                   [--chunks_s3_endpoint=URL --chunks_s3_bucket=B ...]\n"
-      "                   [--etcd_endpoints=URL,URL,URL [--advertise_address=HOST:PORT]]\n"
+      "                   [--etcd_endpoints=URL,URL,URL [--advertise_address=HOST:PORT]\n"
+      "                    [--etcd_ca_file=PEM --etcd_cert_file=PEM --etcd_key_file=PEM]]\n"
       "Every acknowledged change is first recorded in the store's change log (beside the packs,\n"
       "or in their bucket); an empty --store_dir is rebuilt from it. With --etcd_endpoints\n"
       "several stores share one bucket: one writer, the others follow and take over.");

@@ -156,6 +156,7 @@ TEST(CheckpointStoreMainTest, BadFlagsExitTwoWithAClearMessage) {
       {{db, "--auth_token_file=" + dir + "/missing"}, "cannot read --auth_token_file"},
       {{db, "--auth_token_file=" + dir + "/empty_token"}, "is empty"},
       {{db, "--max_message_bytes=1000"}, "too small"},
+      {{db, "--etcd_cert_file=" + dir + "/store.pem"}, "--etcd_*_file need --etcd_endpoints"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.flags));

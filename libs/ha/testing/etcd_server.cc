@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -36,7 +37,7 @@ int UnusedLoopbackPort() {
   return port;
 }
 
-EtcdServer::EtcdServer(std::string dir) {
+EtcdServer::EtcdServer(std::string dir, const EtcdServerTls* tls) {
   if (!Available()) return;
   if (dir.empty()) dir = ckpt::testing::TestCaseDir() + "-etcd";
   std::filesystem::remove_all(dir);
@@ -44,17 +45,27 @@ EtcdServer::EtcdServer(std::string dir) {
   for (int attempt = 0; attempt < 3 && endpoint_.empty(); ++attempt) {
     const int client_port = UnusedLoopbackPort();
     const int peer_port = UnusedLoopbackPort();
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_port);
+    const std::string client =
+        absl::StrCat(tls != nullptr ? "https" : "http", "://127.0.0.1:", client_port);
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port);
     process_ = std::make_unique<ckpt::testing::ChildProcess>(kEtcd, dir);
-    if (!process_->Start({"--name=n1", absl::StrCat("--data-dir=", dir, "/data", attempt),
-                          "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
-                          "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
-                          absl::StrCat("--initial-cluster=n1=", peer), "--log-level=warn"})) {
-      continue;
+    std::vector<std::string> flags = {
+        "--name=n1", absl::StrCat("--data-dir=", dir, "/data", attempt),
+        "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+        "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+        absl::StrCat("--initial-cluster=n1=", peer), "--log-level=warn"};
+    if (tls != nullptr) {
+      flags.insert(flags.end(), {"--cert-file=" + tls->cert_file, "--key-file=" + tls->key_file,
+                                 "--client-cert-auth", "--trusted-ca-file=" + tls->client_ca_file});
     }
+    if (!process_->Start(flags)) continue;
     EtcdClientOptions options;
     options.endpoints = client;
+    if (tls != nullptr) {
+      options.ca_file = tls->client_ca_file;
+      options.cert_file = tls->client_cert_file;
+      options.key_file = tls->client_key_file;
+    }
     absl::StatusOr<EtcdClient> etcd = EtcdClient::Create(options);
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (etcd.ok() && absl::Now() < deadline) {

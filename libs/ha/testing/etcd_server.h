@@ -16,15 +16,25 @@
 
 namespace ckpt::ha::testing {
 
+// TLS for the client port: the server's certificate and key, and the CA whose client
+// certificates it requires (--client-cert-auth); the readiness probe presents `client_cert`.
+struct EtcdServerTls {
+  std::string cert_file;
+  std::string key_file;
+  std::string client_ca_file;
+  std::string client_cert_file;
+  std::string client_key_file;
+};
+
 class EtcdServer {
  public:
   static bool Available();
-  // Starts it and waits (up to 20 s) until it answers.
-  explicit EtcdServer(std::string dir = "");
+  // Starts it and waits (up to 20 s) until it answers; with `tls`, on https:// only.
+  explicit EtcdServer(std::string dir = "", const EtcdServerTls* tls = nullptr);
   ~EtcdServer();
 
   bool ok() const { return !endpoint_.empty(); }
-  const std::string& endpoint() const { return endpoint_; }  // http://127.0.0.1:PORT
+  const std::string& endpoint() const { return endpoint_; }  // http(s)://127.0.0.1:PORT
   ckpt::testing::ChildProcess* process() { return process_.get(); }
 
  private:
