@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -38,16 +39,7 @@ std::string TrimAndCollapse(absl::string_view value) {
 
 }  // namespace
 
-std::string HexEncode(absl::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 0xf]);
-  }
-  return out;
-}
+std::string HexEncode(absl::string_view bytes) { return absl::BytesToHexString(bytes); }
 
 std::string Sha256Hex(absl::string_view data) {
   unsigned char digest[SHA256_DIGEST_LENGTH];

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace ckpt {
@@ -97,16 +98,7 @@ ChunkDigest HashChunk(absl::string_view bytes) {
   return digest;
 }
 
-std::string HexEncode(absl::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    hex.push_back(kDigits[c >> 4]);
-    hex.push_back(kDigits[c & 0xf]);
-  }
-  return hex;
-}
+std::string HexEncode(absl::string_view bytes) { return absl::BytesToHexString(bytes); }
 
 absl::StatusOr<std::string> HexDecode(absl::string_view hex) {
   if (hex.size() % 2 != 0) {
