@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "libs/format/bundle.h"
 #include "libs/format/checkpoint_file.h"
-#include "libs/format/inspect.h"
+#include "libs/format/module_state.h"
 #include "libs/format/safetensors.h"
 #include "libs/format/torch_writer.h"
 #include "libs/status/status_macros.h"
@@ -49,13 +49,12 @@ absl::StatusOr<StateDict> StripPrefix(const StateDict& model, const std::string&
 // paths (safetensors), every tensor on the CPU as read.
 absl::StatusOr<ConvertReport> ConvertPlainRoot(const CheckpointFile& file, const std::string& out,
                                                ConvertReport report) {
-  const nlohmann::ordered_json described = InspectCheckpoint(file)["root"];
-  report.plain_root = described["kind"].get<std::string>();
-  if (!described["unstored"].empty()) {
-    const auto& unstored = described["unstored"].front();
+  const RootDescription described = DescribeRoot(file.root);
+  report.plain_root = described.kind;
+  if (!described.unstored.empty()) {
+    const auto& [path, kind] = described.unstored.front();
     return absl::InvalidArgumentError(absl::StrCat(
-        file.path, ": '", unstored["path"].get<std::string>(), "' is ",
-        unstored["kind"].get<std::string>(),
+        file.path, ": '", path, "' is ", kind,
         "; ckpt writes dense tensors only (make it dense with tensor.to_dense(), or give it "
         "storage, before saving)"));
   }
@@ -66,7 +65,7 @@ absl::StatusOr<ConvertReport> ConvertPlainRoot(const CheckpointFile& file, const
   report.tensors = tensors.size();
   report.tensor_bytes = tensors.TotalBytes();
   if (report.format == "safetensors") {
-    if (!file.root.is_tensor() && file.root.TensorCount() == 0) {
+    if (tensors.size() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           file.path, ": its root (", report.plain_root,
           ") holds no tensor, and safetensors holds tensors only; write a .pt"));

@@ -137,21 +137,9 @@ std::string HumanBytes(uint64_t bytes) {
 // A root that holds no model state dict: what it is, every tensor in it by path, and what it
 // holds that ckpt does not store (sparse and meta tensors).
 Json InspectRoot(const Value& root) {
+  const RootDescription description = DescribeRoot(root);
   Json report = Json::object();
-  std::string kind;
-  if (root.is_tensor()) {
-    kind = "a tensor";
-  } else if (root.is_list() || root.is_tuple()) {
-    kind = absl::StrCat("a ", root.is_list() ? "list" : "tuple", " of ", root.items().size(),
-                        " items");
-  } else if (root.is_dict()) {
-    kind = absl::StrCat("a dict of ", root.entries().size(), " entries");
-  } else if (const std::string unstored = UnstoredTensorKind(root); !unstored.empty()) {
-    kind = unstored;
-  } else {
-    kind = "a plain value";
-  }
-  report["kind"] = kind;
+  report["kind"] = description.kind;
   Json tensors = Json::array();
   root.ForEachTensor([&](const std::string& path, const at::Tensor& tensor) {
     tensors.push_back({{"path", path.empty() ? "<root>" : path},
@@ -161,18 +149,8 @@ Json InspectRoot(const Value& root) {
   });
   report["tensors"] = std::move(tensors);
   Json unstored = Json::array();
-  const auto note = [&](const std::string& path, const Value& value) {
-    const std::string what = UnstoredTensorKind(value);
-    if (what.empty()) return;
-    unstored.push_back({{"path", path.empty() ? "<root>" : path}, {"kind", what}});
-  };
-  note("", root);
-  if (root.is_dict()) {
-    for (const auto& [key, value] : root.entries()) {
-      note(key.is_int() ? std::to_string(key.int_key()) : key.string_key(), value);
-    }
-  } else if (root.is_sequence()) {
-    for (size_t i = 0; i < root.items().size(); ++i) note(std::to_string(i), root.items()[i]);
+  for (const auto& [path, kind] : description.unstored) {
+    unstored.push_back({{"path", path}, {"kind", kind}});
   }
   report["unstored"] = std::move(unstored);
   report["summary"] = Summarize(root);

@@ -231,6 +231,35 @@ std::string UnstoredTensorKind(const Value& value) {
   return "";
 }
 
+RootDescription DescribeRoot(const Value& root) {
+  RootDescription description;
+  if (root.is_tensor()) {
+    description.kind = "a tensor";
+  } else if (root.is_sequence()) {
+    description.kind = absl::StrCat("a ", root.is_list() ? "list" : "tuple", " of ",
+                                    root.items().size(), " items");
+  } else if (root.is_dict()) {
+    description.kind = absl::StrCat("a dict of ", root.entries().size(), " entries");
+  } else if (std::string unstored = UnstoredTensorKind(root); !unstored.empty()) {
+    description.kind = unstored;
+    description.unstored.emplace_back("<root>", std::move(unstored));
+  } else {
+    description.kind = "a plain value";
+  }
+  const auto note = [&](std::string path, const Value& value) {
+    std::string what = UnstoredTensorKind(value);
+    if (!what.empty()) description.unstored.emplace_back(std::move(path), std::move(what));
+  };
+  if (root.is_dict()) {
+    for (const auto& [key, value] : root.entries()) {
+      note(key.is_int() ? std::to_string(key.int_key()) : key.string_key(), value);
+    }
+  } else if (root.is_sequence()) {
+    for (size_t i = 0; i < root.items().size(); ++i) note(std::to_string(i), root.items()[i]);
+  }
+  return description;
+}
+
 bool IsModuleObject(const Value& value) {
   const Value* attributes = ModuleDict(value);
   return attributes != nullptr && attributes->Find("_parameters") != nullptr &&

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,6 +56,15 @@ bool IsModuleObject(const Value& value);
 // the reader kept as the torch call that would rebuild such a tensor (ckpt stores dense tensors
 // only); "" for anything else.
 std::string UnstoredTensorKind(const Value& value);
+
+// A root that holds no model state dict, as inspect and convert describe it: what it is ("a
+// list of 2 items", "a tensor", "a dict of 3 entries", "a plain value") and the values at its
+// top level that ckpt does not store (path -> UnstoredTensorKind; "<root>" for the root itself).
+struct RootDescription {
+  std::string kind;
+  std::vector<std::pair<std::string, std::string>> unstored;
+};
+RootDescription DescribeRoot(const Value& root);
 
 // True for a non-empty dict with str keys whose values are all tensors (a state dict).
 bool IsTensorDict(const Value& value);

@@ -38,16 +38,16 @@ using torch_reader_internal::AllocateStorage;
 using torch_reader_internal::AsInt;
 using torch_reader_internal::AsText;
 using torch_reader_internal::ByteSwap;
-
-// Storage bytes are copied as they are where the file is little-endian (legacy files always, zip
-// files unless their byteorder record says "big").
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ckpt reads torch files on "
-              "little-endian hosts only");
 using torch_reader_internal::GlobalName;
 using torch_reader_internal::StorageBytes;
 using torch_reader_internal::StorageDType;
 using torch_reader_internal::StorageValue;
 using torch_reader_internal::TorchHooks;
+
+// Storage bytes are copied as they are where the file is little-endian (legacy files always, zip
+// files unless their byteorder record says "big").
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ckpt reads torch files on "
+              "little-endian hosts only");
 
 // The first pickle of a legacy file: torch.serialization.MAGIC_NUMBER.
 constexpr absl::string_view kLegacyMagic = "119547037146038801333356";

@@ -32,7 +32,9 @@ cli::CommandSpec InspectCommand() {
       1,
       1,
       {{"json", "", "print the report as JSON", ""},
-       {"key", "PATH", "where the model state dict is, e.g. model or ckpt/state_dict", "auto"}}};
+       {"key", "PATH",
+        "where the model state dict is, e.g. model, ckpt/state_dict, or 0 for a list's first item",
+        "auto"}}};
 }
 
 cli::CommandSpec ConvertCommand() {
@@ -48,7 +50,8 @@ cli::CommandSpec ConvertCommand() {
            {"strip-prefix", "auto|none|PREFIX",
             "auto strips wrapper prefixes (module., _orig_mod., FSDP, checkpointing)", "auto"},
            {"add-prefix", "PREFIX", "prefix added to every key after stripping, e.g. module.", ""},
-           {"key", "PATH", "where the model state dict is, e.g. model", "auto"},
+           {"key", "PATH", "where the model state dict is, e.g. model (0: a list's first item)",
+            "auto"},
            {"max-expanded-bytes", "BYTES",
             "refuse a file whose tensors would together take this many bytes more once "
             "materialized than the file stores (broadcast or overlapping views claiming memory "

@@ -56,7 +56,8 @@ cli::CommandSpec ImportCommand() {
       With({{"model", "NAME", "model to add the version to ([A-Za-z0-9._-], required)", ""},
             {"alias", "A[,B]", "aliases to point at the new version", ""},
             {"strip-prefix", "auto|none|PREFIX", "wrapper prefixes to strip (recorded)", "auto"},
-            {"key", "PATH", "where the model state dict is in FILE", "auto"},
+            {"key", "PATH", "where the model state dict is in FILE (0: a list's first item)",
+             "auto"},
             {"max-expanded-bytes", "BYTES",
              "refuse a file whose tensors would together take this many bytes more once "
              "materialized than the file stores (broadcast or overlapping views); 0: 1/8 of this "

@@ -143,8 +143,8 @@ class LoadingCalls:
         for state the version does not hold raises FailedPrecondition naming what is missing.
 
         broadcast_from: in a torch.distributed job (DDP), call load_bundle() on every rank with
-        the same ref: only global rank `broadcast_from` reads (and verifies) the version from the
-        store and sends it to the others over the process group (`group`, default the whole
+        the same ref: only global rank `broadcast_from` reads (and verifies) the version, from
+        the loader or the store as above, and sends it to the others over the process group (`group`, default the whole
         job), so N ranks do not download N copies; each rank then restores its own model,
         optimizer and scheduler. Every rank gets the same version, or the same error.
         """
