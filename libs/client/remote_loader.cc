@@ -33,6 +33,7 @@
 #include "libs/tensor/device.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/side_stream_copies.h"
+#include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
 
 namespace ckpt {
@@ -42,6 +43,11 @@ namespace {
 // when it goes on to an accelerator.
 absl::StatusOr<at::Tensor> EmptyTensorFor(const v1::TensorMeta& meta, absl::string_view where,
                                           bool pinned) {
+  if (meta.has_sparse()) {  // its parts' bytes, rebuilt into the sparse tensor when complete.
+    return CatchTorchErrors([&] {
+      return at::empty({meta.byte_length()}, at::TensorOptions().dtype(at::kByte));
+    });
+  }
   ASSIGN_OR_RETURN(const DType dtype, DTypeFromProto(meta.dtype()));
   ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(dtype));
   at::Tensor tensor;
@@ -210,6 +216,16 @@ class RemoteLoader::LoadRun {
 
   absl::Status Place(int i) {
     Slot& slot = slots_[i];
+    if (MetaAt(i).has_sparse()) {
+      ASSIGN_OR_RETURN(const at::Tensor sparse,
+                       SparseTensorFromBytes(
+                           MetaAt(i), absl::string_view(static_cast<const char*>(slot.cpu.data_ptr()),
+                                                        slot.cpu.nbytes())));
+      ASSIGN_OR_RETURN(slot.placed, PlaceTensor(sparse, target_.device, DTypePolicy::Keep()));
+      slot.cpu = at::Tensor();
+      slot.verified = true;
+      return absl::OkStatus();
+    }
     if (staging_) {
       absl::MutexLock lock(&staging_mu_);
       ASSIGN_OR_RETURN(slot.placed,

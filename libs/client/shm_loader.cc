@@ -25,6 +25,7 @@
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
 
 namespace ckpt {
@@ -264,8 +265,12 @@ absl::StatusOr<LoadedState> SharedMemoryLoader::Assemble(const v1::ShmAnswer& an
     const v1::TensorMeta& meta = meta_at(i);
     ASSIGN_OR_RETURN(const DType dtype, DTypeFromProto(meta.dtype()));
     ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(dtype));
-    const std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
-    const at::TensorOptions options = at::TensorOptions().dtype(scalar_type);
+    // A sparse tensor arrives as its parts' bytes and is rebuilt once they are checked.
+    const std::vector<int64_t> shape =
+        meta.has_sparse() ? std::vector<int64_t>{meta.byte_length()}
+                          : std::vector<int64_t>(meta.shape().begin(), meta.shape().end());
+    const at::TensorOptions options =
+        at::TensorOptions().dtype(meta.has_sparse() ? at::kByte : scalar_type);
     ASSIGN_OR_RETURN(ReceivedTensorCheck check, ReceivedTensorCheck::Create(meta, where));
     at::Tensor tensor;
     if (layout.length() == 0) {
@@ -292,6 +297,11 @@ absl::StatusOr<LoadedState> SharedMemoryLoader::Assemble(const v1::ShmAnswer& an
         return bad(absl::StrCat("tensor '", meta.key(), "' has neither chunk refs nor a digest"));
       }
       RETURN_IF_ERROR(check.CheckDigest(layout.digest()));
+    }
+    if (meta.has_sparse()) {
+      ASSIGN_OR_RETURN(tensor, SparseTensorFromBytes(
+                                   meta, absl::string_view(static_cast<const char*>(tensor.data_ptr()),
+                                                           tensor.nbytes())));
     }
     if (!on_cpu) {
       ASSIGN_OR_RETURN(tensor, PlaceTensor(tensor, target.device, DTypePolicy::Keep()));

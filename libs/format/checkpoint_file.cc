@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "libs/format/torch_reader.h"
 #include "libs/format/zip_reader.h"
 #include "libs/status/status_macros.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt {
 namespace {
@@ -146,7 +148,15 @@ absl::StatusOr<CheckpointFile> WithBundle(CheckpointFile file,
 Expansion MeasureExpansion(const Value& root) {
   Expansion expansion;
   uint64_t widest = 0;
-  root.ForEachTensor([&](const std::string& key, const at::Tensor& tensor) {
+  std::function<void(const std::string&, const at::Tensor&)> measure;
+  measure = [&](const std::string& key, const at::Tensor& tensor) {
+    if (IsSparseTensor(tensor)) {  // no storage of its own: its parts are what was read.
+      absl::StatusOr<SparseParts> sparse = SparsePartsOf(tensor);
+      if (sparse.ok()) {
+        for (const at::Tensor& part : sparse->parts) measure(key, part);
+      }
+      return;
+    }
     // The reader checked that size and stride stay inside the storage, so numel * element size
     // fits in 64 bits (a view of n elements spans at most 2^63 of them).
     const uint64_t claimed =
@@ -162,7 +172,8 @@ Expansion MeasureExpansion(const Value& root) {
                                       "] and stride [", absl::StrJoin(tensor.strides(), ", "),
                                       "] views ", stored, " stored bytes but would take ", claimed);
     }
-  });
+  };
+  root.ForEachTensor(measure);
   return expansion;
 }
 

@@ -14,6 +14,7 @@
 #include "libs/format/torch_writer.h"
 #include "libs/status/status_macros.h"
 #include "libs/tensor/key_normalization.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt {
 namespace {
@@ -134,7 +135,7 @@ absl::StatusOr<ConvertReport> ConvertCheckpoint(const std::string& in, const std
     // safetensors has no shared storage: tied tensors are written once each.
     absl::flat_hash_map<const void*, std::string> first_user;
     for (const StateDict::Entry& entry : model) {
-      if (entry.tensor.numel() == 0) continue;
+      if (entry.tensor.numel() == 0 || IsSparseTensor(entry.tensor)) continue;  // no storage
       auto [it, inserted] = first_user.emplace(entry.tensor.storage().data(), entry.key);
       if (!inserted) {
         report.warnings.push_back(absl::StrCat("'", entry.key, "' shares storage with '",

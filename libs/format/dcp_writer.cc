@@ -9,6 +9,7 @@
 #include "libs/io/atomic_file.h"
 #include "libs/status/status_macros.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt {
 namespace {
@@ -104,6 +105,10 @@ absl::Status Flatten(const Value& dict, std::vector<DictKey>& path, std::vector<
         return absl::InvalidArgumentError(
             absl::StrCat("two values flatten to the key '", item.key,
                          "' (DCP joins nested keys with '.'); rename one of them"));
+      }
+      if (value.is_tensor() && IsSparseTensor(value.tensor())) {
+        ASSIGN_OR_RETURN(const SparseParts sparse, SparsePartsOf(value.tensor()));
+        return DenseOnlyFormatError("a DCP directory", item.key, sparse.layout_name);
       }
       items.push_back(std::move(item));
     }

@@ -10,6 +10,7 @@
 #include "libs/format/module_state.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/key_normalization.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt {
 namespace {
@@ -24,6 +25,25 @@ std::string DTypeOf(const at::Tensor& tensor) {
 
 std::string ShapeOf(const at::Tensor& tensor) {
   return absl::StrCat("[", absl::StrJoin(tensor.sizes(), ", "), "]");
+}
+
+// A tensor's JSON entry fields: dtype, shape, bytes (for a sparse tensor its parts' bytes, as
+// stored) and, for a sparse tensor only, its layout.
+void DescribeInto(const at::Tensor& tensor, Json& entry) {
+  entry["dtype"] = DTypeOf(tensor);
+  entry["shape"] = tensor.sizes().vec();
+  entry["bytes"] = StoredByteCount(tensor);
+  if (!IsSparseTensor(tensor)) return;
+  absl::StatusOr<SparseParts> sparse = SparsePartsOf(tensor);
+  entry["layout"] = sparse.ok() ? sparse->layout_name : "sparse";
+}
+
+// The SHAPE column of the text: "[3, 4]", or "[3, 4] sparse_coo".
+std::string ShapeColumn(const Json& entry) {
+  std::string shape =
+      absl::StrCat("[", absl::StrJoin(entry["shape"].get<std::vector<int64_t>>(), ", "), "]");
+  if (entry.contains("layout")) absl::StrAppend(&shape, " ", entry["layout"].get<std::string>());
+  return shape;
 }
 
 // Scalars as JSON values, tensors as "tensor(float32[3, 4])", containers recursively (long ones
@@ -94,7 +114,7 @@ Json InspectOptimizer(const Value& optimizer) {
     }
   }
   optimizer.ForEachTensor(
-      [&](const std::string&, const at::Tensor& tensor) { state_bytes += tensor.nbytes(); });
+      [&](const std::string&, const at::Tensor& tensor) { state_bytes += StoredByteCount(tensor); });
   Json group_reports = Json::array();
   for (const Value& group : groups->items()) {
     Json group_report = Json::object();
@@ -135,17 +155,16 @@ std::string HumanBytes(uint64_t bytes) {
 }
 
 // A root that holds no model state dict: what it is, every tensor in it by path, and what it
-// holds that ckpt does not store (sparse and meta tensors).
+// holds that ckpt does not store (meta tensors).
 Json InspectRoot(const Value& root) {
   const RootDescription description = DescribeRoot(root);
   Json report = Json::object();
   report["kind"] = description.kind;
   Json tensors = Json::array();
   root.ForEachTensor([&](const std::string& path, const at::Tensor& tensor) {
-    tensors.push_back({{"path", path.empty() ? "<root>" : path},
-                       {"dtype", DTypeOf(tensor)},
-                       {"shape", tensor.sizes().vec()},
-                       {"bytes", tensor.nbytes()}});
+    Json entry = {{"path", path.empty() ? "<root>" : path}};
+    DescribeInto(tensor, entry);
+    tensors.push_back(std::move(entry));
   });
   report["tensors"] = std::move(tensors);
   Json unstored = Json::array();
@@ -188,11 +207,10 @@ Json InspectCheckpoint(const CheckpointFile& file) {
     const std::string device = entry.original_device.empty() ? "unknown" : entry.original_device;
     ++devices[device];
     ++dtypes[DTypeOf(entry.tensor)];
-    entries.push_back({{"key", entry.key},
-                       {"dtype", DTypeOf(entry.tensor)},
-                       {"shape", entry.tensor.sizes().vec()},
-                       {"bytes", entry.tensor.nbytes()},
-                       {"original_device", device}});
+    Json described = {{"key", entry.key}};
+    DescribeInto(entry.tensor, described);
+    described["original_device"] = device;
+    entries.push_back(std::move(described));
   }
   model_report["original_devices"] = devices;
   model_report["dtypes"] = dtypes;
@@ -241,11 +259,9 @@ std::string RenderInspectText(const Json& report) {
                                             "DTYPE", "SHAPE", "BYTES"));
     }
     for (const Json& tensor : root["tensors"]) {
-      const std::string shape = absl::StrCat(
-          "[", absl::StrJoin(tensor["shape"].get<std::vector<int64_t>>(), ", "), "]");
       absl::StrAppend(&out, absl::StrFormat("  %-*s  %-9s  %-18s  %10s\n", path_width,
                                             tensor["path"].get<std::string>(),
-                                            tensor["dtype"].get<std::string>(), shape,
+                                            tensor["dtype"].get<std::string>(), ShapeColumn(tensor),
                                             HumanBytes(tensor["bytes"].get<uint64_t>())));
     }
     for (const Json& unstored : root["unstored"]) {
@@ -298,12 +314,10 @@ std::string RenderInspectText(const Json& report) {
   absl::StrAppend(&out, absl::StrFormat("  %-*s  %-9s  %-18s  %10s  %s\n", key_width, "KEY",
                                         "DTYPE", "SHAPE", "BYTES", "ORIGINAL DEVICE"));
   for (const Json& entry : model["entries"]) {
-    const std::string shape =
-        absl::StrCat("[", absl::StrJoin(entry["shape"].get<std::vector<int64_t>>(), ", "), "]");
     absl::StrAppend(
         &out, absl::StrFormat("  %-*s  %-9s  %-18s  %10s  %s\n", key_width,
                               entry["key"].get<std::string>(), entry["dtype"].get<std::string>(),
-                              shape, HumanBytes(entry["bytes"].get<uint64_t>()),
+                              ShapeColumn(entry), HumanBytes(entry["bytes"].get<uint64_t>()),
                               entry["original_device"].get<std::string>()));
   }
   absl::StrAppend(&out, "epoch: ", report["epoch"].is_null() ? "-" : report["epoch"].dump(),

@@ -223,8 +223,12 @@ std::string JoinPath(const std::vector<DictKey>& path) {
 std::string UnstoredTensorKind(const Value& value) {
   if (!value.is_opaque()) return "";
   const std::string& name = value.opaque_class_name();
-  if (name == "torch._utils._rebuild_sparse_tensor") return "a sparse tensor";
-  if (name == "torch._utils._rebuild_sparse_csr_tensor") return "a sparse CSR tensor";
+  // Sparse tensors are rebuilt (libs/tensor/sparse_layout.h); these stay opaque only when a part
+  // is of a dtype LibTorch 1.13 lacks.
+  if (name == "torch._utils._rebuild_sparse_tensor" ||
+      name == "torch._utils._rebuild_sparse_csr_tensor") {
+    return "a sparse tensor of a dtype LibTorch 1.13 cannot hold";
+  }
   if (name == "torch._utils._rebuild_meta_tensor_no_storage") {
     return "a meta tensor: shape only, no bytes";
   }
@@ -326,8 +330,8 @@ absl::StatusOr<CheckpointBundle> ExtractCheckpointBundle(const Value& root) {
         "): looked for a dict of tensors or a pickled nn.Module at the root or under 'model', "
         "'state_dict', 'model_state_dict', 'module', 'net', 'weights'",
         unstored_layout
-            ? "; ckpt stores dense tensors only: make sparse ones dense (tensor.to_dense()) and "
-              "give meta tensors real storage before saving"
+            ? "; ckpt stores tensors with their bytes: give meta tensors real storage before "
+              "saving"
             : "",
         root.is_list() || root.is_tuple() || root.is_dict()
             ? "; --key PATH names the state dict inside it (a list's items by index: --key 0)"

@@ -52,9 +52,9 @@ namespace ckpt {
 // `_parameters`, `_buffers` and `_modules`.
 bool IsModuleObject(const Value& value);
 
-// "a sparse tensor", "a sparse CSR tensor" or "a meta tensor: shape only, no bytes" for a value
-// the reader kept as the torch call that would rebuild such a tensor (ckpt stores dense tensors
-// only); "" for anything else.
+// "a meta tensor: shape only, no bytes" (or "a sparse tensor of a dtype LibTorch 1.13 cannot
+// hold") for a value the reader kept as the torch call that would rebuild such a tensor, which
+// ckpt cannot store; "" for anything else.
 std::string UnstoredTensorKind(const Value& value);
 
 // A root that holds no model state dict, as inspect and convert describe it: what it is ("a

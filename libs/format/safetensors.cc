@@ -18,6 +18,7 @@
 #include "libs/io/atomic_file.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/tensor/sparse_layout.h"
 #include "nlohmann/json.hpp"
 
 namespace ckpt {
@@ -290,6 +291,10 @@ absl::Status WriteSafetensorsFile(const std::string& path, const StateDict& tens
   std::vector<SafetensorsTensorSpec> specs;
   specs.reserve(tensors.size());
   for (const StateDict::Entry& entry : tensors) {
+    if (IsSparseTensor(entry.tensor)) {
+      ASSIGN_OR_RETURN(const SparseParts sparse, SparsePartsOf(entry.tensor));
+      return DenseOnlyFormatError("safetensors", entry.key, sparse.layout_name);
+    }
     ASSIGN_OR_RETURN(DType dtype, FromScalarType(entry.tensor.scalar_type()));
     specs.push_back({entry.key, dtype, entry.tensor.sizes().vec()});
   }

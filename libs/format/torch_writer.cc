@@ -14,6 +14,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt {
 namespace {
@@ -323,6 +324,7 @@ class TorchPickler {
       report_->warnings.push_back("an undefined tensor was written as None");
       return absl::OkStatus();
     }
+    if (IsSparseTensor(tensor)) return SparseTensor(tensor);
     if (tensor.layout() != at::kStrided) {
       std::ostringstream layout;
       layout << tensor.layout();
@@ -351,6 +353,33 @@ class TorchPickler {
       out_.push_back(op::kTuple3);
       out_.push_back(op::kReduce);
     }
+    return absl::OkStatus();
+  }
+
+  // A sparse tensor as torch.save writes one: rebuild(_get_layout("torch.sparse_coo"), (parts...,
+  // size)). torch 1.13 writes CSR with _rebuild_sparse_csr_tensor, and only COO and CSR at all;
+  // CSC, BSR and BSC go as torch 2.x writes them, with _rebuild_sparse_tensor. COO omits 2.x's
+  // is_coalesced, which 1.13's reader does not take (2.x reads both forms).
+  absl::Status SparseTensor(const at::Tensor& tensor) {
+    ASSIGN_OR_RETURN(SparseParts sparse, SparsePartsOf(tensor));
+    if (tensor.requires_grad()) {
+      report_->warnings.push_back(absl::StrCat(
+          "requires_grad of a ", sparse.layout_name, " tensor is not kept: torch.save drops it"));
+    }
+    Global("torch._utils", sparse.layout_name == "sparse_csr" ? "_rebuild_sparse_csr_tensor"
+                                                               : "_rebuild_sparse_tensor");
+    Global("torch.serialization", "_get_layout");
+    RETURN_IF_ERROR(String(absl::StrCat("torch.", sparse.layout_name)));
+    out_.push_back(op::kTuple1);
+    out_.push_back(op::kReduce);
+    out_.push_back(op::kMark);
+    for (const at::Tensor& part : sparse.parts) RETURN_IF_ERROR(Tensor(part));
+    if (tensor.dim() > 3) out_.push_back(op::kMark);
+    for (int64_t size : tensor.sizes()) Int(size);
+    TupleOf(tensor.dim());
+    out_.push_back(op::kTuple);   // the data: parts and size.
+    out_.push_back(op::kTuple2);  // (layout, data)
+    out_.push_back(op::kReduce);
     return absl::OkStatus();
   }
 

@@ -330,9 +330,6 @@ TEST(TorchWriterTest, RejectsWhatTheFormatCannotHold) {
       at::ones({2, 4}), at::ones({2}), at::zeros({2}), 0, at::kQUInt4x2);
   EXPECT_THAT(WriteTorchFile(TmpPath("q.pt"), Value::Tensor(packed)),
               StatusIs(absl::StatusCode::kInvalidArgument, "quint4x2 tensor (sub-byte"));
-  const at::Tensor sparse = at::ones({2, 2}).to_sparse();
-  EXPECT_THAT(WriteTorchFile(TmpPath("sparse.pt"), Value::Tensor(sparse)),
-              StatusIs(absl::StatusCode::kInvalidArgument, "layout Sparse"));
   EXPECT_THAT(WriteTorchFile(TmpPath("no/such/dir/x.pt"), Value::Int(1)),
               StatusIs(absl::StatusCode::kNotFound));
 }

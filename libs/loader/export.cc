@@ -33,6 +33,7 @@
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
 
 namespace ckpt {
@@ -170,6 +171,15 @@ absl::StatusOr<StateDict> DeferredModel(const VersionReader& reader, const LoadT
   for (PlannedTensor& tensor : planned) {
     const v1::TensorMeta* meta = tensor.meta;
     const DTypePolicy policy = target.dtype;
+    if (meta->has_sparse()) {
+      // A placeholder is one dense storage; a sparse tensor is several: read it now (sparse
+      // tensors are small next to the dense ones the writer streams).
+      ASSIGN_OR_RETURN(at::Tensor stored, reader.ReadTensor(*meta));
+      ASSIGN_OR_RETURN(at::Tensor placed, PlaceTensor(stored, DeviceSpec::Cpu(), policy));
+      RETURN_IF_ERROR(
+          model.Insert(std::move(tensor.key), std::move(placed), meta->original_device()));
+      continue;
+    }
     ASSIGN_OR_RETURN(at::Tensor placeholder,
                      deferred.Add(policy.Apply(static_cast<DType>(meta->dtype())),
                                   std::vector<int64_t>(meta->shape().begin(), meta->shape().end()),
@@ -189,6 +199,7 @@ absl::StatusOr<Value> DeferredValueTree(const VersionReader& reader, const v1::V
                                         DeferredTensors& deferred) {
   return ValueTreeFromManifest(
       reader.manifest(), tree, [&](const v1::TensorMeta& meta) -> absl::StatusOr<at::Tensor> {
+        if (meta.has_sparse()) return reader.ReadTensor(meta);  // as in DeferredModel.
         return deferred.Add(static_cast<DType>(meta.dtype()),
                             std::vector<int64_t>(meta.shape().begin(), meta.shape().end()),
                             [&reader, &meta] { return reader.ReadTensor(meta); });
@@ -261,6 +272,9 @@ absl::StatusOr<PlannedSafetensors> PlanSafetensorsFile(
   PlannedSafetensors plan;
   std::vector<SafetensorsTensorSpec> specs;
   for (const PlannedTensor* tensor : tensors) {
+    if (tensor->meta->has_sparse()) {
+      return DenseOnlyFormatError("safetensors", tensor->key, SparseLayoutName(*tensor->meta));
+    }
     SafetensorsTensorSpec& spec = specs.emplace_back();
     spec.name = tensor->key;
     spec.dtype = target.dtype.Apply(static_cast<DType>(tensor->meta->dtype()));

@@ -15,6 +15,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
+#include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
 #include "torch/csrc/autograd/grad_mode.h"
 #include "torch/nn/module.h"
@@ -371,11 +372,15 @@ absl::StatusOr<v1::Manifest> AdaptedManifest(const v1::Manifest& stored,
     meta.set_key(tensor.key);
     const DType cast = target.dtype.Apply(static_cast<DType>(tensor.meta->dtype()));
     if (static_cast<int>(cast) != tensor.meta->dtype()) {
-      meta.set_dtype(static_cast<v1::DType>(cast));
-      ASSIGN_OR_RETURN(const int64_t bytes,
-                       ByteLengthOf(cast, std::vector<int64_t>(tensor.meta->shape().begin(),
-                                                               tensor.meta->shape().end())));
-      meta.set_byte_length(bytes);
+      if (meta.has_sparse()) {
+        RETURN_IF_ERROR(CastSparseMeta(cast, meta));  // the values only, never the indices.
+      } else {
+        meta.set_dtype(static_cast<v1::DType>(cast));
+        ASSIGN_OR_RETURN(const int64_t bytes,
+                         ByteLengthOf(cast, std::vector<int64_t>(tensor.meta->shape().begin(),
+                                                                 tensor.meta->shape().end())));
+        meta.set_byte_length(bytes);
+      }
       // Both named the stored bytes; the stream follows the cast bytes with a TensorDigest.
       meta.clear_content_hash();
       meta.clear_chunks();

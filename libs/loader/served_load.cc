@@ -1,5 +1,6 @@
 #include "libs/loader/served_load.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
 
 namespace ckpt {
@@ -57,6 +59,19 @@ absl::Status ServedLoad::CastInto(const VersionReader& reader, const ServedTenso
   ASSIGN_OR_RETURN(const at::Tensor stored, reader.ReadTensor(*tensor.stored));
   ASSIGN_OR_RETURN(const DType cast_dtype, DTypeFromProto(tensor.sent->dtype()));
   ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(cast_dtype));
+  if (tensor.stored->has_sparse()) {
+    // The values cast, the indices as they were, laid out as the sent manifest's parts say.
+    ASSIGN_OR_RETURN(const at::Tensor cast,
+                     CatchTorchErrors([&] { return stored.to(scalar_type); }));
+    ASSIGN_OR_RETURN(const at::Tensor bytes, StoredBytes(cast));
+    if (static_cast<int64_t>(bytes.nbytes()) != tensor.sent->byte_length()) {
+      return absl::InternalError(absl::StrCat("sparse tensor '", tensor.sent->key(), "': cast to ",
+                                              bytes.nbytes(), " bytes, the manifest says ",
+                                              tensor.sent->byte_length()));
+    }
+    if (bytes.nbytes() > 0) std::memcpy(destination, bytes.data_ptr(), bytes.nbytes());
+    return absl::OkStatus();
+  }
   return CatchTorchErrors([&] {
     at::Tensor into =
         at::from_blob(destination, stored.sizes(), at::TensorOptions().dtype(scalar_type));
@@ -75,8 +90,12 @@ absl::StatusOr<at::Tensor> ServedLoad::Cast(const VersionReader& reader,
   ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(cast_dtype));
   std::vector<int64_t> shape(tensor.sent->shape().begin(), tensor.sent->shape().end());
   at::Tensor cast;
-  RETURN_IF_ERROR(
-      CatchTorchErrors([&] { cast = at::empty(shape, at::TensorOptions().dtype(scalar_type)); }));
+  // A sparse tensor goes as its parts' bytes (libs/tensor/sparse_layout.h).
+  RETURN_IF_ERROR(CatchTorchErrors([&] {
+    cast = tensor.sent->has_sparse()
+               ? at::empty({tensor.sent->byte_length()}, at::TensorOptions().dtype(at::kByte))
+               : at::empty(shape, at::TensorOptions().dtype(scalar_type));
+  }));
   RETURN_IF_ERROR(CastInto(reader, tensor, static_cast<char*>(cast.data_ptr())));
   return cast;
 }

@@ -33,6 +33,7 @@
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 #include "nlohmann/json.hpp"
 
 namespace ckpt {
@@ -155,10 +156,10 @@ absl::Status CheckExportAgainstManifest(const std::string& path, const v1::Manif
                                                         meta.key(), "': cannot check the export"));
     }
     std::string bytes;
-    RETURN_IF_ERROR(CatchTorchErrors([&] {
-      const at::Tensor contiguous = tensor.contiguous();
-      bytes.assign(static_cast<const char*>(contiguous.data_ptr()), contiguous.nbytes());
-    }));
+    {
+      ASSIGN_OR_RETURN(const at::Tensor stored_bytes, StoredBytes(tensor));  // sparse: its parts.
+      bytes.assign(static_cast<const char*>(stored_bytes.data_ptr()), stored_bytes.nbytes());
+    }
     // Stores from before chunked content hashes recorded SHA-256 of the bytes (chunk_hasher.h).
     if (ContentHashOfBytes(bytes) != meta.content_hash() && Sha256(bytes) != meta.content_hash()) {
       return absl::DataLossError(absl::StrCat(path, ": the bytes of tensor '", meta.key(),

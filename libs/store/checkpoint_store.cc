@@ -32,6 +32,7 @@
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/key_normalization.h"
+#include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
 
 namespace ckpt {
@@ -49,12 +50,13 @@ absl::Status DescribeTensor(const at::Tensor& tensor, v1::TensorMeta& meta) {
   if (!tensor.defined()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", meta.key(), "' is undefined"));
   }
+  if (IsSparseTensor(tensor)) return DescribeSparseTensor(tensor, meta);
   if (tensor.layout() != at::kStrided) {
     std::ostringstream layout;
     layout << tensor.layout();
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", meta.key(), "' has layout ", layout.str(),
-                     "; the store keeps dense tensors (convert with to_dense())"));
+                     "; the store keeps strided and sparse tensors (convert with to_dense())"));
   }
   ASSIGN_OR_RETURN(DType dtype, FromScalarType(tensor.scalar_type()));
   meta.set_dtype(DTypeToProto(dtype));
@@ -214,11 +216,10 @@ class StateTensorTable {
   std::vector<at::Tensor> tensors_;
 };
 
-// Streams `tensor` into `session` as tensor `index`, one contiguous CPU copy at a time.
+// Streams `tensor` into `session` as tensor `index`, one contiguous CPU copy at a time (a sparse
+// tensor's parts one after another, StoredBytes).
 absl::Status UploadTensor(UploadSession& session, int index, const at::Tensor& tensor) {
-  absl::StatusOr<at::Tensor> copied =
-      CatchTorchErrors([&] { return tensor.detach().to(at::kCPU).contiguous(); },
-                       absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<at::Tensor> copied = StoredBytes(tensor);
   if (!copied.ok()) {
     return absl::Status(copied.status().code(),
                         absl::StrCat("copying tensor ", index, " (on ", tensor.device().str(),
@@ -231,7 +232,9 @@ absl::Status UploadTensor(UploadSession& session, int index, const at::Tensor& t
                                 static_cast<size_t>(length));
   // A tensor already contiguous on the CPU is its own bytes, alive in the caller's contents for
   // the whole commit: the session may store it in the background. A copy dies with this call.
-  if (cpu.data_ptr() == tensor.data_ptr()) return session.AddStableTensorData(index, 0, bytes);
+  if (!IsSparseTensor(tensor) && cpu.data_ptr() == tensor.data_ptr()) {
+    return session.AddStableTensorData(index, 0, bytes);
+  }
   return session.AddTensorData(index, 0, bytes);
 }
 
@@ -370,6 +373,13 @@ absl::StatusOr<std::optional<VersionReader::FileRegion>> VersionReader::LocateTe
 constexpr int64_t kPrefaultMinBytes = int64_t{1} << 20;
 
 absl::StatusOr<at::Tensor> VersionReader::ReadTensor(const v1::TensorMeta& meta) const {
+  if (meta.has_sparse()) {
+    // Its parts' bytes in one buffer, then the parts copied out of it (sparse tensors are small
+    // next to the dense ones, and the parts' offsets need not suit their dtypes' alignment).
+    std::string bytes(static_cast<size_t>(std::max<int64_t>(meta.byte_length(), 0)), '\0');
+    RETURN_IF_ERROR(ReadTensorInto(meta, bytes.data()));
+    return SparseTensorFromBytes(meta, bytes);
+  }
   ASSIGN_OR_RETURN(at::Tensor tensor, EmptyTensorFor(meta));
   if (static_cast<int64_t>(tensor.nbytes()) != meta.byte_length()) {
     return absl::DataLossError(absl::StrCat(
@@ -480,9 +490,7 @@ absl::Status UploadTensorRanges(UploadPart& part, const std::vector<at::Tensor>&
     const at::Tensor& tensor = tensors[range.tensor_index];
     // A CPU tensor already contiguous is read in place; another is copied to the CPU whole, the
     // price of a strided or device tensor (a rank's share is then copied twice at most).
-    ASSIGN_OR_RETURN(const at::Tensor cpu,
-                     CatchTorchErrors([&] { return tensor.detach().to(at::kCPU).contiguous(); },
-                                      absl::StatusCode::kInvalidArgument));
+    ASSIGN_OR_RETURN(const at::Tensor cpu, StoredBytes(tensor));
     if (range.end > static_cast<int64_t>(cpu.nbytes())) {
       return absl::InvalidArgumentError(absl::StrCat("range ", range.begin, "..", range.end,
                                                      " of tensor index ", range.tensor_index,
@@ -507,7 +515,14 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
                                                                const CommitOptions& options) {
   ASSIGN_OR_RETURN(PreparedUpload prepared, PrepareUpload(contents, options));
   int64_t bytes_total = 0;
-  for (const at::Tensor& tensor : prepared.tensors) bytes_total += tensor.nbytes();
+  std::vector<int64_t> stored_bytes;  // each tensor's byte_length, in upload order.
+  for (const v1::TensorMeta& meta : prepared.header.tensors()) {
+    stored_bytes.push_back(meta.byte_length());
+  }
+  for (const v1::TensorMeta& meta : prepared.header.state_tensors()) {
+    stored_bytes.push_back(meta.byte_length());
+  }
+  for (const int64_t bytes : stored_bytes) bytes_total += bytes;
   const absl::Duration retry_window = CommitRetryWindow();
   CommitOptions attempt_options = options;
   if (retry_window > absl::ZeroDuration() && attempt_options.idempotency_key.empty()) {
@@ -520,7 +535,7 @@ absl::StatusOr<CommitResult> CheckpointStore::CommitCheckpoint(absl::string_view
     for (size_t index = 0; index < prepared.tensors.size(); ++index) {
       const at::Tensor& tensor = prepared.tensors[index];
       RETURN_IF_ERROR(UploadTensor(*session, static_cast<int>(index), tensor));
-      bytes_done += tensor.nbytes();
+      bytes_done += stored_bytes[index];
       if (options.progress) options.progress(bytes_done, bytes_total);
     }
     return session->Commit();

@@ -15,6 +15,7 @@
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
 
 namespace ckpt {
@@ -44,15 +45,17 @@ absl::Status ValidateTensorTable(absl::string_view table,
       return absl::InvalidArgumentError(
           absl::StrCat(named, ": unknown or unspecified dtype ", static_cast<int>(meta.dtype())));
     }
-    absl::StatusOr<int64_t> expected = ByteLengthOf(*dtype, meta.shape());
+    // A sparse tensor's bytes are its parts' (libs/tensor/sparse_layout.h), checked there.
+    absl::StatusOr<int64_t> expected = StoredByteLength(meta);
     if (!expected.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(named, ": shape ", ShapeString(meta), ": ", expected.status().message()));
     }
     if (meta.byte_length() != *expected) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(named, ": byte_length ", meta.byte_length(), " but ", DTypeName(*dtype), " ",
-                       ShapeString(meta), " is ", *expected, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          named, ": byte_length ", meta.byte_length(), " but ", DTypeName(*dtype), " ",
+          meta.has_sparse() ? absl::StrCat(SparseLayoutName(meta), " ") : "", ShapeString(meta),
+          " is ", *expected, " bytes"));
     }
     if (meta.chunks_size() > 0) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -56,7 +56,9 @@ absl::StatusOr<VersionDiff> DiffVersions(CheckpointStore& store, const v1::Versi
     change.dtype_a = DTypeText(meta_a.dtype());
     change.dtype_b = DTypeText(meta_b.dtype());
     const DTypeInfo& info = GetDTypeInfo(static_cast<DType>(meta_a.dtype()));
-    if (same_layout && info.scalar_type.has_value() && !info.is_quantized) {
+    // A sparse tensor's difference would need its dense form, which can be far larger than it.
+    if (same_layout && info.scalar_type.has_value() && !info.is_quantized &&
+        !meta_a.has_sparse() && !meta_b.has_sparse()) {
       ASSIGN_OR_RETURN(at::Tensor tensor_a, reader_a->ReadTensor(meta_a));
       ASSIGN_OR_RETURN(at::Tensor tensor_b, reader_b->ReadTensor(meta_b));
       ASSIGN_OR_RETURN(

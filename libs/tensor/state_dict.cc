@@ -1,6 +1,7 @@
 #include "libs/tensor/state_dict.h"
 
 #include "absl/strings/str_cat.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt {
 
@@ -41,7 +42,7 @@ std::vector<std::string> StateDict::keys() const {
 
 int64_t StateDict::TotalBytes() const {
   int64_t total = 0;
-  for (const Entry& entry : entries_) total += entry.tensor.nbytes();
+  for (const Entry& entry : entries_) total += StoredByteCount(entry.tensor);
   return total;
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "c10/util/Exception.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt {
 namespace {
@@ -23,6 +24,16 @@ bool TensorsEqual(const at::Tensor& a, const at::Tensor& b) {
   if (a.defined() != b.defined()) return false;
   if (!a.defined()) return true;
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  if (a.layout() != b.layout()) return false;
+  if (IsSparseTensor(a)) {  // equal parts (indices and values), not merely equal dense forms.
+    absl::StatusOr<SparseParts> parts_a = SparsePartsOf(a);
+    absl::StatusOr<SparseParts> parts_b = SparsePartsOf(b);
+    if (!parts_a.ok() || !parts_b.ok()) return false;
+    for (size_t i = 0; i < parts_a->parts.size(); ++i) {
+      if (!TensorsEqual(parts_a->parts[i], parts_b->parts[i])) return false;
+    }
+    return true;
+  }
   if (a.numel() == 0) return true;
   // Bitwise comparison: NaN == NaN and -0.0 != 0.0, which is what a byte-exact round trip needs.
   const at::Tensor ca = a.contiguous().cpu();

@@ -20,6 +20,7 @@
 #include "libs/store/version_diff.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
+#include "libs/tensor/sparse_layout.h"
 #include "tools/ckpt/file_commands.h"
 #include "tools/ckpt/output.h"
 #include "tools/ckpt/registry_commands.h"
@@ -264,7 +265,9 @@ absl::Status RunShow(const cli::ParsedCommandLine& line) {
   for (const v1::TensorMeta& meta : manifest.tensors()) {
     std::cout << absl::StrFormat("  %-*s  %-9s  %-18s  %10s  %s\n", width, meta.key(),
                                  DTypeName(static_cast<DType>(meta.dtype())),
-                                 absl::StrCat("[", absl::StrJoin(meta.shape(), ", "), "]"),
+                                 absl::StrCat("[", absl::StrJoin(meta.shape(), ", "), "]",
+                                              meta.has_sparse() ? " " + SparseLayoutName(meta)
+                                                                : ""),
                                  HumanBytes(meta.byte_length()),
                                  meta.original_device().empty() ? "" : meta.original_device());
   }

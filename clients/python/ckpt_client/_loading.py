@@ -200,6 +200,9 @@ class LoadingCalls:
         if index is None:
             raise NotFound(f"no tensor '{key}' in {where}")
         meta = metas[index]
+        if meta.HasField("sparse"):
+            raise InvalidArgument(f"tensor '{key}' of {where} is sparse: its elements are not "
+                                  "stored in row-major order; load it whole (load_state_dict)")
         dtype = self._dtypes.get(meta.dtype)
         if dtype is None:
             raise NotImplementedError(f"tensor '{key}' has dtype {meta.dtype} (ckpt.v1.DType), "

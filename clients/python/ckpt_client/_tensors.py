@@ -300,8 +300,77 @@ class StreamAssembler:
         return {index: self.tensors[index].buffer for index in sorted(self.tensors)}
 
 
+# TensorMeta.sparse (proto/ckpt/v1/types.proto, SparseLayout): a sparse tensor's bytes are its
+# dense parts' bytes one after another, in the order the layout lists them.
+_SPARSE_KINDS = {"sparse_coo": 1, "sparse_csr": 2, "sparse_csc": 3, "sparse_bsr": 4,
+                 "sparse_bsc": 5}
+
+
+def _layout_name(layout):
+    return str(layout).replace("torch.", "")
+
+
+def _sparse_parts(tensor):
+    """[(part name, dense tensor)] of a sparse tensor, in stored order."""
+    name = _layout_name(tensor.layout)
+    if name == "sparse_coo":
+        return [("indices", tensor._indices()), ("values", tensor._values())]
+    if name in ("sparse_csr", "sparse_bsr"):
+        compressed, plain = tensor.crow_indices(), tensor.col_indices()
+    else:
+        compressed, plain = tensor.ccol_indices(), tensor.row_indices()
+    return [("compressed_indices", compressed), ("plain_indices", plain),
+            ("values", tensor.values())]
+
+
+def _sparse_from_bytes(meta, buffer, dtypes):
+    """The sparse tensor `meta` describes, its parts copied out of `buffer`; torch checks the
+    indices (an invalid tensor raises IntegrityError)."""
+    from .errors import IntegrityError  # noqa: PLC0415
+    kinds = {kind: name for name, kind in _SPARSE_KINDS.items()}
+    layout = kinds.get(meta.sparse.kind)
+    if layout is None:
+        raise NotImplementedError(f"tensor '{meta.key}' has sparse layout kind "
+                                  f"{meta.sparse.kind}, which this client does not know")
+    parts, offset = [], 0
+    for part in meta.sparse.parts:
+        dtype = dtypes.get(part.dtype)
+        if dtype is None:
+            raise NotImplementedError(f"tensor '{meta.key}': its {part.name} have dtype "
+                                      f"{part.dtype} (ckpt.v1.DType), which torch cannot hold")
+        count = 1
+        for size in part.shape:
+            count *= size
+        length = count * torch.empty(0, dtype=dtype).element_size()
+        piece = bytearray(buffer[offset:offset + length])  # a copy: aligned for its dtype.
+        offset += length
+        flat = torch.frombuffer(piece, dtype=dtype) if length else torch.empty(0, dtype=dtype)
+        parts.append(flat.reshape(list(part.shape)))
+    if offset != len(buffer):
+        raise IntegrityError(f"sparse tensor '{meta.key}': its parts hold {offset} bytes, "
+                             f"{len(buffer)} arrived", tensor=meta.key)
+    size = list(meta.shape)
+    try:
+        if layout == "sparse_coo":
+            tensor = torch.sparse_coo_tensor(parts[0], parts[1], size)
+            # Sorted, unique indices stay as they are; only the flag is set.
+            tensor = tensor.coalesce() if meta.sparse.coalesced else tensor
+        else:
+            tensor = torch.sparse_compressed_tensor(parts[0], parts[1], parts[2], size,
+                                                    layout=getattr(torch, layout))
+            torch._validate_sparse_compressed_tensor_args(parts[0], parts[1], parts[2], size,
+                                                          getattr(torch, layout))
+    except RuntimeError as error:
+        raise IntegrityError(f"{layout} tensor '{meta.key}' cannot be rebuilt: {error}",
+                             tensor=meta.key) from error
+    return tensor.requires_grad_(True) if meta.requires_grad else tensor
+
+
 def to_tensor(meta, buffer, dtypes):
-    """A CPU tensor over `buffer` (no copy) with meta's dtype and shape."""
+    """A CPU tensor over `buffer` (no copy) with meta's dtype and shape; a sparse tensor (its
+    parts copied) in its layout."""
+    if meta.HasField("sparse"):
+        return _sparse_from_bytes(meta, buffer, dtypes)
     dtype = dtypes.get(meta.dtype)
     if dtype is None:
         raise NotImplementedError(
@@ -319,9 +388,11 @@ def describe_tensor(key, tensor, types_pb2, dtypes):
     as the C++ store describes one; `dtypes` is torch_dtypes(). InvalidArgument naming the key
     for a tensor the store cannot keep as dense bytes."""
     from .errors import InvalidArgument  # noqa: PLC0415 (errors imports nothing from here)
+    if _layout_name(tensor.layout) in _SPARSE_KINDS:
+        return _describe_sparse(key, tensor, types_pb2, dtypes)
     if tensor.layout != torch.strided:
-        raise InvalidArgument(f"tensor '{key}' has layout {tensor.layout}; the store keeps dense "
-                              "tensors (convert with to_dense())")
+        raise InvalidArgument(f"tensor '{key}' has layout {tensor.layout}; the store keeps "
+                              "strided and sparse tensors (convert with to_dense())")
     if tensor.is_quantized:
         raise InvalidArgument(f"tensor '{key}' is quantized; the Python client saves dense "
                               "tensors only (ckpt import reads quantized torch.save files)")
@@ -334,11 +405,33 @@ def describe_tensor(key, tensor, types_pb2, dtypes):
         requires_grad=tensor.requires_grad)
 
 
+def _describe_sparse(key, tensor, types_pb2, dtypes):
+    from .errors import InvalidArgument  # noqa: PLC0415
+    wire = {dtype: enum for enum, dtype in dtypes.items()}
+    parts = []
+    for name, part in _sparse_parts(tensor):
+        if part.dtype not in wire:
+            raise InvalidArgument(f"sparse tensor '{key}': its {name} have dtype {part.dtype}, "
+                                  "which ckpt does not store")
+        parts.append(types_pb2.TensorPart(name=name, dtype=wire[part.dtype],
+                                          shape=list(part.shape)))
+    layout = _layout_name(tensor.layout)
+    sparse = types_pb2.SparseLayout(kind=_SPARSE_KINDS[layout], parts=parts,
+                                    coalesced=layout == "sparse_coo" and tensor.is_coalesced())
+    return types_pb2.TensorMeta(
+        key=key, original_key=key, dtype=wire[tensor.dtype], shape=list(tensor.shape),
+        byte_length=sum(p.numel() * p.element_size() for _, p in _sparse_parts(tensor)),
+        original_device=str(tensor.device), requires_grad=tensor.requires_grad, sparse=sparse)
+
+
 def host_bytes(tensor):
     """`tensor`'s bytes, little-endian and C-ordered, as a memoryview over a CPU tensor (a copy
-    when the tensor is elsewhere or not contiguous)."""
+    when the tensor is elsewhere or not contiguous); a sparse tensor's parts one after another."""
     if sys.byteorder != "little":
         raise NotImplementedError("ckpt tensor bytes are little-endian; this host is not")
+    if _layout_name(tensor.layout) in _SPARSE_KINDS:
+        return memoryview(b"".join(host_bytes(part).tobytes()
+                                   for _, part in _sparse_parts(tensor)))
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")

@@ -643,6 +643,59 @@ class SaveTest(unittest.TestCase):
         for key, value in values.items():
             self.assertEqual(back[key], value, key)
 
+    def test_sparse_tensors_keep_their_layout_through_save_load_import_and_export(self):
+        # COO (coalesced, and an uncoalesced hybrid with a dense dim) and CSR with int32 indices,
+        # in the model and in a bundle's other state; through the loader and the store.
+        hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [1, 1, 2]]),
+                                         torch.arange(6.0).reshape(3, 2), (2, 3, 2))
+        csr = torch.sparse_csr_tensor(torch.tensor([0, 1, 1, 3], dtype=torch.int32),
+                                      torch.tensor([2, 0, 3], dtype=torch.int32),
+                                      torch.tensor([1.5, -2.0, 4.0]), (3, 4))
+        state = {"coo": torch.eye(4).to_sparse(), "hybrid": hybrid, "csr": csr,
+                 "dense": torch.ones(3)}
+
+        def assert_same_sparse(got, want, what):
+            self.assertEqual((got.layout, got.dtype, got.shape),
+                             (want.layout, want.dtype, want.shape), what)
+            if want.layout == torch.sparse_coo:
+                self.assertTrue(torch.equal(got._indices(), want._indices()), what)
+                self.assertTrue(torch.equal(got._values(), want._values()), what)
+            elif want.layout == torch.sparse_csr:
+                self.assertEqual(got.crow_indices().dtype, want.crow_indices().dtype, what)
+                self.assertTrue(torch.equal(got.crow_indices(), want.crow_indices()), what)
+                self.assertTrue(torch.equal(got.col_indices(), want.col_indices()), what)
+                self.assertTrue(torch.equal(got.values(), want.values()), what)
+            else:
+                self.assertTrue(torch.equal(got, want), what)
+
+        with plain_client() as client, \
+                ckpt_client.Client(store=PLAIN_STORE.address) as store_only:
+            client.save("team-a.sparse", state, extra={"csr": csr})
+            for source in (client, store_only):
+                back = source.load_state_dict("team-a.sparse")
+                self.assertEqual(list(back), list(state))
+                for key, tensor in state.items():
+                    assert_same_sparse(back[key], tensor, key)
+            bundle = store_only.load_bundle("team-a.sparse")
+            assert_same_sparse(bundle.extra["csr"], csr, "extra csr")
+            with self.assertRaisesRegex(ckpt_client.InvalidArgument, "'coo' .* is sparse"):
+                store_only.load_flat_range("team-a.sparse", "coo", 0, 1)
+        path = os.path.join(TMP, "sparse.pt")
+        torch.save(state, path)
+        run(CKPT_BIN, "import", path, "--model", "team-a.sparse-file",
+            f"--store={PLAIN_STORE.address}")
+        exported = os.path.join(TMP, "sparse-export.pt")
+        run(CKPT_BIN, "export", "team-a.sparse-file", exported, f"--store={PLAIN_STORE.address}")
+        back = torch.load(exported, weights_only=True)
+        for key, tensor in state.items():
+            assert_same_sparse(back[key], tensor, key)
+        refused = subprocess.run(
+            [CKPT_BIN, "export", "team-a.sparse-file", os.path.join(TMP, "sparse.safetensors"),
+             f"--store={PLAIN_STORE.address}"], capture_output=True, text=True)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("is a sparse_coo tensor, and safetensors holds dense tensors only",
+                      refused.stderr)
+
     def test_save_to_a_dead_store_is_unavailable(self):
         import socket
         with socket.socket() as probe:

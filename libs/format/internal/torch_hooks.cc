@@ -16,6 +16,7 @@
 #include "c10/util/Half.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/tensor/sparse_layout.h"
 
 namespace ckpt::torch_reader_internal {
 namespace {
@@ -240,6 +241,9 @@ bool TorchHooks::HandlesGlobal(absl::string_view global) const {
       "torch._utils._rebuild_parameter",
       "torch._utils._rebuild_parameter_with_state",
       "torch._utils._rebuild_qtensor",
+      "torch._utils._rebuild_sparse_tensor",
+      "torch._utils._rebuild_sparse_csr_tensor",
+      "torch.serialization._get_layout",
       "torch._tensor._rebuild_from_type",
       "torch._tensor._rebuild_from_type_v2",
       "torch.Size",
@@ -287,6 +291,17 @@ absl::StatusOr<std::optional<Value>> TorchHooks::CallGlobal(absl::string_view gl
   if (global == "torch._utils._rebuild_qtensor") {
     RETURN_IF_ERROR(NeedArgs(a, 5));
     return RebuildQuantized(a);
+  }
+  if (global == "torch._utils._rebuild_sparse_tensor" ||
+      global == "torch._utils._rebuild_sparse_csr_tensor") {
+    RETURN_IF_ERROR(NeedArgs(a, 2));
+    return RebuildSparse(a[0], a[1]);
+  }
+  if (global == "torch.serialization._get_layout") {
+    // _get_layout("torch.sparse_coo"): the layout, as a reference to the torch global it names.
+    RETURN_IF_ERROR(NeedArgs(a, 1));
+    ASSIGN_OR_RETURN(std::string name, AsText(a[0], "torch.serialization._get_layout"));
+    return Value::Opaque(std::move(name), Value::None(), Value::None());
   }
   if (global == "torch._tensor._rebuild_from_type" ||
       global == "torch._tensor._rebuild_from_type_v2") {
@@ -411,6 +426,45 @@ absl::StatusOr<std::optional<Value>> TorchHooks::RebuildQuantized(const std::vec
                                           absl::StatusCode::kInvalidArgument));
   if (a.size() > 5 && AsBool(a[5])) Warn("requires_grad dropped from a quantized tensor");
   return Value::Tensor(std::move(tensor), span->location);
+}
+
+absl::StatusOr<std::optional<Value>> TorchHooks::RebuildSparse(const Value& layout_value,
+                                                               const Value& data) {
+  // COO: (indices, values, size[, is_coalesced]); the compressed layouts: (compressed indices,
+  // plain indices, values, size). torch 1.13 pickles CSR with _rebuild_sparse_csr_tensor, 2.x
+  // every layout with _rebuild_sparse_tensor; the tuple is the same.
+  const std::string layout_name =
+      GlobalName(layout_value).value_or(layout_value.DebugString().substr(0, 80));
+  absl::StatusOr<c10::Layout> layout = SparseLayoutFromName(layout_name);
+  if (!layout.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a sparse tensor of layout ", layout_name, ", which torch does not have"));
+  }
+  const size_t part_count = *layout == c10::kSparse ? 2 : 3;
+  if (!data.is_tuple() || data.items().size() < part_count + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", layout_name, " tensor: expected its parts and size, found ",
+        data.DebugString().substr(0, 120)));
+  }
+  std::vector<at::Tensor> parts;
+  for (size_t i = 0; i < part_count; ++i) {
+    const Value& part = data.items()[i];
+    if (!part.is_tensor()) {  // a part of a dtype kept as opaque data: keep the whole so.
+      Warn(absl::StrCat("a ", layout_name, " tensor whose part ", i,
+                        " ckpt cannot materialize is kept as opaque data"));
+      return std::nullopt;
+    }
+    parts.push_back(part.tensor());
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> size, AsInts(data.items()[part_count], "size"));
+  const bool coalesced = *layout == c10::kSparse && data.items().size() > 3 &&
+                         AsBool(data.items()[3]);
+  absl::StatusOr<at::Tensor> tensor = MakeSparseTensor(*layout, parts, size, coalesced);
+  if (!tensor.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", layout_name, " tensor: ", tensor.status().message()));
+  }
+  return Value::Tensor(*std::move(tensor), data.items()[part_count - 1].tensor_original_device());
 }
 
 absl::Status TorchHooks::RebuildSetStateTensors(Value& root) {

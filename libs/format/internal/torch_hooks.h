@@ -55,7 +55,7 @@ absl::StatusOr<Value> StorageValue(const c10::Storage& storage, DType dtype, int
 
 // The globals of a torch.save pickle that ckpt rebuilds rather than keeps opaque: tensors (from
 // the storages PersistentLoad returned, as StorageValue makes them), nn.Parameter, quantized
-// tensors, tensor subclasses (as plain tensors), torch.Size, torch.device and numpy scalars.
+// tensors, sparse tensors, tensor subclasses (as plain tensors), torch.Size, torch.device and numpy scalars.
 // Whatever these drop (backward hooks, attributes, requires_grad of integer tensors) or cannot
 // rebuild (unsupported dtypes, unknown quantization schemes) is kept as data with a warning.
 // Subclasses supply PersistentLoad. One per ReadPickle; not thread-safe.
@@ -86,6 +86,8 @@ class TorchHooks : public PickleHooks {
   absl::StatusOr<std::optional<Value>> Parameter(const Value& data, bool requires_grad);
   // (storage, storage_offset, size, stride, quantizer_params, requires_grad, backward_hooks)
   absl::StatusOr<std::optional<Value>> RebuildQuantized(const std::vector<Value>& a);
+  // torch._utils._rebuild_sparse_tensor / _rebuild_sparse_csr_tensor(layout, data).
+  absl::StatusOr<std::optional<Value>> RebuildSparse(const Value& layout, const Value& data);
   // numpy.core.multiarray.scalar(dtype, bytes): numpy.float64(0.5) and friends.
   absl::StatusOr<std::optional<Value>> NumpyScalar(const std::vector<Value>& a);
 };

@@ -14,13 +14,19 @@
   verify_torch FILE DIR   torch.load(FILE, weights_only=True) loads with strict=True into the
                           unwrapped model and equals reference.pt; prints OK
   verify_safetensors FILE DIR   parses FILE by the safetensors spec, same checks; prints OK
+  verify_sparse FILE DIR  FILE (written from sparse.pt) loads with weights_only=True as the same
+                          sparse tensors, layouts, indices and values; prints OK
 """
 import copy
 import json
 import struct
 import sys
+import warnings
 
 import torch
+
+# torch 1.13 warns on every CSR tensor it makes; the checks print their verdict on the same pipe.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 
 def make_model():
@@ -112,17 +118,49 @@ def make(d):
                f"{d}/hostile_eight_broadcasts.pt")
     torch.save({"w": torch.zeros(10).as_strided((10**9,), (0,))}, f"{d}/hostile_as_strided.pt")
     torch.save({"w": torch.zeros(1).expand(6 * 10**9)}, f"{d}/hostile_one_broadcast.pt")
-    # Roots that are no state dict (#54): a bare tensor, a list of tensors, plain values; and
-    # the layouts ckpt does not store, sparse and meta.
+    # Roots that are no state dict (#54): a bare tensor, a list of tensors, plain values; sparse
+    # layouts; and meta tensors, which ckpt does not store.
     torch.save(torch.arange(12.0).reshape(3, 4), f"{d}/root_tensor.pt")
     torch.save([torch.arange(3.0), torch.ones(2, dtype=torch.int64)], f"{d}/root_list.pt")
     torch.save({"lr": 0.1, "name": "run-7"}, f"{d}/root_plain.pt")
-    torch.save({"w": torch.eye(3).to_sparse(), "b": torch.ones(3)}, f"{d}/sparse.pt")
+    torch.save(sparse_tensors(), f"{d}/sparse.pt")
     torch.save({"w": torch.empty(3, 4, device="meta")}, f"{d}/meta.pt")
     # One empty storage viewed as two dtypes, which torch allows when it has no bytes.
     empty = torch.empty(0)
     torch.save({"a": empty, "b": empty.view(torch.int32), "c": torch.ones(2)},
                f"{d}/empty_two_dtypes.pt")
+
+
+def sparse_tensors():
+    """COO (coalesced, and an uncoalesced hybrid one with a dense dim), CSR with int32 indices."""
+    hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [1, 1, 2]]),
+                                     torch.arange(6.0, dtype=torch.float64).reshape(3, 2), (2, 3, 2))
+    csr = torch.sparse_csr_tensor(torch.tensor([0, 1, 1, 3], dtype=torch.int32),
+                                  torch.tensor([2, 0, 3], dtype=torch.int32),
+                                  torch.tensor([1.5, -2.0, 4.0]), (3, 4))
+    return {"w": torch.eye(3).to_sparse(), "hybrid": hybrid, "csr": csr, "b": torch.ones(3)}
+
+
+def verify_sparse(path, d):
+    """`path` loads with weights_only=True as sparse.pt's tensors, each in its layout with the
+    same indices and values."""
+    got, want = torch.load(path, weights_only=True), sparse_tensors()
+    assert list(got) == list(want), (list(got), list(want))
+    for key, tensor in want.items():
+        other = got[key]
+        assert other.layout == tensor.layout and other.dtype == tensor.dtype, (key, other)
+        assert other.shape == tensor.shape, (key, other.shape)
+        if tensor.layout == torch.sparse_coo:
+            assert torch.equal(other._indices(), tensor._indices()), key
+            assert torch.equal(other._values(), tensor._values()), key
+        elif tensor.layout == torch.sparse_csr:
+            assert other.crow_indices().dtype == tensor.crow_indices().dtype, key
+            assert torch.equal(other.crow_indices(), tensor.crow_indices()), key
+            assert torch.equal(other.col_indices(), tensor.col_indices()), key
+            assert torch.equal(other.values(), tensor.values()), key
+        else:
+            assert torch.equal(other, tensor), key
+    print("OK")
 
 
 def check(state, d):
@@ -176,5 +214,7 @@ if __name__ == "__main__":
         verify_torch(sys.argv[2], sys.argv[3])
     elif mode == "verify_root":
         verify_root(sys.argv[2], sys.argv[3])
+    elif mode == "verify_sparse":
+        verify_sparse(sys.argv[2], sys.argv[3])
     else:
         verify_safetensors(sys.argv[2], sys.argv[3])

@@ -84,6 +84,34 @@ TEST_P(LoaderConformanceTest, CastsFloatingTensorsOnlyAndLoadsStateWhenAsked) {
   EXPECT_FALSE(state.scheduler.has_value());
 }
 
+// Sparse tensors arrive in their layout on every transport; a cast touches their values only.
+TEST_P(LoaderConformanceTest, SparseTensorsArriveInTheirLayoutCastInTheirValuesOnly) {
+  const at::Tensor dense = Weight() * at::eye(3, 4);
+  CheckpointContents contents;
+  ASSERT_OK(contents.model.Insert("coo", dense.to_sparse()));
+  ASSERT_OK(contents.model.Insert("csr", dense.to_sparse_csr()));
+  ASSERT_OK(contents.model.Insert("dense", Weight()));
+  ASSERT_OK_AND_ASSIGN(CommitResult sparse, store_->CommitCheckpoint("s", contents));
+  for (const bool cast : {false, true}) {
+    LoadTarget target;
+    if (cast) {
+      ASSERT_OK_AND_ASSIGN(target.dtype, DTypePolicy::CastFloatingTo(DType::kBFloat16));
+    }
+    const at::ScalarType values = cast ? at::kBFloat16 : at::kFloat;
+    ASSERT_OK_AND_ASSIGN(LoadedState state, loader().Load(sparse.version, target));
+    const at::Tensor coo = *state.model.Find("coo");
+    ASSERT_TRUE(coo.is_sparse()) << cast;
+    EXPECT_EQ(coo.scalar_type(), values);
+    EXPECT_TRUE(at::equal(coo._indices(), dense.to_sparse()._indices()));
+    EXPECT_TRUE(at::equal(coo._values(), dense.to_sparse()._values().to(values)));
+    const at::Tensor csr = *state.model.Find("csr");
+    ASSERT_EQ(csr.layout(), at::kSparseCsr) << cast;
+    EXPECT_EQ(csr.crow_indices().scalar_type(), at::kLong);
+    EXPECT_TRUE(at::equal(csr.to_dense(), dense.to(values)));
+    EXPECT_TRUE(at::equal(*state.model.Find("dense"), Weight().to(values)));
+  }
+}
+
 TEST_P(LoaderConformanceTest, NamesWhatIsMissing) {
   EXPECT_THAT(loader().Load(MakeVersionRef("m", 9), LoadTarget()).status(),
               StatusIs(absl::StatusCode::kNotFound, "m@9"));

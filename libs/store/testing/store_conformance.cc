@@ -618,7 +618,7 @@ TEST_P(StoreConformanceTest, DroppingOptimizerStateKeepsWeightsAndSchedulers) {
   EXPECT_EQ(models[0].logical_bytes(), sum);
 }
 
-TEST_P(StoreConformanceTest, RecordsOriginalDeviceAndRejectsSparseTensors) {
+TEST_P(StoreConformanceTest, RecordsOriginalDevice) {
   CheckpointContents contents;
   ASSERT_OK(contents.model.Insert("w", at::ones({3}), "cuda:1"));
   MustCommit("m", contents);
@@ -626,9 +626,34 @@ TEST_P(StoreConformanceTest, RecordsOriginalDeviceAndRejectsSparseTensors) {
   EXPECT_EQ(loaded.manifest.tensors(0).original_device(), "cuda:1");
   EXPECT_EQ(loaded.contents.model.entry(0).original_device, "cuda:1");
   EXPECT_TRUE(loaded.contents.model.entry(0).tensor.device().is_cpu());
+}
 
-  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"s", at::eye(3).to_sparse()}})),
-              StatusIs(absl::StatusCode::kInvalidArgument, "tensor 's' has layout Sparse"));
+// Sparse tensors, in the model and in a bundle's other state, come back in their layout with
+// the same indices and values; their bytes dedup like any tensor's.
+TEST_P(StoreConformanceTest, SparseTensorsComeBackInTheirLayout) {
+  const at::Tensor dense = Seeded({6, 8}, 3) * (Seeded({6, 8}, 4) > 0.5);
+  const at::Tensor coo = dense.to_sparse();
+  const at::Tensor csr = dense.to_sparse_csr();
+  CheckpointContents contents = WeightsOnly({{"coo", coo}, {"dense", dense}});
+  contents.extra = Value::Dict({{DictKey("csr"), Value::Tensor(csr)}});
+  MustCommit("m", contents);
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  ASSERT_EQ(loaded.manifest.tensors(0).sparse().kind(), v1::SparseLayout::KIND_COO);
+  const at::Tensor coo_back = loaded.contents.model.entry(0).tensor;
+  ASSERT_TRUE(coo_back.is_sparse());
+  EXPECT_TRUE(at::equal(coo_back._indices(), coo._indices()));
+  EXPECT_TRUE(at::equal(coo_back._values(), coo._values()));
+  const Value* csr_back = loaded.contents.extra.Find("csr");
+  ASSERT_NE(csr_back, nullptr);
+  ASSERT_TRUE(csr_back->is_tensor());
+  ASSERT_EQ(csr_back->tensor().layout(), at::kSparseCsr);
+  EXPECT_TRUE(at::equal(csr_back->tensor().crow_indices(), csr.crow_indices()));
+  EXPECT_TRUE(at::equal(csr_back->tensor().to_dense(), dense));
+
+  ASSERT_OK_AND_ASSIGN(CommitResult again, store_->CommitCheckpoint("m", contents));
+  EXPECT_EQ(again.new_bytes, 0);
+  ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
+  EXPECT_THAT(verified.problems(), IsEmpty());
 }
 
 TEST_P(StoreConformanceTest, OpenReaderSurvivesDeleteAndGc) {
