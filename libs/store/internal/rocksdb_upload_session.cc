@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "libs/store/internal/chunk_pipeline.h"
 #include "libs/store/internal/failpoint.h"
 
 namespace ckpt {
@@ -32,11 +33,8 @@ class RocksDbUploadSession final : public UploadSession {
         pack_id_(pack_id) {}
 
   ~RocksDbUploadSession() override {
-    {
-      absl::MutexLock lock(&pipeline_mu_);  // the queued rest is skipped, not stored.
-      if (pipeline_error_.ok()) pipeline_error_ = absl::CancelledError("upload abandoned");
-    }
-    StopPipeline();
+    pipeline_.Cancel(absl::CancelledError("upload abandoned"));  // the queued rest is skipped.
+    pipeline_.Stop();
     if (!finished_) Abandon();
   }
 
@@ -48,7 +46,7 @@ class RocksDbUploadSession final : public UploadSession {
   absl::Status FinishPart() {
     absl::Status usable = CheckUsable();
     if (usable.ok()) usable = DrainPipeline();
-    StopPipeline();
+    pipeline_.Stop();
     RETURN_IF_ERROR(usable);
     for (int i = 0; i < tensor_count(); ++i) {
       if (streams_[i].received != Meta(i).byte_length()) {
@@ -97,10 +95,7 @@ class RocksDbUploadSession final : public UploadSession {
       return AddTensorData(tensor_index, offset, bytes);
     }
     stream.received += size;
-    StartPipeline();
-    absl::MutexLock lock(&pipeline_mu_);
-    pieces_.push_back(Piece{tensor_index, bytes, complete});
-    ++outstanding_pieces_;
+    pipeline_.Add(tensor_index, bytes, complete);
     return absl::OkStatus();
   }
 
@@ -178,14 +173,11 @@ class RocksDbUploadSession final : public UploadSession {
     if (usable.ok()) usable = DrainPipeline();
     // Whatever happens, no background thread reads the caller's bytes after Commit returns.
     if (!usable.ok()) {
-      {
-        absl::MutexLock lock(&pipeline_mu_);
-        if (pipeline_error_.ok()) pipeline_error_ = absl::CancelledError("commit failed");
-      }
-      StopPipeline();
+      pipeline_.Cancel(absl::CancelledError("commit failed"));
+      pipeline_.Stop();
       return usable;
     }
-    StopPipeline();
+    pipeline_.Stop();
     if (!parent_id_.empty()) {
       return Fail(absl::FailedPreconditionError("a part of an upload is finished, not committed"));
     }
@@ -466,10 +458,9 @@ class RocksDbUploadSession final : public UploadSession {
     if (failed_.ok()) {
       // The first call to see a background failure returns it with its own code (a full disk
       // stays RESOURCE_EXHAUSTED); later calls say the session failed.
-      absl::MutexLock lock(&pipeline_mu_);
-      if (!pipeline_error_.ok()) {
-        failed_ = pipeline_error_;
-        return pipeline_error_;
+      if (absl::Status pipeline = pipeline_.error(); !pipeline.ok()) {
+        failed_ = pipeline;
+        return pipeline;
       }
     }
     if (!failed_.ok()) {
@@ -501,122 +492,9 @@ class RocksDbUploadSession final : public UploadSession {
     return absl::OkStatus();
   }
 
-  // ---- The background pipeline of AddStableTensorData: hashing threads (one per core, up to
-  // four) take the pieces' chunks in order and hash them in parallel; a writing thread stores them
-  // in that order. Hashing is the slowest stage (SHA-256 at ~1.4 GiB/s a core, writes to the page
-  // cache at ~2 GiB/s here), so one hashing thread left the save bound by it (tools/bench R6).
-  // While the pipeline runs, only the writing thread touches the manifest's chunk lists, the
-  // content hashers, the pack and the pin sets; every other path drains it first.
-
-  struct Piece {
-    int index = 0;
-    absl::string_view bytes;
-    bool completes_tensor = false;
-  };
-  struct HashedChunk {
-    int index = 0;
-    absl::string_view bytes;
-    ChunkDigest digest;
-    bool ends_piece = false;
-    bool completes_tensor = false;
-  };
-
-  void StartPipeline() {
-    if (writer_.joinable()) return;
-    const int hashers = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
-    {
-      absl::MutexLock lock(&pipeline_mu_);
-      hashers_running_ = hashers;
-    }
-    for (int i = 0; i < hashers; ++i) hashers_.emplace_back([this] { RunHasher(); });
-    writer_ = std::thread([this] { RunWriter(); });
-  }
-
-  absl::Status DrainPipeline() {
-    if (!writer_.joinable()) return absl::OkStatus();
-    absl::MutexLock lock(&pipeline_mu_);
-    pipeline_mu_.Await(absl::Condition(
-        +[](int* outstanding) { return *outstanding == 0; }, &outstanding_pieces_));
-    if (!pipeline_error_.ok()) return Fail(pipeline_error_);
-    return absl::OkStatus();
-  }
-
-  void StopPipeline() {
-    if (!writer_.joinable()) return;
-    {
-      absl::MutexLock lock(&pipeline_mu_);
-      closing_ = true;
-    }
-    for (std::thread& hasher : hashers_) hasher.join();
-    hashers_.clear();
-    writer_.join();
-  }
-
-  // Takes the next chunk of the front piece, hashes it (unlocked), files it by sequence number.
-  void RunHasher() {
-    while (true) {
-      HashedChunk chunk;
-      int64_t sequence = 0;
-      bool failed = false;
-      {
-        absl::MutexLock lock(&pipeline_mu_);
-        pipeline_mu_.Await(absl::Condition(this, &RocksDbUploadSession::HasPieceOrClosing));
-        if (pieces_.empty()) break;
-        const Piece& piece = pieces_.front();  // never empty: AddStableTensorData skips those.
-        chunk.index = piece.index;
-        chunk.bytes = piece.bytes.substr(piece_cursor_, kChunkBytes);
-        piece_cursor_ += chunk.bytes.size();
-        chunk.ends_piece = piece_cursor_ >= piece.bytes.size();
-        chunk.completes_tensor = chunk.ends_piece && piece.completes_tensor;
-        if (chunk.ends_piece) {
-          pieces_.pop_front();
-          piece_cursor_ = 0;
-        }
-        sequence = next_hash_sequence_++;
-        failed = !pipeline_error_.ok();
-      }
-      if (!failed) chunk.digest = Digest(chunk.bytes);  // the slow part, unlocked.
-      absl::MutexLock lock(&pipeline_mu_);
-      hashed_.emplace(sequence, std::move(chunk));
-    }
-    absl::MutexLock lock(&pipeline_mu_);
-    --hashers_running_;
-  }
-
-  void RunWriter() {
-    while (true) {
-      HashedChunk chunk;
-      bool failed = false;
-      {
-        absl::MutexLock lock(&pipeline_mu_);
-        pipeline_mu_.Await(absl::Condition(this, &RocksDbUploadSession::HasNextHashedOrDone));
-        if (hashed_.empty()) break;
-        auto next = hashed_.begin();
-        chunk = std::move(next->second);
-        hashed_.erase(next);
-        ++next_write_sequence_;
-        failed = !pipeline_error_.ok();
-      }
-      absl::Status stored;
-      if (!failed) {
-        stored = StoreHashedChunk(chunk.index, chunk.digest, chunk.bytes);
-        if (stored.ok() && chunk.completes_tensor) stored = FinishTensor(chunk.index);
-      }
-      absl::MutexLock lock(&pipeline_mu_);
-      if (!stored.ok() && pipeline_error_.ok()) pipeline_error_ = stored;
-      if (chunk.ends_piece) --outstanding_pieces_;
-    }
-  }
-
-  bool HasPieceOrClosing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_mu_) {
-    return !pieces_.empty() || closing_;
-  }
-  // The chunk that is next in order has been hashed, or every hasher has ended (and with them
-  // every chunk: a hasher files its chunk before it looks for another).
-  bool HasNextHashedOrDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_mu_) {
-    if (!hashed_.empty() && hashed_.begin()->first == next_write_sequence_) return true;
-    return hashers_running_ == 0;
-  }
+  // While the pipeline runs (AddStableTensorData), only its writing thread touches the manifest's
+  // chunk lists, the content hashers, the pack and the pin sets; every other path drains it first.
+  absl::Status DrainPipeline() { return Fail(pipeline_.Drain()); }
 
   absl::Status Fail(absl::Status status) {
     if (!status.ok()) failed_ = status;
@@ -716,22 +594,16 @@ class RocksDbUploadSession final : public UploadSession {
   // so the ones still here at Commit are never written.)
   rocksdb::WriteBatch upload_records_;
 
-  absl::Mutex pipeline_mu_;
-  std::deque<Piece> pieces_ ABSL_GUARDED_BY(pipeline_mu_);
-  size_t piece_cursor_ ABSL_GUARDED_BY(pipeline_mu_) = 0;  // bytes of the front piece taken.
-  int64_t next_hash_sequence_ ABSL_GUARDED_BY(pipeline_mu_) = 0;
-  int64_t next_write_sequence_ ABSL_GUARDED_BY(pipeline_mu_) = 0;
-  // Hashed chunks by sequence number, waiting for the writer to reach them.
-  std::map<int64_t, HashedChunk> hashed_ ABSL_GUARDED_BY(pipeline_mu_);
-  int outstanding_pieces_ ABSL_GUARDED_BY(pipeline_mu_) = 0;  // queued, not yet stored.
-  bool closing_ ABSL_GUARDED_BY(pipeline_mu_) = false;
-  int hashers_running_ ABSL_GUARDED_BY(pipeline_mu_) = 0;
-  absl::Status pipeline_error_ ABSL_GUARDED_BY(pipeline_mu_);
-  std::vector<std::thread> hashers_;
-  std::thread writer_;
   absl::Status failed_;
   bool finished_ = false;
   std::vector<Core::FinishedPart> adopted_;  // parts taken by Commit, not yet committed.
+  // Last: its threads, which use the members above, end before those are destroyed.
+  ChunkPipeline pipeline_{[this](absl::string_view bytes) { return Digest(bytes); },
+                          [this](int index, const ChunkDigest& digest, absl::string_view bytes,
+                                 bool completes_tensor) -> absl::Status {
+                            RETURN_IF_ERROR(StoreHashedChunk(index, digest, bytes));
+                            return completes_tensor ? FinishTensor(index) : absl::OkStatus();
+                          }};
 };
 
 // A writer's part of another upload: a session whose tensors are the part's ranges.
