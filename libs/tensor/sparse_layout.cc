@@ -61,6 +61,13 @@ const LayoutFacts* FactsOf(c10::Layout layout) {
   return nullptr;
 }
 
+// "float32", or "dtype 99" for a value no DType has.
+std::string DTypeText(v1::DType dtype) {
+  absl::StatusOr<DType> known = DTypeFromProto(dtype);
+  return known.ok() ? std::string(DTypeName(*known))
+                    : absl::StrCat("dtype ", static_cast<int>(dtype));
+}
+
 std::string ShapeText(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -124,16 +131,15 @@ absl::Status CheckParts(const v1::TensorMeta& meta, const LayoutFacts& facts) {
   }
   const v1::TensorPart& values = parts[parts.size() - 1];
   if (values.dtype() != meta.dtype()) {
-    return fail("its values are ", static_cast<int>(values.dtype()), " (ckpt.v1.DType) but the "
-                "tensor's dtype is ", static_cast<int>(meta.dtype()));
+    return fail("its values are ", DTypeText(values.dtype()), " but the tensor's dtype is ",
+                DTypeText(meta.dtype()));
   }
   const auto& dense = meta.shape();
   if (coo) {
     const v1::TensorPart& indices = parts[0];
     if (indices.dtype() != v1::DTYPE_INT64 || indices.shape_size() != 2) {
       return fail("its indices must be int64 of shape [sparse_dim, nnz], found ",
-                  static_cast<int>(indices.dtype()), " (ckpt.v1.DType) ",
-                  ShapeText(indices.shape()));
+                  DTypeText(indices.dtype()), " ", ShapeText(indices.shape()));
     }
     const int64_t sparse_dim = indices.shape(0);
     const int64_t nnz = indices.shape(1);
@@ -154,7 +160,8 @@ absl::Status CheckParts(const v1::TensorMeta& meta, const LayoutFacts& facts) {
   const v1::TensorPart& plain = parts[1];
   if ((compressed.dtype() != v1::DTYPE_INT32 && compressed.dtype() != v1::DTYPE_INT64) ||
       plain.dtype() != compressed.dtype()) {
-    return fail("its indices must both be int32 or both int64");
+    return fail("its indices must both be int32 or both int64, found ",
+                DTypeText(compressed.dtype()), " and ", DTypeText(plain.dtype()));
   }
   const int batch = compressed.shape_size() - 1;
   if (batch < 0 || plain.shape_size() != batch + 1 || values.shape_size() < batch + 1 ||
@@ -296,7 +303,7 @@ absl::StatusOr<int64_t> StoredByteLength(const v1::TensorMeta& meta) {
                                                    static_cast<int>(meta.sparse().kind())));
   }
   RETURN_IF_ERROR(ByteLengthOf(*dtype, meta.shape()).status());  // the dense shape is sane.
-  RETURN_IF_ERROR(CheckParts(meta, *facts));
+  // Every part's shape is sane (no negative dimension) before CheckParts computes with it.
   int64_t total = 0;
   for (const v1::TensorPart& part : meta.sparse().parts()) {
     ASSIGN_OR_RETURN(const DType part_dtype, PartDType(meta, part));
@@ -306,6 +313,7 @@ absl::StatusOr<int64_t> StoredByteLength(const v1::TensorMeta& meta) {
           absl::StrCat("sparse tensor '", meta.key(), "': its parts overflow 2^63 bytes"));
     }
   }
+  RETURN_IF_ERROR(CheckParts(meta, *facts));
   return total;
 }
 

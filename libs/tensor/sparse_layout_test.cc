@@ -115,6 +115,11 @@ TEST(SparseLayoutTest, StoredByteLengthRefusesPartsThatDoNotFitTheLayout) {
   EXPECT_THAT(StoredByteLength(int32_coo),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be int64")));
 
+  v1::TensorMeta negative = meta;
+  negative.mutable_sparse()->mutable_parts(0)->set_shape(0, -1);
+  EXPECT_THAT(StoredByteLength(negative),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
+
   v1::TensorMeta csr;
   csr.set_key("c");
   ASSERT_OK(DescribeSparseTensor(at::eye(3).to_sparse_csr(), csr));

@@ -356,10 +356,10 @@ def _sparse_from_bytes(meta, buffer, dtypes):
             # Sorted, unique indices stay as they are; only the flag is set.
             tensor = tensor.coalesce() if meta.sparse.coalesced else tensor
         else:
-            tensor = torch.sparse_compressed_tensor(parts[0], parts[1], parts[2], size,
-                                                    layout=getattr(torch, layout))
             torch._validate_sparse_compressed_tensor_args(parts[0], parts[1], parts[2], size,
                                                           getattr(torch, layout))
+            tensor = torch.sparse_compressed_tensor(parts[0], parts[1], parts[2], size,
+                                                    layout=getattr(torch, layout))
     except RuntimeError as error:
         raise IntegrityError(f"{layout} tensor '{meta.key}' cannot be rebuilt: {error}",
                              tensor=meta.key) from error
@@ -408,8 +408,9 @@ def describe_tensor(key, tensor, types_pb2, dtypes):
 def _describe_sparse(key, tensor, types_pb2, dtypes):
     from .errors import InvalidArgument  # noqa: PLC0415
     wire = {dtype: enum for enum, dtype in dtypes.items()}
-    parts = []
+    parts, byte_length = [], 0
     for name, part in _sparse_parts(tensor):
+        byte_length += part.numel() * part.element_size()
         if part.dtype not in wire:
             raise InvalidArgument(f"sparse tensor '{key}': its {name} have dtype {part.dtype}, "
                                   "which ckpt does not store")
@@ -420,7 +421,7 @@ def _describe_sparse(key, tensor, types_pb2, dtypes):
                                     coalesced=layout == "sparse_coo" and tensor.is_coalesced())
     return types_pb2.TensorMeta(
         key=key, original_key=key, dtype=wire[tensor.dtype], shape=list(tensor.shape),
-        byte_length=sum(p.numel() * p.element_size() for _, p in _sparse_parts(tensor)),
+        byte_length=byte_length,
         original_device=str(tensor.device), requires_grad=tensor.requires_grad, sparse=sparse)
 
 
