@@ -74,6 +74,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/download_plan.cc
+    libs/store/internal/chunk_pipeline.cc
     libs/store/internal/rocksdb_store_core.cc
     libs/store/internal/rocksdb_store_core_changes.cc
     libs/store/internal/rocksdb_store_core_chunks.cc
@@ -96,6 +97,7 @@ set(CKPT_TRAINER_SOURCES
     libs/tensor/dtype.cc
     libs/tensor/key_normalization.cc
     libs/tensor/side_stream_copies.cc
+    libs/tensor/sparse_layout.cc
     libs/tensor/state_dict.cc
     libs/tensor/value.cc
     libs/tensor/value_proto.cc
@@ -254,6 +256,7 @@ set(CKPT_CLI_SOURCES
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/internal/chunk_pipeline.cc
     libs/store/internal/rocksdb_store_core.cc
     libs/store/internal/rocksdb_store_core_changes.cc
     libs/store/internal/rocksdb_store_core_chunks.cc
@@ -277,6 +280,7 @@ set(CKPT_CLI_SOURCES
     libs/tensor/dtype.cc
     libs/tensor/key_normalization.cc
     libs/tensor/side_stream_copies.cc
+    libs/tensor/sparse_layout.cc
     libs/tensor/state_dict.cc
     libs/tensor/value.cc
     libs/tensor/value_proto.cc
@@ -399,6 +403,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/internal/chunk_pipeline.cc
     libs/store/internal/rocksdb_store_core.cc
     libs/store/internal/rocksdb_store_core_changes.cc
     libs/store/internal/rocksdb_store_core_chunks.cc
@@ -419,6 +424,7 @@ set(CKPT_LOADER_SOURCES
     libs/tensor/device.cc
     libs/tensor/dtype.cc
     libs/tensor/key_normalization.cc
+    libs/tensor/sparse_layout.cc
     libs/tensor/state_dict.cc
     libs/tensor/value.cc
     libs/tensor/value_proto.cc
@@ -526,6 +532,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/tensor/dtype.cc
     libs/tensor/key_normalization.cc
     libs/tensor/side_stream_copies.cc
+    libs/tensor/sparse_layout.cc
     libs/tensor/state_dict.cc
     libs/tensor/value.cc
     libs/tensor/value_proto.cc
@@ -698,6 +705,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/download_plan.cc
+    libs/store/internal/chunk_pipeline.cc
     libs/store/internal/failpoint.cc
     libs/store/internal/rocksdb_store_core.cc
     libs/store/internal/rocksdb_store_core_changes.cc
@@ -728,6 +736,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/tensor/dtype.cc
     libs/tensor/key_normalization.cc
     libs/tensor/side_stream_copies.cc
+    libs/tensor/sparse_layout.cc
     libs/tensor/state_dict.cc
     libs/tensor/value.cc
     libs/tensor/value_proto.cc
