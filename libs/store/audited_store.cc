@@ -65,46 +65,25 @@ std::string RetentionDetail(const v1::RetentionPolicy& policy) {
 
 // ---------------------------------------------------------------------------------------------
 // One upload: forwards everything; Commit is audited.
-class AuditedStore::Session final : public UploadSession {
+class AuditedStore::Session final : public ForwardingUploadSession {
  public:
   Session(std::shared_ptr<CheckpointStore> store, v1::AuditRecord record,
           std::unique_ptr<UploadSession> base)
-      : store_(std::move(store)), record_(std::move(record)), base_(std::move(base)) {}
-
-  const v1::Manifest& header() const override { return base_->header(); }
-  int tensor_count() const override { return base_->tensor_count(); }
-  const std::vector<std::string>& warnings() const override { return base_->warnings(); }
-
-  absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
-    RETURN_IF_ERROR(failed_);
-    return base_->AddTensorData(tensor_index, offset, bytes);
-  }
-
-  absl::Status AddStableTensorData(int tensor_index, int64_t offset,
-                                   absl::string_view bytes) override {
-    RETURN_IF_ERROR(failed_);
-    return base_->AddStableTensorData(tensor_index, offset, bytes);
-  }
-
-  absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
-                              int64_t length) override {
-    RETURN_IF_ERROR(failed_);
-    return base_->AddStoredChunk(tensor_index, offset, sha256, length);
-  }
-
-  std::string upload_id() const override { return base_->upload_id(); }
+      : ForwardingUploadSession(std::move(base)),
+        store_(std::move(store)),
+        record_(std::move(record)) {}
 
   absl::StatusOr<CommitResult> Commit() override {
-    RETURN_IF_ERROR(failed_);
+    RETURN_IF_ERROR(failure());
     absl::StatusOr<int64_t> sequence = store_->BeginAudit(record_);
     if (!sequence.ok()) {
       // Never committed: destroying the session abandons the upload.
       const absl::Status error = NotAudited(record_, sequence.status());
-      failed_ = absl::FailedPreconditionError(
-          absl::StrCat("the upload failed earlier (", error.message(), ")"));
+      Fail(absl::FailedPreconditionError(
+          absl::StrCat("the upload failed earlier (", error.message(), ")")));
       return error;
     }
-    absl::StatusOr<CommitResult> result = base_->Commit();
+    absl::StatusOr<CommitResult> result = ForwardingUploadSession::Commit();
     std::string detail;
     int64_t version = 0;
     if (result.ok()) {
@@ -118,21 +97,18 @@ class AuditedStore::Session final : public UploadSession {
   }
 
  private:
+  // The wrapped store, which may outlive the AuditedStore (see the header).
   const std::shared_ptr<CheckpointStore> store_;
   const v1::AuditRecord record_;
-  const std::unique_ptr<UploadSession> base_;
-  absl::Status failed_;
 };
 
 // ---------------------------------------------------------------------------------------------
 
 AuditedStore::AuditedStore(CheckpointStore& inner, Actor actor)
-    // Aliasing constructor with no owner: a shared_ptr that never deletes `inner`.
-    : inner_(std::shared_ptr<CheckpointStore>(std::shared_ptr<void>(), &inner)),
-      actor_(std::move(actor)) {}
+    : ForwardingStore(&inner), actor_(std::move(actor)) {}
 
 AuditedStore::AuditedStore(std::unique_ptr<CheckpointStore> inner, Actor actor)
-    : inner_(std::move(inner)), actor_(std::move(actor)) {}
+    : ForwardingStore(std::move(inner)), actor_(std::move(actor)) {}
 
 AuditedStore::~AuditedStore() = default;
 
@@ -156,7 +132,7 @@ absl::StatusOr<std::unique_ptr<UploadSession>> AuditedStore::BeginUpload(
   CommitOptions attributed = options;
   attributed.attribution = Attributed(options.attribution);
   ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
-                   inner_->BeginUpload(model, std::move(header), attributed));
+                   inner().BeginUpload(model, std::move(header), attributed));
   v1::AuditRecord record = NewRecord(kAuditCommit, model);
   // What the commit was asked to do, kept if it fails or the server stops during it.
   record.set_detail(absl::StrCat(
@@ -167,40 +143,8 @@ absl::StatusOr<std::unique_ptr<UploadSession>> AuditedStore::BeginUpload(
           ? absl::StrCat("; expects latest version ", options.expected_latest_version)
           : ""));
   record.set_alias(absl::StrJoin(options.aliases, ","));
-  return std::unique_ptr<UploadSession>(new Session(inner_, std::move(record), std::move(session)));
-}
-
-// A part changes nothing visible: the commit that takes it is audited.
-absl::StatusOr<std::unique_ptr<UploadPart>> AuditedStore::JoinUpload(
-    absl::string_view upload_id, std::vector<UploadRange> ranges) {
-  return inner_->JoinUpload(upload_id, std::move(ranges));
-}
-
-absl::StatusOr<std::vector<std::string>> AuditedStore::FindMissingChunks(
-    const std::vector<std::string>& sha256s) {
-  return inner_->FindMissingChunks(sha256s);
-}
-
-absl::StatusOr<v1::Manifest> AuditedStore::GetManifest(const v1::VersionRef& ref) {
-  return inner_->GetManifest(ref);
-}
-
-absl::StatusOr<std::unique_ptr<VersionReader>> AuditedStore::OpenVersion(
-    const v1::VersionRef& ref) {
-  return inner_->OpenVersion(ref);
-}
-
-absl::Status AuditedStore::ReadTensorChunks(const v1::TensorMeta& meta,
-                                            const ChunkCallback& callback) {
-  return inner_->ReadTensorChunks(meta, callback);
-}
-
-absl::StatusOr<std::vector<v1::ModelInfo>> AuditedStore::ListModels() {
-  return inner_->ListModels();
-}
-
-absl::StatusOr<std::vector<v1::VersionInfo>> AuditedStore::ListVersions(absl::string_view model) {
-  return inner_->ListVersions(model);
+  return std::unique_ptr<UploadSession>(
+      new Session(shared_inner(), std::move(record), std::move(session)));
 }
 
 absl::StatusOr<int64_t> AuditedStore::SetAlias(absl::string_view model, absl::string_view alias,
@@ -215,9 +159,9 @@ absl::StatusOr<int64_t> AuditedStore::SetAlias(absl::string_view model, absl::st
       : expected_current_version == kAliasMustNotExist ? std::string(" if it does not exist")
                                                        : std::string()));
   return RunAudited<int64_t>(
-      *inner_, record,
+      inner(), record,
       [&] {
-        return inner_->SetAlias(model, alias, version, expected_current_version,
+        return inner().SetAlias(model, alias, version, expected_current_version,
                                 Attributed(attribution));
       },
       [&](int64_t previous) {
@@ -231,9 +175,9 @@ absl::Status AuditedStore::DeleteAlias(absl::string_view model, absl::string_vie
   record.set_alias(std::string(alias));
   record.set_detail(absl::StrCat("delete alias ", alias));
   return RunAudited<bool>(
-             *inner_, record,
+             inner(), record,
              [&]() -> absl::StatusOr<bool> {
-               RETURN_IF_ERROR(inner_->DeleteAlias(model, alias, Attributed(attribution)));
+               RETURN_IF_ERROR(inner().DeleteAlias(model, alias, Attributed(attribution)));
                return true;
              },
              [&](bool) { return absl::StrCat("alias ", alias, " deleted"); })
@@ -248,8 +192,8 @@ absl::StatusOr<int64_t> AuditedStore::DeleteVersion(absl::string_view model, int
   const std::string ref = FormatVersionRef(model, version);
   record.set_detail(absl::StrCat("delete ", ref, force ? " (force)" : ""));
   return RunAudited<int64_t>(
-      *inner_, record,
-      [&] { return inner_->DeleteVersion(model, version, force, Attributed(attribution)); },
+      inner(), record,
+      [&] { return inner().DeleteVersion(model, version, force, Attributed(attribution)); },
       [&](int64_t released) {
         return absl::StrCat("deleted ", ref, force ? " (force)" : "", "; ", released,
                             " bytes no longer referenced");
@@ -259,13 +203,13 @@ absl::StatusOr<int64_t> AuditedStore::DeleteVersion(absl::string_view model, int
 absl::StatusOr<v1::ApplyRetentionResponse> AuditedStore::ApplyRetention(
     absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
     const ChangeAttribution& attribution) {
-  if (dry_run) return inner_->ApplyRetention(model, policy, dry_run);
+  if (dry_run) return inner().ApplyRetention(model, policy, dry_run);
   v1::AuditRecord record = NewRecord(kAuditApplyRetention, model);
   const std::string asked = RetentionDetail(policy);
   record.set_detail(asked);
   return RunAudited<v1::ApplyRetentionResponse>(
-      *inner_, record,
-      [&] { return inner_->ApplyRetention(model, policy, dry_run, Attributed(attribution)); },
+      inner(), record,
+      [&] { return inner().ApplyRetention(model, policy, dry_run, Attributed(attribution)); },
       [&](const v1::ApplyRetentionResponse& response) {
         if (response.deleted_versions().empty() && response.optimizer_state_dropped().empty()) {
           return absl::StrCat(asked, ": nothing to do");
@@ -282,11 +226,11 @@ absl::StatusOr<v1::ApplyRetentionResponse> AuditedStore::ApplyRetention(
 }
 
 absl::StatusOr<v1::GarbageCollectResponse> AuditedStore::GarbageCollect(bool dry_run) {
-  if (dry_run) return inner_->GarbageCollect(dry_run);
+  if (dry_run) return inner().GarbageCollect(dry_run);
   v1::AuditRecord record = NewRecord(kAuditGarbageCollect, "");
   record.set_detail("garbage collection");
   return RunAudited<v1::GarbageCollectResponse>(
-      *inner_, record, [&] { return inner_->GarbageCollect(dry_run); },
+      inner(), record, [&] { return inner().GarbageCollect(dry_run); },
       [](const v1::GarbageCollectResponse& response) {
         return absl::StrCat(
             "reclaimed ", response.bytes_freed(), " bytes in ", response.chunks_freed(),
@@ -301,25 +245,6 @@ absl::StatusOr<v1::GarbageCollectResponse> AuditedStore::GarbageCollect(bool dry
       });
 }
 
-absl::StatusOr<v1::VerifyResponse> AuditedStore::Verify(absl::string_view model, int64_t version) {
-  return inner_->Verify(model, version);
-}
-
-absl::StatusOr<v1::StoreStats> AuditedStore::GetStats() { return inner_->GetStats(); }
-
-absl::StatusOr<int64_t> AuditedStore::BeginAudit(v1::AuditRecord record) {
-  return inner_->BeginAudit(std::move(record));
-}
-
-absl::Status AuditedStore::FinishAudit(int64_t sequence, const absl::Status& outcome,
-                                       absl::string_view detail, int64_t version) {
-  return inner_->FinishAudit(sequence, outcome, detail, version);
-}
-
-absl::StatusOr<std::vector<v1::AuditRecord>> AuditedStore::ListAudit(const AuditQuery& query) {
-  return inner_->ListAudit(query);
-}
-
 ChangeAttribution AuditedStore::Attributed(const ChangeAttribution& attribution) const {
   return ChangeAttribution{actor_.identity, attribution.reason};
 }
@@ -330,7 +255,7 @@ absl::StatusOr<v1::ModelInfo> AuditedStore::CreateModel(absl::string_view model,
   v1::AuditRecord record = NewRecord(kAuditCreateModel, model);
   record.set_detail(absl::StrCat("create model ", model));
   return RunAudited<v1::ModelInfo>(
-      *inner_, record, [&] { return inner_->CreateModel(model, details, Attributed(attribution)); },
+      inner(), record, [&] { return inner().CreateModel(model, details, Attributed(attribution)); },
       [&](const v1::ModelInfo&) { return absl::StrCat("created model ", model); });
 }
 
@@ -340,7 +265,7 @@ absl::StatusOr<v1::ModelInfo> AuditedStore::UpdateModel(absl::string_view model,
   v1::AuditRecord record = NewRecord(kAuditUpdateModel, model);
   record.set_detail(absl::StrCat("update model ", model, ": ", change.ShortDebugString()));
   return RunAudited<v1::ModelInfo>(
-      *inner_, record, [&] { return inner_->UpdateModel(model, change, Attributed(attribution)); },
+      inner(), record, [&] { return inner().UpdateModel(model, change, Attributed(attribution)); },
       [&](const v1::ModelInfo&) { return absl::StrCat("updated model ", model); });
 }
 
@@ -349,9 +274,9 @@ absl::Status AuditedStore::RenameModel(absl::string_view model, absl::string_vie
   v1::AuditRecord record = NewRecord(kAuditRenameModel, model);
   record.set_detail(absl::StrCat("rename model ", model, " to ", new_name));
   return RunAudited<bool>(
-             *inner_, record,
+             inner(), record,
              [&]() -> absl::StatusOr<bool> {
-               RETURN_IF_ERROR(inner_->RenameModel(model, new_name, Attributed(attribution)));
+               RETURN_IF_ERROR(inner().RenameModel(model, new_name, Attributed(attribution)));
                return true;
              },
              [&](bool) { return absl::StrCat("renamed model ", model, " to ", new_name); })
@@ -363,7 +288,7 @@ absl::StatusOr<v1::DeleteModelResponse> AuditedStore::DeleteModel(
   v1::AuditRecord record = NewRecord(kAuditDeleteModel, model);
   record.set_detail(absl::StrCat("delete model ", model, force ? " (force)" : ""));
   return RunAudited<v1::DeleteModelResponse>(
-      *inner_, record, [&] { return inner_->DeleteModel(model, force, Attributed(attribution)); },
+      inner(), record, [&] { return inner().DeleteModel(model, force, Attributed(attribution)); },
       [&](const v1::DeleteModelResponse& response) {
         return absl::StrCat("deleted model ", model, " with ", response.versions_deleted(),
                             " versions; ", response.bytes_released(),
@@ -379,28 +304,9 @@ absl::StatusOr<v1::VersionAnnotations> AuditedStore::AnnotateVersion(
   const std::string ref = FormatVersionRef(model, version);
   record.set_detail(absl::StrCat("annotate ", ref, ": ", change.ShortDebugString()));
   return RunAudited<v1::VersionAnnotations>(
-      *inner_, record,
-      [&] { return inner_->AnnotateVersion(model, version, change, Attributed(attribution)); },
+      inner(), record,
+      [&] { return inner().AnnotateVersion(model, version, change, Attributed(attribution)); },
       [&](const v1::VersionAnnotations&) { return absl::StrCat("annotated ", ref); });
-}
-
-absl::StatusOr<std::vector<v1::RegistryEvent>> AuditedStore::ListHistory(
-    const HistoryQuery& query) {
-  return inner_->ListHistory(query);
-}
-
-absl::StatusOr<RegistryState> AuditedStore::GetRegistryState(
-    const std::vector<std::string>& models) {
-  return inner_->GetRegistryState(models);
-}
-
-absl::StatusOr<bool> AuditedStore::WaitForHistory(int64_t after_sequence, absl::Time deadline) {
-  return inner_->WaitForHistory(after_sequence, deadline);
-}
-
-absl::StatusOr<std::unique_ptr<RegistryWatch>> AuditedStore::Watch(
-    const v1::WatchRequest& request) {
-  return inner_->Watch(request);
 }
 
 std::string ProcessUserName() {

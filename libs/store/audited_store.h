@@ -25,8 +25,9 @@
 // audited the same way. Every change's ChangeAttribution gets actor.identity as its identity, so
 // the registry's history names the same caller as the audit log; the caller's reason is kept.
 //
-// Reads, FindMissingChunks, the history, Watch and the audit methods themselves forward
-// unchanged.
+// Reads, JoinUpload (a part changes nothing visible: the commit that takes it is audited),
+// FindMissingChunks, the history, Watch and the audit methods themselves forward unchanged
+// (ForwardingStore).
 //
 // Ownership: the wrapped store is borrowed (it must outlive the AuditedStore and every session it
 // returns) or owned. Sessions keep the wrapped store, not the AuditedStore: an AuditedStore made
@@ -48,10 +49,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/forwarding_store.h"
 
 namespace ckpt {
 
-class AuditedStore final : public CheckpointStore {
+class AuditedStore final : public ForwardingStore {
  public:
   // Who makes the calls, as the audit log names them.
   struct Actor {
@@ -69,20 +71,10 @@ class AuditedStore final : public CheckpointStore {
 
   const Actor& actor() const { return actor_; }
 
-  // The wrapped store's: this one adds no way to fail that retrying heals.
-  absl::Duration CommitRetryWindow() const override { return inner_->CommitRetryWindow(); }
+  // The mutating calls, audited; everything else forwards unchanged (ForwardingStore).
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;
-  absl::StatusOr<std::unique_ptr<UploadPart>> JoinUpload(absl::string_view upload_id,
-                                                         std::vector<UploadRange> ranges) override;
-  absl::StatusOr<std::vector<std::string>> FindMissingChunks(
-      const std::vector<std::string>& sha256s) override;
-  absl::StatusOr<v1::Manifest> GetManifest(const v1::VersionRef& ref) override;
-  absl::StatusOr<std::unique_ptr<VersionReader>> OpenVersion(const v1::VersionRef& ref) override;
-  absl::Status ReadTensorChunks(const v1::TensorMeta& meta, const ChunkCallback& callback) override;
-  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() override;
-  absl::StatusOr<std::vector<v1::VersionInfo>> ListVersions(absl::string_view model) override;
   absl::StatusOr<int64_t> SetAlias(absl::string_view model, absl::string_view alias,
                                    int64_t version, int64_t expected_current_version = 0,
                                    const ChangeAttribution& attribution = {}) override;
@@ -94,12 +86,6 @@ class AuditedStore final : public CheckpointStore {
       absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
       const ChangeAttribution& attribution = {}) override;
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
-  absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
-  absl::StatusOr<v1::StoreStats> GetStats() override;
-  absl::StatusOr<int64_t> BeginAudit(v1::AuditRecord record) override;
-  absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
-                           int64_t version) override;
-  absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
   absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
                                             const v1::ModelDetails& details,
                                             const ChangeAttribution& attribution) override;
@@ -113,12 +99,6 @@ class AuditedStore final : public CheckpointStore {
   absl::StatusOr<v1::VersionAnnotations> AnnotateVersion(
       absl::string_view model, int64_t version, const v1::AnnotationChange& change,
       const ChangeAttribution& attribution) override;
-  absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) override;
-  absl::StatusOr<RegistryState> GetRegistryState(const std::vector<std::string>& models) override;
-  absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
-  // The wrapped store's watch (a remote store's server stream rather than polling through this
-  // object).
-  absl::StatusOr<std::unique_ptr<RegistryWatch>> Watch(const v1::WatchRequest& request) override;
 
  private:
   // `attribution` with the actor's identity: callers name why, never who.
@@ -129,8 +109,6 @@ class AuditedStore final : public CheckpointStore {
   // A record of `action` on `model` by actor_, ready for BeginAudit.
   v1::AuditRecord NewRecord(absl::string_view action, absl::string_view model) const;
 
-  // Shared with sessions, which may outlive this object (see above); non-owning when borrowed.
-  const std::shared_ptr<CheckpointStore> inner_;
   const Actor actor_;
 };
 

@@ -430,6 +430,10 @@ class RegistryWatch {
 // SetAlias's expected_current_version that only creates an alias: fails if it exists.
 inline constexpr int64_t kAliasMustNotExist = -1;
 
+// Implementations: RocksDbCheckpointStore (rocksdb_checkpoint_store.h) and RemoteCheckpointStore
+// (libs/client); decorators derive from ForwardingStore (forwarding_store.h). A method added here
+// passes through every decorator unchanged until one overrides it: decide whether ScopedStore
+// must check it against the caller's scope and whether AuditedStore must audit it.
 class CheckpointStore {
  public:
   virtual ~CheckpointStore() = default;

@@ -53,48 +53,33 @@ absl::StatusOr<absl::flat_hash_map<std::string, int64_t>> ChunksReferencedInScop
 // referenced only when a version in scope references it (else holding a chunk's SHA-256 would be
 // enough to copy another team's bytes into one's own version, or to learn that they exist);
 // Commit's new_bytes counts the bytes new to the scope rather than to the store.
-class ScopedStore::Session final : public UploadSession {
+class ScopedStore::Session final : public ForwardingUploadSession {
  public:
   Session(CheckpointStore& store, ModelScope scope, std::unique_ptr<UploadSession> base)
-      : store_(store), scope_(std::move(scope)), base_(std::move(base)) {}
-
-  const v1::Manifest& header() const override { return base_->header(); }
-  int tensor_count() const override { return base_->tensor_count(); }
-  const std::vector<std::string>& warnings() const override { return base_->warnings(); }
-  absl::Status AddTensorData(int tensor_index, int64_t offset, absl::string_view bytes) override {
-    RETURN_IF_ERROR(failed_);
-    return base_->AddTensorData(tensor_index, offset, bytes);
-  }
-  absl::Status AddStableTensorData(int tensor_index, int64_t offset,
-                                   absl::string_view bytes) override {
-    RETURN_IF_ERROR(failed_);
-    return base_->AddStableTensorData(tensor_index, offset, bytes);
-  }
+      : ForwardingUploadSession(std::move(base)), store_(store), scope_(std::move(scope)) {}
 
   absl::Status AddStoredChunk(int tensor_index, int64_t offset, absl::string_view sha256,
                               int64_t length) override {
-    RETURN_IF_ERROR(failed_);
+    RETURN_IF_ERROR(failure());
     if (!in_scope_.has_value()) {
       // Once per upload, on the first reference: the cost ChunksReferencedInScope documents.
       absl::StatusOr<absl::flat_hash_map<std::string, int64_t>> chunks =
           ChunksReferencedInScope(store_, scope_, v1::VersionRef());
-      if (!chunks.ok()) return failed_ = chunks.status();
+      if (!chunks.ok()) return Fail(chunks.status());
       in_scope_ = std::move(*chunks);
     }
     // One answer whether the store holds the chunk for another team or not at all.
     if (!in_scope_->contains(sha256)) {
-      return failed_ = absl::NotFoundError(absl::StrCat("no version of ", scope_.Describe(),
-                                                        " references chunk ", HexEncode(sha256),
-                                                        ": send its bytes"));
+      // A refused reference fails the session, as the store's own errors do.
+      return Fail(absl::NotFoundError(absl::StrCat("no version of ", scope_.Describe(),
+                                                   " references chunk ", HexEncode(sha256),
+                                                   ": send its bytes")));
     }
-    return base_->AddStoredChunk(tensor_index, offset, sha256, length);
+    return ForwardingUploadSession::AddStoredChunk(tensor_index, offset, sha256, length);
   }
 
-  std::string upload_id() const override { return base_->upload_id(); }
-
   absl::StatusOr<CommitResult> Commit() override {
-    RETURN_IF_ERROR(failed_);
-    ASSIGN_OR_RETURN(CommitResult result, base_->Commit());
+    ASSIGN_OR_RETURN(CommitResult result, ForwardingUploadSession::Commit());
     // What the new version references, each chunk once.
     absl::StatusOr<v1::Manifest> manifest = store_.GetManifest(result.version);
     if (!manifest.ok()) {
@@ -124,16 +109,14 @@ class ScopedStore::Session final : public UploadSession {
  private:
   CheckpointStore& store_;
   const ModelScope scope_;
-  const std::unique_ptr<UploadSession> base_;
   // Chunks the scope's versions reference, read on the first AddStoredChunk.
   std::optional<absl::flat_hash_map<std::string, int64_t>> in_scope_;
-  absl::Status failed_;  // a refused reference fails the session, as the store's own errors do.
 };
 
 // ---------------------------------------------------------------------------------------------
 
 ScopedStore::ScopedStore(CheckpointStore& inner, ModelScope scope, std::string who)
-    : inner_(inner), scope_(std::move(scope)), who_(std::move(who)) {}
+    : ForwardingStore(&inner), scope_(std::move(scope)), who_(std::move(who)) {}
 
 ScopedStore::~ScopedStore() = default;
 
@@ -153,9 +136,9 @@ absl::StatusOr<std::unique_ptr<UploadSession>> ScopedStore::BeginUpload(
     absl::string_view model, v1::Manifest header, const CommitOptions& options) {
   RETURN_IF_ERROR(CheckModel("upload to", model));
   ASSIGN_OR_RETURN(std::unique_ptr<UploadSession> session,
-                   inner_.BeginUpload(model, std::move(header), options));
+                   inner().BeginUpload(model, std::move(header), options));
   if (scope_.unrestricted()) return session;
-  return std::unique_ptr<UploadSession>(new Session(inner_, scope_, std::move(session)));
+  return std::unique_ptr<UploadSession>(new Session(inner(), scope_, std::move(session)));
 }
 
 // A part sends its bytes (it cannot reference chunks), so only the upload's model is checked;
@@ -163,17 +146,17 @@ absl::StatusOr<std::unique_ptr<UploadSession>> ScopedStore::BeginUpload(
 absl::StatusOr<std::unique_ptr<UploadPart>> ScopedStore::JoinUpload(
     absl::string_view upload_id, std::vector<UploadRange> ranges) {
   ASSIGN_OR_RETURN(std::unique_ptr<UploadPart> part,
-                   inner_.JoinUpload(upload_id, std::move(ranges)));
+                   inner().JoinUpload(upload_id, std::move(ranges)));
   RETURN_IF_ERROR(CheckModel("upload to", part->header().model()));
   return part;
 }
 
 absl::StatusOr<std::vector<std::string>> ScopedStore::FindMissingChunks(
     const std::vector<std::string>& sha256s) {
-  if (scope_.unrestricted()) return inner_.FindMissingChunks(sha256s);
-  ASSIGN_OR_RETURN(const auto referenced, ChunksReferencedInScope(inner_, scope_));
+  if (scope_.unrestricted()) return inner().FindMissingChunks(sha256s);
+  ASSIGN_OR_RETURN(const auto referenced, ChunksReferencedInScope(inner(), scope_));
   // The store's answer still counts: a chunk a version references but the store lost is missing.
-  ASSIGN_OR_RETURN(std::vector<std::string> missing_from_store, inner_.FindMissingChunks(sha256s));
+  ASSIGN_OR_RETURN(std::vector<std::string> missing_from_store, inner().FindMissingChunks(sha256s));
   const absl::flat_hash_set<std::string> lost(missing_from_store.begin(), missing_from_store.end());
   std::vector<std::string> missing;
   for (const std::string& sha256 : sha256s) {
@@ -184,19 +167,19 @@ absl::StatusOr<std::vector<std::string>> ScopedStore::FindMissingChunks(
 
 absl::StatusOr<v1::Manifest> ScopedStore::GetManifest(const v1::VersionRef& ref) {
   RETURN_IF_ERROR(CheckModel("read", ref.model()));
-  return inner_.GetManifest(ref);
+  return inner().GetManifest(ref);
 }
 
 absl::StatusOr<std::unique_ptr<VersionReader>> ScopedStore::OpenVersion(const v1::VersionRef& ref) {
   RETURN_IF_ERROR(CheckModel("read", ref.model()));
-  return inner_.OpenVersion(ref);
+  return inner().OpenVersion(ref);
 }
 
 absl::Status ScopedStore::ReadTensorChunks(const v1::TensorMeta& meta,
                                            const ChunkCallback& callback) {
   if (!scope_.unrestricted()) {
     // The meta comes from the caller: its chunks must be ones its own versions reference.
-    ASSIGN_OR_RETURN(const auto referenced, ChunksReferencedInScope(inner_, scope_));
+    ASSIGN_OR_RETURN(const auto referenced, ChunksReferencedInScope(inner(), scope_));
     for (const v1::ChunkRef& chunk : meta.chunks()) {
       if (!referenced.contains(chunk.sha256())) {
         return absl::PermissionDeniedError(absl::StrCat(
@@ -204,11 +187,11 @@ absl::Status ScopedStore::ReadTensorChunks(const v1::TensorMeta& meta,
       }
     }
   }
-  return inner_.ReadTensorChunks(meta, callback);
+  return inner().ReadTensorChunks(meta, callback);
 }
 
 absl::StatusOr<std::vector<v1::ModelInfo>> ScopedStore::ListModels() {
-  ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, inner_.ListModels());
+  ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, inner().ListModels());
   models.erase(
       std::remove_if(models.begin(), models.end(),
                      [&](const v1::ModelInfo& model) { return !scope_.Covers(model.name()); }),
@@ -218,46 +201,46 @@ absl::StatusOr<std::vector<v1::ModelInfo>> ScopedStore::ListModels() {
 
 absl::StatusOr<std::vector<v1::VersionInfo>> ScopedStore::ListVersions(absl::string_view model) {
   RETURN_IF_ERROR(CheckModel("list the versions of", model));
-  return inner_.ListVersions(model);
+  return inner().ListVersions(model);
 }
 
 absl::StatusOr<int64_t> ScopedStore::SetAlias(absl::string_view model, absl::string_view alias,
                                               int64_t version, int64_t expected_current_version,
                                               const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("set an alias of", model));
-  return inner_.SetAlias(model, alias, version, expected_current_version, attribution);
+  return inner().SetAlias(model, alias, version, expected_current_version, attribution);
 }
 
 absl::Status ScopedStore::DeleteAlias(absl::string_view model, absl::string_view alias,
                                       const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("delete an alias of", model));
-  return inner_.DeleteAlias(model, alias, attribution);
+  return inner().DeleteAlias(model, alias, attribution);
 }
 
 absl::StatusOr<int64_t> ScopedStore::DeleteVersion(absl::string_view model, int64_t version,
                                                    bool force,
                                                    const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("delete a version of", model));
-  return inner_.DeleteVersion(model, version, force, attribution);
+  return inner().DeleteVersion(model, version, force, attribution);
 }
 
 absl::StatusOr<v1::ApplyRetentionResponse> ScopedStore::ApplyRetention(
     absl::string_view model, const v1::RetentionPolicy& policy, bool dry_run,
     const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("apply retention to", model));
-  return inner_.ApplyRetention(model, policy, dry_run, attribution);
+  return inner().ApplyRetention(model, policy, dry_run, attribution);
 }
 
 absl::StatusOr<v1::GarbageCollectResponse> ScopedStore::GarbageCollect(bool dry_run) {
   RETURN_IF_ERROR(RefuseWholeStore(
       "collect garbage", "garbage collection acts on every model's chunks and reports them"));
-  return inner_.GarbageCollect(dry_run);
+  return inner().GarbageCollect(dry_run);
 }
 
 absl::StatusOr<v1::VerifyResponse> ScopedStore::Verify(absl::string_view model, int64_t version) {
   if (!model.empty() || scope_.unrestricted()) {
     RETURN_IF_ERROR(CheckModel("verify", model));
-    return inner_.Verify(model, version);
+    return inner().Verify(model, version);
   }
   if (version != 0) {
     return absl::InvalidArgumentError("Verify: a version needs a model");
@@ -266,7 +249,7 @@ absl::StatusOr<v1::VerifyResponse> ScopedStore::Verify(absl::string_view model, 
   ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, ListModels());
   for (const v1::ModelInfo& info : models) {
     if (info.version_count() == 0) continue;
-    absl::StatusOr<v1::VerifyResponse> one = inner_.Verify(info.name(), 0);
+    absl::StatusOr<v1::VerifyResponse> one = inner().Verify(info.name(), 0);
     if (absl::IsNotFound(one.status())) continue;  // deleted meanwhile
     RETURN_IF_ERROR(one.status());
     all.set_chunks_checked(all.chunks_checked() + one->chunks_checked());
@@ -282,7 +265,7 @@ absl::StatusOr<v1::VerifyResponse> ScopedStore::Verify(absl::string_view model, 
 }
 
 absl::StatusOr<v1::StoreStats> ScopedStore::GetStats() {
-  if (scope_.unrestricted()) return inner_.GetStats();
+  if (scope_.unrestricted()) return inner().GetStats();
   v1::StoreStats stats;
   ASSIGN_OR_RETURN(std::vector<v1::ModelInfo> models, ListModels());
   for (const v1::ModelInfo& info : models) {
@@ -290,7 +273,7 @@ absl::StatusOr<v1::StoreStats> ScopedStore::GetStats() {
     stats.set_versions(stats.versions() + info.version_count());
     stats.set_logical_bytes(stats.logical_bytes() + info.logical_bytes());
   }
-  ASSIGN_OR_RETURN(const auto referenced, ChunksReferencedInScope(inner_, scope_));
+  ASSIGN_OR_RETURN(const auto referenced, ChunksReferencedInScope(inner(), scope_));
   stats.set_chunks(static_cast<int64_t>(referenced.size()));
   int64_t bytes = 0;
   for (const auto& [sha256, length] : referenced) bytes += length;
@@ -298,26 +281,17 @@ absl::StatusOr<v1::StoreStats> ScopedStore::GetStats() {
   return stats;
 }
 
-absl::StatusOr<int64_t> ScopedStore::BeginAudit(v1::AuditRecord record) {
-  return inner_.BeginAudit(std::move(record));
-}
-
-absl::Status ScopedStore::FinishAudit(int64_t sequence, const absl::Status& outcome,
-                                      absl::string_view detail, int64_t version) {
-  return inner_.FinishAudit(sequence, outcome, detail, version);
-}
-
 absl::StatusOr<std::vector<v1::AuditRecord>> ScopedStore::ListAudit(const AuditQuery& query) {
   if (!query.model.empty() || scope_.unrestricted()) {
     RETURN_IF_ERROR(CheckModel("read the audit records of", query.model));
-    return inner_.ListAudit(query);
+    return inner().ListAudit(query);
   }
   // Filtered page by page of the store's log, until the caller's limit is met.
   std::vector<v1::AuditRecord> kept;
   AuditQuery page = query;
   page.limit = kAuditScanPage;
   while (true) {
-    ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, inner_.ListAudit(page));
+    ASSIGN_OR_RETURN(std::vector<v1::AuditRecord> records, inner().ListAudit(page));
     for (v1::AuditRecord& record : records) {
       if (record.model().empty() || !scope_.Covers(record.model())) continue;
       kept.push_back(std::move(record));
@@ -332,34 +306,34 @@ absl::StatusOr<v1::ModelInfo> ScopedStore::CreateModel(absl::string_view model,
                                                        const v1::ModelDetails& details,
                                                        const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("create", model));
-  return inner_.CreateModel(model, details, attribution);
+  return inner().CreateModel(model, details, attribution);
 }
 
 absl::StatusOr<v1::ModelInfo> ScopedStore::UpdateModel(absl::string_view model,
                                                        const v1::ModelDetailsChange& change,
                                                        const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("update", model));
-  return inner_.UpdateModel(model, change, attribution);
+  return inner().UpdateModel(model, change, attribution);
 }
 
 absl::Status ScopedStore::RenameModel(absl::string_view model, absl::string_view new_name,
                                       const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("rename", model));
   RETURN_IF_ERROR(CheckModel("rename a model to", new_name));
-  return inner_.RenameModel(model, new_name, attribution);
+  return inner().RenameModel(model, new_name, attribution);
 }
 
 absl::StatusOr<v1::DeleteModelResponse> ScopedStore::DeleteModel(
     absl::string_view model, bool force, const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("delete", model));
-  return inner_.DeleteModel(model, force, attribution);
+  return inner().DeleteModel(model, force, attribution);
 }
 
 absl::StatusOr<v1::VersionAnnotations> ScopedStore::AnnotateVersion(
     absl::string_view model, int64_t version, const v1::AnnotationChange& change,
     const ChangeAttribution& attribution) {
   RETURN_IF_ERROR(CheckModel("annotate", model));
-  return inner_.AnnotateVersion(model, version, change, attribution);
+  return inner().AnnotateVersion(model, version, change, attribution);
 }
 
 absl::StatusOr<std::vector<v1::RegistryEvent>> ScopedStore::ListHistory(const HistoryQuery& query) {
@@ -368,7 +342,7 @@ absl::StatusOr<std::vector<v1::RegistryEvent>> ScopedStore::ListHistory(const Hi
                                      "name the model (ListHistoryRequest.model)"));
   }
   RETURN_IF_ERROR(CheckModel("read the history of", query.model));
-  return inner_.ListHistory(query);
+  return inner().ListHistory(query);
 }
 
 absl::StatusOr<RegistryState> ScopedStore::GetRegistryState(
@@ -377,11 +351,7 @@ absl::StatusOr<RegistryState> ScopedStore::GetRegistryState(
     RETURN_IF_ERROR(RefuseWholeStore("read the state of every model", "name the models"));
   }
   for (const std::string& model : models) RETURN_IF_ERROR(CheckModel("read the state of", model));
-  return inner_.GetRegistryState(models);
-}
-
-absl::StatusOr<bool> ScopedStore::WaitForHistory(int64_t after_sequence, absl::Time deadline) {
-  return inner_.WaitForHistory(after_sequence, deadline);
+  return inner().GetRegistryState(models);
 }
 
 absl::StatusOr<std::unique_ptr<RegistryWatch>> ScopedStore::Watch(const v1::WatchRequest& request) {
@@ -390,7 +360,7 @@ absl::StatusOr<std::unique_ptr<RegistryWatch>> ScopedStore::Watch(const v1::Watc
   }
   for (const std::string& model : request.models()) RETURN_IF_ERROR(CheckModel("watch", model));
   // The wrapped store's watch reports only the named models, all in scope, and outlives this.
-  return inner_.Watch(request);
+  return inner().Watch(request);
 }
 
 }  // namespace ckpt

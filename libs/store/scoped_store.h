@@ -57,11 +57,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/forwarding_store.h"
 #include "libs/store/model_scope.h"
 
 namespace ckpt {
 
-class ScopedStore final : public CheckpointStore {
+class ScopedStore final : public ForwardingStore {
  public:
   // Borrows `inner`. `who` names the caller in refusals ("identity 'team-a'").
   ScopedStore(CheckpointStore& inner, ModelScope scope, std::string who);
@@ -71,8 +72,10 @@ class ScopedStore final : public CheckpointStore {
 
   const ModelScope& scope() const { return scope_; }
 
-  // The wrapped store's: this one adds no way to fail that retrying heals.
-  absl::Duration CommitRetryWindow() const override { return inner_.CommitRetryWindow(); }
+  // Every call that names a model, or acts on the whole store, is checked against the scope;
+  // what is left (CommitRetryWindow, BeginAudit / FinishAudit, which the service calls on the
+  // caller's behalf, and WaitForHistory, which says only that some event exists) forwards
+  // unchanged.
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;
@@ -98,9 +101,6 @@ class ScopedStore final : public CheckpointStore {
   absl::StatusOr<v1::GarbageCollectResponse> GarbageCollect(bool dry_run) override;
   absl::StatusOr<v1::VerifyResponse> Verify(absl::string_view model, int64_t version) override;
   absl::StatusOr<v1::StoreStats> GetStats() override;
-  absl::StatusOr<int64_t> BeginAudit(v1::AuditRecord record) override;
-  absl::Status FinishAudit(int64_t sequence, const absl::Status& outcome, absl::string_view detail,
-                           int64_t version) override;
   absl::StatusOr<std::vector<v1::AuditRecord>> ListAudit(const AuditQuery& query) override;
   absl::StatusOr<v1::ModelInfo> CreateModel(absl::string_view model,
                                             const v1::ModelDetails& details,
@@ -117,7 +117,6 @@ class ScopedStore final : public CheckpointStore {
       const ChangeAttribution& attribution) override;
   absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) override;
   absl::StatusOr<RegistryState> GetRegistryState(const std::vector<std::string>& models) override;
-  absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
   absl::StatusOr<std::unique_ptr<RegistryWatch>> Watch(const v1::WatchRequest& request) override;
 
  private:
@@ -128,7 +127,6 @@ class ScopedStore final : public CheckpointStore {
   // PERMISSION_DENIED for a restricted scope: `what` acts on the whole store.
   absl::Status RefuseWholeStore(absl::string_view what, absl::string_view why) const;
 
-  CheckpointStore& inner_;
   const ModelScope scope_;
   const std::string who_;
 };

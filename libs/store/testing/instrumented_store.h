@@ -25,15 +25,16 @@
 
 #include "absl/strings/string_view.h"
 #include "libs/store/checkpoint_store.h"
+#include "libs/store/forwarding_store.h"
 
 namespace ckpt {
 
-class InstrumentedStore final : public CheckpointStore {
+class InstrumentedStore final : public ForwardingStore {
  public:
   using Hook = std::function<void(absl::string_view method)>;
 
   // `base` is not owned and must outlive this store and every reader it returns.
-  explicit InstrumentedStore(CheckpointStore* base) : base_(*base) {}
+  explicit InstrumentedStore(CheckpointStore* base) : ForwardingStore(base) {}
 
   void set_hook(Hook hook) { hook_ = std::move(hook); }
   // BeginAudit and FinishAudit return the error `fault` gives for their name instead of calling
@@ -55,8 +56,7 @@ class InstrumentedStore final : public CheckpointStore {
   // Bytes given to AddTensorData of sessions from BeginUpload (accepted or not).
   int64_t uploaded_bytes() const { return uploaded_bytes_.load(); }
 
-  // The wrapped store's: this one adds no way to fail that retrying heals.
-  absl::Duration CommitRetryWindow() const override { return base_.CommitRetryWindow(); }
+  // Every method but CommitRetryWindow runs the hook first, then forwards.
   absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(absl::string_view model,
                                                              v1::Manifest header,
                                                              const CommitOptions& options) override;
@@ -102,6 +102,9 @@ class InstrumentedStore final : public CheckpointStore {
   absl::StatusOr<std::vector<v1::RegistryEvent>> ListHistory(const HistoryQuery& query) override;
   absl::StatusOr<RegistryState> GetRegistryState(const std::vector<std::string>& models) override;
   absl::StatusOr<bool> WaitForHistory(int64_t after_sequence, absl::Time deadline) override;
+  // CheckpointStore's default watch, over this store's hooked GetRegistryState, ListHistory and
+  // WaitForHistory (so a test can hold a watch there), not the wrapped store's.
+  absl::StatusOr<std::unique_ptr<RegistryWatch>> Watch(const v1::WatchRequest& request) override;
 
  private:
   class Reader;
@@ -111,7 +114,6 @@ class InstrumentedStore final : public CheckpointStore {
     if (hook_) hook_(method);
   }
 
-  CheckpointStore& base_;
   Hook hook_;
   Fault audit_fault_;
   Fault commit_fault_;
