@@ -74,6 +74,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/download_plan.cc
+    libs/store/forwarding_store.cc
     libs/store/internal/chunk_pipeline.cc
     libs/store/internal/rocksdb_store_core.cc
     libs/store/internal/rocksdb_store_core_changes.cc
@@ -256,6 +257,7 @@ set(CKPT_CLI_SOURCES
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/forwarding_store.cc
     libs/store/internal/chunk_pipeline.cc
     libs/store/internal/rocksdb_store_core.cc
     libs/store/internal/rocksdb_store_core_changes.cc
@@ -403,6 +405,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/chunk_hasher.cc
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
+    libs/store/forwarding_store.cc
     libs/store/internal/chunk_pipeline.cc
     libs/store/internal/rocksdb_store_core.cc
     libs/store/internal/rocksdb_store_core_changes.cc
@@ -705,6 +708,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/chunk_layout.cc
     libs/store/chunk_pack.cc
     libs/store/download_plan.cc
+    libs/store/forwarding_store.cc
     libs/store/internal/chunk_pipeline.cc
     libs/store/internal/failpoint.cc
     libs/store/internal/rocksdb_store_core.cc
