@@ -4,10 +4,10 @@
 // Prefaulting memory before a bulk read or write of it.
 //
 // Touching memory a page at a time costs one page fault per 4 KiB; on virtual machines whose
-// faults exit to the hypervisor that dominated loads (BENCHMARKS.md: fresh memory filled at
-// 0.1-0.25 GiB/s against 5-13 GiB/s for memory already mapped). madvise(MADV_POPULATE_*) (Linux
-// 5.14+) maps the whole range in one call. Both functions are best effort and return whether the
-// kernel mapped the pages: on older kernels, or for ranges holding no whole page, they do
+// faults exit to the hypervisor that dominated loads (docs/benchmarks/methods.md: fresh memory
+// filled at 0.1-0.25 GiB/s against 5-13 GiB/s for memory already mapped). madvise(MADV_POPULATE_*)
+// (Linux 5.14+) maps the whole range in one call. Both functions are best effort and return whether
+// the kernel mapped the pages: on older kernels, or for ranges holding no whole page, they do
 // nothing and return false, and the first touch faults as before.
 
 #include <cstddef>

@@ -174,8 +174,8 @@ absl::StatusOr<std::shared_ptr<ClientChannel>> ClientChannel::Open(const ClientO
   arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // No service config and no retries by gRPC: with them on, gRPC runs every call through its
-  // retry machinery, and a 256 MiB Download streamed 10-45% slower (BENCHMARKS.md, paired R4
-  // runs). Read-only calls and streams are retried by RestartOnUnavailable instead.
+  // retry machinery, and a 256 MiB Download streamed 10-45% slower (docs/benchmarks/history.md,
+  // paired R4 runs). Read-only calls and streams are retried by RestartOnUnavailable instead.
   arguments.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   if (!target.service_config.empty()) arguments.SetServiceConfigJSON(target.service_config);
   // A DNS TXT record never brings in a service config (and with it, say, a retryPolicy).

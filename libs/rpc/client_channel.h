@@ -18,9 +18,9 @@
 //
 // Why not gRPC's own retries (a `retryPolicy` in a service config, gRFC A6): with one, gRPC runs
 // every call on the channel through its retry machinery, streams included, and that cost a
-// 256 MiB Download 10-45% of its throughput (BENCHMARKS.md, paired R4 runs); a second channel
-// for streams only won part of it back. So the channel has no service config and gRPC's retries
-// are switched off (GRPC_ARG_ENABLE_RETRIES = 0): one channel carries every call.
+// 256 MiB Download 10-45% of its throughput (docs/benchmarks/history.md, paired R4 runs); a second
+// channel for streams only won part of it back. So the channel has no service config and gRPC's
+// retries are switched off (GRPC_ARG_ENABLE_RETRIES = 0): one channel carries every call.
 //
 // Several servers of one service (a loader fleet): `address` may list them, HOST:PORT,HOST:PORT
 // (IP literals), or name them in DNS, dns:///NAME:PORT. The channel then spreads calls over them

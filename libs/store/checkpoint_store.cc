@@ -391,7 +391,8 @@ absl::StatusOr<at::Tensor> VersionReader::ReadTensor(const v1::TensorMeta& meta)
     ASSIGN_OR_RETURN(MappedBytes mapped, MapTensorBytes(meta));
     if (mapped.data != nullptr) {
       // Fresh anonymous memory is the expensive part of a load (a page fault per 4 KiB,
-      // BENCHMARKS.md); a private mapping shares the page cache until the tensor is written.
+      // docs/benchmarks/methods.md); a private mapping shares the page cache until the tensor
+      // is written.
       return CatchTorchErrors([&] {
         return at::from_blob(
             mapped.data, tensor.sizes(), [owner = mapped.owner](void*) mutable { owner.reset(); },
@@ -400,7 +401,7 @@ absl::StatusOr<at::Tensor> VersionReader::ReadTensor(const v1::TensorMeta& meta)
     }
   }
   // A large tensor is fresh memory (allocators mmap it): its pages mapped in one call rather than
-  // faulted in one by one by the copy (1.6x faster on this VM, BENCHMARKS.md). Small ones mostly
+  // faulted in one by one by the copy (1.6x faster on this VM, docs/benchmarks/). Small ones mostly
   // reuse heap memory, where the call would be pure overhead.
   if (meta.byte_length() >= kPrefaultMinBytes) PrefaultForWrite(tensor.data_ptr(), tensor.nbytes());
   RETURN_IF_ERROR(ReadTensorInto(meta, static_cast<char*>(tensor.data_ptr())));

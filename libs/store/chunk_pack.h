@@ -7,8 +7,9 @@
 //
 // Why not RocksDB values: a value passes through the WAL and is written again when its memtable
 // is flushed to a blob file, so every tensor byte hit the disk twice and was copied three times
-// (BENCHMARKS.md, R1). A pack is written once, sequentially, and synced once per commit; a read is
-// one pread straight into the destination tensor, or a private mapping of the page cache.
+// (docs/benchmarks/history.md, R1). A pack is written once, sequentially, and synced once per
+// commit; a read is one pread straight into the destination tensor, or a private mapping of the
+// page cache.
 //
 // Files are `<dir>/<16 hex digits>.pack`. A pack is only appended to by its one writer (an upload
 // session or the garbage collector's compaction) and never modified or truncated after, so a

@@ -35,7 +35,7 @@
 //
 // Cost: the answers that depend on chunk references (FindMissingChunks, GetStats, a commit that
 // deduplicated, ReadTensorChunks) read the manifests of every version in scope, once per call;
-// see BENCHMARKS.md (D1 scoped) for what that costs on ten 260 MiB versions.
+// see docs/benchmarks/history.md (D1 scoped) for what that costs on ten 260 MiB versions.
 //
 // Ownership and threading as AuditedStore: the wrapped store is borrowed (it must outlive this
 // object and every session and watch it returns); sessions keep the wrapped store, so a

@@ -32,8 +32,8 @@ using store_service_internal::Cancelled;
 //
 // Reading and sending overlap: while the messages of chunk i are written (OnWriteDone sends the
 // next piece), chunk i+1 is read on the work queue, so neither the socket nor the reader waits
-// for the other (on two cores a strictly alternating reactor sent 1.7 GiB/s, BENCHMARKS.md R4').
-// At most two chunks are held: `sending_` (being written) and `ready_` (read, waiting for the
+// for the other (on two cores a strictly alternating reactor sent 1.7 GiB/s, docs/benchmarks/,
+// R4'). At most two chunks are held: `sending_` (being written) and `ready_` (read, waiting for the
 // writer). Under mu_:
 //   - at most one read task is on the queue or running (reading_), and one is started only when
 //     the `ready_` slot is empty;
@@ -207,9 +207,10 @@ class StoreService::DownloadReactor final : public grpc::ServerWriteReactor<grpc
     if (!next.has_value()) return grpc::Status::OK;
     // Straight into a pooled buffer: one copy from the page cache, the only one before the
     // socket. (Sending from the store's mapped pages instead cost more on the benchmark's
-    // 2-vCPU virtual machine: each stream's fresh mapping is page-table work, BENCHMARKS.md,
+    // 2-vCPU virtual machine: each stream's fresh mapping is page-table work, docs/benchmarks/,
     // R4'.) A client that checks every chunk itself is sent them unchecked: one pass over every
-    // byte less here (BENCHMARKS.md, R4'). Lengths and locations are checked either way.
+    // byte less here (docs/benchmarks/history.md, R4'). Lengths and locations are checked either
+    // way.
     chunk.buffer = service_.payload_pool_->Take();
     chunk.size = static_cast<size_t>(next->length);
     chunk.position = 0;

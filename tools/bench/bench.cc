@@ -9,9 +9,9 @@
 // baseline) and each figure is the median of the paired ratios, with min and max. Absolute times
 // are printed too, for diagnosis, but judged by nothing.
 //
-// Progress goes to stderr, the tables to stdout (paste into BENCHMARKS.md). --quick uses small
-// sizes so it finishes in well under two minutes; CI runs it as a smoke test of the code paths
-// and asserts nothing about time. The exit status is non-zero only when a measurement fails
+// Progress goes to stderr, the tables to stdout (paste into docs/benchmarks/history.md). --quick
+// uses small sizes so it finishes in well under two minutes; CI runs it as a smoke test of the code
+// paths and asserts nothing about time. The exit status is non-zero only when a measurement fails
 // (an error from the store, a wrong byte count after a round trip), never for a missed target.
 //
 // Each figure is one function in the file of its family: R1, R2, R3, R6 and R7 (saves and loads)
