@@ -6,7 +6,6 @@
 
 #include "libs/store/forwarding_store.h"
 
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +18,7 @@
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/testing/store_conformance.h"
+#include "libs/testing/child_process.h"
 
 namespace ckpt {
 namespace {
@@ -36,10 +36,8 @@ using ::testing::IsEmpty;
 class ForwardingStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
     StoreOptions options;
-    options.db_path = std::string(tmp != nullptr ? tmp : "/tmp") + "/" +
-                      ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    options.db_path = ::ckpt::testing::TestCaseDir();
     ASSERT_OK_AND_ASSIGN(rocksdb_, RocksDbCheckpointStore::Open(options));
     instrumented_ = std::make_unique<InstrumentedStore>(rocksdb_.get());
     instrumented_->set_hook([this](absl::string_view method) {
