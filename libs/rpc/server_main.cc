@@ -38,6 +38,9 @@ absl::Status WritePortFile(const std::string& port_file, int port) {
 
 int ServeUntilStopped(GrpcServer& server, const sigset_t& stop_signals,
                       const ServeOptions& options) {
+  std::cout << options.serving_line << " on " << server.address() << options.after_address
+            << std::endl;
+  // The port file comes last, so whoever waits for it may also read the serving line.
   if (!options.port_file.empty()) {
     if (absl::Status written = WritePortFile(options.port_file, server.port()); !written.ok()) {
       std::cerr << options.program << ": writing --port_file: " << written << "\n";
@@ -46,8 +49,6 @@ int ServeUntilStopped(GrpcServer& server, const sigset_t& stop_signals,
       return 1;
     }
   }
-  std::cout << options.serving_line << " on " << server.address() << options.after_address
-            << std::endl;
   WaitForStopSignal(stop_signals, options.program, options.grace);
   if (options.before_shutdown) options.before_shutdown();
   server.Shutdown(options.grace);

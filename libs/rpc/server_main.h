@@ -36,8 +36,8 @@ sigset_t BlockStopSignals();
 // port 0 and wait for the file.
 absl::Status WritePortFile(const std::string& port_file, int port);
 
-// What every server binary does once its GrpcServer is up: writes --port_file (when set), prints
-// "<serving_line> on ADDRESS" to stdout, waits for SIGINT / SIGTERM, runs `before_shutdown` (e.g.
+// What every server binary does once its GrpcServer is up: prints "<serving_line> on ADDRESS" to
+// stdout, then writes --port_file (when set; last, so its waiters can read that line), waits for SIGINT / SIGTERM, runs `before_shutdown` (e.g.
 // ending watches or a side server), then shuts the server down giving in-flight calls `grace`.
 // Returns the exit status: 0, or 1 when the port file cannot be written (nothing is served).
 struct ServeOptions {

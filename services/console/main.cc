@@ -14,7 +14,7 @@
 // (libs/rpc/access_policy.h). Plain HTTP only on a loopback address.
 //
 // Prints "console serving STORE on http(s)://ADDRESS/" once serving (with --port_file, the port
-// is written there first). SIGINT / SIGTERM stop it (requests in flight finish), exit status 0.
+// is written there after that line). SIGINT / SIGTERM stop it (requests in flight finish), exit status 0.
 // Bad flags or TLS files exit 2; an address that cannot be bound exits 1.
 
 #include <signal.h>
@@ -246,6 +246,11 @@ int Run() {
     return 1;
   }
   std::thread serving([&server] { server.listen_after_bind(); });
+  const std::string url = absl::StrCat(scheme, "://", host, ":", bound, "/");
+  std::cout << "console serving " << location->address << " on " << url << " (API: " << url
+            << "api/v1/models)" << std::endl;
+  // The port file comes last: whoever waits for it (a test, a supervisor) may then read the
+  // serving line too. The other order raced and lost on a loaded CI machine.
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
     if (absl::Status written = WritePortFile(port_file, bound); !written.ok()) {
@@ -255,9 +260,6 @@ int Run() {
       return 1;
     }
   }
-  const std::string url = absl::StrCat(scheme, "://", host, ":", bound, "/");
-  std::cout << "console serving " << location->address << " on " << url << " (API: " << url
-            << "api/v1/models)" << std::endl;
   WaitForStopSignal(stop_signals, "console", absl::GetFlag(FLAGS_shutdown_grace));
   stopping = true;
   server.stop();
