@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "libs/auth/bearer_auth.h"
 #include "libs/client/remote_checkpoint_store.h"
-#include "libs/rpc/bearer_auth.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/audited_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"

@@ -12,7 +12,7 @@
 //    libs/rpc/client_channel.h. Unary calls carry a deadline (RemoteStoreOptions::deadline;
 //    stream_deadline for Verify, GarbageCollect and ApplyRetention, whose duration grows with
 //    the store). Read-only calls are retried on UNAVAILABLE by ClientChannel::CallUnary, paced by
-//    its RetryBackoff (libs/rpc/backoff.h), within the deadline; gRPC's own retries are off.
+//    its RetryBackoff (libs/io/backoff.h), within the deadline; gRPC's own retries are off.
 //    Other calls (dry runs of GarbageCollect and ApplyRetention included: the retried set is
 //    per method) are never retried, since the server may have applied
 //    them before the connection broke; instead, before sending one, the client waits (up to

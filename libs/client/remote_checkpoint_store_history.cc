@@ -20,7 +20,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/sync_stream.h"
 #include "libs/client/remote_checkpoint_store.h"
-#include "libs/rpc/backoff.h"
+#include "libs/io/backoff.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/status/status_macros.h"

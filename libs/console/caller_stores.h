@@ -5,7 +5,7 @@
 // whose calls carry one caller's credentials -- its bearer token, or under mutual TLS the names
 // of its verified client certificate as ckpt-forwarded-certificate metadata (the console's own
 // certificate, which the store must list as a forwarding front end, carries them; see
-// libs/rpc/access_policy.h) -- so the store authorizes the caller, never the console (which has
+// libs/auth/access_policy.h) -- so the store authorizes the caller, never the console (which has
 // no token or role of its own). Kept for reuse by credentials, at most `capacity` of them; the
 // least recently used is dropped first.
 //

@@ -13,7 +13,7 @@
 // PeerCertificateNames gives the names of a connection's verified client certificate as gRPC
 // names a peer's (SANs, common name, RFC 2253 subject), so that the store's identities file
 // ("certificate": ...) matches a certificate the console forwards exactly as one presented to
-// the store itself (libs/rpc/access_policy.h, "Forwarded certificates").
+// the store itself (libs/auth/access_policy.h, "Forwarded certificates").
 //
 // Thread-safe: the SSL_CTX may serve handshakes on any number of threads.
 //

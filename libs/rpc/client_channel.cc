@@ -16,6 +16,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "libs/auth/metadata.h"
 #include "libs/io/read_file.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/status/grpc_status.h"
@@ -198,7 +199,7 @@ std::unique_ptr<grpc::ClientContext> ClientChannel::NewContext(absl::Time deadli
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(deadline));
   if (!options_.auth_token.empty()) {
-    context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+    context->AddMetadata(kAuthorizationMetadata, absl::StrCat(kBearerPrefix, options_.auth_token));
   }
   for (const std::string& name : options_.forwarded_certificate_names) {
     context->AddMetadata(kForwardedCertificateMetadata, name);

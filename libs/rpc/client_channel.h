@@ -57,7 +57,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/status.h"
-#include "libs/rpc/backoff.h"
+#include "libs/io/backoff.h"
 
 namespace ckpt {
 
@@ -86,7 +86,7 @@ struct ClientOptions {
   std::string auth_token;
   // For a front end that terminates its users' mutual TLS (the console): the names of the user's
   // verified certificate, sent with every call as ckpt-forwarded-certificate metadata so that the
-  // server treats the call as that user's (libs/rpc/access_policy.h, "Forwarded certificates").
+  // server treats the call as that user's (libs/auth/access_policy.h, "Forwarded certificates").
   // Printable ASCII. Empty: none.
   std::vector<std::string> forwarded_certificate_names;
   // TLS (and the client's certificate for mutual TLS); plaintext by default.
@@ -154,7 +154,7 @@ class ClientChannel {
   std::string ServerName() const;
 
   // The pacing of this client's retries and resumptions that must end by `deadline`:
-  // initial_backoff, doubling up to 5 s, jittered (libs/rpc/backoff.h). Every retry loop over
+  // initial_backoff, doubling up to 5 s, jittered (libs/io/backoff.h). Every retry loop over
   // this channel (unary calls, the loader's stream resumptions, the watch's reconnects) uses it.
   Backoff RetryBackoff(absl::Time deadline) const;
 

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "grpcpp/server_context.h"
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
 #include "proto/ckpt/v1/identity.grpc.pb.h"
 
 namespace ckpt {

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "libs/rpc/bearer_auth.h"
+#include "libs/auth/bearer_auth.h"
 #include "libs/status/status_macros.h"
 
 namespace ckpt {

@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
 #include "libs/rpc/grpc_server.h"
 
 namespace ckpt {

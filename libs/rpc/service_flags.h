@@ -57,7 +57,7 @@
   ABSL_FLAG(std::string, prefix##identities_file, "",                                           \
             "JSON file of named identities, each with a role (reader, writer, admin), optional " \
             "model-name patterns, and a token_sha256 or a client certificate name "              \
-            "(libs/rpc/access_policy.h; docs/security.md). Re-read when it changes. Instead of " \
+            "(libs/auth/access_policy.h; docs/security.md). Re-read when it changes. Instead of " \
             "--" #prefix "auth_token_file. Default: none (every caller is admitted).");          \
   ABSL_FLAG(std::string, prefix##auth_token_file, "",                                           \
             "File holding one bearer token every call must present as metadata 'authorization: " \

@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/identity_service.h"

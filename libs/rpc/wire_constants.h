@@ -2,14 +2,10 @@
 #define CKPT_LIBS_RPC_WIRE_CONSTANTS_H_
 
 // The numbers and names both ends of the ckpt.v1 wire protocol must agree on, in one header the
-// services (services/...) and the clients (libs/client) include, so they cannot drift apart.
+// services (services/...) and the clients (libs/client) include, so they cannot drift apart. The
+// metadata that says who a caller is lives with the access policy, in libs/auth/metadata.h.
 
 namespace ckpt {
-
-// ---- Every service.
-// Sent by a front end that terminates its users' mutual TLS (the console), one value per name of
-// the user's verified certificate (libs/rpc/access_policy.h, "Forwarded certificates").
-inline constexpr char kForwardedCertificateMetadata[] = "ckpt-forwarded-certificate";
 
 // ---- ckpt.v1.CheckpointStore.
 // Bytes of tensor data one TensorData message may carry, in either direction (1 MiB).

@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "libs/rpc/backoff.h"
+#include "libs/io/backoff.h"
 #include "libs/s3/internal/s3_request.h"
 #include "libs/s3/internal/xml_scan.h"
 #include "libs/s3/sigv4.h"

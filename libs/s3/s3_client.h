@@ -76,7 +76,7 @@ struct S3ClientOptions {
   // Attempts per request, the first included (>= 1). Default 5.
   int max_attempts = 5;
   // Backoff before retry n (0-based) is uniform in [0, min(max_backoff, initial_backoff * 2^n)]
-  // (libs/rpc/backoff.h with full jitter). Defaults 100 ms and 10 s.
+  // (libs/io/backoff.h with full jitter). Defaults 100 ms and 10 s.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
   // PutObject switches to a multipart upload for objects larger than this, in parts of

@@ -2,7 +2,7 @@
 #define CKPT_LIBS_STORE_SCOPED_STORE_H_
 
 // ScopedStore: a CheckpointStore that shows a caller only the models of its ModelScope
-// (libs/store/model_scope.h), including through the calls that name no model. A store shared by
+// (libs/auth/model_scope.h), including through the calls that name no model. A store shared by
 // several teams wraps each scoped caller's calls in one (the store service does, per call), so a
 // team sees nothing of another team's models: not their names, sizes, aliases, history or audit
 // records, and not whether their content exists (deduplication stays store-wide on disk, but no
@@ -56,9 +56,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/auth/model_scope.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/forwarding_store.h"
-#include "libs/store/model_scope.h"
 
 namespace ckpt {
 

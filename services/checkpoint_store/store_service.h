@@ -66,7 +66,7 @@
 // FindMissingChunks, a commit's new_bytes) and refuses the whole-store ones (GarbageCollect,
 // history and watches of every model) for a scoped caller. docs/security.md ("What a scoped identity sees") has the table.
 //
-// Access: every call is checked by the service's AccessPolicy (libs/rpc/access_policy.h) --
+// Access: every call is checked by the service's AccessPolicy (libs/auth/access_policy.h) --
 // who is calling (a token or a client certificate), whether its role allows the method, and
 // whether its model scope covers the model the request names -- before any work is done:
 // UNAUTHENTICATED or PERMISSION_DENIED naming the identity, method and what it lacks. An Upload
@@ -116,7 +116,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/support/server_callback.h"
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
 #include "libs/rpc/tensor_data_message.h"
 #include "libs/rpc/wire_constants.h"
 #include "libs/store/audited_store.h"
@@ -133,7 +133,7 @@ class WorkQueue;
 // kMaxTensorDataBytes, the page sizes and the Upload metadata names: libs/rpc/wire_constants.h.
 
 struct StoreServiceOptions {
-  // Who may call what (identities, roles, model scopes; libs/rpc/access_policy.h). Default:
+  // Who may call what (identities, roles, model scopes; libs/auth/access_policy.h). Default:
   // nobody is asked (AccessPolicy::AllowAll), unless auth_token is set.
   std::shared_ptr<const AccessPolicy> access;
   // Shorthand for access = AccessPolicy::SharedToken(auth_token): every call must carry

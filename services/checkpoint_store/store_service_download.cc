@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
+#include "libs/auth/model_scope.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/download_plan.h"
-#include "libs/store/model_scope.h"
 #include "libs/store/scoped_store.h"
 #include "services/checkpoint_store/internal/requests.h"
 #include "services/checkpoint_store/store_service.h"

@@ -11,11 +11,11 @@
 // client certificate, and a caller without a token is the identity the store lists for that
 // certificate: the console forwards the certificate's names with its own certificate
 // (--store_tls_cert_file), which the store lists as a forwarding front end
-// (libs/rpc/access_policy.h). Plain HTTP only on a loopback address.
+// (libs/auth/access_policy.h). Plain HTTP only on a loopback address.
 //
 // Prints "console serving STORE on http(s)://ADDRESS/" once serving (with --port_file, the port
-// is written there after that line). SIGINT / SIGTERM stop it (requests in flight finish), exit status 0.
-// Bad flags or TLS files exit 2; an address that cannot be bound exits 1.
+// is written there after that line). SIGINT / SIGTERM stop it (requests in flight finish), exit
+// status 0. Bad flags or TLS files exit 2; an address that cannot be bound exits 1.
 
 #include <signal.h>
 

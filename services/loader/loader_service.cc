@@ -10,16 +10,16 @@
 
 #include "ATen/ATen.h"
 #include "absl/strings/str_cat.h"
+#include "libs/auth/access_policy.h"
 #include "libs/io/xxh3.h"
-#include "libs/store/chunk_hasher.h"
 #include "libs/loader/export.h"
 #include "libs/loader/load_target.h"
 #include "libs/loader/loader.h"
 #include "libs/loader/loader_proto.h"
 #include "libs/loader/served_load.h"
-#include "libs/rpc/access_policy.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 
 namespace ckpt {

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
 #include "libs/train/trainer_control.h"
 #include "proto/ckpt/v1/trainer.grpc.pb.h"
 

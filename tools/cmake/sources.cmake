@@ -51,9 +51,9 @@ set(CKPT_TRAINER_SOURCES
     libs/io/private_directory.cc
     libs/io/read_file.cc
     libs/io/xxh3.cc
-    libs/rpc/access_policy.cc
-    libs/rpc/backoff.cc
-    libs/rpc/bearer_auth.cc
+    libs/auth/access_policy.cc
+    libs/io/backoff.cc
+    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/reflection_v1_service.cc
@@ -84,7 +84,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/listing_page.cc
     libs/store/manifest_validation.cc
-    libs/store/model_scope.cc
+    libs/auth/model_scope.cc
     libs/store/refused_call_log.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
@@ -236,8 +236,8 @@ set(CKPT_CLI_SOURCES
     libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
-    libs/rpc/backoff.cc
-    libs/rpc/bearer_auth.cc
+    libs/io/backoff.cc
+    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
@@ -379,9 +379,9 @@ set(CKPT_LOADER_SOURCES
     libs/loader/shm_server.cc
     libs/loader/shm_wire.cc
     libs/loader/stream_digest.cc
-    libs/rpc/access_policy.cc
-    libs/rpc/backoff.cc
-    libs/rpc/bearer_auth.cc
+    libs/auth/access_policy.cc
+    libs/io/backoff.cc
+    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
@@ -414,7 +414,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
-    libs/store/model_scope.cc
+    libs/auth/model_scope.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
     libs/store/rocksdb_checkpoint_store_history.cc
@@ -519,7 +519,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/stream_digest.cc
-    libs/rpc/backoff.cc
+    libs/io/backoff.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
     libs/status/grpc_status.cc
@@ -678,9 +678,9 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
-    libs/rpc/access_policy.cc
-    libs/rpc/backoff.cc
-    libs/rpc/bearer_auth.cc
+    libs/auth/access_policy.cc
+    libs/io/backoff.cc
+    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
@@ -719,7 +719,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/listing_page.cc
     libs/store/manifest_validation.cc
-    libs/store/model_scope.cc
+    libs/auth/model_scope.cc
     libs/store/refused_call_log.cc
     libs/store/repair.cc
     libs/store/rocksdb_checkpoint_store.cc

@@ -1,4 +1,4 @@
-"""The pacing of the client's retry loops: the Python mirror of libs/rpc/backoff.h.
+"""The pacing of the client's retry loops: the Python mirror of libs/io/backoff.h.
 
 Waits grow as ``initial * multiplier**n`` up to ``max``; with jitter ``j`` each wait is drawn
 uniformly from ``[cap * (1 - j), cap]`` so clients that lost the same server do not return in

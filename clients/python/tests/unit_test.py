@@ -118,7 +118,7 @@ class ValuesTest(unittest.TestCase):
 
 
 class BackoffTest(unittest.TestCase):
-    """The same cases as libs/rpc/backoff_test.cc: the two must pace retries alike."""
+    """The same cases as libs/io/backoff_test.cc: the two must pace retries alike."""
 
     def test_doubles_up_to_the_cap_and_jitter_takes_a_fraction_off(self):
         self.assertEqual([_retry.delay(0.1, 1.0, 2.0, 0.0, n, 0.5) for n in (0, 1, 3, 4, 10**6)],

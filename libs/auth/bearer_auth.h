@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_RPC_BEARER_AUTH_H_
-#define CKPT_LIBS_RPC_BEARER_AUTH_H_
+#ifndef CKPT_LIBS_AUTH_BEARER_AUTH_H_
+#define CKPT_LIBS_AUTH_BEARER_AUTH_H_
 
 // Reading a bearer token from the file an --auth_token_file flag names. Checking a call's token
 // is AccessPolicy's (access_policy.h).
@@ -18,4 +18,4 @@ absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path,
 
 }  // namespace ckpt
 
-#endif  // CKPT_LIBS_RPC_BEARER_AUTH_H_
+#endif  // CKPT_LIBS_AUTH_BEARER_AUTH_H_

@@ -1,4 +1,4 @@
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
 
 #include <openssl/sha.h>
 #include <sys/stat.h>
@@ -17,15 +17,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "grpc/grpc_security_constants.h"
+#include "libs/auth/metadata.h"
 #include "libs/io/read_file.h"
-#include "libs/rpc/wire_constants.h"
 #include "libs/status/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace ckpt {
 namespace {
 
-constexpr absl::string_view kBearerPrefix = "Bearer ";
 constexpr absl::Duration kReloadCheckInterval = absl::Seconds(1);
 
 struct MethodRole {
@@ -88,14 +87,15 @@ bool DigestsEqual(absl::string_view a, absl::string_view b) {
 // metadata of another form.
 absl::StatusOr<std::optional<std::string>> BearerToken(const grpc::ServerContextBase& context) {
   const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
+  auto it = metadata.find(kAuthorizationMetadata);
   if (it == metadata.end()) return std::optional<std::string>();
   const absl::string_view value(it->second.data(), it->second.size());
   if (!absl::StartsWithIgnoreCase(value, kBearerPrefix)) {
     return absl::UnauthenticatedError(
         "the 'authorization' metadata is not of the form 'Bearer <token>'");
   }
-  return std::optional<std::string>(std::string(value.substr(kBearerPrefix.size())));
+  return std::optional<std::string>(
+      std::string(value.substr(absl::string_view(kBearerPrefix).size())));
 }
 
 // The names a verified client certificate goes by: its SANs, common name and subject. Empty
@@ -441,10 +441,9 @@ absl::Status AccessPolicy::Authorize(const Caller& caller, absl::string_view met
   }
   const ModelScope scope(caller.models);
   if (model.empty() || scope.Covers(model)) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat("identity '", caller.identity, "' may not ", Attempted(method), " on model '",
-                   model, "': its ", RoleName(caller.role), " role covers only ",
-                   scope.Describe()));
+  return absl::PermissionDeniedError(absl::StrCat(
+      "identity '", caller.identity, "' may not ", Attempted(method), " on model '", model,
+      "': its ", RoleName(caller.role), " role covers only ", scope.Describe()));
 }
 
 absl::StatusOr<Caller> AccessPolicy::Check(const grpc::ServerContextBase& context,

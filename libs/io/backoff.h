@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_RPC_BACKOFF_H_
-#define CKPT_LIBS_RPC_BACKOFF_H_
+#ifndef CKPT_LIBS_IO_BACKOFF_H_
+#define CKPT_LIBS_IO_BACKOFF_H_
 
 // The one pacing of every retry loop in ckpt: exponential, capped, jittered and deadline-aware.
 // The client channel's unary retries, the remote loader's stream resumptions, the registry
@@ -69,4 +69,4 @@ class Backoff {
 
 }  // namespace ckpt
 
-#endif  // CKPT_LIBS_RPC_BACKOFF_H_
+#endif  // CKPT_LIBS_IO_BACKOFF_H_

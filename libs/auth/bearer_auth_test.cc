@@ -1,4 +1,4 @@
-#include "libs/rpc/bearer_auth.h"
+#include "libs/auth/bearer_auth.h"
 
 #include <cstdlib>
 #include <fstream>

@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_RPC_ACCESS_POLICY_H_
-#define CKPT_LIBS_RPC_ACCESS_POLICY_H_
+#ifndef CKPT_LIBS_AUTH_ACCESS_POLICY_H_
+#define CKPT_LIBS_AUTH_ACCESS_POLICY_H_
 
 // Who may call what on a ckpt service: callers are named identities with a role, authenticated by
 // a bearer token (stored as its SHA-256) or by their mutual-TLS certificate, and optionally scoped
@@ -35,7 +35,7 @@
 // end is listed by its own certificate with "forwards_certificates": true and no role:
 //     {"name": "console", "certificate": "console.example", "forwards_certificates": true}
 // Its calls carry the names of the certificate it verified as `ckpt-forwarded-certificate`
-// metadata (kForwardedCertificateMetadata in wire_constants.h, one value per name: its SANs,
+// metadata (kForwardedCertificateMetadata in metadata.h, one value per name: its SANs,
 // common name and RFC 2253 subject), and are the calls of the identity
 // listed for that certificate ("alice via console" in the audit log and history), held to that
 // identity's role and models. A bearer token on the call still wins (a user who signed in with
@@ -61,7 +61,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
-#include "libs/store/model_scope.h"
+#include "libs/auth/model_scope.h"
 
 namespace ckpt {
 
@@ -159,4 +159,4 @@ class AccessPolicy {
 
 }  // namespace ckpt
 
-#endif  // CKPT_LIBS_RPC_ACCESS_POLICY_H_
+#endif  // CKPT_LIBS_AUTH_ACCESS_POLICY_H_

@@ -1,4 +1,4 @@
-#include "libs/rpc/access_policy.h"
+#include "libs/auth/access_policy.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "libs/store/model_scope.h"
+#include "libs/auth/model_scope.h"
 
 #include "gtest/gtest.h"
 

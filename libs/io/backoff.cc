@@ -1,4 +1,4 @@
-#include "libs/rpc/backoff.h"
+#include "libs/io/backoff.h"
 
 #include <algorithm>
 #include <random>

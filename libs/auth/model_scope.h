@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_STORE_MODEL_SCOPE_H_
-#define CKPT_LIBS_STORE_MODEL_SCOPE_H_
+#ifndef CKPT_LIBS_AUTH_MODEL_SCOPE_H_
+#define CKPT_LIBS_AUTH_MODEL_SCOPE_H_
 
 // ModelScope: the models a caller may see, as shell-style name patterns ("team-a-*": '*' matches
 // any run of characters, '?' one character). An empty pattern list is the whole store. The one
@@ -42,4 +42,4 @@ class ModelScope {
 
 }  // namespace ckpt
 
-#endif  // CKPT_LIBS_STORE_MODEL_SCOPE_H_
+#endif  // CKPT_LIBS_AUTH_MODEL_SCOPE_H_
