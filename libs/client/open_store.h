@@ -39,7 +39,7 @@ struct StoreLocation {
   std::string ToString() const { return address.empty() ? directory : address; }
 };
 
-// The store-client flags as given (libs/rpc/service_flags.h: --store, --store_dir,
+// The store-client flags as given (libs/server/service_flags.h: --store, --store_dir,
 // --store_auth_token_file, --store_tls_*); empty strings are flags not given.
 struct StoreClientFlags {
   std::string store;

@@ -125,7 +125,7 @@ struct S3ChunkStorageConfig {
 // which `ps` shows to every user. INVALID_ARGUMENT naming what is missing; the file's read error.
 absl::Status LoadS3Credentials(const std::string& credentials_file, S3ChunkStorageConfig& config);
 
-// The --chunks_s3_* flags as given (libs/rpc/service_flags.h, and ckpt's options of the same
+// The --chunks_s3_* flags as given (libs/server/service_flags.h, and ckpt's options of the same
 // names); empty strings are flags not given.
 struct S3ChunkFlags {
   std::string endpoint;

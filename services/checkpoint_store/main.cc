@@ -30,10 +30,10 @@
 #include "libs/ha/etcd_client.h"
 #include "libs/ha/store_failover.h"
 #include "libs/rpc/grpc_server.h"
-#include "libs/rpc/identity_service.h"
-#include "libs/rpc/server_main.h"
-#include "libs/rpc/server_security.h"
-#include "libs/rpc/service_flags.h"
+#include "libs/server/server_main.h"
+#include "libs/server/server_security.h"
+#include "libs/server/service_server.h"
+#include "libs/server/service_flags.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/s3_chunk_backend.h"
@@ -243,28 +243,28 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
     return kExitFailure;
   }
   // Who a caller is and what it may do, by the same policy (the console's page asks it).
-  IdentityService identity(config.service.access, "checkpoint store");
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(config.server, {{service->get(), v1::CheckpointStore::service_full_name()},
-                                        {&identity, v1::Identity::service_full_name()}});
-  if (!server.ok()) {
-    std::cerr << "checkpoint_store: " << server.status() << "\n";
+  absl::StatusOr<std::unique_ptr<ServiceServer>> serving =
+      ServiceServer::Start(config.server, service->get(), v1::CheckpointStore::service_full_name(),
+                           config.service.access, "checkpoint store");
+  if (!serving.ok()) {
+    std::cerr << "checkpoint_store: " << serving.status() << "\n";
     return kExitFailure;
   }
+  GrpcServer& server = (*serving)->server();
   std::unique_ptr<ha::StoreFailover> failover;
   if (!config.etcd.endpoints.empty()) {
     // A follower until the lease says otherwise: clients balancing over every store's address
     // skip it (its health says NOT_SERVING for the store service).
-    GrpcServer* const serving = server->get();
-    serving->SetServing(v1::CheckpointStore::service_full_name(), false);
+    GrpcServer* const grpc_server = &server;
+    grpc_server->SetServing(v1::CheckpointStore::service_full_name(), false);
     absl::StatusOr<ha::EtcdClient> etcd = ha::EtcdClient::Create(config.etcd);
     if (!etcd.ok()) {
       std::cerr << "checkpoint_store: --etcd_endpoints: " << etcd.status() << "\n";
       return kExitFailure;
     }
-    if (config.failover.address.empty()) config.failover.address = serving->address();
-    config.failover.on_role = [serving](bool writer, const std::string& writer_address) {
-      serving->SetServing(v1::CheckpointStore::service_full_name(), writer);
+    if (config.failover.address.empty()) config.failover.address = grpc_server->address();
+    config.failover.on_role = [grpc_server](bool writer, const std::string& writer_address) {
+      grpc_server->SetServing(v1::CheckpointStore::service_full_name(), writer);
       std::cerr << "checkpoint_store: "
                 << (writer ? std::string("the writer")
                            : absl::StrCat("a follower (the writer: ",
@@ -287,9 +287,9 @@ int Serve(ServerConfig config, const sigset_t& stop_signals) {
   serve.grace = config.shutdown_grace;
   // Watches never end on their own; the grace is for other calls.
   serve.before_shutdown = [&service] { (*service)->EndWatches(); };
-  const int exit_code = ServeUntilStopped(**server, stop_signals, serve);
+  const int exit_code = ServeUntilStopped(server, stop_signals, serve);
   failover.reset();  // a writer hands over: its lease revoked, a follower takes over at once.
-  server->reset();
+  serving->reset();
   service->reset();  // Waits for the last call, joins its threads.
   store->reset();
   return exit_code;

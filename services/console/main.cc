@@ -38,8 +38,8 @@
 #include "libs/console/console_api.h"
 #include "libs/console/https_tls.h"
 #include "libs/rpc/grpc_server.h"
-#include "libs/rpc/server_main.h"
-#include "libs/rpc/service_flags.h"
+#include "libs/server/server_main.h"
+#include "libs/server/service_flags.h"
 #include "services/console/web_assets.h"
 
 CKPT_DEFINE_STORE_CLIENT_FLAGS("");

@@ -32,10 +32,10 @@
 #include "libs/client/open_store.h"
 #include "libs/loader/shm_server.h"
 #include "libs/rpc/grpc_server.h"
-#include "libs/rpc/identity_service.h"
-#include "libs/rpc/server_main.h"
-#include "libs/rpc/server_security.h"
-#include "libs/rpc/service_flags.h"
+#include "libs/server/server_main.h"
+#include "libs/server/server_security.h"
+#include "libs/server/service_server.h"
+#include "libs/server/service_flags.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/s3_chunk_backend.h"
 #include "services/loader/loader_service.h"
@@ -169,23 +169,23 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
     std::cerr << "loader: " << service.status() << "\n";
     return kExitFailure;
   }
-  // Who a caller is and what it may do here, by the same policy.
-  IdentityService identity(config.service.access, "loader");
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(config.server, {{service->get(), v1::Loader::service_full_name()},
-                                        {&identity, v1::Identity::service_full_name()}});
-  if (!server.ok()) {
-    std::cerr << "loader: " << server.status() << "\n";
+  // Who a caller is and what it may do, by the same policy (the console's page asks it).
+  absl::StatusOr<std::unique_ptr<ServiceServer>> serving =
+      ServiceServer::Start(config.server, service->get(), v1::Loader::service_full_name(),
+                           config.service.access, "loader");
+  if (!serving.ok()) {
+    std::cerr << "loader: " << serving.status() << "\n";
     return kExitFailure;
   }
+  GrpcServer& server = (*serving)->server();
   std::unique_ptr<ShmLoaderServer> shm;
   if (!config.shm.socket_path.empty()) {
     absl::StatusOr<std::unique_ptr<ShmLoaderServer>> started =
         ShmLoaderServer::Start(store->get(), config.shm);
     if (!started.ok()) {
       std::cerr << "loader: --shm_socket: " << started.status() << "\n";
-      (*server)->Shutdown(absl::ZeroDuration());
-      (*server)->Wait();
+      server.Shutdown(absl::ZeroDuration());
+      server.Wait();
       return kExitFailure;
     }
     shm = *std::move(started);
@@ -199,8 +199,8 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
   serve.before_shutdown = [&shm] {
     if (shm != nullptr) shm->Shutdown();
   };
-  const int exit_code = ServeUntilStopped(**server, stop_signals, serve);
-  server->reset();
+  const int exit_code = ServeUntilStopped(server, stop_signals, serve);
+  serving->reset();
   shm.reset();
   std::cerr << "loader cache: " << (*service)->cache_stats().ToString() << std::endl;
   service->reset();

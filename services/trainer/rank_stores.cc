@@ -12,7 +12,7 @@
 #include "libs/client/open_store.h"
 #include "libs/io/private_directory.h"
 #include "libs/rpc/grpc_server.h"
-#include "libs/rpc/run_certificate.h"
+#include "libs/server/run_certificate.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/audited_store.h"

@@ -10,7 +10,7 @@
 //    port with a random bearer token; rank 0 sends "HOST:PORT TOKEN" over the process group.
 //    When the ranks meet on a loopback address (one node) the service listens on 127.0.0.1
 //    only. Across machines it listens on every address with TLS, using a certificate made for
-//    the run (libs/rpc/run_certificate.h) for the master address; the certificate (not its key)
+//    the run (libs/server/run_certificate.h) for the master address; the certificate (not its key)
 //    travels with the address and token, and the other ranks trust exactly it.
 //  - Audit: rank 0's own changes to the embedded store are recorded as
 //    "trainer:<user>@<host>" (peer "local"); the other ranks' reach it through the StoreService,

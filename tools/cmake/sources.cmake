@@ -57,9 +57,9 @@ set(CKPT_TRAINER_SOURCES
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/reflection_v1_service.cc
-    libs/rpc/run_certificate.cc
-    libs/rpc/server_main.cc
-    libs/rpc/server_security.cc
+    libs/server/run_certificate.cc
+    libs/server/server_main.cc
+    libs/server/server_security.cc
     libs/rpc/tensor_data_message.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
@@ -386,8 +386,8 @@ set(CKPT_LOADER_SOURCES
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
     libs/rpc/reflection_v1_service.cc
-    libs/rpc/server_main.cc
-    libs/rpc/server_security.cc
+    libs/server/server_main.cc
+    libs/server/server_security.cc
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
     libs/s3/s3_client.cc
@@ -685,9 +685,9 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
     libs/rpc/reflection_v1_service.cc
-    libs/rpc/run_certificate.cc
-    libs/rpc/server_main.cc
-    libs/rpc/server_security.cc
+    libs/server/run_certificate.cc
+    libs/server/server_main.cc
+    libs/server/server_security.cc
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
     libs/s3/s3_client.cc

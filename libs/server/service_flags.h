@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_RPC_SERVICE_FLAGS_H_
-#define CKPT_LIBS_RPC_SERVICE_FLAGS_H_
+#ifndef CKPT_LIBS_SERVER_SERVICE_FLAGS_H_
+#define CKPT_LIBS_SERVER_SERVICE_FLAGS_H_
 
 // The flags every ckpt server binary shares, defined once: each main.cc expands these macros
 // (so the flags stay in main.cc, where --help looks for them, and each binary links only what it
@@ -32,6 +32,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/time/time.h"
+// The structs the *_FROM_FLAGS macros build: StoreClientFlags, ServerSecurityFlags, S3ChunkFlags.
+#include "libs/client/open_store.h"
+#include "libs/server/server_security.h"
+#include "libs/store/s3_chunk_backend.h"
 
 // ---- Server security: TLS, mutual TLS, identities or one shared token. `prefix` is pasted in
 // front of every name (empty, or e.g. control_ for the trainer's control API). The TLS flags
@@ -155,4 +159,4 @@
         absl::GetFlag(FLAGS_chunks_s3_credentials_file), absl::GetFlag(FLAGS_chunks_s3_ca_file) \
   }
 
-#endif  // CKPT_LIBS_RPC_SERVICE_FLAGS_H_
+#endif  // CKPT_LIBS_SERVER_SERVICE_FLAGS_H_

@@ -11,7 +11,7 @@
 #include "libs/rpc/client_channel.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/rpc/identity_service.h"
-#include "libs/rpc/run_certificate.h"
+#include "libs/server/run_certificate.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_matchers.h"
 #include "libs/testing/child_process.h"

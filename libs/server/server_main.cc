@@ -1,4 +1,4 @@
-#include "libs/rpc/server_main.h"
+#include "libs/server/server_main.h"
 
 #include <pthread.h>
 

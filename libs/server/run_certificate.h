@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_RPC_RUN_CERTIFICATE_H_
-#define CKPT_LIBS_RPC_RUN_CERTIFICATE_H_
+#ifndef CKPT_LIBS_SERVER_RUN_CERTIFICATE_H_
+#define CKPT_LIBS_SERVER_RUN_CERTIFICATE_H_
 
 // A throwaway self-signed certificate for one run: when a trainer lends its embedded store to
 // ranks on other machines, rank 0 serves TLS with a certificate made here and sends it (the
@@ -28,4 +28,4 @@ absl::StatusOr<RunCertificate> MakeRunCertificate(const std::string& common_name
 
 }  // namespace ckpt
 
-#endif  // CKPT_LIBS_RPC_RUN_CERTIFICATE_H_
+#endif  // CKPT_LIBS_SERVER_RUN_CERTIFICATE_H_

@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_RPC_SERVER_MAIN_H_
-#define CKPT_LIBS_RPC_SERVER_MAIN_H_
+#ifndef CKPT_LIBS_SERVER_SERVER_MAIN_H_
+#define CKPT_LIBS_SERVER_SERVER_MAIN_H_
 
 // What every ckpt binary's main() does the same way: --help that lists the binary's own flags,
 // and a graceful stop on SIGINT / SIGTERM.
@@ -56,4 +56,4 @@ void WaitForStopSignal(const sigset_t& signals, absl::string_view program, absl:
 
 }  // namespace ckpt
 
-#endif  // CKPT_LIBS_RPC_SERVER_MAIN_H_
+#endif  // CKPT_LIBS_SERVER_SERVER_MAIN_H_

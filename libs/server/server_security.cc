@@ -1,4 +1,4 @@
-#include "libs/rpc/server_security.h"
+#include "libs/server/server_security.h"
 
 #include <utility>
 

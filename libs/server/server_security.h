@@ -1,5 +1,5 @@
-#ifndef CKPT_LIBS_RPC_SERVER_SECURITY_H_
-#define CKPT_LIBS_RPC_SERVER_SECURITY_H_
+#ifndef CKPT_LIBS_SERVER_SERVER_SECURITY_H_
+#define CKPT_LIBS_SERVER_SERVER_SECURITY_H_
 
 // A server's security settings as every ckpt server's flags give them (--tls_cert_file,
 // --tls_key_file, --tls_client_ca_file, --tls_reload_interval, --identities_file,
@@ -49,4 +49,4 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const ServerSecurityFlags& fla
 
 }  // namespace ckpt
 
-#endif  // CKPT_LIBS_RPC_SERVER_SECURITY_H_
+#endif  // CKPT_LIBS_SERVER_SERVER_SECURITY_H_

@@ -1,4 +1,4 @@
-#include "libs/rpc/run_certificate.h"
+#include "libs/server/run_certificate.h"
 
 #include <arpa/inet.h>
 #include <openssl/bio.h>
