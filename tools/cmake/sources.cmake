@@ -21,6 +21,9 @@ set(CKPT_TRAINER_MAIN
     services/trainer/main.cc
 )
 set(CKPT_TRAINER_SOURCES
+    libs/auth/access_policy.cc
+    libs/auth/bearer_auth.cc
+    libs/auth/model_scope.cc
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
@@ -45,22 +48,24 @@ set(CKPT_TRAINER_SOURCES
     libs/format/torchscript_archive.cc
     libs/format/zip_reader.cc
     libs/io/atomic_file.cc
+    libs/io/backoff.cc
     libs/io/disjoint_ranges.cc
     libs/io/parallel_copy.cc
     libs/io/prefault.cc
     libs/io/private_directory.cc
     libs/io/read_file.cc
     libs/io/xxh3.cc
-    libs/auth/access_policy.cc
-    libs/io/backoff.cc
-    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/reflection_v1_service.cc
+    libs/rpc/tensor_data_message.cc
+    libs/s3/internal/xml_scan.cc
+    libs/s3/s3_client.cc
+    libs/s3/s3_client_objects.cc
+    libs/s3/sigv4.cc
     libs/server/run_certificate.cc
     libs/server/server_main.cc
     libs/server/server_security.cc
-    libs/rpc/tensor_data_message.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
@@ -84,13 +89,14 @@ set(CKPT_TRAINER_SOURCES
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/listing_page.cc
     libs/store/manifest_validation.cc
-    libs/auth/model_scope.cc
     libs/store/refused_call_log.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
     libs/store/rocksdb_checkpoint_store_history.cc
     libs/store/rocksdb_checkpoint_store_maintenance.cc
     libs/store/rocksdb_schema.cc
+    libs/store/s3_change_log.cc
+    libs/store/s3_chunk_backend.cc
     libs/store/scoped_store.cc
     libs/store/upload_split.cc
     libs/store/version_filter.cc
@@ -178,6 +184,7 @@ set(CKPT_TRAINER_SYSTEM_LIBRARIES
     absl_time
     absl_time_zone
     crypto
+    curl
     gpr
     grpc
     grpc++
@@ -194,6 +201,7 @@ set(CKPT_CLI_MAIN
     tools/ckpt/main.cc
 )
 set(CKPT_CLI_SOURCES
+    libs/auth/bearer_auth.cc
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
@@ -222,6 +230,7 @@ set(CKPT_CLI_SOURCES
     libs/format/zip_reader.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
+    libs/io/backoff.cc
     libs/io/disjoint_ranges.cc
     libs/io/prefault.cc
     libs/io/proto_json.cc
@@ -236,8 +245,6 @@ set(CKPT_CLI_SOURCES
     libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
-    libs/io/backoff.cc
-    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
@@ -352,6 +359,9 @@ set(CKPT_LOADER_MAIN
     services/loader/main.cc
 )
 set(CKPT_LOADER_SOURCES
+    libs/auth/access_policy.cc
+    libs/auth/bearer_auth.cc
+    libs/auth/model_scope.cc
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
@@ -365,6 +375,7 @@ set(CKPT_LOADER_SOURCES
     libs/format/torch_writer.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
+    libs/io/backoff.cc
     libs/io/disjoint_ranges.cc
     libs/io/prefault.cc
     libs/io/read_file.cc
@@ -379,20 +390,18 @@ set(CKPT_LOADER_SOURCES
     libs/loader/shm_server.cc
     libs/loader/shm_wire.cc
     libs/loader/stream_digest.cc
-    libs/auth/access_policy.cc
-    libs/io/backoff.cc
-    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
     libs/rpc/reflection_v1_service.cc
-    libs/server/server_main.cc
-    libs/server/server_security.cc
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
     libs/s3/s3_client.cc
     libs/s3/s3_client_objects.cc
     libs/s3/sigv4.cc
+    libs/server/server_main.cc
+    libs/server/server_security.cc
+    libs/server/service_server.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
@@ -414,7 +423,6 @@ set(CKPT_LOADER_SOURCES
     libs/store/internal/rocksdb_store_core_records.cc
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/manifest_validation.cc
-    libs/auth/model_scope.cc
     libs/store/rocksdb_checkpoint_store.cc
     libs/store/rocksdb_checkpoint_store_audit.cc
     libs/store/rocksdb_checkpoint_store_history.cc
@@ -511,6 +519,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/format/torch_writer.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
+    libs/io/backoff.cc
     libs/io/prefault.cc
     libs/io/read_file.cc
     libs/io/xxh3.cc
@@ -519,7 +528,6 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/loader/loader.cc
     libs/loader/loader_proto.cc
     libs/loader/stream_digest.cc
-    libs/io/backoff.cc
     libs/rpc/client_channel.cc
     libs/rpc/tensor_data_message.cc
     libs/status/grpc_status.cc
@@ -599,6 +607,7 @@ set(CKPT_LOAD_EXAMPLE_LINK_OPTIONS)
 
 # Folders of the sources above.
 set(CKPT_SOURCE_FOLDERS
+    libs/auth
     libs/client
     libs/ddp
     libs/format
@@ -609,6 +618,7 @@ set(CKPT_SOURCE_FOLDERS
     libs/rpc
     libs/s3
     libs/s3/internal
+    libs/server
     libs/status
     libs/store
     libs/store/internal
@@ -623,6 +633,9 @@ set(CKPT_SOURCE_FOLDERS
 )
 # Every .cc file in those folders that a BUILD file names, tests left out.
 set(CKPT_BAZEL_KNOWN_SOURCES
+    libs/auth/access_policy.cc
+    libs/auth/bearer_auth.cc
+    libs/auth/model_scope.cc
     libs/client/open_store.cc
     libs/client/remote_checkpoint_store.cc
     libs/client/remote_checkpoint_store_download.cc
@@ -659,6 +672,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/format/zip_reader.cc
     libs/format/zip_writer.cc
     libs/io/atomic_file.cc
+    libs/io/backoff.cc
     libs/io/disjoint_ranges.cc
     libs/io/parallel_copy.cc
     libs/io/prefault.cc
@@ -678,21 +692,19 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/loader/stream_digest.cc
     libs/registry/promotion.cc
     libs/registry/serving_sync.cc
-    libs/auth/access_policy.cc
-    libs/io/backoff.cc
-    libs/auth/bearer_auth.cc
     libs/rpc/client_channel.cc
     libs/rpc/grpc_server.cc
     libs/rpc/identity_service.cc
     libs/rpc/reflection_v1_service.cc
-    libs/server/run_certificate.cc
-    libs/server/server_main.cc
-    libs/server/server_security.cc
     libs/rpc/tensor_data_message.cc
     libs/s3/internal/xml_scan.cc
     libs/s3/s3_client.cc
     libs/s3/s3_client_objects.cc
     libs/s3/sigv4.cc
+    libs/server/run_certificate.cc
+    libs/server/server_main.cc
+    libs/server/server_security.cc
+    libs/server/service_server.cc
     libs/status/grpc_status.cc
     libs/status/rocksdb_status.cc
     libs/status/torch_status.cc
@@ -719,7 +731,6 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/internal/rocksdb_upload_session.cc
     libs/store/listing_page.cc
     libs/store/manifest_validation.cc
-    libs/auth/model_scope.cc
     libs/store/refused_call_log.cc
     libs/store/repair.cc
     libs/store/rocksdb_checkpoint_store.cc
