@@ -127,6 +127,7 @@ class SharedMemoryLoaderTest : public ::testing::Test {
         grpc_server_, GrpcServer::Start(grpc, {{service_.get(), v1::Loader::service_full_name()}}));
     ShmServerOptions shm;
     shm.socket_path = socket_path();
+    shm.cache = &service_->cache();  // as services/loader/main.cc shares it.
     ASSERT_OK_AND_ASSIGN(shm_server_, ShmLoaderServer::Start(store_.get(), shm));
   }
 
@@ -206,6 +207,25 @@ TEST_F(SharedMemoryLoaderTest, GivesLocalLoadersBytesAsStoredAndCast) {
   EXPECT_GE(served.in_place_bytes, 2 * weight_.nbytes());
   // Casts and the deduplicated twin were written into memfds.
   EXPECT_GE(served.copied_bytes, weight_.nbytes());
+}
+
+// Copies into the memfd read through the loader's chunk cache, the one its gRPC service reads
+// through: a second cast load of the same version reads nothing more from the store.
+TEST_F(SharedMemoryLoaderTest, CopiesReadThroughTheLoadersChunkCache) {
+  std::unique_ptr<SharedMemoryLoader> shm = OpenShm();
+  ASSERT_NE(shm, nullptr);
+  LoadTarget cast;
+  cast.dtype = *DTypePolicy::CastFloatingTo(DType::kBFloat16);
+  ASSERT_OK_AND_ASSIGN(LoadedState first, shm->Load(ref_, cast));
+  const ChunkCacheStats after_first = service_->cache_stats();
+  EXPECT_GT(after_first.misses, 0) << after_first.ToString();
+  EXPECT_GT(after_first.bytes_from_store, static_cast<int64_t>(weight_.nbytes()));
+  ASSERT_OK_AND_ASSIGN(LoadedState second, shm->Load(ref_, cast));
+  const ChunkCacheStats after_second = service_->cache_stats();
+  EXPECT_EQ(after_second.bytes_from_store, after_first.bytes_from_store)
+      << after_second.ToString();
+  EXPECT_GT(after_second.hits, after_first.hits) << after_second.ToString();
+  ExpectSameState(first, second);
 }
 
 TEST_F(SharedMemoryLoaderTest, TensorsAreWritableAndPrivate) {
@@ -613,6 +633,7 @@ class ServedShmLoader final : public testing::LoaderHarness {
     server_ = *std::move(server);
     ShmServerOptions shm;
     shm.socket_path = dir_.path() + "/loader.sock";
+    shm.cache = &service_->cache();
     absl::StatusOr<std::unique_ptr<ShmLoaderServer>> shm_server =
         ShmLoaderServer::Start(&store, shm);
     EXPECT_OK(shm_server.status());

@@ -205,23 +205,25 @@ namespace {
 class CachingReader final : public VersionReader {
  public:
   CachingReader(std::unique_ptr<VersionReader> reader, ChunkCache* cache)
-      : reader_(std::move(reader)), cache_(*cache) {}
+      : owned_(std::move(reader)), reader_(*owned_), cache_(*cache) {}
+  CachingReader(const VersionReader& reader, ChunkCache* cache) : reader_(reader), cache_(*cache) {}
 
-  const v1::Manifest& manifest() const override { return reader_->manifest(); }
+  const v1::Manifest& manifest() const override { return reader_.manifest(); }
 
   absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
                                 const ChunkCallback& callback) const override {
-    return cache_.ReadTensorChunks(*reader_, meta, callback);
+    return cache_.ReadTensorChunks(reader_, meta, callback);
   }
 
   // Ranges go to the reader itself: the cache holds whole tensors' chunks for whole loads.
   absl::Status ReadTensorRange(const v1::TensorMeta& meta, int64_t begin, int64_t end,
                                char* destination) const override {
-    return reader_->ReadTensorRange(meta, begin, end, destination);
+    return reader_.ReadTensorRange(meta, begin, end, destination);
   }
 
  private:
-  const std::unique_ptr<VersionReader> reader_;
+  const std::unique_ptr<VersionReader> owned_;  // null when borrowed.
+  const VersionReader& reader_;
   ChunkCache& cache_;
 };
 
@@ -230,6 +232,10 @@ class CachingReader final : public VersionReader {
 std::unique_ptr<VersionReader> CachedVersionReader(std::unique_ptr<VersionReader> reader,
                                                    ChunkCache* cache) {
   return std::make_unique<CachingReader>(std::move(reader), cache);
+}
+
+std::unique_ptr<VersionReader> CachedVersionReader(const VersionReader& reader, ChunkCache* cache) {
+  return std::make_unique<CachingReader>(reader, cache);
 }
 
 }  // namespace ckpt

@@ -121,6 +121,8 @@ class ChunkCache {
 // manifest() is `reader`'s.
 std::unique_ptr<VersionReader> CachedVersionReader(std::unique_ptr<VersionReader> reader,
                                                    ChunkCache* cache);
+// The same over a reader it borrows (`reader` must outlive it too).
+std::unique_ptr<VersionReader> CachedVersionReader(const VersionReader& reader, ChunkCache* cache);
 
 }  // namespace ckpt
 

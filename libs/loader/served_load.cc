@@ -1,6 +1,7 @@
 #include "libs/loader/served_load.h"
 
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -98,6 +99,80 @@ absl::StatusOr<at::Tensor> ServedLoad::Cast(const VersionReader& reader,
   }));
   RETURN_IF_ERROR(CastInto(reader, tensor, static_cast<char*>(cast.data_ptr())));
   return cast;
+}
+
+char* ServedLoadSink::Destination(const ServedTensor&) { return nullptr; }
+
+absl::Status ServedLoadSink::Piece(const ServedTensor& tensor, int64_t, absl::string_view,
+                                   const std::shared_ptr<const void>&) {
+  return absl::InternalError(absl::StrCat("this transport takes tensor '", tensor.sent->key(),
+                                          "' into memory, not as pieces"));
+}
+
+absl::Status ServedLoad::Send(const VersionReader& reader, ChunkCache* cache, bool digests,
+                              ServedLoadSink& sink) const {
+  // Casts and copies read the stored tensor through the cache too.
+  const std::unique_ptr<VersionReader> cached =
+      cache != nullptr ? CachedVersionReader(reader, cache) : nullptr;
+  const VersionReader& source = cached != nullptr ? *cached : reader;
+  for (const ServedTensor& tensor : tensors_) {
+    if (!wanted(tensor.index)) continue;
+    RETURN_IF_ERROR(sink.Interrupted());
+    const bool digest_it = digests && tensor.needs_digest;
+    const int64_t length = tensor.sent->byte_length();
+    if (length == 0) {
+      if (digest_it) RETURN_IF_ERROR(sink.Digest(Digest(tensor.index, "")));
+      continue;
+    }
+    const ServedLoadSink::Placement placement = sink.Place(tensor);
+    if (placement == ServedLoadSink::Placement::kSkip) continue;
+    std::optional<Xxh3Stream> digest;  // hashed as the bytes go, for tensors that need one.
+    if (digest_it) digest.emplace();
+    if (placement == ServedLoadSink::Placement::kInto) {
+      char* const destination = sink.Destination(tensor);
+      if (destination == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("no memory to place tensor '", tensor.sent->key(), "' of ", where_));
+      }
+      if (tensor.cast) {
+        RETURN_IF_ERROR(CastInto(source, tensor, destination));
+      } else {
+        RETURN_IF_ERROR(source.ReadTensorInto(*tensor.stored, destination));
+      }
+      if (digest) digest->Update(absl::string_view(destination, static_cast<size_t>(length)));
+    } else if (tensor.cast) {
+      // The cast tensor is this answer's own: its memory goes out as it is, kept alive by
+      // whatever the sink keeps of it.
+      ASSIGN_OR_RETURN(const at::Tensor cast, Cast(source, tensor));
+      const absl::string_view bytes(static_cast<const char*>(cast.data_ptr()), cast.nbytes());
+      if (digest) digest->Update(bytes);
+      RETURN_IF_ERROR(sink.Piece(tensor, 0, bytes, std::make_shared<at::Tensor>(cast)));
+    } else {
+      // Chunks go out as the cache hands them out, never assembled into a tensor.
+      const auto piece = [&](int64_t offset, absl::string_view bytes,
+                             const std::shared_ptr<const void>& owner) -> absl::Status {
+        RETURN_IF_ERROR(sink.Interrupted());
+        if (digest) digest->Update(bytes);
+        return sink.Piece(tensor, offset, bytes, owner);
+      };
+      if (cache != nullptr) {
+        RETURN_IF_ERROR(cache->ReadTensorSharedChunks(reader, *tensor.stored, piece));
+      } else {
+        RETURN_IF_ERROR(
+            reader.ReadTensorChunks(*tensor.stored, [&](int64_t offset, absl::string_view bytes) {
+              return piece(offset, bytes, nullptr);
+            }));
+      }
+    }
+    if (digest) {
+      v1::TensorDigest sent;
+      sent.set_tensor_index(tensor.index);
+      sent.set_byte_length(length);
+      sent.set_xxh3_64(digest->Digest());
+      RETURN_IF_ERROR(sink.Digest(sent));
+    }
+  }
+  return absl::OkStatus();
 }
 
 v1::TensorDigest ServedLoad::Digest(int index, absl::string_view bytes) {

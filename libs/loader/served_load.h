@@ -2,19 +2,16 @@
 #define CKPT_LIBS_LOADER_SERVED_LOAD_H_
 
 // What answering one LoadRequest means, whatever carries the answer. The gRPC Load stream
-// (services/loader) and the shared-memory server (shm_server.h) both plan with it, so they
-// select, rename, cast and digest tensors alike; each keeps only its transport (gRPC messages
-// of stored chunks; pack-file descriptors and a sealed memfd). It reads no bytes until asked.
+// (services/loader) and the shared-memory server (shm_server.h) both plan with it and both send
+// with it (ServedLoad::Send), so they select, rename, cast, read through the loader's chunk cache
+// and digest tensors alike; each keeps only its transport, a ServedLoadSink (gRPC messages of
+// pieces; pack-file descriptors and a sealed memfd).
 //
 // Example (a transport):
 //   ASSIGN_OR_RETURN(const ServedLoad load, ServedLoad::Plan(reader->manifest(), request));
 //   Send(load.manifest());
-//   for (const ServedTensor& tensor : load.tensors()) {
-//     if (!load.wanted(tensor.index)) continue;
-//     if (!tensor.cast) { /* send *tensor.stored's chunks as they are */ continue; }
-//     ASSIGN_OR_RETURN(at::Tensor cast, load.Cast(*reader, tensor));
-//     /* send cast's bytes; then, if tensor.needs_digest, ServedLoad::Digest(...) */
-//   }
+//   MySink sink(...);  // a ServedLoadSink
+//   RETURN_IF_ERROR(load.Send(*reader, &cache, /*digests=*/request.send_digests(), sink));
 
 #include <memory>
 #include <string>
@@ -24,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/loader/chunk_cache.h"
 #include "libs/loader/load_target.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/loader.pb.h"
@@ -43,6 +41,33 @@ struct ServedTensor {
   // No chunk reference names the bytes the consumer receives (they were cast, or nothing was
   // stored), so the answer carries a digest of them (proto LoadResponse.digest).
   bool needs_digest = false;
+};
+
+// A transport's end of one answer: ServedLoad::Send hands it each wanted tensor's bytes, in the
+// answer's order, and the digest of each tensor no chunk reference names.
+class ServedLoadSink {
+ public:
+  virtual ~ServedLoadSink() = default;
+
+  // How `tensor`'s bytes reach the consumer; asked once per wanted tensor of one byte or more,
+  // before its bytes.
+  enum class Placement {
+    kSkip,    // the sink has placed them itself (a pack file passed as it is): nothing is read.
+    kPieces,  // in order, as Piece calls: stored chunks as the cache holds them, or the cast.
+    kInto,    // written into Destination(tensor), tensor.sent->byte_length() bytes.
+  };
+  virtual Placement Place(const ServedTensor& tensor) = 0;
+  virtual char* Destination(const ServedTensor& tensor);
+  // Bytes [offset, offset + bytes.size()) of `tensor` as sent. `owner`, when not null, keeps them
+  // alive and unchanged after the call (the sink may send a view of them); when null they are
+  // valid only during the call. An error ends the answer with it.
+  virtual absl::Status Piece(const ServedTensor& tensor, int64_t offset, absl::string_view bytes,
+                             const std::shared_ptr<const void>& owner);
+  // The digest of a tensor whose bytes no chunk reference names (ServedTensor::needs_digest),
+  // after its bytes; only when Send was asked for digests.
+  virtual absl::Status Digest(const v1::TensorDigest& digest) = 0;
+  // Asked before each tensor and each piece: an error (the consumer cancelled) ends the answer.
+  virtual absl::Status Interrupted() { return absl::OkStatus(); }
 };
 
 class ServedLoad {
@@ -68,6 +93,14 @@ class ServedLoad {
   absl::Status CastInto(const VersionReader& reader, const ServedTensor& tensor,
                         char* destination) const;
   absl::StatusOr<at::Tensor> Cast(const VersionReader& reader, const ServedTensor& tensor) const;
+
+  // Walks the wanted tensors into `sink`: each one's bytes read from `reader` through `cache`
+  // (null: straight from the reader; the store checks every chunk it reads, and a cached chunk was
+  // checked when it was read), cast where the target says, and with `digests` the digest of each
+  // tensor that needs one, computed as the bytes go. A zero-byte tensor has no bytes to place,
+  // only its digest. The first error of the reader, the cast or the sink, as it is.
+  absl::Status Send(const VersionReader& reader, ChunkCache* cache, bool digests,
+                    ServedLoadSink& sink) const;
 
   // The digest message of tensor `index`'s `bytes` (xxh3-64, proto TensorDigest).
   static v1::TensorDigest Digest(int index, absl::string_view bytes);

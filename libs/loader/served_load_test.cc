@@ -1,12 +1,15 @@
 #include "libs/loader/served_load.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/io/xxh3.h"
+#include "libs/loader/chunk_cache.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/testing/child_process.h"
@@ -16,6 +19,7 @@ namespace ckpt {
 namespace {
 
 using ::ckpt::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 class ServedLoadTest : public ::testing::Test {
@@ -128,6 +132,108 @@ TEST_F(ServedLoadTest, OnlyTensorsSelectsAndOutOfRangeIsRefusedNamingTheVersion)
   EXPECT_THAT(ServedLoad::Plan(reader_->manifest(), request),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("index 2 is outside the 2 tensors of the adapted net@")));
+}
+
+// A sink that takes every tensor one way and records what it was given.
+class RecordingSink final : public ServedLoadSink {
+ public:
+  explicit RecordingSink(Placement placement) : placement_(placement) {}
+
+  Placement Place(const ServedTensor& tensor) override {
+    placed.push_back(tensor.index);
+    return placement_;
+  }
+  char* Destination(const ServedTensor& tensor) override {
+    std::string& into = bytes[tensor.index];
+    into.assign(static_cast<size_t>(tensor.sent->byte_length()), '\0');
+    return into.data();
+  }
+  absl::Status Piece(const ServedTensor& tensor, int64_t offset, absl::string_view piece,
+                     const std::shared_ptr<const void>& owner) override {
+    std::string& received = bytes[tensor.index];
+    EXPECT_EQ(offset, static_cast<int64_t>(received.size())) << "pieces come in order";
+    received.append(piece.data(), piece.size());
+    if (owner != nullptr) ++owned_pieces;
+    if (--pieces_before_error == 0) return absl::CancelledError("the consumer went away");
+    return absl::OkStatus();
+  }
+  absl::Status Digest(const v1::TensorDigest& digest) override {
+    digests.push_back(digest);
+    return absl::OkStatus();
+  }
+
+  std::vector<int> placed;
+  std::map<int, std::string> bytes;
+  std::vector<v1::TensorDigest> digests;
+  int owned_pieces = 0;
+  int pieces_before_error = -1;  // never, unless set.
+
+ private:
+  const Placement placement_;
+};
+
+// What every transport is handed, as pieces or into memory, with the cache or without: the sent
+// bytes (cast where the target says, as stored otherwise) and the digest of the cast ones.
+TEST_F(ServedLoadTest, SendHandsEveryTransportTheSameBytesAndDigests) {
+  LoadTarget target;
+  target.dtype = *DTypePolicy::CastFloatingTo(DType::kBFloat16);
+  target.include_optimizer = true;
+  ASSERT_OK_AND_ASSIGN(const ServedLoad load,
+                       ServedLoad::Plan(reader_->manifest(), Request(target)));
+  ASSERT_OK_AND_ASSIGN(const at::Tensor cast, load.Cast(*reader_, load.tensors()[0]));
+  const std::string cast_bytes(static_cast<const char*>(cast.data_ptr()), cast.nbytes());
+  const at::Tensor steps = torch::full({}, 9, torch::dtype(torch::kInt64));
+  const std::string steps_bytes(static_cast<const char*>(steps.data_ptr()), steps.nbytes());
+  const at::Tensor ones = torch::ones({5, 3});
+  const std::string exp_avg_bytes(static_cast<const char*>(ones.data_ptr()), ones.nbytes());
+
+  ChunkCache cache(int64_t{1} << 20);
+  for (const auto placement :
+       {ServedLoadSink::Placement::kPieces, ServedLoadSink::Placement::kInto}) {
+    for (ChunkCache* through : {&cache, static_cast<ChunkCache*>(nullptr)}) {
+      SCOPED_TRACE(::testing::Message() << "placement " << static_cast<int>(placement)
+                                        << (through != nullptr ? " through the cache" : ""));
+      RecordingSink sink(placement);
+      ASSERT_OK(load.Send(*reader_, through, /*digests=*/true, sink));
+      // Every tensor has bytes (the extra state's rng goes along as stored, as above).
+      EXPECT_THAT(sink.placed, ElementsAre(0, 1, 2, 3));
+      EXPECT_EQ(sink.bytes[0], cast_bytes);
+      EXPECT_EQ(sink.bytes[1], steps_bytes);
+      EXPECT_EQ(sink.bytes[2], exp_avg_bytes);
+      EXPECT_EQ(sink.bytes[3], std::string("\x00\x01\x02\x03", 4));
+      // Only the cast tensor needs one: stored chunks name the others' bytes.
+      ASSERT_EQ(sink.digests.size(), 1u);
+      EXPECT_EQ(sink.digests[0].tensor_index(), 0);
+      EXPECT_EQ(sink.digests[0].byte_length(), static_cast<int64_t>(cast_bytes.size()));
+      EXPECT_EQ(sink.digests[0].xxh3_64(), Xxh3(cast_bytes));
+      if (placement == ServedLoadSink::Placement::kPieces && through != nullptr) {
+        EXPECT_EQ(sink.owned_pieces, 4) << "cached chunks and the cast come with their owners";
+      }
+    }
+  }
+  EXPECT_GT(cache.stats().hits, 0) << cache.stats().ToString();
+
+  RecordingSink without_digests(ServedLoadSink::Placement::kPieces);
+  ASSERT_OK(load.Send(*reader_, &cache, /*digests=*/false, without_digests));
+  EXPECT_TRUE(without_digests.digests.empty());
+}
+
+TEST_F(ServedLoadTest, SendSkipsWhatTheSinkPlacedAndStopsAtItsError) {
+  v1::LoadRequest request = Request(LoadTarget());
+  request.mutable_only_tensors()->add_indexes(1);
+  ASSERT_OK_AND_ASSIGN(const ServedLoad only_steps, ServedLoad::Plan(reader_->manifest(), request));
+  RecordingSink skipping(ServedLoadSink::Placement::kSkip);
+  ASSERT_OK(only_steps.Send(*reader_, nullptr, /*digests=*/true, skipping));
+  EXPECT_THAT(skipping.placed, ElementsAre(1));  // the unwanted tensor is not even asked about.
+  EXPECT_TRUE(skipping.bytes.empty());
+
+  ASSERT_OK_AND_ASSIGN(const ServedLoad load,
+                       ServedLoad::Plan(reader_->manifest(), Request(LoadTarget())));
+  RecordingSink failing(ServedLoadSink::Placement::kPieces);
+  failing.pieces_before_error = 1;
+  EXPECT_THAT(load.Send(*reader_, nullptr, /*digests=*/true, failing),
+              StatusIs(absl::StatusCode::kCancelled, "the consumer went away"));
+  EXPECT_THAT(failing.placed, ElementsAre(0));  // nothing after the error.
 }
 
 TEST_F(ServedLoadTest, BadTargetIsInvalidArgument) {

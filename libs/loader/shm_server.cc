@@ -296,6 +296,34 @@ void ShmLoaderServer::Serve(int fd, uid_t uid) {
   --serving_;
 }
 
+namespace {
+
+// A shared-memory answer's end of ServedLoad::Send: tensors passed in place in a pack file are
+// skipped, the others written into the memfd at their layout's offset, digests into the layout.
+class ShmLoadSink final : public ServedLoadSink {
+ public:
+  ShmLoadSink(v1::ShmAnswer& answer, const std::vector<bool>& in_place, char* memfd)
+      : answer_(answer), in_place_(in_place), memfd_(memfd) {}
+
+  Placement Place(const ServedTensor& tensor) override {
+    return in_place_[static_cast<size_t>(tensor.index)] ? Placement::kSkip : Placement::kInto;
+  }
+  char* Destination(const ServedTensor& tensor) override {
+    return memfd_ == nullptr ? nullptr : memfd_ + answer_.tensors(tensor.index).offset();
+  }
+  absl::Status Digest(const v1::TensorDigest& digest) override {
+    *answer_.mutable_tensors(digest.tensor_index())->mutable_digest() = digest;
+    return absl::OkStatus();
+  }
+
+ private:
+  v1::ShmAnswer& answer_;
+  const std::vector<bool>& in_place_;
+  char* const memfd_;
+};
+
+}  // namespace
+
 absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bool same_uid,
                                               v1::ShmAnswer& answer, std::vector<int>& fds) {
   if (request.has_only_tensors()) {
@@ -308,7 +336,8 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
   *answer.mutable_manifest() = load.manifest();
 
   // Where each tensor goes: a pack file passed as it is, else the memfd.
-  std::vector<const ServedTensor*> copies;
+  std::vector<bool> in_place(load.tensors().size(), false);
+  int copies = 0;
   int64_t memfd_bytes = 0;
   absl::flat_hash_map<std::string, int> pack_fd;  // path -> index in fds
   // Bytes of each pack handed out by this answer: two tensors never share bytes (a
@@ -321,7 +350,6 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
     layout.set_length(out.byte_length());
     if (out.byte_length() == 0) {
       layout.set_fd(-1);
-      if (tensor.needs_digest) *layout.mutable_digest() = ServedLoad::Digest(tensor.index, "");
       continue;
     }
     if (!tensor.cast && same_uid) {
@@ -341,6 +369,7 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
         if (it != pack_fd.end()) {
           layout.set_fd(it->second);
           layout.set_offset(region->offset);
+          in_place[static_cast<size_t>(tensor.index)] = true;
           in_place_bytes_.fetch_add(stored.byte_length());
           continue;
         }
@@ -349,9 +378,13 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
     const int64_t offset = (memfd_bytes + kMemfdAlignment - 1) / kMemfdAlignment * kMemfdAlignment;
     layout.set_offset(offset);
     memfd_bytes = offset + out.byte_length();
-    copies.push_back(&tensor);
+    ++copies;
   }
-  if (copies.empty()) return absl::OkStatus();
+  if (copies == 0) {
+    // Nothing to copy: the digests of zero-byte tensors are all Send has to give.
+    ShmLoadSink sink(answer, in_place, nullptr);
+    return load.Send(*reader, options_.cache, /*digests=*/true, sink);
+  }
 
   UniqueFd memfd(memfd_create("ckpt-shm-load", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!memfd.valid()) return ErrnoError("memfd_create", errno);
@@ -366,21 +399,9 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
     FillMapping fill(base, static_cast<size_t>(memfd_bytes));
     // Fresh shared memory: its pages allocated in one call, not a fault per 4 KiB of the copies.
     PrefaultForWrite(fill.data(), static_cast<size_t>(memfd_bytes));
-    for (const ServedTensor* copy : copies) {
-      v1::ShmTensorLayout& layout = *answer.mutable_tensors(copy->index);
-      char* destination = fill.data() + layout.offset();
-      if (!copy->cast) {
-        // The store checks every chunk as it reads it.
-        RETURN_IF_ERROR(reader->ReadTensorInto(*copy->stored, destination));
-      } else {
-        RETURN_IF_ERROR(load.CastInto(*reader, *copy, destination));
-      }
-      if (copy->needs_digest) {
-        // No stored digest names these bytes: the consumer checks this one.
-        *layout.mutable_digest() = ServedLoad::Digest(
-            copy->index, absl::string_view(destination, copy->sent->byte_length()));
-      }
-    }
+    // The store checks every chunk as it reads it; the consumer checks the digests of the rest.
+    ShmLoadSink sink(answer, in_place, fill.data());
+    RETURN_IF_ERROR(load.Send(*reader, options_.cache, /*digests=*/true, sink));
   }
   if (fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) !=
       0) {
@@ -392,7 +413,11 @@ absl::Status ShmLoaderServer::BuildLoadAnswer(const v1::LoadRequest& request, bo
       open(absl::StrCat("/proc/self/fd/", memfd.get()).c_str(), O_RDONLY | O_CLOEXEC);
   const int memfd_index = static_cast<int>(fds.size());
   fds.push_back(read_only >= 0 ? read_only : memfd.Release());
-  for (const ServedTensor* copy : copies) answer.mutable_tensors(copy->index)->set_fd(memfd_index);
+  for (const ServedTensor& tensor : load.tensors()) {
+    if (tensor.sent->byte_length() > 0 && !in_place[static_cast<size_t>(tensor.index)]) {
+      answer.mutable_tensors(tensor.index)->set_fd(memfd_index);
+    }
+  }
   copied_bytes_.fetch_add(memfd_bytes);
   return absl::OkStatus();
 }

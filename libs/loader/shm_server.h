@@ -61,6 +61,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/loader/chunk_cache.h"
 #include "libs/loader/shm_protocol.pb.h"
 #include "libs/store/checkpoint_store.h"
 #include "proto/ckpt/v1/loader.pb.h"
@@ -83,6 +84,9 @@ struct ShmServerOptions {
   // How long a connection may take to send its whole request, and again to take its whole
   // answer (deadlines, not per read or write).
   absl::Duration io_timeout = absl::Seconds(30);
+  // The chunk cache the copied tensors are read through: the loader's, shared with its gRPC
+  // service (not owned; it must outlive the server). Null: read straight from the store.
+  ChunkCache* cache = nullptr;
 };
 
 // What the server has done, for logs and tests.

@@ -186,87 +186,89 @@ grpc::Status LoaderService::Export(grpc::ServerContext* context, const v1::Expor
   return ToGrpcStatus(DoExport(*context, *request, *writer));
 }
 
-absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
-                                   const v1::LoadRequest& request, const MessageWriter& write) {
-  ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
-  ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> opened, store_.OpenVersion(request.ref()));
-  const VersionReader& store_reader = *opened;  // owned by `reader` from here on.
-  const std::unique_ptr<VersionReader> reader =
-      CachedVersionReader(std::move(opened), &loader_.cache());
-  ASSIGN_OR_RETURN(const ServedLoad load, ServedLoad::Plan(reader->manifest(), request));
-  const std::string& where = load.where();
-  v1::LoadResponse response;
-  *response.mutable_manifest() = load.manifest();
-  const auto& tamper = options_.tamper_for_testing;
-  const int64_t stream = streams_started_.fetch_add(1);
-  // Sends `bytes` in pieces: straight from their memory when `owner` keeps it alive (a cached
-  // chunk, which stays valid after an eviction while gRPC holds it; a cast tensor), else each
-  // piece copied once into a pooled buffer. `digest`, when given, takes in every byte sent.
-  const auto send = [&](int index, int64_t offset, absl::string_view bytes,
-                        const std::shared_ptr<const void>& owner,
-                        Xxh3Stream* digest) -> absl::Status {
+namespace {
+
+// A Load stream's end of ServedLoad::Send: the manifest went first; here each tensor's bytes go in
+// TensorData messages of at most `piece_bytes`, and digests as LoadResponse.digest.
+class GrpcLoadSink final : public ServedLoadSink {
+ public:
+  GrpcLoadSink(const grpc::ServerContextBase& context, const std::string& where, size_t piece_bytes,
+               PayloadPool& pool, const LoaderServiceOptions& options, int64_t stream,
+               const std::function<bool(grpc::ByteBuffer)>& write)
+      : context_(context),
+        where_(where),
+        piece_bytes_(piece_bytes),
+        pool_(pool),
+        tamper_(options.tamper_for_testing),
+        stream_(stream),
+        write_(write) {}
+
+  Placement Place(const ServedTensor&) override { return Placement::kPieces; }
+
+  // Straight from their memory when `owner` keeps it alive (a cached chunk, which stays valid
+  // after an eviction while gRPC holds it; a cast tensor), else each piece copied once into a
+  // pooled buffer.
+  absl::Status Piece(const ServedTensor& tensor, int64_t offset, absl::string_view bytes,
+                     const std::shared_ptr<const void>& owner) override {
     while (!bytes.empty()) {
-      if (context.IsCancelled()) {
-        return absl::CancelledError(absl::StrCat("the Load of ", where, " was cancelled"));
-      }
-      const size_t n = std::min(bytes.size(), piece_bytes);
-      if (digest != nullptr) digest->Update(bytes.substr(0, n));
+      RETURN_IF_ERROR(Interrupted());
+      const size_t n = std::min(bytes.size(), piece_bytes_);
       grpc::ByteBuffer piece;
-      if (owner != nullptr && !tamper) {
-        piece = TensorDataResponse(index, offset, bytes.substr(0, n), owner);
+      if (owner != nullptr && !tamper_) {
+        piece = TensorDataResponse(tensor.index, offset, bytes.substr(0, n), owner);
       } else {
-        std::shared_ptr<char> copy = payload_pool_->Take();
+        std::shared_ptr<char> copy = pool_.Take();
         const absl::string_view copied(copy.get(), n);  // before `copy` is moved from.
         std::memcpy(copy.get(), bytes.data(), n);
-        if (tamper) tamper({stream, false, index, offset}, absl::MakeSpan(copy.get(), n));
-        piece = TensorDataResponse(index, offset, copied, std::move(copy));
+        if (tamper_) tamper_({stream_, false, tensor.index, offset}, absl::MakeSpan(copy.get(), n));
+        piece = TensorDataResponse(tensor.index, offset, copied, std::move(copy));
       }
-      if (!write(std::move(piece))) {
-        return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
-      }
+      RETURN_IF_ERROR(Write(std::move(piece)));
       bytes.remove_prefix(n);
       offset += static_cast<int64_t>(n);
     }
     return absl::OkStatus();
-  };
-  // The cache's callback for tensor `index`'s chunks.
-  const auto send_chunk = [&send](size_t index) {
-    return [&send, index](int64_t offset, absl::string_view bytes,
-                          const std::shared_ptr<const void>& owner) {
-      return send(static_cast<int>(index), offset, bytes, owner, /*digest=*/nullptr);
-    };
-  };
-  if (!write(SerializeToByteBuffer(response))) {
-    return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
   }
-  for (const ServedTensor& tensor : load.tensors()) {
-    if (!load.wanted(tensor.index)) continue;
-    if (!tensor.cast) {
-      // Chunks go out as they come from the cache, never assembled into a tensor.
-      RETURN_IF_ERROR(loader_.cache().ReadTensorSharedChunks(
-          store_reader, *tensor.stored, send_chunk(static_cast<size_t>(tensor.index))));
-      continue;
-    }
-    // The cast tensor is this stream's own: its memory goes out as it is, kept alive by the
-    // messages that point into it.
-    ASSIGN_OR_RETURN(const at::Tensor cast, load.Cast(*reader, tensor));
-    const absl::string_view bytes(static_cast<const char*>(cast.data_ptr()), cast.nbytes());
-    // No stored digest names these bytes: they are hashed as they go and the digest follows.
-    Xxh3Stream digest;
-    RETURN_IF_ERROR(send(tensor.index, 0, bytes, std::make_shared<at::Tensor>(cast),
-                         request.send_digests() ? &digest : nullptr));
-    if (request.send_digests()) {
-      v1::LoadResponse digest_response;
-      v1::TensorDigest& sent_digest = *digest_response.mutable_digest();
-      sent_digest.set_tensor_index(tensor.index);
-      sent_digest.set_byte_length(static_cast<int64_t>(bytes.size()));
-      sent_digest.set_xxh3_64(digest.Digest());
-      if (!write(SerializeToByteBuffer(digest_response))) {
-        return absl::CancelledError(absl::StrCat("the Load stream of ", where, " broke"));
-      }
-    }
+
+  absl::Status Digest(const v1::TensorDigest& digest) override {
+    v1::LoadResponse response;
+    *response.mutable_digest() = digest;
+    return Write(SerializeToByteBuffer(response));
   }
-  return absl::OkStatus();
+
+  absl::Status Interrupted() override {
+    if (!context_.IsCancelled()) return absl::OkStatus();
+    return absl::CancelledError(absl::StrCat("the Load of ", where_, " was cancelled"));
+  }
+
+  absl::Status Write(grpc::ByteBuffer message) {
+    if (write_(std::move(message))) return absl::OkStatus();
+    return absl::CancelledError(absl::StrCat("the Load stream of ", where_, " broke"));
+  }
+
+ private:
+  const grpc::ServerContextBase& context_;
+  const std::string& where_;
+  const size_t piece_bytes_;
+  PayloadPool& pool_;
+  const std::function<void(const LoaderServiceOptions::OutgoingPiece&, absl::Span<char>)>& tamper_;
+  const int64_t stream_;
+  const std::function<bool(grpc::ByteBuffer)>& write_;
+};
+
+}  // namespace
+
+absl::Status LoaderService::DoLoad(const grpc::ServerContextBase& context,
+                                   const v1::LoadRequest& request, const MessageWriter& write) {
+  ASSIGN_OR_RETURN(const size_t piece_bytes, PieceBytes(request.max_message_bytes()));
+  ASSIGN_OR_RETURN(const std::unique_ptr<VersionReader> reader, store_.OpenVersion(request.ref()));
+  ASSIGN_OR_RETURN(const ServedLoad load, ServedLoad::Plan(reader->manifest(), request));
+  GrpcLoadSink sink(context, load.where(), piece_bytes, *payload_pool_, options_,
+                    streams_started_.fetch_add(1), write);
+  v1::LoadResponse response;
+  *response.mutable_manifest() = load.manifest();
+  RETURN_IF_ERROR(sink.Write(SerializeToByteBuffer(response)));
+  return load.Send(*reader, &loader_.cache(), request.send_digests(), sink);
 }
 
 absl::Status LoaderService::DoPreflight(const v1::PreflightRequest& request,

@@ -120,6 +120,8 @@ class LoaderService final : public v1::Loader::WithRawCallbackMethod_Load<v1::Lo
 
   // The shared chunk cache's counters (for logs and tests).
   ChunkCacheStats cache_stats() const { return loader_.cache().stats(); }
+  // The chunk cache itself, for the process's shared-memory server (ShmLoaderServer).
+  ChunkCache& cache() const { return loader_.cache(); }
   // Load and Export streams begun (for logs, and for tests of how clients spread their calls).
   int64_t streams_started() const { return streams_started_.load(); }
 

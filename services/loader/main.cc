@@ -34,8 +34,8 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/server/server_main.h"
 #include "libs/server/server_security.h"
-#include "libs/server/service_server.h"
 #include "libs/server/service_flags.h"
+#include "libs/server/service_server.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/s3_chunk_backend.h"
 #include "services/loader/loader_service.h"
@@ -180,8 +180,10 @@ int Serve(const ServerConfig& config, const sigset_t& stop_signals) {
   GrpcServer& server = (*serving)->server();
   std::unique_ptr<ShmLoaderServer> shm;
   if (!config.shm.socket_path.empty()) {
+    ShmServerOptions shm_options = config.shm;
+    shm_options.cache = &(*service)->cache();  // one cache for both transports.
     absl::StatusOr<std::unique_ptr<ShmLoaderServer>> started =
-        ShmLoaderServer::Start(store->get(), config.shm);
+        ShmLoaderServer::Start(store->get(), std::move(shm_options));
     if (!started.ok()) {
       std::cerr << "loader: --shm_socket: " << started.status() << "\n";
       server.Shutdown(absl::ZeroDuration());
