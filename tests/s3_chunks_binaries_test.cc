@@ -6,7 +6,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <torch/torch.h>
+#include "ATen/ATen.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -74,9 +74,9 @@ TEST(S3ChunksBinariesTest, ServerAndCliKeepPacksInTheBucketAndLoadThemBackBitExa
       "--chunks_s3_prefix=" + std::string(kPrefix), "--chunks_s3_credentials_file=" + credentials};
 
   // Two tensors, one above the 8 MiB part size (a multipart upload), one small.
-  torch::manual_seed(7);
-  const at::Tensor big = torch::randn({3 * 1024 * 1024 + 17});  // 12 MiB of float32
-  const at::Tensor small = torch::arange(1000, torch::kInt64);
+  at::manual_seed(7);
+  const at::Tensor big = at::randn({3 * 1024 * 1024 + 17});  // 12 MiB of float32
+  const at::Tensor small = at::arange(1000, at::kLong);
   CheckpointContents contents;
   ASSERT_TRUE(contents.model.Insert("layer.weight", big).ok());
   ASSERT_TRUE(contents.model.Insert("layer.bias", small).ok());
@@ -107,7 +107,7 @@ TEST(S3ChunksBinariesTest, ServerAndCliKeepPacksInTheBucketAndLoadThemBackBitExa
       ASSERT_NE(got, nullptr) << key;
       EXPECT_EQ(got->dtype(), expected.dtype()) << key;
       EXPECT_EQ(got->sizes(), expected.sizes()) << key;
-      EXPECT_TRUE(torch::equal(*got, expected)) << key << " differs after the round trip";
+      EXPECT_TRUE(at::equal(*got, expected)) << key << " differs after the round trip";
     }
   }
   server.Signal(SIGTERM);

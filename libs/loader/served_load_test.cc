@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/io/xxh3.h"
@@ -13,7 +14,6 @@
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/testing/child_process.h"
-#include "torch/torch.h"
 
 namespace ckpt {
 namespace {
@@ -28,22 +28,22 @@ class ServedLoadTest : public ::testing::Test {
     StoreOptions options;
     options.db_path = testing::TestCaseDir();
     ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
-    torch::manual_seed(3);
-    weight_ = torch::randn({5, 3});
+    at::manual_seed(3);
+    weight_ = at::randn({5, 3});
     CheckpointContents contents;
     ASSERT_OK(contents.model.Insert("module.fc.weight", weight_, "cuda:1"));
     ASSERT_OK(contents.model.Insert("module.fc.steps",
-                                    torch::full({}, 9, torch::dtype(torch::kInt64)), "cpu"));
+                                    at::full({}, 9, at::dtype(at::kLong)), "cpu"));
     Value optimizer = Value::Dict();
     optimizer.Set(
         "state",
-        Value::Dict({{0, Value::Dict({{"exp_avg", Value::Tensor(torch::ones({5, 3}))}})}}));
+        Value::Dict({{0, Value::Dict({{"exp_avg", Value::Tensor(at::ones({5, 3}))}})}}));
     optimizer.Set("param_groups",
                   Value::List({Value::Dict({{"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
     Value extra = Value::Dict();
     extra.Set("epoch", Value::Int(4));
-    extra.Set("rng", Value::Tensor(torch::arange(4, torch::dtype(torch::kUInt8))));
+    extra.Set("rng", Value::Tensor(at::arange(4, at::dtype(at::kByte))));
     contents.extra = extra;
     ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
     ASSERT_OK_AND_ASSIGN(reader_, store_->OpenVersion(committed.version));
@@ -91,7 +91,7 @@ TEST_F(ServedLoadTest, CastsFloatingTensorsOnlyAndDigestsWhatNoChunkNames) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(load.wanted(i));
 
   ASSERT_OK_AND_ASSIGN(const at::Tensor cast, load.Cast(*reader_, weight));
-  EXPECT_TRUE(cast.equal(weight_.to(torch::kBFloat16)));
+  EXPECT_TRUE(cast.equal(weight_.to(at::kBFloat16)));
   EXPECT_EQ(static_cast<int64_t>(cast.nbytes()), weight.sent->byte_length());
   std::string into(static_cast<size_t>(weight.sent->byte_length()), '\0');
   ASSERT_OK(load.CastInto(*reader_, weight, into.data()));
@@ -182,9 +182,9 @@ TEST_F(ServedLoadTest, SendHandsEveryTransportTheSameBytesAndDigests) {
                        ServedLoad::Plan(reader_->manifest(), Request(target)));
   ASSERT_OK_AND_ASSIGN(const at::Tensor cast, load.Cast(*reader_, load.tensors()[0]));
   const std::string cast_bytes(static_cast<const char*>(cast.data_ptr()), cast.nbytes());
-  const at::Tensor steps = torch::full({}, 9, torch::dtype(torch::kInt64));
+  const at::Tensor steps = at::full({}, 9, at::dtype(at::kLong));
   const std::string steps_bytes(static_cast<const char*>(steps.data_ptr()), steps.nbytes());
-  const at::Tensor ones = torch::ones({5, 3});
+  const at::Tensor ones = at::ones({5, 3});
   const std::string exp_avg_bytes(static_cast<const char*>(ones.data_ptr()), ones.nbytes());
 
   ChunkCache cache(int64_t{1} << 20);

@@ -5,13 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/testing/child_process.h"
-#include "torch/torch.h"
 
 namespace ckpt {
 namespace {
@@ -27,14 +27,14 @@ class DownloadPlanTest : public ::testing::Test {
     options.db_path = testing::TestCaseDir();
     ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
     // 1.5 chunks of float32, an empty tensor, a small one, and an optimizer state tensor.
-    big_ = torch::arange(kChunkBytes * 3 / 2 / 4, torch::kFloat32);
+    big_ = at::arange(kChunkBytes * 3 / 2 / 4, at::kFloat);
     CheckpointContents contents;
     ASSERT_OK(contents.model.Insert("encoder.weight", big_, "cpu"));
-    ASSERT_OK(contents.model.Insert("encoder.empty", torch::zeros({0}), "cpu"));
-    ASSERT_OK(contents.model.Insert("head.bias", torch::ones({3}), "cpu"));
+    ASSERT_OK(contents.model.Insert("encoder.empty", at::zeros({0}), "cpu"));
+    ASSERT_OK(contents.model.Insert("head.bias", at::ones({3}), "cpu"));
     Value optimizer = Value::Dict();
     optimizer.Set("state",
-                  Value::Dict({{0, Value::Dict({{"exp_avg", Value::Tensor(torch::ones({2}))}})}}));
+                  Value::Dict({{0, Value::Dict({{"exp_avg", Value::Tensor(at::ones({2}))}})}}));
     optimizer.Set("param_groups",
                   Value::List({Value::Dict({{"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;

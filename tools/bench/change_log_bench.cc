@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -41,7 +42,6 @@
 #include "libs/tensor/state_dict.h"
 #include "tools/bench/stats.h"
 #include "tools/bench/workloads.h"
-#include "torch/torch.h"
 
 ABSL_FLAG(int, commits, 20, "Commits per run for F3. Default 20.");
 ABSL_FLAG(int, mib, 16, "Checkpoint size of each F3 commit in MiB (4 MiB tensors). Default 16.");
@@ -121,11 +121,11 @@ void Check(const absl::Status& status, const char* what) {
 }
 
 CheckpointContents RandomCheckpoint(int mib, int64_t seed) {
-  torch::manual_seed(seed);
+  at::manual_seed(seed);
   CheckpointContents contents;
   for (int i = 0; i < std::max(1, mib / 4); ++i) {
     Check(contents.model.Insert(absl::StrCat("layer", i, ".weight"),
-                                torch::randn({std::min(mib, 4) * 256 * 1024})),
+                                at::randn({std::min(mib, 4) * 256 * 1024})),
           "building a checkpoint");
   }
   return contents;
@@ -199,7 +199,7 @@ void F2(const Backend& backend, int64_t snapshot_every) {
         OpenStore(dir, MakeChunks(backend, prefix), true, snapshot_every);
     for (int i = 0; i < versions; ++i) {
       CheckpointContents contents;
-      Check(contents.model.Insert("w", torch::full({1024}, static_cast<float>(i))), "building");
+      Check(contents.model.Insert("w", at::full({1024}, static_cast<float>(i))), "building");
       Check(store->CommitCheckpoint(absl::StrCat("model-", i % 10), contents).status(),
             "committing");
     }

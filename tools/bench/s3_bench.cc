@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "ATen/ATen.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -39,7 +40,6 @@
 #include "libs/store/s3_chunk_backend.h"
 #include "libs/tensor/state_dict.h"
 #include "tools/bench/stats.h"
-#include "torch/torch.h"
 
 ABSL_FLAG(int, mib, 256, "Checkpoint size in MiB. Default 256.");
 ABSL_FLAG(int, tensor_mib, 4,
@@ -122,12 +122,12 @@ int Run() {
   }
 
   // The checkpoint, and the same bytes in one file for curl.
-  torch::manual_seed(7);
+  at::manual_seed(7);
   StateDict model;
   std::string all_bytes;
   all_bytes.reserve(static_cast<size_t>(bytes));
   for (int64_t i = 0; i < bytes / tensor_bytes; ++i) {
-    at::Tensor tensor = torch::rand({tensor_bytes / 4}, torch::kFloat32);
+    at::Tensor tensor = at::rand({tensor_bytes / 4}, at::kFloat);
     all_bytes.append(static_cast<const char*>(tensor.data_ptr()), tensor_bytes);
     model.InsertOrAssign(absl::StrCat("layer", i, ".weight"), tensor);
   }
