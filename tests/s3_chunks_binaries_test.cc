@@ -6,7 +6,11 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/randn.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -18,7 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/log_softmax.h"
+#include "ATen/ops/nll_loss.h"
+#include "ATen/ops/scalar_tensor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

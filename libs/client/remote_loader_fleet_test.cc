@@ -14,7 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/randint.h"
+#include "ATen/ops/randn.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

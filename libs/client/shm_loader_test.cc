@@ -26,7 +26,12 @@
 #include <thread>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/randn.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"

@@ -7,7 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/full.h"
 #include "c10/core/DeviceGuard.h"
 #include "c10/util/Exception.h"
 #include "torch/csrc/distributed/c10d/Types.hpp"

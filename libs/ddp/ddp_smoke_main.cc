@@ -14,9 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "ATen/core/grad_mode.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/mse_loss.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/relu.h"
 #include "libs/ddp/distributed_data_parallel.h"
 #include "libs/ddp/local_launcher.h"
 #include "libs/ddp/process_group.h"

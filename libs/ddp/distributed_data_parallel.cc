@@ -7,9 +7,13 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
 #include "ATen/ScalarOps.h"
+#include "ATen/core/Tensor.h"
 #include "ATen/core/grad_mode.h"
+#include "ATen/ops/add.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/div.h"
+#include "ATen/ops/zeros.h"
 #include "c10/util/Exception.h"
 
 namespace ckpt::ddp {

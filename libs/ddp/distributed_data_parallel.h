@@ -46,7 +46,7 @@
 #include <mutex>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "c10/util/intrusive_ptr.h"
 #include "libs/ddp/communicator.h"
 #include <functional>

@@ -13,9 +13,19 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "ATen/core/grad_mode.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/mse_loss.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/tanh.h"
+#include "ATen/ops/zeros.h"
 #include "c10/util/Exception.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -8,7 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/scalar_tensor.h"
+#include "ATen/ops/tensor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

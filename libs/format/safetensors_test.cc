@@ -10,7 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorIndexing.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/tensor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

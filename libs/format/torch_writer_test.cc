@@ -8,7 +8,20 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorIndexing.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/linspace.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/quantize_per_channel.h"
+#include "ATen/ops/quantize_per_tensor.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/scalar_tensor.h"
+#include "ATen/ops/tensor.h"
+#include "ATen/ops/zeros.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

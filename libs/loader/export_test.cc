@@ -11,7 +11,12 @@
 #include <string>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/zeros.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -6,7 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/randn.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/io/xxh3.h"

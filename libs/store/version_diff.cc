@@ -2,7 +2,8 @@
 
 #include <map>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/version_ref.h"

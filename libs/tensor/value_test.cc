@@ -5,7 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/zeros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -7,7 +7,19 @@
 #include <thread>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/_efficientzerotensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/complex.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/imag.h"
+#include "ATen/ops/quantize_per_tensor.h"
+#include "ATen/ops/rand.h"
+#include "ATen/ops/scalar_tensor.h"
+#include "ATen/ops/zeros.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"

@@ -10,8 +10,16 @@
 #include <sstream>
 #include <utility>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/multinomial.h"
+#include "ATen/ops/randint.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/randperm.h"
+#include "ATen/ops/softmax.h"
+#include "ATen/ops/tensor.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -7,7 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/cdist.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/tensor.h"
+#include "ATen/ops/zeros.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"

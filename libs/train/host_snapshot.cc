@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
 #include "libs/io/prefault.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"

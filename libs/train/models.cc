@@ -2,7 +2,10 @@
 
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/max_pool2d.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/relu.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

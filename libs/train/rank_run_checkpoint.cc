@@ -7,9 +7,9 @@
 #include <mutex>
 #include <optional>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/status/status_macros.h"

@@ -8,8 +8,8 @@
 #include <iostream>
 #include <mutex>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
+#include "ATen/core/Tensor.h"
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

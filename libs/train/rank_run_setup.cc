@@ -7,10 +7,10 @@
 #include <iostream>
 #include <mutex>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/Context.h"
 #include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
 #include "ATen/core/grad_mode.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -14,9 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
 #include "ATen/CPUGeneratorImpl.h"
 #include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/mse_loss.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/tanh.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"

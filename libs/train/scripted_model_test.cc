@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "ATen/core/grad_mode.h"
+#include "ATen/ops/allclose.h"
+#include "ATen/ops/zeros.h"
 #include "c10/util/Exception.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -7,7 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/cat.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/rand.h"
+#include "ATen/ops/tensor.h"
+#include "ATen/ops/zeros.h"
 #include "absl/strings/str_cat.h"
 #include "c10/util/Exception.h"
 #include "gmock/gmock.h"

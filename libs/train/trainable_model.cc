@@ -2,7 +2,12 @@
 
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/binary_cross_entropy_with_logits.h"
+#include "ATen/ops/cross_entropy_loss.h"
+#include "ATen/ops/log_softmax.h"
+#include "ATen/ops/mse_loss.h"
+#include "ATen/ops/nll_loss.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "libs/train/optimizer.h"

@@ -6,8 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "ATen/core/grad_mode.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/zeros.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"

@@ -11,7 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/randn.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -4,7 +4,9 @@
 #include <memory>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/zeros.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
 

@@ -13,7 +13,9 @@
 #include <iostream>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/equal.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "libs/status/status_macros.h"

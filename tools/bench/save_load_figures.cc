@@ -8,7 +8,12 @@
 #include <optional>
 #include <utility>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/mm.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/zeros.h"
+#include "ATen/ops/zeros_like.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/format/torch_writer.h"

@@ -8,7 +8,14 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/Parallel.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/log_softmax.h"
+#include "ATen/ops/nll_loss.h"
+#include "ATen/ops/randint.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/relu.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/ddp/distributed_data_parallel.h"

@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/full.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "libs/format/torch_writer.h"

@@ -4,7 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/isfinite.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/chunk_hasher.h"

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "c10/core/StorageImpl.h"
 #include "c10/util/Exception.h"
 #include "c10/util/intrusive_ptr.h"

@@ -5,7 +5,13 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "ATen/ATen.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/eye.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/ones.h"
 #include "gmock/gmock.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/status/status_matchers.h"

@@ -11,7 +11,19 @@
 #include <thread>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/Context.h"
+#include "ATen/TensorOperators.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/arange.h"
+#include "ATen/ops/empty.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/full.h"
+#include "ATen/ops/ones.h"
+#include "ATen/ops/quantize_per_channel.h"
+#include "ATen/ops/quantize_per_tensor.h"
+#include "ATen/ops/randn.h"
+#include "ATen/ops/tensor.h"
+#include "ATen/ops/zeros.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/chunk_hasher.h"

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
+#include "ATen/ops/equal.h"
+#include "ATen/ops/full.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/testing/store_conformance.h"

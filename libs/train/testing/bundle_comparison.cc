@@ -8,7 +8,7 @@
 #include <string>
 #include <tuple>
 
-#include "ATen/ATen.h"
+#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/status/status_macros.h"
