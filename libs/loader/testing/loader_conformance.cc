@@ -1,9 +1,11 @@
 #include "libs/loader/testing/loader_conformance.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "ATen/TensorOperators.h"
 #include "ATen/core/Tensor.h"
@@ -17,6 +19,8 @@
 #include "libs/status/status_matchers.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
+#include "libs/tensor/device.h"
+#include "libs/tensor/dtype.h"
 
 namespace ckpt::testing {
 namespace {
@@ -127,6 +131,64 @@ TEST_P(LoaderConformanceTest, NamesWhatIsMissing) {
               StatusIs(absl::StatusCode::kInvalidArgument, "fc.nope"));
   EXPECT_THAT(loader().Preflight(bundle_, {}, subset).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "fc.nope"));
+}
+
+// The same failure is the same status code whatever carries the load: a version, alias or model
+// that does not exist is NOT_FOUND naming it, a device that is not there FAILED_PRECONDITION, for
+// loads and exports alike.
+TEST_P(LoaderConformanceTest, TheSameFailureIsTheSameCodeOnEveryTransport) {
+  ASSERT_OK_AND_ASSIGN(const v1::VersionRef no_alias, ParseVersionRef("m@nope"));
+  EXPECT_THAT(loader().Load(no_alias, LoadTarget()).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_THAT(loader().Load(MakeVersionRef("no-such-model", 1), LoadTarget()).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such-model")));
+  EXPECT_THAT(loader().Export(MakeVersionRef("m", 9), ExportOptions(), Dir() + "-missing.pt"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("m@9")));
+  LoadTarget absent_device;
+  absent_device.device = *ParseDevice("cuda:99");
+  EXPECT_THAT(loader().Load(weights_only_, absent_device).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda:99")));
+}
+
+// One flipped byte in a pack file: every transport answers DATA_LOSS naming the tensor, for the
+// bytes as stored and cast, and the tensors that are intact still load.
+TEST_P(LoaderConformanceTest, ADamagedChunkIsDataLossNamingItsTensor) {
+  CheckpointContents contents;
+  ASSERT_OK(contents.model.Insert("big.weight", at::arange(1 << 18, at::kFloat), ""));
+  ASSERT_OK(contents.model.Insert("big.bias", at::ones({16}), ""));
+  ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("damaged", contents));
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader,
+                         store_->OpenVersion(committed.version));
+    const v1::TensorMeta* meta = nullptr;
+    for (const v1::TensorMeta& tensor : reader->manifest().tensors()) {
+      if (tensor.key() == "big.weight") meta = &tensor;
+    }
+    ASSERT_NE(meta, nullptr);
+    ASSERT_OK_AND_ASSIGN(std::optional<VersionReader::FileRegion> region,
+                         reader->LocateTensorBytes(*meta));
+    ASSERT_TRUE(region.has_value()) << "the store keeps a 1 MiB tensor in a pack file";
+    const int fd = open(region->path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << region->path;
+    const off_t at = static_cast<off_t>(region->offset + 4321);
+    char byte = 0;
+    ASSERT_EQ(pread(fd, &byte, 1, at), 1);
+    byte ^= 0x10;
+    ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
+    close(fd);
+  }
+  EXPECT_THAT(loader().Load(committed.version, LoadTarget()).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("big.weight")));
+  LoadTarget cast;
+  ASSERT_OK_AND_ASSIGN(cast.dtype, DTypePolicy::CastFloatingTo(DType::kBFloat16));
+  EXPECT_THAT(loader().Load(committed.version, cast).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("big.weight")));
+  EXPECT_THAT(loader().Export(committed.version, ExportOptions(), Dir() + "-damaged.pt"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("big.weight")));
+  LoadTarget intact;
+  intact.include_keys = {"big.bias"};
+  ASSERT_OK_AND_ASSIGN(LoadedState bias, loader().Load(committed.version, intact));
+  EXPECT_TRUE(at::equal(*bias.model.Find("big.bias"), at::ones({16})));
 }
 
 TEST_P(LoaderConformanceTest, PreflightSuggestsTheLayoutAndReportsDtypes) {
