@@ -2,7 +2,6 @@
 // checked against its ChunkRef as it arrives (see internal/remote_store_connection.h for how the
 // remote store's files divide).
 
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -145,7 +144,7 @@ class DownloadStream {
           const int64_t chunk_received = received - chunk_offset;
           const size_t take =
               std::min(bytes.size(), static_cast<size_t>(ref.length() - chunk_received));
-          if (chunk_received == 0) XXH3_64bits_reset(hash_.get());
+          if (chunk_received == 0) hash_.Reset();
           char* const to = destination != nullptr ? destination + received : nullptr;
           if (to == nullptr && chunk.capacity() < static_cast<size_t>(ref.length())) {
             chunk.reserve(ref.length());
@@ -162,13 +161,13 @@ class DownloadStream {
               chunk.append(bytes.data() + done, block);
               copied = chunk.data() + chunk.size() - block;
             }
-            Xxh3Update(hash_.get(), absl::string_view(copied, block));
+            hash_.Update(absl::string_view(copied, block));
             done += block;
           }
           bytes.remove_prefix(take);
           received += static_cast<int64_t>(take);
           if (received - chunk_offset < ref.length()) continue;
-          const uint64_t xxh3 = XXH3_64bits_digest(hash_.get());
+          const uint64_t xxh3 = hash_.Digest();
           if (xxh3 != ref.xxh3_64()) {
             return absl::DataLossError(absl::StrCat(
                 "chunk ", HexEncode(ref.sha256()), " of tensor '", meta.key(), "' of ", where,
@@ -192,12 +191,8 @@ class DownloadStream {
   // when the hash reads them.
   static constexpr size_t kHashBlockBytes = 64 << 10;
 
-  struct FreeHashState {
-    void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
-  };
-
   explicit DownloadStream(std::shared_ptr<const Connection> connection)
-      : connection_(std::move(connection)), hash_(XXH3_createState()) {}
+      : connection_(std::move(connection)) {}
 
   const std::shared_ptr<const Connection> connection_;
   std::unique_ptr<grpc::ClientContext> context_;
@@ -208,7 +203,7 @@ class DownloadStream {
   TensorDataResponseReader decoder_;  // ...and views of its bytes.
   std::string chunk_;                 // a chunk being assembled for a callback.
   // XXH3-64 (seed 0, as the store's ChunkRef.xxh3_64) of the chunk being received, so far.
-  std::unique_ptr<XXH3_state_t, FreeHashState> hash_;
+  Xxh3Stream hash_;
 };
 
 // ---------------------------------------------------------------------------------------------
