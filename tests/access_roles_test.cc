@@ -32,6 +32,7 @@
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/store_conformance.h"
 #include "libs/testing/child_process.h"
@@ -502,8 +503,7 @@ TEST_F(AccessRolesTest, AScopedTeamSeesNothingOfAnotherTeamThroughAnyCall) {
   const at::Tensor team_b_head = at::full({1000}, 2.0f);
   std::unique_ptr<RemoteCheckpointStore> team_b = ConnectAs(*server_, "admin-token");
   ASSERT_NE(team_b, nullptr);
-  ASSERT_OK(team_b
-                ->CommitCheckpoint("team-b-net",
+  ASSERT_OK(CommitCheckpoint(*team_b, "team-b-net",
                                    ckpt::testing::WeightsOnly(
                                        {{"backbone", shared_backbone}, {"head", team_b_head}}))
                 .status());
@@ -511,7 +511,7 @@ TEST_F(AccessRolesTest, AScopedTeamSeesNothingOfAnotherTeamThroughAnyCall) {
   std::unique_ptr<RemoteCheckpointStore> team_a = ConnectAs(*server_, "writer-token");
   ASSERT_NE(team_a, nullptr);
   ASSERT_OK(
-      team_a->CommitCheckpoint("team-a-net", ckpt::testing::WeightsOnly({{"head", team_a_head}}))
+      CommitCheckpoint(*team_a, "team-a-net", ckpt::testing::WeightsOnly({{"head", team_a_head}}))
           .status());
 
   // ListModels: its model only.
@@ -540,7 +540,7 @@ TEST_F(AccessRolesTest, AScopedTeamSeesNothingOfAnotherTeamThroughAnyCall) {
   // A commit of team-b's backbone: every byte new to team-a, in the answer and in the audit.
   ASSERT_OK_AND_ASSIGN(
       CommitResult copied,
-      team_a->CommitCheckpoint("team-a-copy",
+      CommitCheckpoint(*team_a, "team-a-copy",
                                ckpt::testing::WeightsOnly({{"backbone", shared_backbone}})));
   EXPECT_EQ(copied.new_bytes, 4 << 20);
   // ListAudit without a model: team-a's records only, with that same figure.
@@ -631,8 +631,7 @@ TEST_F(AccessRolesTest, RefusedCallsAreInTheAuditLogNamingWhoEvenWhenUnknown) {
 
 TEST_F(AccessRolesTest, AFloodOfRefusedCallsLeavesTheAuditBoundedAndServedCallsServed) {
   std::unique_ptr<RemoteCheckpointStore> team_a = ConnectAs(*server_, "writer-token");
-  ASSERT_OK(team_a
-                ->CommitCheckpoint("team-a-net",
+  ASSERT_OK(CommitCheckpoint(*team_a, "team-a-net",
                                    ckpt::testing::WeightsOnly({{"w", at::full({1000}, 1.0f)}}))
                 .status());
   // 10,000 calls with a wrong token from four threads, while team-a keeps reading.

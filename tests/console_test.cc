@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/testing/child_process.h"
 #include "libs/testing/test_certificates.h"
 #include "nlohmann/json.hpp"
@@ -89,7 +90,7 @@ class ConsoleTest : public ::testing::Test {
       CheckpointContents contents;
       contents.model.InsertOrAssign("fc.weight", at::randn({8, 4}));
       (*contents.metadata.mutable_metrics())["val_acc"] = 0.9;
-      ASSERT_OK(client->CommitCheckpoint(model, contents).status());
+      ASSERT_OK(CommitCheckpoint(*client, model, contents).status());
     }
 
     console_ = std::make_unique<testing::ChildProcess>(
@@ -218,7 +219,7 @@ TEST_F(ConsoleTest, TheBrowserPageShowsTheRegistryAndFollowsAPromotion) {
   tuned.model.InsertOrAssign("fc.weight", at::randn({8, 4}));
   tuned.metadata.mutable_lineage()->set_parent("team-a-resnet@1");
   tuned.metadata.mutable_lineage()->set_parent_relation("fine_tuned_from");
-  ASSERT_OK(writer->CommitCheckpoint("team-a-resnet-ft", tuned).status());
+  ASSERT_OK(CommitCheckpoint(*writer, "team-a-resnet-ft", tuned).status());
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
   const std::string out = outputs != nullptr ? outputs : dir_ + "/screenshots";
   const testing::ShellResult browser = testing::RunShell(
@@ -250,7 +251,7 @@ TEST_F(ConsoleTest, TheBrowserPageOfAnOpenStoreAsksForNoToken) {
                        RemoteCheckpointStore::Connect(options));
   CheckpointContents contents;
   contents.model.InsertOrAssign("fc.weight", at::randn({2, 2}));
-  ASSERT_OK(client->CommitCheckpoint("open-net", contents).status());
+  ASSERT_OK(CommitCheckpoint(*client, "open-net", contents).status());
   testing::ChildProcess console(testing::RunfilesPath("services/console/console"),
                                 dir_ + "/open-console");
   ASSERT_TRUE(console.Start({"--store=" + options.address, "--listen=127.0.0.1:0",
@@ -390,7 +391,7 @@ TEST(ConsoleTlsTest, ABrowsersClientCertificateIsItsIdentityAtTheStore) {
                          RemoteCheckpointStore::Connect(options));
     CheckpointContents contents;
     contents.model.InsertOrAssign("fc.weight", at::randn({8, 4}));
-    ASSERT_OK(client->CommitCheckpoint(model, contents).status());
+    ASSERT_OK(CommitCheckpoint(*client, model, contents).status());
   }
 
   testing::ChildProcess console(testing::RunfilesPath("services/console/console"), dir);

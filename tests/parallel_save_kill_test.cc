@@ -30,6 +30,7 @@
 #include "libs/ddp/process_group.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/async_checkpointer.h"
@@ -127,7 +128,7 @@ v1::StoreStats FirstVersionAlone() {
   absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> store =
       RocksDbCheckpointStore::Open(options);
   EXPECT_OK(store.status());
-  EXPECT_OK((*store)->CommitCheckpoint("net", Contents(1)).status());
+  EXPECT_OK(CommitCheckpoint(**store, "net", Contents(1)).status());
   absl::StatusOr<v1::StoreStats> stats = (*store)->GetStats();
   EXPECT_OK(stats.status());
   return *stats;
@@ -159,7 +160,7 @@ TEST_P(ParallelSaveKillTest, NoVersionAppearsThePreviousLoadsAndGcReclaimsThePar
   // The first checkpoint is the model's latest, as it was saved.
   ASSERT_OK_AND_ASSIGN(v1::Manifest latest, store->GetManifest(*ParseVersionRef("net")));
   EXPECT_EQ(latest.version(), 1);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store->LoadCheckpoint(*ParseVersionRef("net@1")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store, *ParseVersionRef("net@1")));
   const CheckpointContents first = Contents(1);
   for (const StateDict::Entry& entry : first.model) {
     const at::Tensor* stored = loaded.contents.model.Find(entry.key);

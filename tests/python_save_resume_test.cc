@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/version_ref.h"
 #include "libs/testing/child_process.h"
 #include "libs/testing/python_runner.h"
@@ -64,11 +65,11 @@ TEST(PythonSaveResumeTest, CppResumesAPythonSavedBundleBitExactly) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> remote,
                        RemoteCheckpointStore::Connect(options));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint saved,
-                       remote->LoadCheckpoint(MakeVersionRef("py.loop", 1)));
+                       LoadCheckpoint(*remote, MakeVersionRef("py.loop", 1)));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint batches,
-                       remote->LoadCheckpoint(MakeVersionRef("py.batches", 1)));
+                       LoadCheckpoint(*remote, MakeVersionRef("py.batches", 1)));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint reference,
-                       remote->LoadCheckpoint(MakeVersionRef("py.reference", 1)));
+                       LoadCheckpoint(*remote, MakeVersionRef("py.reference", 1)));
   EXPECT_EQ(saved.manifest.metadata().global_step(), kSaveAt);
   EXPECT_EQ(saved.manifest.tensors(0).original_key(), "module.0.weight");
 

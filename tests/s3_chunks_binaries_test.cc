@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/s3/s3_client.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/testing/child_process.h"
 
@@ -101,10 +102,10 @@ TEST(S3ChunksBinariesTest, ServerAndCliKeepPacksInTheBucketAndLoadThemBackBitExa
         RemoteCheckpointStore::Connect(options);
     ASSERT_TRUE(store.ok()) << store.status();
     absl::StatusOr<CommitResult> committed =
-        (*store)->CommitCheckpoint("e2e", contents, CommitOptions());
+        CommitCheckpoint(**store, "e2e", contents, CommitOptions());
     ASSERT_TRUE(committed.ok()) << committed.status() << "\n" << server.stderr_text();
     EXPECT_EQ(committed->version.version(), 1);
-    absl::StatusOr<LoadedCheckpoint> loaded = (*store)->LoadCheckpoint(Ref("e2e", 1));
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(**store, Ref("e2e", 1));
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     for (const auto& [key, expected] : {std::pair{"layer.weight", big}, {"layer.bias", small}}) {
       const at::Tensor* got = loaded->contents.model.Find(key);

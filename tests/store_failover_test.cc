@@ -34,6 +34,7 @@
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/ha/testing/etcd_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/testing/seeded_checkpoints.h"
 #include "libs/testing/child_process.h"
 #include "libs/testing/requirements.h"
@@ -295,7 +296,7 @@ TEST_F(StoreFailoverTest, ACommitterGivenEveryStoreRidesThroughAKilledWriterWith
   std::atomic<int> acknowledged{0};
   std::thread committer([&] {
     for (int64_t seed = 1; seed <= kCheckpoints; ++seed) {
-      results.push_back(client->CommitCheckpoint("m", SeededCheckpoint(seed)));
+      results.push_back(CommitCheckpoint(*client, "m", SeededCheckpoint(seed)));
       ++acknowledged;
     }
   });

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/testing/child_process.h"
@@ -194,9 +195,9 @@ TEST(TrainerLineageTest, ThreeRunsChainTheirLineageThroughBothResumePointsAndRec
   // Three legs with evaluation end bit-identical to one uninterrupted run with it.
   std::unique_ptr<RocksDbCheckpointStore> straight_store = OpenStore(dir + "/straight");
   ASSERT_NE(straight_store, nullptr);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint legs, store->LoadCheckpoint(*ParseVersionRef(kCnn)));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint legs, LoadCheckpoint(*store, *ParseVersionRef(kCnn)));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint one,
-                       straight_store->LoadCheckpoint(*ParseVersionRef(kCnn)));
+                       LoadCheckpoint(*straight_store, *ParseVersionRef(kCnn)));
   EXPECT_OK(train::testing::CompareStateDicts(legs.contents.model, one.contents.model));
   EXPECT_EQ(legs.manifest.metadata().metrics().at("val_loss"),
             one.manifest.metadata().metrics().at("val_loss"));

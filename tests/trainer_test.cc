@@ -38,6 +38,7 @@
 #include "libs/loader/export.h"
 #include "libs/loader/loader.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/testing/python_runner.h"
@@ -631,7 +632,7 @@ TEST(TrainerTest, FinalVersionExportedAsABundleResumesInThePythonTwin) {
     EXPECT_TRUE(exported->left_out.empty());
 
     // The C++ side: model and optimizer restored from the store, one step on a fixed batch.
-    absl::StatusOr<LoadedCheckpoint> loaded = store->LoadCheckpoint(ref);
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(*store, ref);
     ASSERT_THAT(loaded.status(), IsOk());
     train::DataSpec data_spec;
     data_spec.model_kind = "mlp";

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/version_ref.h"
 
 namespace ckpt {
@@ -40,7 +41,7 @@ TEST(OpenCheckpointStoreTest, ChangesToADirectoryAreAuditedAsTheLocalUser) {
   CheckpointContents contents;
   ASSERT_OK(contents.model.Insert("w", at::arange(4, at::kFloat)));
   contents.metadata.set_producer("ckpt import");
-  ASSERT_OK(store->CommitCheckpoint("m", contents).status());
+  ASSERT_OK(CommitCheckpoint(*store, "m", contents).status());
   ASSERT_OK(store->SetAlias("m", "best", 1).status());
 
   const std::string identity = "local:" + ExpectedUser();

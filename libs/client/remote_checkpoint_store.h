@@ -59,8 +59,8 @@
 //   options.auth_token = token;  // or "" for a server without --auth_token_file
 //   ASSIGN_OR_RETURN(std::unique_ptr<RemoteCheckpointStore> store,
 //                    RemoteCheckpointStore::Connect(options));
-//   ASSIGN_OR_RETURN(CommitResult committed, store->CommitCheckpoint("resnet18", contents));
-//   ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store->LoadCheckpoint(committed.version));
+//   ASSIGN_OR_RETURN(CommitResult committed, CommitCheckpoint(*store, "resnet18", contents));
+//   ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadCheckpoint(*store, committed.version));
 
 #include <cstdint>
 #include <memory>

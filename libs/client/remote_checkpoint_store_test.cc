@@ -26,6 +26,7 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/audited_store.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/testing/store_conformance.h"
@@ -230,14 +231,14 @@ TEST_F(RemoteCheckpointStoreTest, ReadsTensorsOutOfOrderRepeatedAndChunkByChunk)
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
   ASSERT_NE(remote, nullptr);
   const CheckpointContents original = FullCheckpoint(2);
-  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", original).status());
 
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, remote->OpenVersion(Ref("m")));
   EXPECT_EQ(reader->manifest().version(), 1);
   // Behind, ahead and repeated reads, by key and by meta.
   for (const char* key : {"head.bias", "encoder.weight", "encoder.weight", "module.missing", "mask",
                           "encoder.bias"}) {
-    absl::StatusOr<at::Tensor> tensor = reader->ReadTensor(key);
+    absl::StatusOr<at::Tensor> tensor = ReadTensor(*reader, key);
     const at::Tensor* expected = original.model.Find(absl::StrCat("module.", key));
     if (expected == nullptr) {
       EXPECT_THAT(tensor, StatusIs(absl::StatusCode::kNotFound, "module.missing"));
@@ -247,9 +248,9 @@ TEST_F(RemoteCheckpointStoreTest, ReadsTensorsOutOfOrderRepeatedAndChunkByChunk)
     ExpectSameTensor(*tensor, *expected, key);
   }
   const v1::TensorMeta& state = reader->manifest().state_tensors(0);
-  ASSERT_OK_AND_ASSIGN(at::Tensor from_wire, reader->ReadTensor(state));
+  ASSERT_OK_AND_ASSIGN(at::Tensor from_wire, ReadTensor(*reader, state));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> disk, local_->OpenVersion(Ref("m@1")));
-  ASSERT_OK_AND_ASSIGN(at::Tensor from_disk, disk->ReadTensor(state.key()));
+  ASSERT_OK_AND_ASSIGN(at::Tensor from_disk, ReadTensor(*disk, state.key()));
   ExpectSameTensor(from_wire, from_disk, state.key());
 
   // One callback per verified 4 MiB store chunk, at its offset.
@@ -289,14 +290,14 @@ TEST_F(RemoteCheckpointStoreTest, RequiresTheConfiguredBearerTokenButHealthStays
     EXPECT_THAT(remote->GetStats(), StatusIs(absl::StatusCode::kUnauthenticated)) << token;
     EXPECT_THAT(remote->ListModels(), StatusIs(absl::StatusCode::kUnauthenticated)) << token;
     EXPECT_THAT(remote->SetAlias("m", "a", 1), StatusIs(absl::StatusCode::kUnauthenticated));
-    EXPECT_THAT(remote->CommitCheckpoint("m", SmallCheckpoint(1)),
+    EXPECT_THAT(CommitCheckpoint(*remote, "m", SmallCheckpoint(1)),
                 StatusIs(absl::StatusCode::kUnauthenticated));
     EXPECT_THAT(remote->OpenVersion(Ref("m")), StatusIs(absl::StatusCode::kUnauthenticated));
   }
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect("s3cret-token");
   ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1)).status());
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m")));
+  ASSERT_OK(CommitCheckpoint(*remote, "m", SmallCheckpoint(1)).status());
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*remote, Ref("m")));
   ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
   ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, remote->GetStats());
   EXPECT_EQ(stats.versions(), 1);
@@ -332,11 +333,11 @@ TEST_F(RemoteCheckpointStoreTest, ConcurrentReadersOfOneVersionSeeTheSameBytes) 
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
   ASSERT_NE(remote, nullptr);
   const CheckpointContents original = FullCheckpoint(3);
-  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", original).status());
   std::vector<std::thread> readers;
   for (int r = 0; r < 4; ++r) {
     readers.emplace_back([&] {
-      absl::StatusOr<LoadedCheckpoint> loaded = remote->LoadCheckpoint(Ref("m@1"));
+      absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(*remote, Ref("m@1"));
       ASSERT_OK(loaded.status());
       ExpectSameCheckpoint(loaded->contents, original);
     });
@@ -436,7 +437,7 @@ TEST_F(RemoteCheckpointStoreTest, ARestartedServerIsFoundAgainWithoutErrors) {
   StartServer();
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
   ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", SmallCheckpoint(1)).status());
   const std::string address = server_->address();
   StopServer();
   // The same store served again on the same port: reads retry until the channel reconnects,
@@ -451,7 +452,7 @@ TEST_F(RemoteCheckpointStoreTest, ARestartedServerIsFoundAgainWithoutErrors) {
   ASSERT_OK_AND_ASSIGN(v1::StoreStats stats, remote->GetStats());
   EXPECT_EQ(stats.versions(), 1);
   ASSERT_OK(remote->SetAlias("m", "best", 1).status());
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@best")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*remote, Ref("m@best")));
   ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
 }
 
@@ -466,14 +467,14 @@ TEST_F(RemoteCheckpointStoreTest, ACommitWhoseAnswerWasLostIsSentAgainAndLandsOn
   ASSERT_NE(remote, nullptr);
   // The first attempt committed version 1 and its answer was lost; CommitCheckpoint sent the
   // upload again with the same idempotency key and got version 1 back.
-  ASSERT_OK_AND_ASSIGN(CommitResult committed, remote->CommitCheckpoint("m", SmallCheckpoint(1)));
+  ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*remote, "m", SmallCheckpoint(1)));
   EXPECT_EQ(commits.load(), 2);
   EXPECT_EQ(committed.version.version(), 1);
   EXPECT_TRUE(committed.replayed);
   EXPECT_EQ(committed.new_bytes, 0);
   ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, local_->ListVersions("m"));
   EXPECT_EQ(versions.size(), 1u);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@1")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*remote, Ref("m@1")));
   ExpectSameCheckpoint(loaded.contents, SmallCheckpoint(1));
 
   // A session of the caller's own is sent once: its UNAVAILABLE is the caller's to resolve.
@@ -497,7 +498,7 @@ TEST_F(RemoteCheckpointStoreTest, ACommitWhoseAnswerWasLostIsSentAgainAndLandsOn
   quick.connect_timeout = absl::Milliseconds(500);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<RemoteCheckpointStore> impatient,
                        RemoteCheckpointStore::Connect(quick));
-  absl::StatusOr<CommitResult> refused = impatient->CommitCheckpoint("n", SmallCheckpoint(3));
+  absl::StatusOr<CommitResult> refused = CommitCheckpoint(*impatient, "n", SmallCheckpoint(3));
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable, "attempts of this commit"));
   // Every attempt after the first found the first one's version: still one.
   ASSERT_OK_AND_ASSIGN(versions, local_->ListVersions("n"));
@@ -510,10 +511,10 @@ TEST_F(RemoteCheckpointStoreTest, TheServerAuditsEveryChangeAndListAuditReadsItB
   ASSERT_NE(remote, nullptr);
   CommitOptions with_best;
   with_best.aliases = {"best"};
-  ASSERT_OK(remote->CommitCheckpoint("m", SmallCheckpoint(1), with_best).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", SmallCheckpoint(1), with_best).status());
   CheckpointContents claimed = SmallCheckpoint(2);
   claimed.metadata.set_producer("train.py on gpu-7");
-  ASSERT_OK(remote->CommitCheckpoint("m", claimed).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", claimed).status());
   ASSERT_OK(remote->SetAlias("m", "best", 2).status());
   EXPECT_THAT(remote->SetAlias("m", "best", 9), StatusIs(absl::StatusCode::kNotFound));
   ASSERT_OK(remote->DeleteAlias("m", "best"));
@@ -594,7 +595,7 @@ TEST_F(RemoteCheckpointStoreTest, EveryChunkDamagedInTransitIsDataLossOnTheClien
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
   ASSERT_NE(remote, nullptr);
   const CheckpointContents original = FullCheckpoint(5);
-  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", original).status());
   ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, remote->GetManifest(Ref("m@1")));
 
   // Every chunk of the two-chunk tensor 0, a small model tensor, and a state tensor.
@@ -621,9 +622,9 @@ TEST_F(RemoteCheckpointStoreTest, EveryChunkDamagedInTransitIsDataLossOnTheClien
 
     // Read in order on the version's stream (the reader skips to it)...
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, remote->OpenVersion(Ref("m@1")));
-    EXPECT_THAT(reader->ReadTensor(meta), wrong_checksum);
+    EXPECT_THAT(ReadTensor(*reader, meta), wrong_checksum);
     // ...again, out of order (a Download of its own)...
-    EXPECT_THAT(reader->ReadTensor(meta), wrong_checksum);
+    EXPECT_THAT(ReadTensor(*reader, meta), wrong_checksum);
     // ...chunk by chunk: the sound chunks before the damaged one arrive, the damaged one not...
     ASSERT_OK_AND_ASSIGN(reader, remote->OpenVersion(Ref("m@1")));
     int64_t delivered = 0;
@@ -640,14 +641,14 @@ TEST_F(RemoteCheckpointStoreTest, EveryChunkDamagedInTransitIsDataLossOnTheClien
     std::string buffer(meta.byte_length(), '\0');
     EXPECT_THAT(reader->ReadTensorInto(meta, buffer.data()), wrong_checksum);
     // ...and as part of a whole checkpoint.
-    EXPECT_THAT(remote->LoadCheckpoint(Ref("m@1")), wrong_checksum);
+    EXPECT_THAT(LoadCheckpoint(*remote, Ref("m@1")), wrong_checksum);
     // The damage was really sent on each of those reads (the server's checks passed).
     EXPECT_GE(tampered.load() - before, 5);
   }
 
   // Undamaged, the same reads give the checkpoint back whole.
   target_tensor.store(kNone);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@1")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*remote, Ref("m@1")));
   ExpectSameCheckpoint(loaded.contents, original);
 }
 
@@ -660,7 +661,7 @@ TEST_F(RemoteCheckpointStoreTest, ADownloadBrokenByAnUnavailableStoreGoesOnFromI
   std::unique_ptr<RemoteCheckpointStore> remote = MustConnect();
   ASSERT_NE(remote, nullptr);
   const CheckpointContents original = FullCheckpoint(6);
-  ASSERT_OK(remote->CommitCheckpoint("m", original).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", original).status());
   ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, remote->GetManifest(Ref("m@1")));
   const v1::TensorMeta& big = manifest.tensors(0);
   ASSERT_EQ(big.chunks_size(), 2);
@@ -675,7 +676,7 @@ TEST_F(RemoteCheckpointStoreTest, ADownloadBrokenByAnUnavailableStoreGoesOnFromI
   });
 
   // A whole checkpoint, in order on the version's main stream (resumed with the later tensors).
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, remote->LoadCheckpoint(Ref("m@1")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*remote, Ref("m@1")));
   ExpectSameCheckpoint(loaded.contents, original);
   EXPECT_GE(broken.load(), 3);
 
@@ -695,7 +696,7 @@ TEST_F(RemoteCheckpointStoreTest, ADownloadBrokenByAnUnavailableStoreGoesOnFromI
   EXPECT_GT(broken.load(), broken_before);
   // The main stream goes on after its break: the next tensors read in order are whole.
   for (int i = 1; i < manifest.tensors_size(); ++i) {
-    ASSERT_OK_AND_ASSIGN(at::Tensor tensor, reader->ReadTensor(manifest.tensors(i)));
+    ASSERT_OK_AND_ASSIGN(at::Tensor tensor, ReadTensor(*reader, manifest.tensors(i)));
     const std::string key = manifest.tensors(i).key();
     ExpectSameTensor(tensor, *original.model.Find("module." + key), key);
   }
@@ -704,7 +705,7 @@ TEST_F(RemoteCheckpointStoreTest, ADownloadBrokenByAnUnavailableStoreGoesOnFromI
   // whose second chunk read fails.
   reads = 1;
   broken_before = broken.load();
-  ASSERT_OK_AND_ASSIGN(at::Tensor again, reader->ReadTensor(big));
+  ASSERT_OK_AND_ASSIGN(at::Tensor again, ReadTensor(*reader, big));
   ExpectSameTensor(again, *original.model.Find("module.encoder.weight"), "encoder.weight");
   EXPECT_GT(broken.load(), broken_before);
   reads = 1;

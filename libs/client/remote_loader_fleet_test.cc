@@ -36,6 +36,7 @@
 #include "libs/client/remote_loader.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/value.h"
@@ -106,7 +107,7 @@ class FleetTest : public ::testing::Test {
                   Value::List({Value::Dict(
                       {{"lr", Value::Float(0.01)}, {"params", Value::List({Value::Int(0)})}})}));
     contents_.optimizer = optimizer;
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents_));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "net", contents_));
     ref_ = committed.version;
   }
 

@@ -30,6 +30,7 @@
 #include "libs/loader/testing/loader_conformance.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/version_ref.h"
@@ -63,7 +64,7 @@ class RemoteLoaderTest : public ::testing::Test {
                   Value::List({Value::Dict(
                       {{"lr", Value::Float(0.01)}, {"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "net", contents));
     ref_ = committed.version;
     instrumented_ = std::make_unique<InstrumentedStore>(store_.get());
     instrumented_->set_hook([this](absl::string_view method) {
@@ -224,7 +225,7 @@ class RemoteLoaderIntegrityTest : public ::testing::Test {
                   Value::List({Value::Dict(
                       {{"lr", Value::Float(0.01)}, {"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "net", contents));
     ref_ = committed.version;
     LoaderServiceOptions service_options;
     service_options.tamper_for_testing = [this](const LoaderServiceOptions::OutgoingPiece& piece,

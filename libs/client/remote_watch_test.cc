@@ -24,6 +24,7 @@
 #include "libs/client/remote_checkpoint_store.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "proto/ckpt/v1/checkpoint_store.grpc.pb.h"
 #include "services/checkpoint_store/store_service.h"
@@ -141,7 +142,7 @@ TEST_F(RemoteWatchTest, ResumesAfterTheServerRestartedSeeingEveryChangeOnceInOrd
   ASSERT_NE(remote, nullptr);
   CommitOptions best;
   best.aliases = {"best"};
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(1), best).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(1), best).status());
 
   v1::WatchRequest request;
   request.add_models("m");
@@ -154,7 +155,7 @@ TEST_F(RemoteWatchTest, ResumesAfterTheServerRestartedSeeingEveryChangeOnceInOrd
   const int64_t state_token = state->resume_token();
 
   // A commit and an alias move while it watches.
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(2)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(2)).status());
   ASSERT_OK(remote->SetAlias("m", "best", 2, 1, {"", "better"}).status());
   std::vector<int64_t> seen;
   int64_t token = state_token;
@@ -171,12 +172,12 @@ TEST_F(RemoteWatchTest, ResumesAfterTheServerRestartedSeeingEveryChangeOnceInOrd
   StartServer();
   std::unique_ptr<RemoteCheckpointStore> other = Connect();
   ASSERT_NE(other, nullptr);
-  ASSERT_OK(other->CommitCheckpoint("m", Small(3)).status());
+  ASSERT_OK(CommitCheckpoint(*other, "m", Small(3)).status());
   v1::AnnotationChange change;
   (*change.mutable_set_metrics())["val_acc"] = 0.93;
   ASSERT_OK(other->AnnotateVersion("m", 3, change, {"", "evaluated"}).status());
   ASSERT_OK(other->SetAlias("m", "best", 3, 2, {"", "val_acc 0.93"}).status());
-  ASSERT_OK(other->CommitCheckpoint("unwatched", Small(1)).status());
+  ASSERT_OK(CommitCheckpoint(*other, "unwatched", Small(1)).status());
   ASSERT_OK(other->DeleteAlias("m", "best", {"", "retired"}));
 
   // Back with its token: exactly the changes it missed, then live ones.
@@ -209,7 +210,7 @@ TEST_F(RemoteWatchTest, ResumesByItselfWhenTheServerComesBackOnItsAddress) {
   const std::string address = server_->address();
   std::unique_ptr<RemoteCheckpointStore> remote = Connect();
   ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(1)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(1)).status());
   v1::WatchRequest request;
   request.add_models("m");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<RegistryWatch> watch, remote->Watch(request));
@@ -224,7 +225,7 @@ TEST_F(RemoteWatchTest, ResumesByItselfWhenTheServerComesBackOnItsAddress) {
 
   // Down, changed behind its back, and up again on the same address.
   StopServer();
-  ASSERT_OK(local_->CommitCheckpoint("m", Small(2)).status());
+  ASSERT_OK(CommitCheckpoint(*local_, "m", Small(2)).status());
   ASSERT_OK(local_->SetAlias("m", "best", 2).status());
   StartServer({}, address);
   ASSERT_OK(remote->SetAlias("m", "production", 2).status());
@@ -260,7 +261,7 @@ TEST_F(RemoteWatchTest, AShutdownEndsWatchesAndTheyResumeWithoutASecondStateEven
   EXPECT_LT(absl::Now() - shutting_down, absl::Seconds(10));
   server_.reset();
   service_.reset();
-  ASSERT_OK(local_->CommitCheckpoint("m", Small(1)).status());
+  ASSERT_OK(CommitCheckpoint(*local_, "m", Small(1)).status());
   StartServer({}, address);
   ASSERT_OK(remote->SetAlias("m", "best", 1).status());
   std::vector<int64_t> seen;
@@ -274,8 +275,8 @@ TEST_F(RemoteWatchTest, AHundredWatchersOfOneAliasAllSeeItMove) {
   StartServer();
   std::unique_ptr<RemoteCheckpointStore> remote = Connect();
   ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(1)).status());
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(2)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(1)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(2)).status());
   ASSERT_OK(remote->SetAlias("m", "production", 1).status());
 
   constexpr int kWatchers = 100;
@@ -336,7 +337,7 @@ TEST_F(RemoteWatchTest, AStalledWatcherIsCutOffWithoutHoldingUpChanges) {
   StartServer(options);
   std::unique_ptr<RemoteCheckpointStore> remote = Connect();
   ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(1)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(1)).status());
 
   // A watcher that opens its stream and then reads nothing.
   auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
@@ -396,7 +397,7 @@ TEST_F(RemoteWatchTest, AWatcherThatReadsTooSlowlyEndsWithItsTokenAndResumesWith
   StartServer(options);
   std::unique_ptr<RemoteCheckpointStore> remote = Connect();
   ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(1)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(1)).status());
   v1::WatchRequest request;
   request.add_models("m");
   request.set_resume_token(HistorySequences("m", 0).back());
@@ -446,7 +447,7 @@ TEST_F(RemoteWatchTest, RegistryStateAndWaitForHistoryGoThroughWatch) {
   StartServer();
   std::unique_ptr<RemoteCheckpointStore> remote = Connect();
   ASSERT_NE(remote, nullptr);
-  ASSERT_OK(remote->CommitCheckpoint("m", Small(1)).status());
+  ASSERT_OK(CommitCheckpoint(*remote, "m", Small(1)).status());
   ASSERT_OK_AND_ASSIGN(RegistryState state, remote->GetRegistryState({"m", "absent"}));
   ASSERT_EQ(state.models.size(), 1u);
   EXPECT_EQ(state.models[0].name(), "m");

@@ -44,6 +44,7 @@
 #include "libs/loader/testing/loader_conformance.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/tensor/device.h"
 #include "libs/tensor/dtype.h"
@@ -122,7 +123,7 @@ class SharedMemoryLoaderTest : public ::testing::Test {
                   Value::List({Value::Dict(
                       {{"lr", Value::Float(0.01)}, {"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "net", contents));
     ref_ = committed.version;
 
     ASSERT_OK_AND_ASSIGN(service_, LoaderService::Create(store_.get(), {}));

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "nlohmann/json.hpp"
 
@@ -37,7 +38,7 @@ class ConsoleApiTest : public ::testing::Test {
       contents.model.InsertOrAssign("fc.weight", at::full({4, 3}, fill));
       contents.metadata.set_global_step(static_cast<int64_t>(fill) * 100);
       (*contents.metadata.mutable_metrics())["val_acc"] = 0.5 + fill / 10;
-      ASSERT_OK(store_->CommitCheckpoint("resnet", contents).status());
+      ASSERT_OK(CommitCheckpoint(*store_, "resnet", contents).status());
     }
     ASSERT_OK(store_->SetAlias("resnet", "production", 1).status());
   }
@@ -253,7 +254,7 @@ TEST_F(ConsoleApiTest, LineageNamesParentsAndChildren) {
   tuned.model.InsertOrAssign("fc.weight", at::zeros({4, 3}));
   tuned.metadata.mutable_lineage()->set_parent("resnet@1");
   tuned.metadata.mutable_lineage()->set_parent_relation("fine_tuned_from");
-  ASSERT_OK(store_->CommitCheckpoint("resnet-ft", tuned).status());
+  ASSERT_OK(CommitCheckpoint(*store_, "resnet-ft", tuned).status());
   ApiResponse up = Get("/api/v1/models/resnet-ft/versions/latest/lineage");
   ASSERT_EQ(up.status, 200) << up.body;
   const nlohmann::json child = nlohmann::json::parse(up.body);

@@ -21,7 +21,7 @@
 //   ChunkCache cache(/*capacity_bytes=*/int64_t{1} << 30);
 //   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store.OpenVersion(ref));
 //   std::unique_ptr<VersionReader> cached = CachedVersionReader(std::move(reader), &cache);
-//   ASSIGN_OR_RETURN(at::Tensor weight, cached->ReadTensor("fc.weight"));  // via the cache
+//   ASSIGN_OR_RETURN(at::Tensor weight, ReadTensor(*cached, "fc.weight"));  // via the cache
 
 #include <cstdint>
 #include <functional>

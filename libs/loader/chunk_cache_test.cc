@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 
@@ -39,7 +40,7 @@ class ChunkCacheTest : public ::testing::Test {
     CheckpointContents contents;
     ASSERT_OK(contents.model.Insert("big", big_));
     ASSERT_OK(contents.model.Insert("small", small_));
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("m", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "m", contents));
     ref_ = committed.version;
   }
 
@@ -53,8 +54,8 @@ TEST_F(ChunkCacheTest, SecondReadIsServedFromTheCache) {
   for (int round = 0; round < 2; ++round) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(ref_));
     std::unique_ptr<VersionReader> cached = CachedVersionReader(std::move(reader), &cache);
-    ASSERT_OK_AND_ASSIGN(at::Tensor big, cached->ReadTensor("big"));
-    ASSERT_OK_AND_ASSIGN(at::Tensor small, cached->ReadTensor("small"));
+    ASSERT_OK_AND_ASSIGN(at::Tensor big, ReadTensor(*cached, "big"));
+    ASSERT_OK_AND_ASSIGN(at::Tensor small, ReadTensor(*cached, "small"));
     EXPECT_TRUE(BytesEqual(big, big_));
     EXPECT_TRUE(BytesEqual(small, small_));
   }
@@ -77,7 +78,7 @@ TEST_F(ChunkCacheTest, ConcurrentReadersShareOneFillPerChunk) {
       absl::StatusOr<std::unique_ptr<VersionReader>> reader = store_->OpenVersion(ref_);
       if (!reader.ok()) return;
       std::unique_ptr<VersionReader> cached = CachedVersionReader(*std::move(reader), &cache);
-      absl::StatusOr<at::Tensor> big = cached->ReadTensor("big");
+      absl::StatusOr<at::Tensor> big = ReadTensor(*cached, "big");
       equal[i] = big.ok() && BytesEqual(*big, big_);
     });
   }
@@ -96,7 +97,7 @@ TEST_F(ChunkCacheTest, StaysWithinCapacityByEvictingLeastRecentlyUsed) {
   for (int round = 0; round < 2; ++round) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(ref_));
     std::unique_ptr<VersionReader> cached = CachedVersionReader(std::move(reader), &cache);
-    ASSERT_OK_AND_ASSIGN(at::Tensor big, cached->ReadTensor("big"));
+    ASSERT_OK_AND_ASSIGN(at::Tensor big, ReadTensor(*cached, "big"));
     EXPECT_TRUE(BytesEqual(big, big_));
   }
   const ChunkCacheStats stats = cache.stats();
@@ -110,7 +111,7 @@ TEST_F(ChunkCacheTest, ZeroCapacityCachesNothingButStillServesBytes) {
   ChunkCache cache(0);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(ref_));
   std::unique_ptr<VersionReader> cached = CachedVersionReader(std::move(reader), &cache);
-  ASSERT_OK_AND_ASSIGN(at::Tensor big, cached->ReadTensor("big"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor big, ReadTensor(*cached, "big"));
   EXPECT_TRUE(BytesEqual(big, big_));
   EXPECT_EQ(cache.stats().resident_bytes, 0);
   EXPECT_EQ(cache.stats().entries, 0);
@@ -128,7 +129,7 @@ TEST_F(ChunkCacheTest, CallbackErrorStopsTheReadAndLeavesNothingHalfFilled) {
               StatusIs(absl::StatusCode::kCancelled, "client went away"));
   // The chunk after the failure was never filled; a fresh read fills it and returns every byte.
   std::unique_ptr<VersionReader> cached = CachedVersionReader(std::move(reader), &cache);
-  ASSERT_OK_AND_ASSIGN(at::Tensor big, cached->ReadTensor("big"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor big, ReadTensor(*cached, "big"));
   EXPECT_TRUE(BytesEqual(big, big_));
 }
 

@@ -29,6 +29,7 @@
 #include "libs/loader/loader.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/manifest_validation.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
@@ -174,7 +175,7 @@ absl::StatusOr<StateDict> DeferredModel(const VersionReader& reader, const LoadT
     if (meta->has_sparse()) {
       // A placeholder is one dense storage; a sparse tensor is several: read it now (sparse
       // tensors are small next to the dense ones the writer streams).
-      ASSIGN_OR_RETURN(at::Tensor stored, reader.ReadTensor(*meta));
+      ASSIGN_OR_RETURN(at::Tensor stored, ReadTensor(reader, *meta));
       ASSIGN_OR_RETURN(at::Tensor placed, PlaceTensor(stored, DeviceSpec::Cpu(), policy));
       RETURN_IF_ERROR(
           model.Insert(std::move(tensor.key), std::move(placed), meta->original_device()));
@@ -184,7 +185,7 @@ absl::StatusOr<StateDict> DeferredModel(const VersionReader& reader, const LoadT
                      deferred.Add(policy.Apply(static_cast<DType>(meta->dtype())),
                                   std::vector<int64_t>(meta->shape().begin(), meta->shape().end()),
                                   [&reader, meta, policy]() -> absl::StatusOr<at::Tensor> {
-                                    ASSIGN_OR_RETURN(at::Tensor stored, reader.ReadTensor(*meta));
+                                    ASSIGN_OR_RETURN(at::Tensor stored, ReadTensor(reader, *meta));
                                     return PlaceTensor(stored, DeviceSpec::Cpu(), policy);
                                   }));
     RETURN_IF_ERROR(
@@ -199,10 +200,10 @@ absl::StatusOr<Value> DeferredValueTree(const VersionReader& reader, const v1::V
                                         DeferredTensors& deferred) {
   return ValueTreeFromManifest(
       reader.manifest(), tree, [&](const v1::TensorMeta& meta) -> absl::StatusOr<at::Tensor> {
-        if (meta.has_sparse()) return reader.ReadTensor(meta);  // as in DeferredModel.
+        if (meta.has_sparse()) return ReadTensor(reader, meta);  // as in DeferredModel.
         return deferred.Add(static_cast<DType>(meta.dtype()),
                             std::vector<int64_t>(meta.shape().begin(), meta.shape().end()),
-                            [&reader, &meta] { return reader.ReadTensor(meta); });
+                            [&reader, &meta] { return ReadTensor(reader, meta); });
       });
 }
 
@@ -297,7 +298,7 @@ absl::Status StreamSafetensorsFile(const VersionReader& reader, const LoadTarget
   written(plan.layout.header_bytes.size());
   for (const SafetensorsTensorInfo& info : plan.layout.tensors) {
     const PlannedTensor& tensor = *plan.by_name.at(info.name);
-    ASSIGN_OR_RETURN(at::Tensor stored, reader.ReadTensor(*tensor.meta));
+    ASSIGN_OR_RETURN(at::Tensor stored, ReadTensor(reader, *tensor.meta));
     ASSIGN_OR_RETURN(at::Tensor cast, PlaceTensor(stored, DeviceSpec::Cpu(), target.dtype));
     stored = at::Tensor();
     RETURN_IF_ERROR(CatchTorchErrors([&] { cast = cast.contiguous(); }));

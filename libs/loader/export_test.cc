@@ -28,6 +28,7 @@
 #include "libs/format/torch_writer.h"
 #include "libs/loader/loader.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/tensor/device.h"
 #include "libs/testing/python_runner.h"
@@ -118,7 +119,7 @@ class ExportTest : public ::testing::Test {
     ASSERT_OK(contents.model.Insert("module.enc.weight", weight_, "cuda:1"));
     ASSERT_OK(contents.model.Insert("module.enc.steps", at::full({}, 3, at::kLong), "cuda:1"));
     ASSERT_OK(contents.model.Insert("module.head.bias", at::randn({5}), "cuda:1"));
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("m", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "m", contents));
     ASSERT_OK_AND_ASSIGN(reader_, store_->OpenVersion(committed.version));
   }
 
@@ -380,7 +381,7 @@ class BundleExportTest : public ExportTest {
     contents.metadata.set_epoch(2);
     contents.metadata.set_global_step(3);
     if (with_names) contents.optimizer_param_names = {{0, "enc.weight"}, {1, "head.bias"}};
-    absl::StatusOr<CommitResult> committed = store_->CommitCheckpoint("b", contents);
+    absl::StatusOr<CommitResult> committed = CommitCheckpoint(*store_, "b", contents);
     EXPECT_OK(committed.status());
     return committed->version;
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/sparse_layout.h"
 #include "libs/tensor/value_proto.h"
@@ -123,7 +124,7 @@ absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manif
                                     const v1::Value& tree, const DeviceSpec& device) {
   return ValueTreeFromManifest(manifest, tree,
                                [&](const v1::TensorMeta& meta) -> absl::StatusOr<at::Tensor> {
-                                 ASSIGN_OR_RETURN(at::Tensor tensor, reader.ReadTensor(meta));
+                                 ASSIGN_OR_RETURN(at::Tensor tensor, ReadTensor(reader, meta));
                                  return PlaceTensor(tensor, device, DTypePolicy::Keep());
                                });
 }
@@ -262,7 +263,7 @@ absl::StatusOr<LoadedState> Load(const VersionReader& reader, const LoadTarget& 
   for (PlannedTensor& tensor_plan : planned) {
     const v1::TensorMeta& meta = *tensor_plan.meta;
     // Streamed chunk by chunk into a CPU tensor allocated from the manifest's dtype and shape.
-    ASSIGN_OR_RETURN(at::Tensor tensor, reader.ReadTensor(meta));
+    ASSIGN_OR_RETURN(at::Tensor tensor, ReadTensor(reader, meta));
     ASSIGN_OR_RETURN(at::Tensor placed, PlaceTensor(tensor, target.device, target.dtype));
     tensor = at::Tensor();  // the CPU copy goes before the next tensor is read.
     RETURN_IF_ERROR(
@@ -303,7 +304,7 @@ absl::StatusOr<CompatibilityReport> LoadInto(CheckpointStore& store, const v1::V
   for (const auto& [key, destination] : destinations) {
     auto it = by_key.find(key);
     if (it == by_key.end() || ShapeOf(*it->second) != destination.sizes().vec()) continue;
-    ASSIGN_OR_RETURN(at::Tensor tensor, reader->ReadTensor(*it->second));
+    ASSIGN_OR_RETURN(at::Tensor tensor, ReadTensor(*reader, *it->second));
     ASSIGN_OR_RETURN(tensor, PlaceTensor(tensor, DeviceSpec::Cpu(), options.dtype));
     at::Tensor target = destination;
     RETURN_IF_ERROR(CatchTorchErrors([&] { target.copy_(tensor); }));

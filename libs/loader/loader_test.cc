@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "libs/loader/load_target.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
@@ -91,7 +92,7 @@ class LoaderTest : public ::testing::Test {
                   Value::List({Value::Dict(
                       {{"lr", Value::Float(0.01)}, {"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "net", contents));
     ref_ = committed.version;
   }
 

@@ -12,6 +12,7 @@
 #include "libs/loader/loader.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
 #include "libs/tensor/sparse_layout.h"
@@ -57,7 +58,7 @@ absl::StatusOr<ServedLoad> ServedLoad::Plan(const v1::Manifest& stored,
 
 absl::Status ServedLoad::CastInto(const VersionReader& reader, const ServedTensor& tensor,
                                   char* destination) const {
-  ASSIGN_OR_RETURN(const at::Tensor stored, reader.ReadTensor(*tensor.stored));
+  ASSIGN_OR_RETURN(const at::Tensor stored, ReadTensor(reader, *tensor.stored));
   ASSIGN_OR_RETURN(const DType cast_dtype, DTypeFromProto(tensor.sent->dtype()));
   ASSIGN_OR_RETURN(const c10::ScalarType scalar_type, ToScalarType(cast_dtype));
   if (tensor.stored->has_sparse()) {

@@ -17,6 +17,7 @@
 #include "libs/io/xxh3.h"
 #include "libs/loader/chunk_cache.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/testing/child_process.h"
 
@@ -50,7 +51,7 @@ class ServedLoadTest : public ::testing::Test {
     extra.Set("epoch", Value::Int(4));
     extra.Set("rng", Value::Tensor(at::arange(4, at::dtype(at::kByte))));
     contents.extra = extra;
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "net", contents));
     ASSERT_OK_AND_ASSIGN(reader_, store_->OpenVersion(committed.version));
     request_.mutable_ref()->CopyFrom(committed.version);
   }

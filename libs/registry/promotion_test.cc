@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_filter.h"
 
@@ -61,7 +62,7 @@ class PromotionTest : public ::testing::Test {
     CheckpointContents contents;
     EXPECT_OK(contents.model.Insert("w", at::full({8}, value)));
     (*contents.metadata.mutable_metrics())["loss"] = loss;
-    absl::StatusOr<CommitResult> committed = store_->CommitCheckpoint("m", contents, options);
+    absl::StatusOr<CommitResult> committed = CommitCheckpoint(*store_, "m", contents, options);
     EXPECT_OK(committed.status());
     return committed.ok() ? committed->version.version() : 0;
   }
@@ -151,7 +152,7 @@ TEST_F(PromotionTest, RequireVerifiedRefusesAVersionWhoseStoredBytesAreDamaged) 
   CheckpointContents contents;
   const at::Tensor w = at::arange(1024, at::kFloat);  // a byte pattern found once on disk
   ASSERT_OK(contents.model.Insert("w", w));
-  ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("m", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "m", contents));
   const int64_t one = committed.version.version();
   store_.reset();
   ASSERT_TRUE(FlipStoredByte(options_.db_path, std::string(static_cast<const char*>(w.data_ptr()),

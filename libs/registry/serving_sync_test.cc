@@ -23,6 +23,7 @@
 #include "libs/format/checkpoint_file.h"
 #include "libs/loader/local_loader.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
@@ -111,7 +112,7 @@ class ServingSyncTest : public ::testing::Test {
     contents.metadata.mutable_lineage()->set_run_id("run-42");
     contents.metadata.mutable_lineage()->set_dataset("imagenet-1k");
     (*contents.metadata.mutable_metrics())["loss"] = 0.25;
-    absl::StatusOr<CommitResult> committed = store_->CommitCheckpoint("m", contents, options);
+    absl::StatusOr<CommitResult> committed = CommitCheckpoint(*store_, "m", contents, options);
     EXPECT_OK(committed.status());
     return committed.ok() ? committed->version.version() : 0;
   }
@@ -171,7 +172,7 @@ TEST_F(ServingSyncTest, SyncOnceWritesTheVersionDirectoryMetadataAndCurrent) {
 
   // The file holds the version's tensors, byte for byte.
   ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(synced.path + "/model.safetensors"));
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint stored, store_->LoadCheckpoint(MakeVersionRef("m", 1)));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint stored, LoadCheckpoint(*store_, MakeVersionRef("m", 1)));
   ASSERT_EQ(file.root.entries().size(), 3u);
   for (const StateDict::Entry& entry : stored.contents.model) {
     const Value* written = file.root.Find(entry.key);

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/testing/store_conformance.h"
@@ -93,9 +94,9 @@ TEST_F(AuditedStoreTest, EveryChangeIsRecordedWithWhoWhatAndHowItEnded) {
   AuditedStore bob(*rocksdb_, bob_);
   CommitOptions with_best;
   with_best.aliases = {"best"};
-  ASSERT_OK(alice.CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 1)}}), with_best).status());
-  ASSERT_OK(bob.CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 2)}})).status());
-  ASSERT_OK(bob.CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 3)}})).status());
+  ASSERT_OK(CommitCheckpoint(alice, "m", WeightsOnly({{"w", Seeded({4}, 1)}}), with_best).status());
+  ASSERT_OK(CommitCheckpoint(bob, "m", WeightsOnly({{"w", Seeded({4}, 2)}})).status());
+  ASSERT_OK(CommitCheckpoint(bob, "m", WeightsOnly({{"w", Seeded({4}, 3)}})).status());
   ASSERT_OK_AND_ASSIGN(int64_t previous, bob.SetAlias("m", "best", 2));
   EXPECT_EQ(previous, 1);
   EXPECT_THAT(alice.SetAlias("m", "best", 9), StatusIs(absl::StatusCode::kNotFound));
@@ -138,7 +139,7 @@ TEST_F(AuditedStoreTest, EveryChangeIsRecordedWithWhoWhatAndHowItEnded) {
 TEST_F(AuditedStoreTest, RecordsAreTimedInOrder) {
   AuditedStore alice(*rocksdb_, alice_);
   const absl::Time before = absl::Now();
-  ASSERT_OK(alice.CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
+  ASSERT_OK(CommitCheckpoint(alice, "m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
   ASSERT_OK(alice.SetAlias("m", "best", 1).status());
   const absl::Time after = absl::Now();
   const std::vector<v1::AuditRecord> records = Records();
@@ -152,8 +153,8 @@ TEST_F(AuditedStoreTest, TheCommitterIsTheProducerAndTheClientsClaimIsKeptAsALab
   AuditedStore alice(*rocksdb_, alice_);
   CheckpointContents claimed = WeightsOnly({{"w", Seeded({4}, 1)}});
   claimed.metadata.set_producer("train.py on gpu-7");
-  ASSERT_OK(alice.CommitCheckpoint("m", claimed).status());
-  ASSERT_OK(alice.CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 2)}})).status());
+  ASSERT_OK(CommitCheckpoint(alice, "m", claimed).status());
+  ASSERT_OK(CommitCheckpoint(alice, "m", WeightsOnly({{"w", Seeded({4}, 2)}})).status());
 
   ASSERT_OK_AND_ASSIGN(v1::Manifest first, rocksdb_->GetManifest(Ref("m@1")));
   EXPECT_EQ(first.metadata().producer(), "alice");
@@ -164,8 +165,8 @@ TEST_F(AuditedStoreTest, TheCommitterIsTheProducerAndTheClientsClaimIsKeptAsALab
 }
 
 TEST_F(AuditedStoreTest, AChangeWhoseAuditRecordCannotBeWrittenIsNotMade) {
-  ASSERT_OK(rocksdb_->CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
-  ASSERT_OK(rocksdb_->CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 2)}})).status());
+  ASSERT_OK(CommitCheckpoint(*rocksdb_, "m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
+  ASSERT_OK(CommitCheckpoint(*rocksdb_, "m", WeightsOnly({{"w", Seeded({4}, 2)}})).status());
   ASSERT_OK(rocksdb_->SetAlias("m", "best", 1, 0).status());
   {
     // An abandoned upload, for GarbageCollect to reclaim.
@@ -179,7 +180,7 @@ TEST_F(AuditedStoreTest, AChangeWhoseAuditRecordCannotBeWrittenIsNotMade) {
   const auto refused = StatusIs(absl::StatusCode::kResourceExhausted,
                                 HasSubstr("was not done: its audit record could not be written"));
 
-  EXPECT_THAT(alice.CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 3)}})), refused);
+  EXPECT_THAT(CommitCheckpoint(alice, "m", WeightsOnly({{"w", Seeded({4}, 3)}})), refused);
   EXPECT_THAT(alice.SetAlias("m", "best", 2), refused);
   EXPECT_THAT(alice.DeleteAlias("m", "best"), refused);
   EXPECT_THAT(alice.DeleteVersion("m", 2, /*force=*/true), refused);
@@ -211,7 +212,7 @@ TEST_F(AuditedStoreTest, ASessionWhoseCommitWasRefusedStaysFailed) {
 }
 
 TEST_F(AuditedStoreTest, WhenFinishingTheRecordFailsTheChangeStandsAndItsRecordStaysPending) {
-  ASSERT_OK(rocksdb_->CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
+  ASSERT_OK(CommitCheckpoint(*rocksdb_, "m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
   FlakyAuditStore flaky(*rocksdb_);
   flaky.fail_finish = true;
   AuditedStore alice(flaky, alice_);
@@ -243,7 +244,7 @@ TEST_F(AuditedStoreTest, AnUploadOutlivesTheAuditedStoreThatBeganIt) {
 }
 
 TEST_F(AuditedStoreTest, AnOwningAuditedStoreKeepsItsStore) {
-  ASSERT_OK(rocksdb_->CommitCheckpoint("m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
+  ASSERT_OK(CommitCheckpoint(*rocksdb_, "m", WeightsOnly({{"w", Seeded({4}, 1)}})).status());
   AuditedStore owner(std::move(rocksdb_), bob_);
   ASSERT_OK(owner.SetAlias("m", "best", 1).status());
   ASSERT_OK_AND_ASSIGN(std::vector<v1::AuditRecord> records, owner.ListAudit({}));

@@ -6,6 +6,7 @@
 #include "libs/format/bundle.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/tensor/key_normalization.h"
 
 namespace ckpt {
@@ -67,7 +68,7 @@ absl::StatusOr<ImportResult> ImportCheckpointFile(CheckpointStore& store, const 
   for (const auto& [name, value] : options.metrics) (*metadata.mutable_metrics())[name] = value;
   *metadata.mutable_lineage() = options.lineage;
 
-  ASSIGN_OR_RETURN(result.commit, store.CommitCheckpoint(model, contents, commit_options));
+  ASSIGN_OR_RETURN(result.commit, CommitCheckpoint(store, model, contents, commit_options));
   result.warnings.insert(result.warnings.end(), result.commit.warnings.begin(),
                          result.commit.warnings.end());
   ASSIGN_OR_RETURN(v1::Manifest manifest, store.GetManifest(result.commit.version));

@@ -16,6 +16,7 @@
 #include "libs/format/checkpoint_file.h"
 #include "libs/format/convert.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/testing/python_runner.h"
@@ -52,7 +53,7 @@ class CheckpointImportTest : public ::testing::Test {
   // Loads MODEL@latest and checks it holds exactly `expected`, key by key and byte by byte.
   void ExpectStored(const std::string& model, const StateDict& expected) {
     ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
-                         store_->LoadCheckpoint(ParseVersionRef(model).value()));
+                         LoadCheckpoint(*store_, ParseVersionRef(model).value()));
     EXPECT_EQ(loaded.contents.model.keys(), expected.keys());
     for (const StateDict::Entry& entry : expected) {
       const at::Tensor* stored = loaded.contents.model.Find(entry.key);
@@ -87,7 +88,7 @@ TEST_F(CheckpointImportTest, BundleKeepsOptimizerSchedulerEpochAndExtras) {
   ExpectStored("run@best", Reference("reference.pt"));
   ASSERT_OK_AND_ASSIGN(CheckpointFile file, ReadCheckpointFile(Dir() + "/bundle.pt"));
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
-                       store_->LoadCheckpoint(ParseVersionRef("run@best").value()));
+                       LoadCheckpoint(*store_, ParseVersionRef("run@best").value()));
   ASSERT_TRUE(loaded.contents.optimizer.has_value());
   EXPECT_EQ(*loaded.contents.optimizer, *file.bundle.optimizer);
   ASSERT_TRUE(loaded.contents.scheduler.has_value());
@@ -110,7 +111,7 @@ TEST_F(CheckpointImportTest, LegacyAndSafetensorsFilesImportToo) {
   ASSERT_OK_AND_ASSIGN(ImportResult result, ImportCheckpointFile(*store_, safetensors, "st"));
   EXPECT_EQ(result.source_format, "safetensors");
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
-                       store_->LoadCheckpoint(ParseVersionRef("st").value()));
+                       LoadCheckpoint(*store_, ParseVersionRef("st").value()));
   const StateDict reference = Reference("reference.pt");
   EXPECT_EQ(loaded.contents.model.size(), reference.size());
   for (const StateDict::Entry& entry : reference) {

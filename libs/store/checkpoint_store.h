@@ -13,7 +13,8 @@
 // UploadSession; AddTensorData() streams each tensor's bytes (chunks are stored as they fill, so
 // memory stays at one chunk per tensor in flight); Commit() makes the version visible atomically.
 // A session destroyed without Commit() leaves no version; its chunks are reclaimed by
-// GarbageCollect(). CommitCheckpoint() does all of that for an in-memory checkpoint.
+// GarbageCollect(). CommitCheckpoint() (checkpoint_contents.h) does all of that for an in-memory
+// checkpoint.
 //
 // Several writers can share one upload (the ranks of a job saving their shares of a checkpoint in
 // parallel): each joins the session's upload_id() with JoinUpload() for the byte ranges it owns,
@@ -28,21 +29,15 @@
 // model get distinct consecutive versions. An UploadSession, UploadPart or VersionReader is used
 // by one thread at a time; many may be open at once.
 //
-// Example:
+// Example (checkpoint_contents.h has the torch-facing side: CommitCheckpoint, LoadCheckpoint):
 //   StoreOptions store_options;
 //   store_options.db_path = "/data/ckpt";
 //   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
 //                    RocksDbCheckpointStore::Open(store_options));
-//   CheckpointContents contents;
-//   contents.model = std::move(state_dict);           // keys may carry "module." etc.
-//   contents.metadata.set_epoch(3);
-//   CommitOptions options;
-//   options.aliases = {"best"};
-//   ASSIGN_OR_RETURN(CommitResult committed,
-//                    store->CommitCheckpoint("resnet18", contents, options));
-//   // committed.version is resnet18@N
 //   ASSIGN_OR_RETURN(v1::VersionRef ref, ParseVersionRef("resnet18@best"));
-//   ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store->LoadCheckpoint(ref));
+//   ASSIGN_OR_RETURN(v1::Manifest manifest, store->GetManifest(ref));
+//   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store->OpenVersion(ref));
+//   RETURN_IF_ERROR(reader->ReadTensorChunks(manifest.tensors(0), callback));
 
 #include <cstdint>
 #include <functional>
@@ -52,13 +47,10 @@
 #include <string>
 #include <vector>
 
-#include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "libs/tensor/state_dict.h"
-#include "libs/tensor/value.h"
 #include "proto/ckpt/v1/checkpoint_store.pb.h"
 #include "proto/ckpt/v1/registry.pb.h"
 #include "proto/ckpt/v1/types.pb.h"
@@ -287,58 +279,6 @@ class VersionReader {
   };
   virtual absl::StatusOr<std::optional<FileRegion>> LocateTensorBytes(
       const v1::TensorMeta& meta) const;
-
-  // The tensor under `key` (model tensors are searched first, then state tensors) as a contiguous
-  // CPU at::Tensor, its bytes streamed straight into the tensor's buffer. NOT_FOUND for an unknown
-  // key; FAILED_PRECONDITION for a dtype LibTorch 1.13 cannot hold (ReadTensorChunks still
-  // works); DATA_LOSS as for ReadTensorChunks.
-  absl::StatusOr<at::Tensor> ReadTensor(absl::string_view key) const;
-  absl::StatusOr<at::Tensor> ReadTensor(const v1::TensorMeta& meta) const;
-};
-
-// A checkpoint in memory: what CommitCheckpoint takes and LoadCheckpoint gives back.
-struct CheckpointContents {
-  // The model's state dict. Any keys (wrapper prefixes are normalized on commit unless
-  // CommitOptions::normalize_keys is false); any device (stored contiguous, on the CPU, with the
-  // original device recorded); dtype kept. Loaded back under canonical keys, on the CPU.
-  StateDict model;
-  // PyTorch optimizer / scheduler state dicts, as value trees.
-  std::optional<Value> optimizer;
-  std::optional<Value> scheduler;
-  // Everything else of a bundle (epoch, RNG state, ...); None when there is nothing.
-  Value extra;
-  // created_unix_micros is set by the store.
-  v1::VersionMetadata metadata;
-  // Optimizer parameter index -> state-dict key (original or canonical; stored canonical).
-  std::map<int64_t, std::string> optimizer_param_names;
-  // Where model, optimizer and scheduler sat in the object the producer saved (an imported
-  // torch.save bundle), so that an export rebuilds it; no placements when unknown.
-  v1::BundleLayout bundle_layout;
-};
-
-// A checkpoint made ready for an upload: the header CommitCheckpoint begins it with (model tensors
-// under keys normalized as CommitOptions::normalize_keys says; optimizer, scheduler and extra
-// tensors listed as state tensors) and the tensor whose bytes go to each tensor_index, in order
-// (not copied: the contents' own tensors, which must outlive it). What CommitCheckpoint uploads
-// alone, and what each writer of a parted upload cuts its ranges from: prepared from the same
-// contents on every rank, it is the same header on every rank.
-struct PreparedUpload {
-  v1::Manifest header;
-  std::vector<at::Tensor> tensors;
-};
-
-// Errors as CommitCheckpoint's before BeginUpload (a tensor the store cannot keep, two keys that
-// normalize to one).
-absl::StatusOr<PreparedUpload> PrepareUpload(const CheckpointContents& contents,
-                                             const CommitOptions& options);
-
-// Sends `part`'s ranges of `tensors` (a PreparedUpload's, by tensor_index) and finishes it.
-// Errors as UploadPart::AddRangeData and Finish.
-absl::Status UploadTensorRanges(UploadPart& part, const std::vector<at::Tensor>& tensors);
-
-struct LoadedCheckpoint {
-  v1::Manifest manifest;  // with version number and aliases.
-  CheckpointContents contents;
 };
 
 // Puts `header`'s model tensors under canonical keys (libs/tensor NormalizeKeys: "module.",
@@ -447,20 +387,6 @@ class CheckpointStore {
   virtual absl::StatusOr<std::unique_ptr<UploadSession>> BeginUpload(
       absl::string_view model, v1::Manifest header, const CommitOptions& options) = 0;
 
-  // Uploads and commits `contents` through one UploadSession: keys normalized (see
-  // CommitOptions::normalize_keys), tensors made contiguous on the CPU one at a time, optimizer /
-  // scheduler / extra tensors stored as state tensors under "optimizer/<path>",
-  // "scheduler/<path>", "extra/<path>". Errors as BeginUpload and Commit.
-  //
-  // A store whose CommitRetryWindow() is positive (a remote one) may lose a commit's answer: the
-  // connection breaks, or the writer dies and another store takes over. There the whole upload
-  // is sent again, paced by a backoff, while it fails with UNAVAILABLE and the window since the
-  // first failure lasts, each attempt with one idempotency key (options.idempotency_key, or a
-  // random one), so it commits exactly once: a retry of a commit that had landed gets its
-  // version back (CommitResult::replayed). The chunks a lost attempt stored are deduplicated.
-  absl::StatusOr<CommitResult> CommitCheckpoint(absl::string_view model,
-                                                const CheckpointContents& contents,
-                                                const CommitOptions& options = {});
 
   // How long CommitCheckpoint goes on sending a commit that failed with UNAVAILABLE: zero (the
   // default, a store in this process, whose UNAVAILABLE does not heal by trying again) sends it
@@ -494,14 +420,7 @@ class CheckpointStore {
   virtual absl::Status ReadTensorChunks(const v1::TensorMeta& meta,
                                         const ChunkCallback& callback) = 0;
 
-  // One tensor of MODEL@VERSION as a CPU tensor. Errors as GetManifest and
-  // VersionReader::ReadTensor.
-  absl::StatusOr<at::Tensor> ReadTensor(absl::string_view model, int64_t version,
-                                        absl::string_view key);
 
-  // The whole checkpoint: the state dict under canonical keys (original devices recorded in the
-  // entries), value trees with their tensors, metadata. Errors as OpenVersion and ReadTensor.
-  absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const v1::VersionRef& ref);
 
   // ---- Versions and aliases.
 

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/testing/child_process.h"
@@ -41,7 +42,7 @@ class DownloadPlanTest : public ::testing::Test {
     optimizer.Set("param_groups",
                   Value::List({Value::Dict({{"params", Value::List({Value::Int(0)})}})}));
     contents.optimizer = optimizer;
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("net", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "net", contents));
     ASSERT_OK_AND_ASSIGN(reader_, store_->OpenVersion(committed.version));
   }
 

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/testing/store_conformance.h"
@@ -63,7 +64,7 @@ class ForwardingStoreTest : public ::testing::Test {
 TEST_F(ForwardingStoreTest, EveryCallReachesTheWrappedStoreWithItsArgumentsAndItsAnswer) {
   ForwardingStore store(instrumented_.get());
   ASSERT_OK_AND_ASSIGN(CommitResult committed,
-                       store.CommitCheckpoint("net", WeightsOnly({{"w", Seeded({4, 4}, 1)}})));
+                       CommitCheckpoint(store, "net", WeightsOnly({{"w", Seeded({4, 4}, 1)}})));
   EXPECT_EQ(committed.version.version(), 1);
   EXPECT_THAT(Calls(), ElementsAre("BeginUpload", "AddTensorData", "Commit"));
 
@@ -188,7 +189,7 @@ TEST_F(ForwardingStoreTest, AFailedSessionRefusesEveryLaterCallWithoutReachingTh
 
 TEST_F(ForwardingStoreTest, AnOwnedStoreLivesAsLongAsTheDecorator) {
   auto owned = std::make_unique<ForwardingStore>(std::make_unique<ForwardingStore>(rocksdb_.get()));
-  ASSERT_OK(owned->CommitCheckpoint("net", WeightsOnly({{"w", Seeded({2}, 3)}})).status());
+  ASSERT_OK(CommitCheckpoint(*owned, "net", WeightsOnly({{"w", Seeded({2}, 3)}})).status());
   owned.reset();  // destroys the inner ForwardingStore, never rocksdb_.
   EXPECT_OK(rocksdb_->GetManifest(Ref("net@1")).status());
 }

@@ -1,10 +1,11 @@
 #ifndef CKPT_LIBS_STORE_READ_CHECKPOINT_H_
 #define CKPT_LIBS_STORE_READ_CHECKPOINT_H_
 
-// Reading a version's contents through an open VersionReader: what CheckpointStore::LoadCheckpoint
-// does after OpenVersion, with the choice of leaving the optimizer state unread, for a reader
-// that takes only its slices of it (a ZeRO rank resuming: libs/train/zero_optimizer.h,
-// ZeroOptimizer::LoadStateFrom, reads them by range from the same reader).
+// Reading a version's contents through an open VersionReader: what LoadCheckpoint
+// (checkpoint_contents.h) does after OpenVersion, with the choice of leaving the optimizer state
+// unread, for a reader that takes only its slices of it (a ZeRO rank resuming:
+// libs/train/zero_optimizer.h, ZeroOptimizer::LoadStateFrom, reads them by range from the same
+// reader).
 //
 // Example:
 //   ASSIGN_OR_RETURN(std::unique_ptr<VersionReader> reader, store.OpenVersion(ref));
@@ -13,7 +14,7 @@
 //   ASSIGN_OR_RETURN(LoadedCheckpoint loaded, ReadCheckpoint(*reader, options));
 
 #include "absl/status/statusor.h"
-#include "libs/store/checkpoint_store.h"
+#include "libs/store/checkpoint_contents.h"
 
 namespace ckpt {
 

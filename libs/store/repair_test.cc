@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_pack.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/rocksdb_schema.h"
@@ -132,7 +133,7 @@ class RepairTest : public ::testing::Test {
       contents.optimizer = AdamState({shared, own}, version, 1000 + version);
       CommitOptions options;
       options.aliases = {"best"};
-      ASSERT_OK_AND_ASSIGN(CommitResult committed, store->CommitCheckpoint("m", contents, options));
+      ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store, "m", contents, options));
       ASSERT_EQ(committed.version.version(), version);
       ASSERT_OK_AND_ASSIGN(v1::Manifest manifest,
                            store->GetManifest(Ref(absl::StrCat("m@", version))));
@@ -150,7 +151,7 @@ class RepairTest : public ::testing::Test {
     EXPECT_EQ(numbers, versions);
     for (int version : versions) {
       ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded,
-                           store->LoadCheckpoint(Ref(absl::StrCat("m@", version))));
+                           LoadCheckpoint(*store, Ref(absl::StrCat("m@", version))));
       const Committed& expected = committed_.at(version);
       ExpectSameTensor(*loaded.contents.model.Find("shared"), expected.shared, "shared");
       ExpectSameTensor(*loaded.contents.model.Find("own"), expected.own, "own");
@@ -258,7 +259,7 @@ TEST_F(RepairTest, CommitInTheLogToAFamilyWithoutTablesSurvives) {
         MakeStateDict({{"shared", committed_[version].shared}, {"own", committed_[version].own}});
     CommitOptions options;
     if (version == 3) options.aliases = {"best"};
-    ASSERT_OK(store->CommitCheckpoint("m", contents, options).status());
+    ASSERT_OK(CommitCheckpoint(*store, "m", contents, options).status());
     if (version == 2) store.reset();
   }
   store.reset();
@@ -306,7 +307,7 @@ TEST_F(RepairTest, TruncatedSstLosesOnlyItsVersionAndTheRecordsAgreeAgain) {
   // Version numbers are never reused: the next commit is 4, not 3.
   CheckpointContents contents;
   contents.model = MakeStateDict({{"w", Seeded({8}, 9)}});
-  ASSERT_OK_AND_ASSIGN(CommitResult next, store->CommitCheckpoint("m", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult next, CommitCheckpoint(*store, "m", contents));
   EXPECT_EQ(next.version.version(), 4);
   ASSERT_OK(store->GarbageCollect(false).status());
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store->Verify("", 0));
@@ -348,7 +349,7 @@ TEST_F(RepairTest, WriteAheadLogThatLostAcknowledgedCommitsIsRefusedThenRepaired
     ASSERT_NE(store, nullptr);
     CheckpointContents contents;
     contents.model = MakeStateDict({{"w", Seeded({8}, 9)}});
-    ASSERT_OK(store->CommitCheckpoint("m", contents).status());
+    ASSERT_OK(CommitCheckpoint(*store, "m", contents).status());
   }
 }
 
@@ -515,7 +516,7 @@ TEST_F(RepairWithChangeLogTest, TruncatedSstLosesNothing) {
   EXPECT_EQ(best.version(), 3);
   CheckpointContents contents;
   contents.model = MakeStateDict({{"w", Seeded({8}, 9)}});
-  ASSERT_OK_AND_ASSIGN(CommitResult next, store->CommitCheckpoint("m", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult next, CommitCheckpoint(*store, "m", contents));
   EXPECT_EQ(next.version.version(), 4);
 }
 

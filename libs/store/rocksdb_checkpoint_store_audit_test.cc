@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/rocksdb_schema.h"
 #include "libs/store/testing/legacy_store.h"
@@ -193,7 +194,7 @@ TEST_F(RocksDbAuditTest, PendingRecordsAreReconciledAtOpenAgainstTheHistory) {
   ASSERT_OK(store_->BeginAudit(Record("alice", kAuditCommit, "m")).status());
   CheckpointContents contents;
   ASSERT_OK(contents.model.Insert("w", at::ones({4})));
-  ASSERT_OK(store_->CommitCheckpoint("m", contents, by_alice).status());
+  ASSERT_OK(CommitCheckpoint(*store_, "m", contents, by_alice).status());
   v1::AuditRecord moved = Record("alice", kAuditSetAlias, "m");
   moved.set_alias("best");
   moved.set_version(1);

@@ -29,6 +29,7 @@
 #include "ATen/ops/rand.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/testing/requirements.h"
@@ -93,13 +94,13 @@ int FillAndRecover(const std::string& disk) {
     at::Tensor tensor = DistinctTensor(bytes, ++seed);
     absl::Status inserted = contents.model.Insert("w", tensor);
     if (!inserted.ok()) return inserted;
-    absl::StatusOr<CommitResult> result = (*store)->CommitCheckpoint("m", contents);
+    absl::StatusOr<CommitResult> result = CommitCheckpoint(**store, "m", contents);
     if (result.ok()) committed[result->version.version()] = tensor;
     return result.status();
   };
   const auto check_versions = [&](absl::string_view when) {
     for (const auto& [version, tensor] : committed) {
-      absl::StatusOr<at::Tensor> read = (*store)->ReadTensor("m", version, "w");
+      absl::StatusOr<at::Tensor> read = ReadTensor(**store, "m", version, "w");
       if (!read.ok()) {
         Fail(absl::StrCat(when, ": m@", version, ": ", read.status().ToString()));
       } else if (!read->equal(tensor)) {

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/rocksdb_schema.h"
 #include "libs/store/testing/legacy_store.h"
@@ -39,7 +40,7 @@ class RocksDbRegistryTest : public ::testing::Test {
     options.aliases = std::move(aliases);
     CheckpointContents contents;
     ASSERT_OK(contents.model.Insert("w", at::full({4}, value)));
-    ASSERT_OK(store_->CommitCheckpoint(model, contents, options).status());
+    ASSERT_OK(CommitCheckpoint(*store_, model, contents, options).status());
   }
 
   StoreOptions options_;

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/chunk_pack.h"
 #include "libs/store/rocksdb_schema.h"
@@ -70,7 +71,7 @@ class RocksDbCheckpointStoreTest : public ::testing::Test {
 
   CommitResult MustCommit(const std::string& model, const CheckpointContents& contents,
                           const CommitOptions& options = {}) {
-    absl::StatusOr<CommitResult> result = store_->CommitCheckpoint(model, contents, options);
+    absl::StatusOr<CommitResult> result = CommitCheckpoint(*store_, model, contents, options);
     EXPECT_OK(result.status());
     return result.value_or(CommitResult());
   }
@@ -194,7 +195,7 @@ TEST_F(RocksDbCheckpointStoreTest, PacksOfFailedImportsAreReclaimedOnceTheGraceH
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
   EXPECT_THAT(verified.problems(), IsEmpty());
   for (int64_t version : {1, 2}) {
-    ASSERT_OK_AND_ASSIGN(at::Tensor w, store_->ReadTensor("m", version, "w"));
+    ASSERT_OK_AND_ASSIGN(at::Tensor w, ReadTensor(*store_, "m", version, "w"));
     ExpectSameTensor(w, *kept.model.Find("w"), absl::StrCat("m@", version, " w"));
   }
 }
@@ -221,9 +222,9 @@ TEST_F(RocksDbCheckpointStoreTest, GcNeverFreesChunksOfALiveUpload) {
   ASSERT_OK_AND_ASSIGN(CommitResult committed, session->Commit());
   EXPECT_EQ(committed.version.version(), 2);
   EXPECT_EQ(committed.new_bytes, kMiB);  // `reused` was still stored
-  ASSERT_OK_AND_ASSIGN(at::Tensor a, store_->ReadTensor("m", 2, "a"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor a, ReadTensor(*store_, "m", 2, "a"));
   EXPECT_EQ(TensorBytes(a), reused);
-  ASSERT_OK_AND_ASSIGN(at::Tensor b, store_->ReadTensor("m", 2, "b"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor b, ReadTensor(*store_, "m", 2, "b"));
   EXPECT_EQ(TensorBytes(b), fresh);
   ASSERT_OK_AND_ASSIGN(collected, store_->GarbageCollect(false));
   EXPECT_EQ(collected.chunks_freed(), 0);
@@ -247,10 +248,10 @@ TEST_F(RocksDbCheckpointStoreTest, ConcurrentGcNeverBreaksUploadsThatReuseCollec
   for (int round = 0; round < 20; ++round) {
     const at::Tensor own = at::full({1000}, static_cast<float>(round));
     absl::StatusOr<CommitResult> committed =
-        store_->CommitCheckpoint("m", WeightsOnly({{"shared", shared}, {"own", own}}));
+        CommitCheckpoint(*store_, "m", WeightsOnly({{"shared", shared}, {"own", own}}));
     ASSERT_OK(committed.status());
     last = committed->version.version();
-    ASSERT_OK_AND_ASSIGN(at::Tensor read, store_->ReadTensor("m", last, "shared"));
+    ASSERT_OK_AND_ASSIGN(at::Tensor read, ReadTensor(*store_, "m", last, "shared"));
     ExpectSameTensor(read, shared, "shared");
     if (round < 19) {
       ASSERT_OK(store_->DeleteVersion("m", last, false).status());
@@ -259,7 +260,7 @@ TEST_F(RocksDbCheckpointStoreTest, ConcurrentGcNeverBreaksUploadsThatReuseCollec
   done.store(true);
   collector.join();
   EXPECT_GT(collections.load(), 0);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("m")));
   EXPECT_EQ(loaded.manifest.version(), last);
   ExpectSameTensor(*loaded.contents.model.Find("shared"), shared, "shared");
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
@@ -319,7 +320,7 @@ TEST_F(RocksDbCheckpointStoreTest, ParallelHashingStoresManyPiecesInOrder) {
   ASSERT_OK_AND_ASSIGN(v1::Manifest manifest, store_->GetManifest(Ref("m@1")));
   for (int i = 0; i < 24; ++i) {
     EXPECT_EQ(manifest.tensors(i).content_hash(), ContentHashOfBytes(data[i])) << i;
-    ASSERT_OK_AND_ASSIGN(at::Tensor read, store_->ReadTensor("m", 1, absl::StrCat("t", i)));
+    ASSERT_OK_AND_ASSIGN(at::Tensor read, ReadTensor(*store_, "m", 1, absl::StrCat("t", i)));
     EXPECT_EQ(TensorBytes(read), data[i]) << i;
   }
 }
@@ -366,11 +367,11 @@ TEST_F(RocksDbCheckpointStoreTest, CorruptChunkIsDataLossNamingItAndVerifyReport
   CorruptChunkValue(path_, bad);
   Reopen();
 
-  EXPECT_THAT(store_->ReadTensor("m", 1, "layer.weight"),
+  EXPECT_THAT(ReadTensor(*store_, "m", 1, "layer.weight"),
               StatusIs(absl::StatusCode::kDataLoss,
                        AllOf(HasSubstr(HexEncode(bad)), HasSubstr("'layer.weight'"),
                              HasSubstr("m@1"), HasSubstr("xxh3"))));
-  EXPECT_THAT(store_->LoadCheckpoint(Ref("m")),
+  EXPECT_THAT(LoadCheckpoint(*store_, Ref("m")),
               StatusIs(absl::StatusCode::kDataLoss, HexEncode(bad)));
   // The stream stops before the bad chunk: the good first chunk, then the error.
   int64_t delivered = 0;
@@ -382,7 +383,7 @@ TEST_F(RocksDbCheckpointStoreTest, CorruptChunkIsDataLossNamingItAndVerifyReport
               StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_EQ(delivered, 4 * kMiB);
   // Other tensors are unaffected.
-  ASSERT_OK(store_->ReadTensor("m", 1, "layer.bias").status());
+  ASSERT_OK(ReadTensor(*store_, "m", 1, "layer.bias").status());
 
   for (const std::string& model : {std::string("m"), std::string()}) {
     ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify(model, 0));
@@ -406,7 +407,7 @@ TEST_F(RocksDbCheckpointStoreTest, TruncatedPackFileIsDataLossNotACrash) {
   ASSERT_EQ(truncate(packs[0].c_str(), 2 * kMiB), 0);
   Reopen();
   // A mapping past the end of the file would be SIGBUS on first touch: refused up front.
-  EXPECT_THAT(store_->ReadTensor("m", 1, "w"),
+  EXPECT_THAT(ReadTensor(*store_, "m", 1, "w"),
               StatusIs(absl::StatusCode::kDataLoss,
                        AllOf(HasSubstr("of tensor 'w' of m@1"), HasSubstr("beyond the end"))));
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("m", 1));
@@ -416,17 +417,17 @@ TEST_F(RocksDbCheckpointStoreTest, TruncatedPackFileIsDataLossNotACrash) {
 TEST_F(RocksDbCheckpointStoreTest, LoadedTensorsAreMappedPrivately) {
   const at::Tensor w = Seeded({kMiB}, 1);  // 4 MiB: mapped
   MustCommit("m", WeightsOnly({{"w", w}}));
-  ASSERT_OK_AND_ASSIGN(at::Tensor loaded, store_->ReadTensor("m", 1, "w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor loaded, ReadTensor(*store_, "m", 1, "w"));
   ASSERT_TRUE(at::equal(loaded, w));
   loaded.add_(1);  // copy-on-write: the store keeps its bytes
-  ASSERT_OK_AND_ASSIGN(at::Tensor again, store_->ReadTensor("m", 1, "w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor again, ReadTensor(*store_, "m", 1, "w"));
   EXPECT_TRUE(at::equal(again, w));
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("m", 1));
   EXPECT_THAT(verified.problems(), IsEmpty());
 
   options_.map_tensors_on_load = false;
   Reopen();
-  ASSERT_OK_AND_ASSIGN(at::Tensor copied, store_->ReadTensor("m", 1, "w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor copied, ReadTensor(*store_, "m", 1, "w"));
   EXPECT_TRUE(at::equal(copied, w));
 }
 
@@ -436,7 +437,7 @@ TEST_F(RocksDbCheckpointStoreTest, DeduplicatedTwinsLoadIntoSeparateMemory) {
   const at::Tensor zeros = at::zeros({kMiB});
   MustCommit("m",
              WeightsOnly({{"a.bias", zeros}, {"b.bias", zeros.clone()}, {"w", Seeded({300}, 1)}}));
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("m")));
   at::Tensor a = *loaded.contents.model.Find("a.bias");
   at::Tensor b = *loaded.contents.model.Find("b.bias");
   EXPECT_NE(a.data_ptr(), b.data_ptr());
@@ -450,7 +451,7 @@ TEST_F(RocksDbCheckpointStoreTest, TensorsSharingAChunkLoadIntoSeparateMemory) {
   const at::Tensor a = Seeded({2 * kMiB}, 1);  // 8 MiB: two chunks
   const at::Tensor b = a.narrow(0, kMiB, kMiB).clone();
   MustCommit("m", WeightsOnly({{"a", a}, {"b", b}}));
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("m")));
   at::Tensor loaded_a = *loaded.contents.model.Find("a");
   at::Tensor loaded_b = *loaded.contents.model.Find("b");
   ASSERT_TRUE(at::equal(loaded_a, a));
@@ -480,15 +481,15 @@ TEST_F(RocksDbCheckpointStoreTest, CorruptChunkIsDataLossOnTheCopyPathsToo) {
     SCOPED_TRACE(map ? "map_tensors_on_load" : "copy only");
     options_.map_tensors_on_load = map;
     Reopen();
-    EXPECT_THAT(store_->ReadTensor("m", 1, "small"),
+    EXPECT_THAT(ReadTensor(*store_, "m", 1, "small"),
                 StatusIs(absl::StatusCode::kDataLoss,
                          AllOf(HasSubstr(HexEncode(bad_small)), HasSubstr("'small'"),
                                HasSubstr("m@1"), HasSubstr("xxh3"))));
     EXPECT_THAT(
-        store_->ReadTensor("m", 1, "large"),
+        ReadTensor(*store_, "m", 1, "large"),
         StatusIs(absl::StatusCode::kDataLoss,
                  AllOf(HasSubstr(HexEncode(bad_large)), HasSubstr("'large'"), HasSubstr("xxh3"))));
-    EXPECT_THAT(store_->LoadCheckpoint(Ref("m")), StatusIs(absl::StatusCode::kDataLoss));
+    EXPECT_THAT(LoadCheckpoint(*store_, Ref("m")), StatusIs(absl::StatusCode::kDataLoss));
     // ReadTensorInto itself, as the store service's Download calls it, on each chunk alone too.
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@1")));
     for (int index : {0, 1}) {
@@ -513,7 +514,7 @@ TEST_F(RocksDbCheckpointStoreTest, CorruptChunkIsDataLossOnTheCopyPathsToo) {
       }
     }
     // The sound tensor still reads.
-    ASSERT_OK_AND_ASSIGN(at::Tensor ok, store_->ReadTensor("m", 1, "ok"));
+    ASSERT_OK_AND_ASSIGN(at::Tensor ok, ReadTensor(*store_, "m", 1, "ok"));
     EXPECT_TRUE(at::equal(ok, Seeded({100}, 3)));
   }
 }
@@ -546,7 +547,7 @@ TEST_F(RocksDbCheckpointStoreTest, CorruptChunkSharedByDeduplicatedTwinsIsDataLo
       for (int index : order) {
         const v1::TensorMeta& meta = reader->manifest().tensors(index);
         EXPECT_THAT(
-            reader->ReadTensor(meta),
+            ReadTensor(*reader, meta),
             StatusIs(absl::StatusCode::kDataLoss,
                      AllOf(HasSubstr(HexEncode(meta.chunks(0).sha256())),
                            HasSubstr(absl::StrCat("'", meta.key(), "'")), HasSubstr("xxh3"))))
@@ -577,7 +578,7 @@ TEST_F(RocksDbCheckpointStoreTest, SchemaOneInlineChunksStayReadable) {
                     .ok());
   }
   Reopen();
-  ASSERT_OK_AND_ASSIGN(at::Tensor loaded, store_->ReadTensor("m", 1, "w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor loaded, ReadTensor(*store_, "m", 1, "w"));
   EXPECT_TRUE(at::equal(loaded, w));
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
   EXPECT_THAT(verified.problems(), IsEmpty());
@@ -599,11 +600,11 @@ TEST_F(RocksDbCheckpointStoreTest, GcRemovesDeadPacksAndCompactsMostlyDeadOnes) 
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@2")));
     ASSERT_OK(store_->GarbageCollect(false).status());
     // The reader still reads through the removed pack's descriptor.
-    ASSERT_OK_AND_ASSIGN(at::Tensor read, reader->ReadTensor("backbone"));
+    ASSERT_OK_AND_ASSIGN(at::Tensor read, ReadTensor(*reader, "backbone"));
     EXPECT_TRUE(at::equal(read, backbone));
   }
   EXPECT_EQ(PackFiles(path_).size(), 3u);  // v1's pack replaced by its compacted copy
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m@2")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("m@2")));
   EXPECT_TRUE(at::equal(*loaded.contents.model.Find("backbone"), backbone));
   EXPECT_TRUE(at::equal(*loaded.contents.model.Find("head"), head_2));
 
@@ -614,7 +615,7 @@ TEST_F(RocksDbCheckpointStoreTest, GcRemovesDeadPacksAndCompactsMostlyDeadOnes) 
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
   EXPECT_THAT(verified.problems(), IsEmpty());
   Reopen();
-  ASSERT_OK_AND_ASSIGN(loaded, store_->LoadCheckpoint(Ref("m@2")));
+  ASSERT_OK_AND_ASSIGN(loaded, LoadCheckpoint(*store_, Ref("m@2")));
   EXPECT_TRUE(at::equal(*loaded.contents.model.Find("backbone"), backbone));
 }
 
@@ -628,7 +629,7 @@ TEST_F(RocksDbCheckpointStoreTest, ReopenSeesEverythingCommitted) {
 
   options_.create_if_missing = false;
   Reopen();
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m@best")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("m@best")));
   EXPECT_EQ(loaded.manifest.version(), 1);
   ExpectSameTensor(*loaded.contents.model.Find("w"), *contents.model.Find("w"), "w");
   EXPECT_EQ(*loaded.contents.scheduler, *contents.scheduler);

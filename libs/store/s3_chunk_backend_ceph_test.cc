@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "libs/s3/s3_client.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/s3_chunk_backend.h"
@@ -277,7 +278,7 @@ Committed CommitOne(const std::string& dir) {
   if (out.store == nullptr) return out;
   const at::Tensor weights = testing::Seeded({3 * 1024 * 1024 / 4}, 11);
   absl::StatusOr<CommitResult> committed =
-      out.store->CommitCheckpoint("m", testing::WeightsOnly({{"w", weights}}), CommitOptions());
+      CommitCheckpoint(*out.store, "m", testing::WeightsOnly({{"w", weights}}), CommitOptions());
   EXPECT_TRUE(committed.ok()) << committed.status();
   absl::StatusOr<v1::Manifest> manifest = out.store->GetManifest(testing::Ref("m@1"));
   EXPECT_TRUE(manifest.ok()) << manifest.status();
@@ -292,7 +293,7 @@ TEST_F(S3StoreTest, AFlippedByteInAPackObjectIsDataLossNamingTheChunk) {
   Committed c = CommitOne(TestDir());
   ASSERT_NE(c.store, nullptr);
   ASSERT_FALSE(c.pack_key.empty());
-  ASSERT_OK(c.store->LoadCheckpoint(testing::Ref("m@1")).status());  // sound before.
+  ASSERT_OK(LoadCheckpoint(*c.store, testing::Ref("m@1")).status());  // sound before.
   ASSERT_EQ(c.manifest.tensors_size(), 1);
   const v1::TensorMeta& meta = c.manifest.tensors(0);
   ASSERT_GE(meta.chunks_size(), 1);
@@ -304,7 +305,7 @@ TEST_F(S3StoreTest, AFlippedByteInAPackObjectIsDataLossNamingTheChunk) {
   ASSERT_OK(c.client->PutObject(c.pack_key, object));
 
   const std::string chunk = Hex(meta.chunks(0).sha256());
-  EXPECT_THAT(c.store->LoadCheckpoint(testing::Ref("m@1")),
+  EXPECT_THAT(LoadCheckpoint(*c.store, testing::Ref("m@1")),
               StatusIs(absl::StatusCode::kDataLoss, absl::StrCat("chunk ", chunk)));
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, c.store->Verify("", 0));
   ASSERT_THAT(verified.problems(), SizeIs(1));
@@ -357,7 +358,7 @@ TEST_F(S3StoreTest, AnObjectDeletedBehindTheStoresBackIsReportedByVerify) {
   ASSERT_THAT(verified.problems(), SizeIs(c.manifest.tensors(0).chunks_size()));
   EXPECT_THAT(verified.problems(0).message(), HasSubstr("missing"));
   EXPECT_THAT(verified.problems(0).message(), HasSubstr(c.pack_key));
-  EXPECT_THAT(c.store->LoadCheckpoint(testing::Ref("m@1")),
+  EXPECT_THAT(LoadCheckpoint(*c.store, testing::Ref("m@1")),
               StatusIs(absl::StatusCode::kDataLoss, "missing"));
 }
 

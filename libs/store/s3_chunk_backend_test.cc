@@ -22,6 +22,7 @@
 #include "libs/s3/s3_client.h"
 #include "libs/s3/testing/fake_s3_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/store_conformance.h"
 #include "libs/testing/child_process.h"
@@ -388,7 +389,7 @@ TEST(S3StoreGcTest, CommitsGoOnWhileGcWaitsForTheBucketAndTheirPacksAreKept) {
   ASSERT_NE(store, nullptr);
   const at::Tensor first = testing::Seeded({300 * 1024}, 1);
   ASSERT_OK(
-      store->CommitCheckpoint("m", testing::WeightsOnly({{"w", first}}), CommitOptions()).status());
+      CommitCheckpoint(*store, "m", testing::WeightsOnly({{"w", first}}), CommitOptions()).status());
   // The bucket answers GC's listing of pending uploads after 3 s, and then its object listing.
   server.Fault({{"method", "GET"}, {"query", "uploads"}, {"delay_s", 3}});
   server.Fault({{"method", "GET"}, {"query", "list-type"}, {"delay_s", 1}});
@@ -397,7 +398,7 @@ TEST(S3StoreGcTest, CommitsGoOnWhileGcWaitsForTheBucketAndTheirPacksAreKept) {
       std::async(std::launch::async, [&] { return store->GarbageCollect(false); });
   absl::SleepFor(absl::Milliseconds(300));  // GC is waiting for the bucket now.
   const at::Tensor second = testing::Seeded({300 * 1024}, 2);
-  ASSERT_OK(store->CommitCheckpoint("m", testing::WeightsOnly({{"w", second}}), CommitOptions())
+  ASSERT_OK(CommitCheckpoint(*store, "m", testing::WeightsOnly({{"w", second}}), CommitOptions())
                 .status());
   const absl::Duration commit_done = absl::Now() - started;
   ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, gc.get());
@@ -410,7 +411,7 @@ TEST(S3StoreGcTest, CommitsGoOnWhileGcWaitsForTheBucketAndTheirPacksAreKept) {
   ASSERT_OK(store->GarbageCollect(false).status());
   EXPECT_EQ(CountOf(backend->List()), 2);
   for (const auto& [ref, tensor] : {std::pair{"m@1", first}, std::pair{"m@2", second}}) {
-    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store->LoadCheckpoint(testing::Ref(ref)));
+    ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store, testing::Ref(ref)));
     const at::Tensor* w = loaded.contents.model.Find("w");
     ASSERT_NE(w, nullptr) << ref;
     testing::ExpectSameTensor(*w, tensor, ref);

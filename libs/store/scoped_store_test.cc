@@ -10,6 +10,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/status/status_matchers.h"
 #include "libs/store/audited_store.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/store_conformance.h"
@@ -44,13 +45,12 @@ class ScopedStoreTest : public ::testing::Test {
     std::filesystem::remove_all(options.db_path);
     ASSERT_OK_AND_ASSIGN(store_, RocksDbCheckpointStore::Open(options));
     AuditedStore team_b(*store_, {"team-b", "ipv4:10.0.0.2:1"});
-    ASSERT_OK(team_b
-                  .CommitCheckpoint("team-b-net", WeightsOnly({{"backbone", backbone_},
+    ASSERT_OK(CommitCheckpoint(team_b, "team-b-net", WeightsOnly({{"backbone", backbone_},
                                                                {"head", Seeded({1000}, 2)}}))
                   .status());
     ASSERT_OK(team_b.SetAlias("team-b-net", "production", 1).status());
     AuditedStore team_a(*store_, {"team-a", "ipv4:10.0.0.1:1"});
-    ASSERT_OK(team_a.CommitCheckpoint("team-a-net", WeightsOnly({{"own", Seeded({kMiB / 4}, 3)}}))
+    ASSERT_OK(CommitCheckpoint(team_a, "team-a-net", WeightsOnly({{"own", Seeded({kMiB / 4}, 3)}}))
                   .status());
   }
 
@@ -125,14 +125,14 @@ TEST_F(ScopedStoreTest, ContentOfOtherTeamsIsNeverReportedPresentNorDeduplicated
   ASSERT_OK_AND_ASSIGN(v1::StoreStats before, store_->GetStats());
   ASSERT_OK_AND_ASSIGN(
       CommitResult first,
-      team_a->CommitCheckpoint("team-a-copy", WeightsOnly({{"backbone", backbone_}})));
+      CommitCheckpoint(*team_a, "team-a-copy", WeightsOnly({{"backbone", backbone_}})));
   EXPECT_EQ(first.new_bytes, 4 * kMiB);
   ASSERT_OK_AND_ASSIGN(v1::StoreStats after, store_->GetStats());
   EXPECT_EQ(after.physical_bytes(), before.physical_bytes());
   // A second copy in its own scope is deduplicated, and says so.
   ASSERT_OK_AND_ASSIGN(
       CommitResult second,
-      team_a->CommitCheckpoint("team-a-copy", WeightsOnly({{"backbone", backbone_}})));
+      CommitCheckpoint(*team_a, "team-a-copy", WeightsOnly({{"backbone", backbone_}})));
   EXPECT_EQ(second.new_bytes, 0);
   AuditQuery copies;
   copies.model = "team-a-copy";

@@ -6,6 +6,7 @@
 #include "ATen/core/Tensor.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/dtype.h"
 
@@ -60,8 +61,8 @@ absl::StatusOr<VersionDiff> DiffVersions(CheckpointStore& store, const v1::Versi
     // A sparse tensor's difference would need its dense form, which can be far larger than it.
     if (same_layout && info.scalar_type.has_value() && !info.is_quantized &&
         !meta_a.has_sparse() && !meta_b.has_sparse()) {
-      ASSIGN_OR_RETURN(at::Tensor tensor_a, reader_a->ReadTensor(meta_a));
-      ASSIGN_OR_RETURN(at::Tensor tensor_b, reader_b->ReadTensor(meta_b));
+      ASSIGN_OR_RETURN(at::Tensor tensor_a, ReadTensor(*reader_a, meta_a));
+      ASSIGN_OR_RETURN(at::Tensor tensor_b, ReadTensor(*reader_b, meta_b));
       ASSIGN_OR_RETURN(
           double max_difference, CatchTorchErrors([&] {
             if (tensor_a.numel() == 0) return 0.0;

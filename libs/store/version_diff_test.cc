@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 
@@ -29,7 +30,7 @@ TEST(DiffVersionsTest, ReportsAddedRemovedChangedAndUnchanged) {
   ASSERT_OK(first.model.Insert("head.weight", at::zeros({2, 4})));
   ASSERT_OK(first.model.Insert("head.bias", at::zeros({2})));
   ASSERT_OK(first.model.Insert("old.buffer", at::ones({1}, at::kLong)));
-  ASSERT_OK(store->CommitCheckpoint("m", first).status());
+  ASSERT_OK(CommitCheckpoint(*store, "m", first).status());
 
   CheckpointContents second;
   ASSERT_OK(second.model.Insert("backbone.weight", at::arange(12, at::kFloat).reshape({3, 4})));
@@ -38,7 +39,7 @@ TEST(DiffVersionsTest, ReportsAddedRemovedChangedAndUnchanged) {
   ASSERT_OK(second.model.Insert("head.weight", head));
   ASSERT_OK(second.model.Insert("head.bias", at::zeros({3})));
   ASSERT_OK(second.model.Insert("new.mask", at::ones({2}, at::kBool)));
-  ASSERT_OK(store->CommitCheckpoint("m", second).status());
+  ASSERT_OK(CommitCheckpoint(*store, "m", second).status());
 
   ASSERT_OK_AND_ASSIGN(VersionDiff diff, DiffVersions(*store, ParseVersionRef("m@1").value(),
                                                       ParseVersionRef("m@2").value()));

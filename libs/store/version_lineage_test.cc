@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 
@@ -42,7 +43,7 @@ class VersionLineageTest : public ::testing::Test {
     lineage.set_parent(parent);
     lineage.set_parent_relation(relation);
     lineage.set_run_id(run_id);
-    ASSERT_OK(store_->CommitCheckpoint(model, contents).status());
+    ASSERT_OK(CommitCheckpoint(*store_, model, contents).status());
   }
 
   std::unique_ptr<RocksDbCheckpointStore> store_;

@@ -17,6 +17,7 @@
 #include "libs/io/backoff.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/internal/failpoint.h"
 
 namespace ckpt::train {
@@ -309,7 +310,7 @@ absl::StatusOr<std::optional<CommitResult>> AsyncCheckpointer::Upload(
     const StagedSnapshot& snapshot, CommitOptions options, const std::optional<Share>& share) {
   if (share) return UploadShare(snapshot, std::move(options), *share);
   ASSIGN_OR_RETURN(CommitResult committed,
-                   store_->CommitCheckpoint(model_name_, snapshot.contents, options));
+                   CommitCheckpoint(*store_, model_name_, snapshot.contents, options));
   return committed;
 }
 

@@ -62,6 +62,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "libs/io/parallel_copy.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/upload_split.h"
 #include "libs/tensor/state_dict.h"

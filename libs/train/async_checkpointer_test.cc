@@ -26,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 
@@ -79,7 +80,7 @@ TEST_F(AsyncCheckpointerTest, SnapshotIsIndependentOfLaterInPlaceUpdates) {
   ASSERT_TRUE(committed->has_value());
   EXPECT_EQ((*committed)->version.version(), 1);
 
-  absl::StatusOr<LoadedCheckpoint> loaded = store_->LoadCheckpoint(*ParseVersionRef("net@1"));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(*store_, *ParseVersionRef("net@1"));
   ASSERT_THAT(loaded.status(), IsOk());
   EXPECT_TRUE(at::equal(*loaded->contents.model.Find("fc.weight"), at::full({64, 64}, 1.0f)));
   ASSERT_TRUE(loaded->contents.optimizer.has_value());
@@ -106,7 +107,7 @@ TEST_F(AsyncCheckpointerTest, CommitsInSubmissionOrderWithOneInFlight) {
     // Snapshots reuse the previous one's buffers once its upload is over: each version still
     // holds its own values.
     absl::StatusOr<LoadedCheckpoint> loaded =
-        store_->LoadCheckpoint(*ParseVersionRef("net@" + std::to_string(version)));
+        LoadCheckpoint(*store_, *ParseVersionRef("net@" + std::to_string(version)));
     ASSERT_THAT(loaded.status(), IsOk());
     EXPECT_TRUE(at::equal(*loaded->contents.model.Find("fc.weight"),
                           at::full({64, 64}, static_cast<float>(version))));
@@ -220,7 +221,7 @@ TEST_F(AsyncCheckpointerTest, ReusedBuffersHoldEachSnapshotsOwnValues) {
   for (int version = 1; version <= 3; ++version) {
     SCOPED_TRACE(version);
     absl::StatusOr<LoadedCheckpoint> loaded =
-        store_->LoadCheckpoint(*ParseVersionRef("net@" + std::to_string(version)));
+        LoadCheckpoint(*store_, *ParseVersionRef("net@" + std::to_string(version)));
     ASSERT_THAT(loaded.status(), IsOk());
     ExpectSnapshotOf(loaded->contents, AwkwardContents(static_cast<float>(version)));
   }
@@ -262,7 +263,7 @@ std::vector<at::Tensor> StepWrites(const CheckpointContents& contents) {
 }
 
 void ExpectStored(CheckpointStore& store, const std::string& ref, float fill) {
-  absl::StatusOr<LoadedCheckpoint> loaded = store.LoadCheckpoint(*ParseVersionRef(ref));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(store, *ParseVersionRef(ref));
   ASSERT_THAT(loaded.status(), IsOk());
   const CheckpointContents expected = TrainingContents(fill);
   for (const StateDict::Entry& entry : expected.model) {
@@ -324,7 +325,7 @@ TEST_F(AsyncCheckpointerTest, GuardWaitsForTheDeferredCopyThatAnUnguardedStepWou
   EXPECT_GE(stats.total_stall, stats.last_stall);
 
   ASSERT_THAT(checkpointer.Wait().status(), IsOk());
-  absl::StatusOr<LoadedCheckpoint> loaded = store_->LoadCheckpoint(*ParseVersionRef("net@1"));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(*store_, *ParseVersionRef("net@1"));
   ASSERT_THAT(loaded.status(), IsOk());
   EXPECT_TRUE(at::equal(*loaded->contents.model.Find("fc2.weight"), at::full({1024, 4096}, -7.0f)))
       << "the write before the guard did not race the copy: this test shows nothing";
@@ -405,12 +406,12 @@ TEST_F(AsyncCheckpointerTest, SharedUploadStoresWhatOneWriterWouldWithEachRankWr
   EXPECT_EQ(follower.stats().last_snapshot_bytes, follower.stats().part_bytes_written);
   EXPECT_EQ(leader.stats().last_snapshot_bytes, leader.stats().part_bytes_written);
   ExpectStored(*store_, "net@1", 2);
-  absl::StatusOr<at::Tensor> late_buffer = store_->ReadTensor("net", 1, "bn2.running_var");
+  absl::StatusOr<at::Tensor> late_buffer = ReadTensor(*store_, "net", 1, "bn2.running_var");
   ASSERT_THAT(late_buffer.status(), IsOk());
   EXPECT_TRUE(at::equal(*late_buffer, at::full({4096}, 2.0f)));
 
   // The same contents from one writer: the same tensors, hash for hash.
-  ASSERT_THAT(store_->CommitCheckpoint("alone", rank0).status(), IsOk());
+  ASSERT_THAT(CommitCheckpoint(*store_, "alone", rank0).status(), IsOk());
   absl::StatusOr<v1::Manifest> shared = store_->GetManifest(*ParseVersionRef("net@1"));
   absl::StatusOr<v1::Manifest> alone = store_->GetManifest(*ParseVersionRef("alone@1"));
   ASSERT_THAT(shared.status(), IsOk());
@@ -478,7 +479,7 @@ TEST_F(AsyncCheckpointerTest, RanksOwningHalvesOfAPlaceholderStoreTheWholeTensor
             48 * mib + 4096 * 4 * 2);
 
   // What one writer of the whole state stores, hash for hash, and where the state was.
-  ASSERT_THAT(store_->CommitCheckpoint("alone", TrainingContents(6)).status(), IsOk());
+  ASSERT_THAT(CommitCheckpoint(*store_, "alone", TrainingContents(6)).status(), IsOk());
   absl::StatusOr<v1::Manifest> shared = store_->GetManifest(*ParseVersionRef("net@1"));
   absl::StatusOr<v1::Manifest> alone = store_->GetManifest(*ParseVersionRef("alone@1"));
   ASSERT_THAT(shared.status(), IsOk());

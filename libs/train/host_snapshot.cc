@@ -8,6 +8,7 @@
 #include "libs/io/prefault.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 
 namespace ckpt::train {
 namespace {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/train/optimizer.h"
 #include "libs/train/rank_run.h"
 #include "libs/train/scripted_model.h"

@@ -23,6 +23,7 @@
 #include "ATen/ops/tanh.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/lr_scheduler.h"
@@ -95,7 +96,7 @@ absl::StatusOr<CommitResult> Commit(CheckpointStore& store, const TrainingRun& r
   contents.scheduler = run.scheduler->StateDict();
   contents.extra = Value::Dict({{"step", Value::Int(step)}});
   contents.optimizer_param_names = OptimizerParamNames(*run.model);
-  return store.CommitCheckpoint(kModel, contents);
+  return CommitCheckpoint(store, kModel, contents);
 }
 
 absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> OpenStore(const std::string& dir) {
@@ -107,7 +108,7 @@ absl::StatusOr<std::unique_ptr<RocksDbCheckpointStore>> OpenStore(const std::str
 absl::StatusOr<LoadedCheckpoint> LoadVersion(CheckpointStore& store, int version) {
   ASSIGN_OR_RETURN(v1::VersionRef ref,
                    ParseVersionRef(std::string(kModel) + "@" + std::to_string(version)));
-  return store.LoadCheckpoint(ref);
+  return LoadCheckpoint(store, ref);
 }
 
 // Runs this test binary again with only the child test selected; returns its exit status.

@@ -23,6 +23,7 @@
 #include "libs/ddp/process_group.h"
 #include "libs/ddp/testing/device_checking_process_group.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/version_ref.h"
@@ -133,7 +134,7 @@ TEST_F(TrainerTest, TrainsCheckpointsAndResumesFromTheStoreItIsGiven) {
   EXPECT_EQ(first.store_location, "in-process");
   ASSERT_FALSE(first.versions_written.empty());
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint latest,
-                       store_->LoadCheckpoint(*ParseVersionRef("mlp-synthetic")));
+                       LoadCheckpoint(*store_, *ParseVersionRef("mlp-synthetic")));
   ASSERT_OK_AND_ASSIGN(TrainerState state, DecodeTrainerState(latest.contents.extra, "latest"));
   EXPECT_EQ(state.global_step, 6);
   EXPECT_EQ(state.target_step, 6);
@@ -171,7 +172,7 @@ TEST_F(TrainerTest, AFailedCheckpointIsReportedAndTrainingGoesOn) {
   EXPECT_THAT(summary.last_checkpoint_error, HasSubstr("no space left on device"));
   ASSERT_EQ(summary.versions_written.size(), 2u);
   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint latest,
-                       store_->LoadCheckpoint(*ParseVersionRef("mlp-synthetic")));
+                       LoadCheckpoint(*store_, *ParseVersionRef("mlp-synthetic")));
   ASSERT_OK_AND_ASSIGN(TrainerState state, DecodeTrainerState(latest.contents.extra, "latest"));
   EXPECT_EQ(state.global_step, 9);
   EXPECT_THAT(FormatSummary(summary), HasSubstr("failed checkpoints (trained past): 1"));

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/upload_split.h"
 #include "libs/store/version_ref.h"
@@ -394,7 +395,7 @@ absl::Status ZeroOptimizer::LoadStateFrom(const VersionReader& reader) {
     const v1::TensorMeta& meta = *it->second;
     int64_t numel = 1;
     for (int64_t size : meta.shape()) numel *= size;
-    if (numel <= 1) return reader.ReadTensor(meta);
+    if (numel <= 1) return ReadTensor(reader, meta);
     ASSIGN_OR_RETURN(const DType stored, DTypeFromProto(meta.dtype()));
     ASSIGN_OR_RETURN(const c10::ScalarType dtype, ToScalarType(stored));
     ASSIGN_OR_RETURN(at::Tensor placeholder, CatchTorchErrors([&] {

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "libs/ddp/local_launcher.h"
 #include "libs/ddp/process_group.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/optimizer.h"
@@ -186,7 +187,7 @@ void RunKind(const ddp::ProcessGroupHandle& group, const std::string& kind) {
   absl::StatusOr<Value> current = OptimizerStateDict(**reference);
   Check(current.ok(), current.status().ToString());
   contents.optimizer = *current;
-  absl::StatusOr<CommitResult> committed = (*store)->CommitCheckpoint("zero", contents);
+  absl::StatusOr<CommitResult> committed = CommitCheckpoint(**store, "zero", contents);
   Check(committed.ok(), committed.status().ToString());
   absl::StatusOr<std::unique_ptr<VersionReader>> reader =
       (*store)->OpenVersion(*ParseVersionRef("zero"));

@@ -36,6 +36,7 @@
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/grpc_status.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/testing/instrumented_store.h"
 #include "libs/store/version_ref.h"
@@ -390,7 +391,7 @@ class DownloadTest : public StoreServiceTest {
     Value extra = Value::Dict();
     extra.Set("rng", Value::Tensor(at::arange(10, at::kLong)));
     contents.extra = extra;
-    ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
+    ASSERT_OK(CommitCheckpoint(*local_, "m", contents).status());
     for (const StateDict::Entry& entry : contents.model) {
       expected_.push_back(TensorBytes(entry.tensor));
     }
@@ -504,7 +505,7 @@ TEST_F(StoreServiceTest, SlowReaderHoldsTheServerAtAFewChunks) {
   CheckpointContents contents;
   at::manual_seed(3);
   ASSERT_OK(contents.model.Insert("big", at::randn({kChunks * kMiB})));  // 10 chunks of 4 MiB.
-  ASSERT_OK(local_->CommitCheckpoint("big", contents).status());
+  ASSERT_OK(CommitCheckpoint(*local_, "big", contents).status());
   StartServer();
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // Keep the client's window at its default.
@@ -588,9 +589,9 @@ TEST_F(StoreServiceTest, ListModelsAndListVersionsPageByName) {
   for (const char* model : {"m3", "m0", "m4", "m1", "m2"}) {
     CheckpointContents contents;
     ASSERT_OK(contents.model.Insert("w", at::ones({2})));
-    ASSERT_OK(local_->CommitCheckpoint(model, contents).status());
+    ASSERT_OK(CommitCheckpoint(*local_, model, contents).status());
     if (std::string(model) == "m2") {
-      for (int i = 0; i < 4; ++i) ASSERT_OK(local_->CommitCheckpoint(model, contents).status());
+      for (int i = 0; i < 4; ++i) ASSERT_OK(CommitCheckpoint(*local_, model, contents).status());
     }
   }
   StartServer();
@@ -820,8 +821,8 @@ TEST_F(StoreServiceTest, RegistryCallsKeepTheirReasonsAndListHistoryPagesBySeque
   EXPECT_EQ(created.details().owner(), "vision");
   CheckpointContents contents;
   ASSERT_OK(contents.model.Insert("w", at::ones({2})));
-  ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
-  ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
+  ASSERT_OK(CommitCheckpoint(*local_, "m", contents).status());
+  ASSERT_OK(CommitCheckpoint(*local_, "m", contents).status());
   v1::AnnotateVersionRequest annotate;
   annotate.set_model("m");
   annotate.set_version(2);
@@ -892,7 +893,7 @@ class CorruptDownloadTest : public StoreServiceTest {
     Value extra = Value::Dict();
     extra.Set("rng", Value::Tensor(at::randn({300})));
     contents.extra = extra;
-    ASSERT_OK(local_->CommitCheckpoint("m", contents).status());
+    ASSERT_OK(CommitCheckpoint(*local_, "m", contents).status());
     expected_ = {TensorBytes(contents.model.entry(0).tensor),
                  TensorBytes(contents.model.entry(1).tensor),
                  TensorBytes(extra.Find("rng")->tensor())};
@@ -1053,16 +1054,16 @@ TEST_F(CorruptDownloadTest, RemoteCheckpointStoreStopsAChunkDamagedOnDiskItself)
   ASSERT_FALSE(flipped.first.empty());
   // (No ASSERT before FlipAt below: the pack is restored whatever fails.)
   EXPECT_THAT(
-      remote->LoadCheckpoint(Ref("m")).status(),
+      LoadCheckpoint(*remote, Ref("m")).status(),
       StatusIs(absl::StatusCode::kDataLoss,
                AllOf(HasSubstr("tensor 'w'"), HasSubstr(absl::StrCat("bytes ", offset, "..")),
                      HasSubstr("wrong xxh3"), HasSubstr("ckpt verify"))));
   // The tensors whose chunks are sound still read.
-  absl::StatusOr<at::Tensor> small = remote->ReadTensor("m", 1, "small");
+  absl::StatusOr<at::Tensor> small = ReadTensor(*remote, "m", 1, "small");
   EXPECT_OK(small.status());
   if (small.ok()) EXPECT_EQ(TensorBytes(*small), expected_[1]);
   FlipAt(flipped);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint restored, remote->LoadCheckpoint(Ref("m")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint restored, LoadCheckpoint(*remote, Ref("m")));
   const at::Tensor* w = restored.contents.model.Find("w");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(TensorBytes(*w), expected_[0]);

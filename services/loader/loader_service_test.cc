@@ -29,6 +29,7 @@
 #include "libs/loader/loader.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_import.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
@@ -407,7 +408,7 @@ class ConcurrentReadersTest : public LoaderServiceTest {
       big_.push_back(tensor);
       ASSERT_OK(contents.model.Insert(absl::StrCat("layer", i, ".weight"), tensor));
     }
-    ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("big", contents));
+    ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "big", contents));
     big_ref_ = committed.version;
   }
 

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/version_ref.h"
 #include "libs/testing/child_process.h"
 #include "libs/testing/python_runner.h"
@@ -140,7 +141,7 @@ std::unique_ptr<RocksDbCheckpointStore> OpenStore(const std::string& dir) {
 LoadedCheckpoint LoadLatest(const std::string& dir, const std::string& model) {
   std::unique_ptr<RocksDbCheckpointStore> store = OpenStore(dir);
   if (store == nullptr) return {};
-  absl::StatusOr<LoadedCheckpoint> loaded = store->LoadCheckpoint(*ParseVersionRef(model));
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(*store, *ParseVersionRef(model));
   EXPECT_THAT(loaded.status(), IsOk());
   return loaded.ok() ? *std::move(loaded) : LoadedCheckpoint();
 }

@@ -38,6 +38,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libs/s3/s3_client.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/s3_chunk_backend.h"
@@ -155,7 +156,7 @@ Costs MeasureOnce(const Backend& backend, bool keep_change_log, int run) {
   Costs costs;
   absl::Time start = absl::Now();
   for (int i = 0; i < commits; ++i) {
-    Check(store->CommitCheckpoint("m", checkpoints[i]).status(), "committing");
+    Check(CommitCheckpoint(*store, "m", checkpoints[i]).status(), "committing");
   }
   costs.commit_ms = absl::ToDoubleMilliseconds(absl::Now() - start) / commits;
   const int aliases = absl::GetFlag(FLAGS_aliases);
@@ -203,7 +204,7 @@ void F2(const Backend& backend, int64_t snapshot_every) {
     for (int i = 0; i < versions; ++i) {
       CheckpointContents contents;
       Check(contents.model.Insert("w", at::full({1024}, static_cast<float>(i))), "building");
-      Check(store->CommitCheckpoint(absl::StrCat("model-", i % 10), contents).status(),
+      Check(CommitCheckpoint(*store, absl::StrCat("model-", i % 10), contents).status(),
             "committing");
     }
   }  // closing waits for a snapshot being written.
@@ -268,7 +269,7 @@ void F4(const Backend& backend) {
     }
   });
   for (int i = 0; i < kVersions; ++i) {
-    Check(writer->CommitCheckpoint("d1", series->versions[i]).status(), "committing");
+    Check(CommitCheckpoint(*writer, "d1", series->versions[i]).status(), "committing");
     acknowledged[i + 1] = absl::Now();
   }
   const absl::Time give_up = absl::Now() + absl::Seconds(60);

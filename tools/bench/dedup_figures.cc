@@ -11,6 +11,7 @@
 #include "libs/auth/model_scope.h"
 #include "libs/status/status_macros.h"
 #include "libs/store/audited_store.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/scoped_store.h"
 #include "libs/store/version_ref.h"
@@ -52,7 +53,7 @@ absl::Status FigureD1(const BenchOptions& options, Report& report) {
       const absl::Time start = absl::Now();
       for (const CheckpointContents& contents : series.versions) {
         ASSIGN_OR_RETURN(CommitResult result,
-                         audited.CommitCheckpoint("team-a-finetune", contents));
+                         CommitCheckpoint(audited, "team-a-finetune", contents));
         committed.last_new_bytes = result.new_bytes;
       }
       committed.commit_s = absl::ToDoubleSeconds(absl::Now() - start);

@@ -36,6 +36,7 @@
 #include "libs/io/prefault.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "services/loader/loader_service.h"
 #include "tools/bench/stats.h"
@@ -75,7 +76,7 @@ absl::Status Run() {
   store_options.db_path = dir + "/store";
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store,
                    RocksDbCheckpointStore::Open(store_options));
-  ASSIGN_OR_RETURN(CommitResult committed, store->CommitCheckpoint("fleet", workload.contents));
+  ASSIGN_OR_RETURN(CommitResult committed, CommitCheckpoint(*store, "fleet", workload.contents));
   const v1::VersionRef ref = committed.version;
   const double gib = static_cast<double>(workload.bytes) / (1 << 30);
 

@@ -21,6 +21,7 @@
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
 #include "libs/store/benchmark_seams.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 #include "tools/bench/report.h"
@@ -166,7 +167,7 @@ absl::StatusOr<double> TimeStoreSave(const Workload& workload, const std::string
   ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db_path, knobs));
   const Clock::time_point start = Clock::now();
   ASSIGN_OR_RETURN(CommitResult committed,
-                   store->CommitCheckpoint(workload.name, workload.contents));
+                   CommitCheckpoint(*store, workload.name, workload.contents));
   const double seconds = SecondsSince(start);
   if (committed.logical_bytes != workload.bytes) {
     return absl::InternalError(absl::StrCat("the store reports ", committed.logical_bytes,
@@ -190,7 +191,7 @@ absl::StatusOr<double> TimeStoreLoad(CheckpointStore& store, const Workload& wor
                                      bool compare) {
   const v1::VersionRef ref = MakeVersionRef(workload.name, 1);
   const Clock::time_point start = Clock::now();
-  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store.LoadCheckpoint(ref));
+  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadCheckpoint(store, ref));
   const double seconds = SecondsSince(start);
   if (LoadedBytes(loaded) != workload.bytes) {
     return absl::InternalError(absl::StrCat("loaded ", LoadedBytes(loaded), " bytes of ",

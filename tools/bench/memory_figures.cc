@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "libs/loader/export.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
@@ -71,11 +72,11 @@ absl::Status RunM1Child(const BenchOptions& options, const std::string& mode,
     ASSIGN_OR_RETURN(Workload workload, MakeLargeWorkload(options.large_param_bytes));
     bytes = workload.bytes;
     ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
-    RETURN_IF_ERROR(store->CommitCheckpoint(workload.name, workload.contents).status());
+    RETURN_IF_ERROR(CommitCheckpoint(*store, workload.name, workload.contents).status());
     ASSIGN_OR_RETURN(peak, ReadProcMemory());
   } else if (mode == "load") {
     ASSIGN_OR_RETURN(std::unique_ptr<RocksDbCheckpointStore> store, OpenStore(db));
-    ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store->LoadCheckpoint(MakeVersionRef("large", 1)));
+    ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadCheckpoint(*store, MakeVersionRef("large", 1)));
     bytes = LoadedBytes(loaded);
     ASSIGN_OR_RETURN(peak, ReadProcMemory());
   } else {

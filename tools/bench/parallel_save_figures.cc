@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/upload_split.h"
 #include "libs/store/version_ref.h"

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "libs/s3/s3_client.h"
 #include "libs/s3/sigv4.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/s3_chunk_backend.h"
@@ -176,11 +177,11 @@ int Run() {
       contents.model = model;
       absl::Time start = absl::Now();
       absl::StatusOr<CommitResult> committed =
-          (*store)->CommitCheckpoint("bench", contents, CommitOptions());
+          CommitCheckpoint(**store, "bench", contents, CommitOptions());
       const absl::Duration save = absl::Now() - start;
       if (!committed.ok()) return Fail(committed.status().ToString());
       start = absl::Now();
-      absl::StatusOr<LoadedCheckpoint> loaded = (*store)->LoadCheckpoint(committed->version);
+      absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpoint(**store, committed->version);
       const absl::Duration load = absl::Now() - start;
       if (!loaded.ok()) return Fail(loaded.status().ToString());
       const at::Tensor* first = loaded->contents.model.Find("layer0.weight");

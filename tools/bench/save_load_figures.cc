@@ -19,6 +19,7 @@
 #include "libs/format/torch_writer.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
@@ -347,7 +348,7 @@ absl::Status FigureR7(const BenchOptions& options, const Workload& workload,
     }
     // The last version holds the values at its submission: the negation of today's.
     ASSIGN_OR_RETURN(LoadedCheckpoint last,
-                     store->LoadCheckpoint(MakeVersionRef(workload.name, options.runs + 1)));
+                     LoadCheckpoint(*store, MakeVersionRef(workload.name, options.runs + 1)));
     for (const StateDict::Entry& entry : workload.contents.model) {
       const at::Tensor* stored = last.contents.model.Find(entry.key);
       if (stored == nullptr || !at::equal(stored->neg(), entry.tensor)) {

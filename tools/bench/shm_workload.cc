@@ -13,6 +13,7 @@
 #include "libs/loader/shm_server.h"
 #include "libs/rpc/grpc_server.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/checkpoint_contents.h"
 #include "services/loader/loader_service.h"
 
 namespace ckpt::bench {
@@ -50,7 +51,7 @@ absl::StatusOr<double> TimeLoad(const Loader& loader, const v1::VersionRef& ref,
 absl::StatusOr<double> TimeLocalLoad(CheckpointStore& store, const v1::VersionRef& ref,
                                      int64_t expected_bytes) {
   const Clock::time_point start = Clock::now();
-  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, store.LoadCheckpoint(ref));
+  ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadCheckpoint(store, ref));
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   int64_t bytes = 0;
   for (const StateDict::Entry& entry : loaded.contents.model) bytes += entry.tensor.nbytes();

@@ -23,6 +23,7 @@
 #include "libs/format/torch_writer.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 
 namespace ckpt::bench {
 namespace {

@@ -21,6 +21,7 @@
 #include "libs/ddp/process_group.h"
 #include "libs/status/status_macros.h"
 #include "libs/status/torch_status.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/train/async_checkpointer.h"

@@ -72,6 +72,7 @@ set(CKPT_TRAINER_SOURCES
     libs/store/audited_store.cc
     libs/store/change_log.cc
     libs/store/change_log_directory.cc
+    libs/store/checkpoint_contents.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
@@ -257,6 +258,7 @@ set(CKPT_CLI_SOURCES
     libs/store/audited_store.cc
     libs/store/change_log.cc
     libs/store/change_log_directory.cc
+    libs/store/checkpoint_contents.cc
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
@@ -408,6 +410,7 @@ set(CKPT_LOADER_SOURCES
     libs/store/audited_store.cc
     libs/store/change_log.cc
     libs/store/change_log_directory.cc
+    libs/store/checkpoint_contents.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
     libs/store/chunk_backend.cc
@@ -502,6 +505,7 @@ set(CKPT_LOADER_SYSTEM_LIBRARIES
     protobuf
     rocksdb
     xxhash
+    z
 )
 set(CKPT_LOADER_LINK_OPTIONS)
 
@@ -532,6 +536,7 @@ set(CKPT_LOAD_EXAMPLE_SOURCES
     libs/rpc/tensor_data_message.cc
     libs/status/grpc_status.cc
     libs/status/torch_status.cc
+    libs/store/checkpoint_contents.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc
     libs/store/chunk_hasher.cc
@@ -602,6 +607,7 @@ set(CKPT_LOAD_EXAMPLE_SYSTEM_LIBRARIES
     grpc++
     protobuf
     xxhash
+    z
 )
 set(CKPT_LOAD_EXAMPLE_LINK_OPTIONS)
 
@@ -712,6 +718,7 @@ set(CKPT_BAZEL_KNOWN_SOURCES
     libs/store/benchmark_seams.cc
     libs/store/change_log.cc
     libs/store/change_log_directory.cc
+    libs/store/checkpoint_contents.cc
     libs/store/checkpoint_import.cc
     libs/store/checkpoint_store.cc
     libs/store/checkpoint_store_history.cc

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "libs/format/checkpoint_file.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/device.h"
@@ -50,7 +51,7 @@ void LoaderConformanceTest::SetUp() {
   ASSERT_OK(contents.model.Insert("module.fc.weight", Weight(), "cuda:1"));
   ASSERT_OK(contents.model.Insert("module.fc.steps", at::full({}, 5, at::kLong), "cuda:1"));
   ASSERT_OK(contents.model.Insert("module.head.bias", at::ones({4}), "cuda:1"));
-  ASSERT_OK_AND_ASSIGN(CommitResult weights, store_->CommitCheckpoint("m", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult weights, CommitCheckpoint(*store_, "m", contents));
   weights_only_ = weights.version;
   contents.optimizer = Value::Dict(
       {{"state", Value::Dict({{0, Value::Dict({{"momentum_buffer",
@@ -60,7 +61,7 @@ void LoaderConformanceTest::SetUp() {
                                   {"params", Value::List({Value::Int(0), Value::Int(1)})}})})}});
   contents.scheduler = Value::Dict({{"last_epoch", Value::Int(2)}});
   contents.extra = Value::Dict({{"best_acc", Value::Float(0.75)}});
-  ASSERT_OK_AND_ASSIGN(CommitResult bundle, store_->CommitCheckpoint("m", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult bundle, CommitCheckpoint(*store_, "m", contents));
   bundle_ = bundle.version;
   harness_ = GetParam().make(*store_);
   ASSERT_NE(harness_, nullptr);
@@ -101,7 +102,7 @@ TEST_P(LoaderConformanceTest, SparseTensorsArriveInTheirLayoutCastInTheirValuesO
   ASSERT_OK(contents.model.Insert("coo", dense.to_sparse()));
   ASSERT_OK(contents.model.Insert("csr", dense.to_sparse_csr()));
   ASSERT_OK(contents.model.Insert("dense", Weight()));
-  ASSERT_OK_AND_ASSIGN(CommitResult sparse, store_->CommitCheckpoint("s", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult sparse, CommitCheckpoint(*store_, "s", contents));
   for (const bool cast : {false, true}) {
     LoadTarget target;
     if (cast) {
@@ -156,7 +157,7 @@ TEST_P(LoaderConformanceTest, ADamagedChunkIsDataLossNamingItsTensor) {
   CheckpointContents contents;
   ASSERT_OK(contents.model.Insert("big.weight", at::arange(1 << 18, at::kFloat), ""));
   ASSERT_OK(contents.model.Insert("big.bias", at::ones({16}), ""));
-  ASSERT_OK_AND_ASSIGN(CommitResult committed, store_->CommitCheckpoint("damaged", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult committed, CommitCheckpoint(*store_, "damaged", contents));
   {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader,
                          store_->OpenVersion(committed.version));

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/manifest_validation.h"
@@ -79,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ClaimedBytes(manifest) < 0) return 0;
 
   ZeroChunkReader reader(manifest);
-  for (const ckpt::v1::TensorMeta& meta : manifest.tensors()) (void)reader.ReadTensor(meta);
+  for (const ckpt::v1::TensorMeta& meta : manifest.tensors()) (void)ReadTensor(reader, meta);
   absl::flat_hash_map<std::string, const ckpt::v1::TensorMeta*> state_tensors;
   for (const ckpt::v1::TensorMeta& meta : manifest.state_tensors()) {
     state_tensors.emplace(meta.key(), &meta);
@@ -87,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ckpt::TensorResolver resolve = [&](absl::string_view key) -> absl::StatusOr<at::Tensor> {
     auto it = state_tensors.find(key);
     if (it == state_tensors.end()) return absl::DataLossError(absl::StrCat("no tensor ", key));
-    return reader.ReadTensor(*it->second);
+    return ReadTensor(reader, *it->second);
   };
   if (manifest.has_optimizer_state())
     (void)ckpt::ValueFromProto(manifest.optimizer_state(), resolve);

@@ -26,6 +26,7 @@
 #include "ATen/ops/zeros.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/version_ref.h"
 
@@ -139,7 +140,7 @@ void StoreConformanceTest::TearDown() {
 CommitResult StoreConformanceTest::MustCommit(const std::string& model,
                                               const CheckpointContents& contents,
                                               const CommitOptions& options) {
-  absl::StatusOr<CommitResult> result = store_->CommitCheckpoint(model, contents, options);
+  absl::StatusOr<CommitResult> result = CommitCheckpoint(*store_, model, contents, options);
   EXPECT_OK(result.status());
   return result.value_or(CommitResult());
 }
@@ -165,7 +166,7 @@ TEST_P(StoreConformanceTest, RoundTripsMixedDTypesByteForByte) {
   EXPECT_EQ(committed.logical_bytes, contents.model.TotalBytes());
   EXPECT_EQ(committed.new_bytes, contents.model.TotalBytes());
 
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("mixed")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("mixed")));
   ASSERT_EQ(loaded.contents.model.size(), contents.model.size());
   for (size_t i = 0; i < contents.model.size(); ++i) {
     const StateDict::Entry& expected = contents.model.entry(i);
@@ -198,7 +199,7 @@ TEST_P(StoreConformanceTest, RoundTripsMixedDTypesByteForByte) {
   // One tensor, and the chunk-level stream of a version's reader. (The store-level
   // ReadTensorChunks(meta) is not part of this contract: a remote store has no way to read by
   // chunk list and says so.)
-  ASSERT_OK_AND_ASSIGN(at::Tensor read, store_->ReadTensor("mixed", 1, "transposed"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor read, ReadTensor(*store_, "mixed", 1, "transposed"));
   ExpectSameTensor(read, wide.t(), "transposed");
   std::string streamed;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader,
@@ -209,7 +210,7 @@ TEST_P(StoreConformanceTest, RoundTripsMixedDTypesByteForByte) {
     return absl::OkStatus();
   }));
   EXPECT_EQ(streamed, TensorBytes(big));
-  EXPECT_THAT(store_->ReadTensor("mixed", 1, "nope"),
+  EXPECT_THAT(ReadTensor(*store_, "mixed", 1, "nope"),
               StatusIs(absl::StatusCode::kNotFound, "no tensor 'nope' in mixed@1"));
 }
 
@@ -219,12 +220,12 @@ TEST_P(StoreConformanceTest, RoundTripsQuantizedTensors) {
       at::quantize_per_channel(Seeded({3, 5}, 2), at::tensor(std::vector<double>{0.1, 0.2, 0.3}),
                                at::tensor(std::vector<int64_t>{0, 1, 2}), 0, at::kQUInt8);
   MustCommit("quantized", WeightsOnly({{"q", per_tensor}, {"qc", per_channel}}));
-  ASSERT_OK_AND_ASSIGN(at::Tensor q, store_->ReadTensor("quantized", 1, "q"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor q, ReadTensor(*store_, "quantized", 1, "q"));
   EXPECT_EQ(q.qscheme(), at::kPerTensorAffine);
   EXPECT_EQ(q.q_scale(), 0.05);
   EXPECT_EQ(q.q_zero_point(), 3);
   EXPECT_TRUE(at::equal(q.int_repr(), per_tensor.int_repr()));
-  ASSERT_OK_AND_ASSIGN(at::Tensor qc, store_->ReadTensor("quantized", 1, "qc"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor qc, ReadTensor(*store_, "quantized", 1, "qc"));
   EXPECT_TRUE(at::equal(qc.q_per_channel_scales(), per_channel.q_per_channel_scales()));
   EXPECT_TRUE(at::equal(qc.int_repr(), per_channel.int_repr()));
   EXPECT_TRUE(at::equal(qc.dequantize(), per_channel.dequantize()));
@@ -239,7 +240,7 @@ TEST_P(StoreConformanceTest, NormalizesDdpPrefixAndRecordsIt) {
   contents.optimizer_param_names = {{0, "module.encoder.weight"}, {1, "encoder.bias"}};
   MustCommit("ddp", contents);
 
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("ddp@1")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("ddp@1")));
   EXPECT_THAT(loaded.contents.model.keys(), ElementsAre("encoder.weight", "encoder.bias"));
   ExpectSameTensor(*loaded.contents.model.Find("encoder.weight"),
                    *contents.model.Find("module.encoder.weight"), "weight");
@@ -282,7 +283,7 @@ TEST_P(StoreConformanceTest, OptimizerSchedulerAndExtraRoundTripEqual) {
   const CommitResult committed = MustCommit("resume", contents);
   EXPECT_THAT(committed.warnings, IsEmpty());
 
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("resume@1")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("resume@1")));
   ASSERT_TRUE(loaded.contents.optimizer.has_value());
   EXPECT_EQ(*loaded.contents.optimizer, *contents.optimizer)
       << loaded.contents.optimizer->DebugString();
@@ -301,7 +302,7 @@ TEST_P(StoreConformanceTest, OptimizerSchedulerAndExtraRoundTripEqual) {
                                       "optimizer/state/1/exp_avg", "optimizer/state/1/exp_avg_sq",
                                       "extra/rng_state"));
   ASSERT_OK_AND_ASSIGN(at::Tensor exp_avg,
-                       store_->ReadTensor("resume", 1, "optimizer/state/1/exp_avg"));
+                       ReadTensor(*store_, "resume", 1, "optimizer/state/1/exp_avg"));
   ExpectSameTensor(exp_avg, contents.optimizer->Find("state")->Find(1)->Find("exp_avg")->tensor(),
                    "exp_avg");
 }
@@ -315,7 +316,7 @@ TEST_P(StoreConformanceTest, VersionsIncrementAndRefsResolve) {
   EXPECT_EQ(latest.version(), 3);
   ASSERT_OK_AND_ASSIGN(v1::Manifest second, store_->GetManifest(Ref("m@2")));
   EXPECT_EQ(second.version(), 2);
-  ASSERT_OK_AND_ASSIGN(at::Tensor w, store_->ReadTensor("m", 2, "w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor w, ReadTensor(*store_, "m", 2, "w"));
   EXPECT_TRUE(at::equal(w, at::full({4}, 2.0)));
 
   ASSERT_OK_AND_ASSIGN(std::vector<v1::VersionInfo> versions, store_->ListVersions("m"));
@@ -387,7 +388,7 @@ TEST_P(StoreConformanceTest, ExpectedLatestVersionConflictIsFailedPrecondition) 
   expect_one.expected_latest_version = 1;
   CommitOptions expect_five;
   expect_five.expected_latest_version = 5;
-  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"w", at::ones({2})}}), expect_five),
+  EXPECT_THAT(CommitCheckpoint(*store_, "m", WeightsOnly({{"w", at::ones({2})}}), expect_five),
               StatusIs(absl::StatusCode::kFailedPrecondition, "expects latest version 5"));
 
   // Checked again atomically at commit: another writer got in between.
@@ -416,7 +417,7 @@ TEST_P(StoreConformanceTest, ACommitSentAgainWithItsIdempotencyKeyLandsOnce) {
   EXPECT_FALSE(first.replayed);
 
   // The answer was lost; the client sends the whole upload again with the same key.
-  ASSERT_OK_AND_ASSIGN(CommitResult again, store_->CommitCheckpoint("m", contents, keyed));
+  ASSERT_OK_AND_ASSIGN(CommitResult again, CommitCheckpoint(*store_, "m", contents, keyed));
   EXPECT_TRUE(again.replayed);
   EXPECT_EQ(again.version.version(), first.version.version());
   EXPECT_EQ(again.logical_bytes, first.logical_bytes);
@@ -431,14 +432,14 @@ TEST_P(StoreConformanceTest, ACommitSentAgainWithItsIdempotencyKeyLandsOnce) {
   EXPECT_EQ(MustCommit("m", contents).version.version(), 3);
 
   // One key names one commit: other tensors under a used key are refused, nothing is made.
-  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"w", Seeded({64}, 8)}}), keyed),
+  EXPECT_THAT(CommitCheckpoint(*store_, "m", WeightsOnly({{"w", Seeded({64}, 8)}}), keyed),
               StatusIs(absl::StatusCode::kAlreadyExists, "holds other tensors"));
   // Keys belong to their model.
   EXPECT_FALSE(MustCommit("other", contents, keyed).replayed);
 
   CommitOptions spaced;
   spaced.idempotency_key = "two words";
-  EXPECT_THAT(store_->CommitCheckpoint("m", contents, spaced),
+  EXPECT_THAT(CommitCheckpoint(*store_, "m", contents, spaced),
               StatusIs(absl::StatusCode::kInvalidArgument, "idempotency key"));
   ASSERT_OK_AND_ASSIGN(versions, store_->ListVersions("m"));
   EXPECT_EQ(versions.size(), 3u);
@@ -453,7 +454,7 @@ TEST_P(StoreConformanceTest, TwoThreadsCommittingToOneModelGetDistinctVersions) 
       for (int i = 0; i < kPerThread; ++i) {
         const float value = static_cast<float>(t * 100 + i);
         absl::StatusOr<CommitResult> committed =
-            store_->CommitCheckpoint("shared", WeightsOnly({{"w", at::full({64 * 1024}, value)}}));
+            CommitCheckpoint(*store_, "shared", WeightsOnly({{"w", at::full({64 * 1024}, value)}}));
         ASSERT_OK(committed.status());
         versions[t].push_back(committed->version.version());
       }
@@ -468,7 +469,7 @@ TEST_P(StoreConformanceTest, TwoThreadsCommittingToOneModelGetDistinctVersions) 
   EXPECT_EQ(*all.rbegin(), 2 * kPerThread);
   for (int t = 0; t < 2; ++t) {
     for (int i = 0; i < kPerThread; ++i) {
-      ASSERT_OK_AND_ASSIGN(at::Tensor w, store_->ReadTensor("shared", versions[t][i], "w"));
+      ASSERT_OK_AND_ASSIGN(at::Tensor w, ReadTensor(*store_, "shared", versions[t][i], "w"));
       EXPECT_TRUE(at::equal(w, at::full({64 * 1024}, static_cast<float>(t * 100 + i))));
     }
   }
@@ -478,7 +479,7 @@ TEST_P(StoreConformanceTest, RecordsOriginalDevice) {
   CheckpointContents contents;
   ASSERT_OK(contents.model.Insert("w", at::ones({3}), "cuda:1"));
   MustCommit("m", contents);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("m")));
   EXPECT_EQ(loaded.manifest.tensors(0).original_device(), "cuda:1");
   EXPECT_EQ(loaded.contents.model.entry(0).original_device, "cuda:1");
   EXPECT_TRUE(loaded.contents.model.entry(0).tensor.device().is_cpu());
@@ -493,7 +494,7 @@ TEST_P(StoreConformanceTest, SparseTensorsComeBackInTheirLayout) {
   CheckpointContents contents = WeightsOnly({{"coo", coo}, {"dense", dense}});
   contents.extra = Value::Dict({{DictKey("csr"), Value::Tensor(csr)}});
   MustCommit("m", contents);
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(Ref("m")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, Ref("m")));
   ASSERT_EQ(loaded.manifest.tensors(0).sparse().kind(), v1::SparseLayout::KIND_COO);
   const at::Tensor coo_back = loaded.contents.model.entry(0).tensor;
   ASSERT_TRUE(coo_back.is_sparse());
@@ -506,7 +507,7 @@ TEST_P(StoreConformanceTest, SparseTensorsComeBackInTheirLayout) {
   EXPECT_TRUE(at::equal(csr_back->tensor().crow_indices(), csr.crow_indices()));
   EXPECT_TRUE(at::equal(csr_back->tensor().to_dense(), dense));
 
-  ASSERT_OK_AND_ASSIGN(CommitResult again, store_->CommitCheckpoint("m", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult again, CommitCheckpoint(*store_, "m", contents));
   EXPECT_EQ(again.new_bytes, 0);
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
   EXPECT_THAT(verified.problems(), IsEmpty());
@@ -580,14 +581,14 @@ TEST_P(StoreConformanceTest, StoredChunksAreReferencedWithoutTheirBytes) {
   EXPECT_EQ(second.tensors(0).chunks(0).xxh3_64(), stored.chunks(0).xxh3_64());
   EXPECT_EQ(second.tensors(0).content_hash(), ContentHashOfBytes(bytes));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<VersionReader> reader, store_->OpenVersion(Ref("m@2")));
-  ASSERT_OK_AND_ASSIGN(at::Tensor read, reader->ReadTensor("big"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor read, ReadTensor(*reader, "big"));
   EXPECT_EQ(TensorBytes(read), bytes);
 
   // Deleting the first version and collecting keeps the chunks the second one references.
   ASSERT_OK(store_->DeleteVersion("m", 1, false).status());
   ASSERT_OK(store_->GarbageCollect(false).status());
   ASSERT_OK_AND_ASSIGN(reader, store_->OpenVersion(Ref("m@2")));
-  ASSERT_OK_AND_ASSIGN(read, reader->ReadTensor("big"));
+  ASSERT_OK_AND_ASSIGN(read, ReadTensor(*reader, "big"));
   EXPECT_EQ(TensorBytes(read), bytes);
 
   auto refused = [&](int64_t offset, const std::string& sha256, int64_t length) {
@@ -617,11 +618,11 @@ TEST_P(StoreConformanceTest, StoredChunksAreReferencedWithoutTheirBytes) {
 }
 
 TEST_P(StoreConformanceTest, ValidationErrorsAreInvalidArgumentWithClearMessages) {
-  EXPECT_THAT(store_->CommitCheckpoint("bad name", WeightsOnly({{"w", at::ones({1})}})),
+  EXPECT_THAT(CommitCheckpoint(*store_, "bad name", WeightsOnly({{"w", at::ones({1})}})),
               StatusIs(absl::StatusCode::kInvalidArgument, "model name 'bad name' has ' '"));
   CommitOptions latest_alias;
   latest_alias.aliases = {"latest"};
-  EXPECT_THAT(store_->CommitCheckpoint("m", WeightsOnly({{"w", at::ones({1})}}), latest_alias),
+  EXPECT_THAT(CommitCheckpoint(*store_, "m", WeightsOnly({{"w", at::ones({1})}}), latest_alias),
               StatusIs(absl::StatusCode::kInvalidArgument, "reserved"));
 
   v1::Manifest wrong_length = OneTensorHeader("w", 10);

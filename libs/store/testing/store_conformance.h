@@ -25,6 +25,7 @@
 
 #include "ATen/core/Tensor.h"
 #include "gtest/gtest.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 
 namespace ckpt::testing {

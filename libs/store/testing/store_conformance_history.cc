@@ -10,6 +10,7 @@
 #include "ATen/ops/full.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/testing/store_conformance.h"
 #include "libs/store/version_filter.h"
 
@@ -261,7 +262,7 @@ TEST_P(StoreConformanceTest, ModelsAreCreatedUpdatedRenamedAndDeletedKeepingThei
   EXPECT_EQ(moved.model(), "resnet18");
   EXPECT_EQ(moved.version(), 1);
   EXPECT_EQ(moved.annotations().metrics().at("val_acc"), 0.9);
-  ASSERT_OK_AND_ASSIGN(at::Tensor weights, store_->ReadTensor("resnet18", 1, "w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor weights, ReadTensor(*store_, "resnet18", 1, "w"));
   ExpectSameTensor(weights, at::full({2}, 1), "renamed w");
   ASSERT_OK_AND_ASSIGN(std::vector<v1::ModelInfo> models, store_->ListModels());
   ASSERT_EQ(models.size(), 1u);
@@ -288,7 +289,7 @@ TEST_P(StoreConformanceTest, ModelsAreCreatedUpdatedRenamedAndDeletedKeepingThei
   CommitResult again = MustCommit("resnet18", WeightsOnly({{"w", at::full({2}, 7)}}));
   EXPECT_EQ(again.version.version(), 2);
   ASSERT_OK(store_->GarbageCollect(false).status());
-  ASSERT_OK_AND_ASSIGN(weights, store_->ReadTensor("other", 1, "w"));
+  ASSERT_OK_AND_ASSIGN(weights, ReadTensor(*store_, "other", 1, "w"));
   ExpectSameTensor(weights, at::full({2}, 5), "other w after delete and GC");
 
   HistoryQuery query;

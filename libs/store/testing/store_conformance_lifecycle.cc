@@ -11,6 +11,7 @@
 #include "ATen/ops/full.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/testing/store_conformance.h"
 
 namespace ckpt::testing {
@@ -68,7 +69,7 @@ TEST_P(StoreConformanceTest, DeleteAndGcFreeExactlyTheUnreferencedChunks) {
   ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse again, store_->GarbageCollect(false));
   EXPECT_EQ(again.chunks_freed(), 0);
 
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint v2, store_->LoadCheckpoint(Ref("m@2")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint v2, LoadCheckpoint(*store_, Ref("m@2")));
   ExpectSameTensor(*v2.contents.model.Find("shared"), shared, "shared");
   ExpectSameTensor(*v2.contents.model.Find("mine"), only_v2, "mine");
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));
@@ -113,7 +114,7 @@ TEST_P(StoreConformanceTest, RetentionNeverDropsAliasedOrLatestVersions) {
   std::vector<int64_t> kept;
   for (const v1::VersionInfo& info : after) kept.push_back(info.version());
   EXPECT_THAT(kept, ElementsAre(2, 4, 8, 9, 10));
-  ASSERT_OK_AND_ASSIGN(at::Tensor best, store_->ReadTensor("m", 2, "w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor best, ReadTensor(*store_, "m", 2, "w"));
   EXPECT_TRUE(at::equal(best, at::full({8}, 2.0)));
 
   // keep_last 1 still keeps the aliased version and the latest.
@@ -148,14 +149,14 @@ TEST_P(StoreConformanceTest, DroppingOptimizerStateKeepsWeightsAndSchedulers) {
   EXPECT_THAT(applied.deleted_versions(), IsEmpty());
   EXPECT_THAT(applied.optimizer_state_dropped(), ElementsAre(1, 2));
 
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint old, store_->LoadCheckpoint(Ref("m@1")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint old, LoadCheckpoint(*store_, Ref("m@1")));
   EXPECT_FALSE(old.contents.optimizer.has_value());
   EXPECT_TRUE(old.contents.optimizer_param_names.empty());
   ASSERT_TRUE(old.contents.scheduler.has_value());
   EXPECT_EQ(*old.contents.scheduler, StepLrState(1));
   ExpectSameTensor(*old.contents.model.Find("w"), weight, "w");
   EXPECT_THAT(old.manifest.warnings(), ElementsAre(HasSubstr("optimizer state dropped")));
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint recent, store_->LoadCheckpoint(Ref("m@3")));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint recent, LoadCheckpoint(*store_, Ref("m@3")));
   ASSERT_TRUE(recent.contents.optimizer.has_value());
   EXPECT_EQ(*recent.contents.optimizer, AdamState({weight}, 3, 30));
 
@@ -179,7 +180,7 @@ TEST_P(StoreConformanceTest, OpenReaderSurvivesDeleteAndGc) {
   ASSERT_OK(store_->DeleteVersion("m", 1, false).status());
   ASSERT_OK_AND_ASSIGN(v1::GarbageCollectResponse collected, store_->GarbageCollect(false));
   EXPECT_EQ(collected.chunks_freed(), 1);
-  ASSERT_OK_AND_ASSIGN(at::Tensor read, reader->ReadTensor("w"));
+  ASSERT_OK_AND_ASSIGN(at::Tensor read, ReadTensor(*reader, "w"));
   ExpectSameTensor(read, w, "w");
 }
 

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/chunk_hasher.h"
 #include "libs/store/testing/store_conformance.h"
 
@@ -76,7 +77,7 @@ TEST_P(StoreConformanceTest, PartsFromSeveralWritersCommitAsTheVersionOneWriterW
   ASSERT_OK_AND_ASSIGN(CommitResult committed, session->Commit());
 
   // The same chunks and content hashes as one writer's commit, which therefore stores nothing new.
-  ASSERT_OK_AND_ASSIGN(CommitResult alone, store_->CommitCheckpoint("alone", contents));
+  ASSERT_OK_AND_ASSIGN(CommitResult alone, CommitCheckpoint(*store_, "alone", contents));
   EXPECT_EQ(alone.new_bytes, 0);
   EXPECT_EQ(committed.logical_bytes, alone.logical_bytes);
   ASSERT_OK_AND_ASSIGN(v1::Manifest parted, store_->GetManifest(committed.version));
@@ -92,7 +93,7 @@ TEST_P(StoreConformanceTest, PartsFromSeveralWritersCommitAsTheVersionOneWriterW
     EXPECT_EQ(parted.state_tensors(i).content_hash(), reference.state_tensors(i).content_hash())
         << parted.state_tensors(i).key();
   }
-  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, store_->LoadCheckpoint(committed.version));
+  ASSERT_OK_AND_ASSIGN(LoadedCheckpoint loaded, LoadCheckpoint(*store_, committed.version));
   ExpectSameTensor(*loaded.contents.model.Find("big"), prepared.tensors[0], "big");
   ExpectSameTensor(*loaded.contents.model.Find("small"), prepared.tensors[1], "small");
   ASSERT_OK_AND_ASSIGN(v1::VerifyResponse verified, store_->Verify("", 0));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "libs/status/status_macros.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/version_ref.h"
 #include "libs/train/trainer_state.h"
 
@@ -218,8 +219,8 @@ absl::Status CompareTrainingBundles(const CheckpointContents& a, const Checkpoin
 
 absl::Status CompareStoredBundles(CheckpointStore& store_a, const v1::VersionRef& ref_a,
                                   CheckpointStore& store_b, const v1::VersionRef& ref_b) {
-  ASSIGN_OR_RETURN(const LoadedCheckpoint a, store_a.LoadCheckpoint(ref_a));
-  ASSIGN_OR_RETURN(const LoadedCheckpoint b, store_b.LoadCheckpoint(ref_b));
+  ASSIGN_OR_RETURN(const LoadedCheckpoint a, LoadCheckpoint(store_a, ref_a));
+  ASSIGN_OR_RETURN(const LoadedCheckpoint b, LoadCheckpoint(store_b, ref_b));
   const absl::Status same = CompareTrainingBundles(a.contents, b.contents);
   if (same.ok()) return same;
   return absl::Status(

@@ -10,8 +10,8 @@
 // 0.0, and NaNs with the same bits are equal), plain values equal as Value::operator== has them.
 //
 // Example:
-//   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint a, clean->LoadCheckpoint(ref));
-//   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint b, killed->LoadCheckpoint(ref));
+//   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint a, LoadCheckpoint(*clean, ref));
+//   ASSERT_OK_AND_ASSIGN(LoadedCheckpoint b, LoadCheckpoint(*killed, ref));
 //   EXPECT_OK(CompareTrainingBundles(a.contents, b.contents));
 //   // or, loading both: EXPECT_OK(CompareStoredBundles(*clean, ref, *killed, ref));
 //
@@ -23,6 +23,7 @@
 #include "ATen/core/Tensor.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/checkpoint_store.h"
 #include "libs/tensor/state_dict.h"
 #include "libs/tensor/value.h"

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/status/status_matchers.h"
+#include "libs/store/checkpoint_contents.h"
 #include "libs/store/rocksdb_checkpoint_store.h"
 #include "libs/store/version_ref.h"
 #include "libs/tensor/state_dict.h"
@@ -187,11 +188,11 @@ std::unique_ptr<RocksDbCheckpointStore> NewStore(const std::string& name) {
 TEST(BundleComparisonTest, StoredBundlesAreComparedAfterARoundTripThroughTheStore) {
   std::unique_ptr<RocksDbCheckpointStore> a = NewStore("a"), b = NewStore("b");
   ASSERT_TRUE(a && b);
-  ASSERT_THAT(a->CommitCheckpoint("mlp", Bundle()).status(), IsOk());
-  ASSERT_THAT(b->CommitCheckpoint("mlp", Bundle()).status(), IsOk());
+  ASSERT_THAT(CommitCheckpoint(*a, "mlp", Bundle()).status(), IsOk());
+  ASSERT_THAT(CommitCheckpoint(*b, "mlp", Bundle()).status(), IsOk());
   CheckpointContents changed = Bundle();
   (*changed.model.Find("fc.bias"))[1] = 0.25f;
-  ASSERT_THAT(b->CommitCheckpoint("mlp", changed).status(), IsOk());
+  ASSERT_THAT(CommitCheckpoint(*b, "mlp", changed).status(), IsOk());
 
   EXPECT_THAT(CompareStoredBundles(*a, MakeVersionRef("mlp", 1), *b, MakeVersionRef("mlp", 1)),
               IsOk());
