@@ -1,6 +1,6 @@
 // A Python training loop saves with ckpt_client (Client.save: DataParallel keys, AdamW, StepLR)
 // to a real store service; C++ resumes from that version with what the trainer resumes with
-// (CheckpointStore::LoadCheckpoint over gRPC, LoadOptimizerStateDict, LrScheduler::LoadStateDict)
+// (LoadCheckpoint over gRPC, LoadOptimizerStateDict, LrScheduler::LoadStateDict)
 // and takes the remaining steps over the same batches: its weights equal, bit for bit, those of the
 // Python loop that never stopped. Both sides run LibTorch's kernels on one thread.
 

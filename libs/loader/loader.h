@@ -7,9 +7,9 @@
 //
 // Memory stays bounded: the subset and the key policy are worked out from the manifest before any
 // bytes move; then tensors are read one at a time, each streamed chunk by chunk straight into a
-// CPU tensor allocated from the manifest's dtype and shape (VersionReader::ReadTensor), and only
-// then cast / placed. Beyond the result, at most one tensor (plus its cast or device copy) is
-// held at a time.
+// CPU tensor allocated from the manifest's dtype and shape (ReadTensor, checkpoint_contents.h),
+// and only then cast / placed. Beyond the result, at most one tensor (plus its cast or device
+// copy) is held at a time.
 //
 // Thread-safety: the functions keep no state; concurrent calls on one store are fine (the store is
 // thread-safe). LoadInto writes the module's tensors: one caller per module at a time.
@@ -86,7 +86,7 @@ absl::StatusOr<Value> ValueTreeFromManifest(
 
 // A value tree of `manifest` (its optimizer_state, scheduler_state or extra_state) with its
 // tensors read from `reader` one at a time and put on `device`, dtypes kept. DATA_LOSS for a
-// tensor reference the manifest lacks, and as VersionReader::ReadTensor.
+// tensor reference the manifest lacks, and as ReadTensor (checkpoint_contents.h).
 absl::StatusOr<Value> LoadValueTree(const VersionReader& reader, const v1::Manifest& manifest,
                                     const v1::Value& tree, const DeviceSpec& device);
 

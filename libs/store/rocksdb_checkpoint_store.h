@@ -56,7 +56,7 @@ struct StoreOptions {
   // that reconnects can still find them (FindMissingChunks). Uploads with a live session are
   // never collected, whatever their age. Default 1 hour.
   absl::Duration abandoned_upload_grace = absl::Hours(1);
-  // VersionReader::ReadTensor returns tensors of 1 MiB or more that point into a private
+  // ReadTensor (checkpoint_contents.h) returns tensors of 1 MiB or more that point into a private
   // (copy-on-write) mapping of their pack file instead of copies, when their chunks lie back to
   // back in one pack (every tensor an upload stored whole) and no tensor mapped earlier by the
   // same reader overlaps those bytes (deduplicated chunks); one mapping per pack and reader.

@@ -1,9 +1,9 @@
 // Fuzz target: a ckpt.v1.Manifest from untrusted bytes (an Upload header, a Download or Load
 // manifest, a stored record) through the code that turns it into the store's own types: the
 // header validation every commit runs (ValidateManifestHeader), a tensor per TensorMeta
-// (VersionReader::ReadTensor: dtype, shape, quantization, byte_length and chunk layout) and the
-// optimizer / scheduler / extra value trees (ValueFromProto, resolving their state tensors the
-// way CheckpointStore::LoadCheckpoint does). Each must return a status, never crash, hang or
+// (ReadTensor in checkpoint_contents.h: dtype, shape, quantization, byte_length and chunk
+// layout) and the optimizer / scheduler / extra value trees (ValueFromProto, resolving their
+// state tensors the way LoadCheckpoint does). Each must return a status, never crash, hang or
 // allocate what the manifest only claims.
 #include <cstddef>
 #include <cstdint>
