@@ -8,7 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "ATen/core/Tensor.h"
 #include "absl/strings/str_cat.h"
 #include "libs/auth/access_policy.h"
 #include "libs/io/xxh3.h"
